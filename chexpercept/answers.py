@@ -1,0 +1,197 @@
+"""Parsing model responses into option indices, and judging them against the gold answer.
+
+Two modes:
+
+``reference`` (default) reproduces the reference implementation's two passes (spec 3.6) so that
+numbers match the paper: pass 1 extracts ``Answer: ...``-style digits from the raw text, pass 2
+normalises what is left and, as a last resort, takes every digit run in the text.
+
+``strict`` counts only the last explicit ``Answer ...`` statement outside any thinking block; it
+understands ``Answer: [2]``, ``**Answer:** 2``, ``Answer - 2``, ``Answer: (1), (3)`` and maps
+``Answer: None`` to the question's None option. Anything else is unparsed (and wrong).
+
+Neither mode raises on odd input (None, an unterminated ``<think>``, "1.5", markdown); each result
+carries a parse status so that parse failures can be counted per task.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+ParseMode = Literal["reference", "strict"]
+PARSE_MODES: tuple[str, ...] = ("reference", "strict")
+
+#: statuses, from cleanest to loosest
+STATUS_ANSWER = "answer"  # an "Answer: n" statement
+STATUS_FINAL = "final_answer"  # "final answer ... n"
+STATUS_BARE = "bare"  # the whole reply is numbers
+STATUS_LOOSE = "loose"  # reference pass-2 fallbacks ("answer is n", last digit line, any digits)
+STATUS_NONE_TEXT = "none_text"  # strict: "Answer: None" mapped to the None option
+STATUS_UNPARSED = "unparsed"  # nothing usable: scored as -1 (wrong)
+PARSE_STATUSES: tuple[str, ...] = (
+    STATUS_ANSWER,
+    STATUS_FINAL,
+    STATUS_BARE,
+    STATUS_LOOSE,
+    STATUS_NONE_TEXT,
+    STATUS_UNPARSED,
+)
+
+_THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
+_UNUSED = re.compile(r"<unused\d+>")
+_BOXED = re.compile(r"\\boxed\{([\d,\s]*)\}")
+_GLM_BOX = re.compile(r"<\|begin_of_box\|>(.*?)<\|end_of_box\|>", re.DOTALL)
+_ANSWER = re.compile(r"[Aa]nswer\s*:\s*\(?(\d+(?:\s*,\s*\d+)*)\)?")
+_FINAL = re.compile(r"final answer[^$\d]*\$?(\d+(?:\s*,\s*\d+)*)", re.IGNORECASE | re.DOTALL)
+_ONLY_NUMBERS = re.compile(r"[\d,\s.]+")
+_ANSWER_IS = re.compile(r"answers?\s+(?:is|are)\s*[:\-]?\s*(\d+(?:\s*,\s*\d+)*)", re.IGNORECASE)
+_DIGIT_LINE = re.compile(r"[\d,\s]+")
+_DIGITS = re.compile(r"\d+")
+_SIGNED_INT = re.compile(r"-?\d+")
+
+# strict mode: "Answer" (any case, optional markdown), a separator, then the answer text on that line
+_STRICT = re.compile(
+    r"(?:\*\*|__)?\banswer\b(?:\*\*|__)?\s*(?::|-|=|is\b)\s*(?:\*\*|__)?\s*([^\n]*)", re.IGNORECASE
+)
+_STRICT_LIST = re.compile(
+    r"^[\[\(\s]*\d+[\]\)]?(?:\s*(?:,|and)\s*[\[\(]?\d+[\]\)]?)*[\]\)\s.]*$", re.IGNORECASE
+)
+_STRICT_NONE = re.compile(r"^[\[\(\s]*none\b", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class ParsedAnswer:
+    """The option indices read from a response, and how they were found."""
+
+    indices: tuple[int, ...]
+    status: str
+    #: the reference's pass-1 string (what its all_results.json stores as the response)
+    text: str
+
+    @property
+    def parsed(self) -> bool:
+        return self.status != STATUS_UNPARSED
+
+
+def strip_thinking(text: str, *, unterminated: bool = False) -> str:
+    """Remove <think>...</think> blocks; with unterminated=True also a trailing unclosed block."""
+    text = _THINK.sub("", text)
+    if unterminated and "<think>" in text:
+        text = text.split("<think>", 1)[0]
+    return _UNUSED.sub("", text)
+
+
+def reference_pass1(response: str | None, *, model: str = "") -> tuple[str, str]:
+    """Pass 1 of the reference (INF parse_response): returns (string, status)."""
+    text = response or ""
+    if "glm" in model.lower():
+        text = _GLM_BOX.sub(lambda m: m.group(1), text)
+    text = strip_thinking(text)
+    text = _BOXED.sub(lambda m: m.group(1), text)
+    matches = _ANSWER.findall(text)
+    if matches:
+        return ",".join(_DIGITS.findall(matches[-1])), STATUS_ANSWER
+    m = _FINAL.search(text)
+    if m:
+        return ",".join(_DIGITS.findall(m.group(1))), STATUS_FINAL
+    stripped = text.strip()
+    if stripped and _ONLY_NUMBERS.fullmatch(stripped):
+        return ",".join(_DIGITS.findall(stripped)), STATUS_BARE
+    return stripped, STATUS_LOOSE
+
+
+def reference_pass2(parsed: str) -> tuple[list[int], bool]:
+    """Pass 2 of the reference (SCO normalize_response + extract_int): (ints, found_any)."""
+    if not parsed:
+        return [-1], False
+    text = strip_thinking(parsed.strip())
+    m = _ANSWER_IS.search(text)
+    if m:
+        digits = ",".join(_DIGITS.findall(m.group(1)))
+    else:
+        digits = ""
+        for line in reversed(text.splitlines()):
+            line = line.strip()
+            if line and _DIGIT_LINE.fullmatch(line) and _DIGITS.search(line):
+                digits = ",".join(_DIGITS.findall(line))
+                break
+        if not digits:
+            digits = ",".join(_DIGITS.findall(text))
+    if not digits:
+        return [-1], False
+    out = []
+    for piece in digits.split(","):
+        m2 = _SIGNED_INT.search(piece)
+        out.append(int(m2.group(0)) if m2 else -1)
+    return out, True
+
+
+def parse_answer(
+    response: str | None,
+    *,
+    mode: ParseMode = "reference",
+    none_index: int | None = None,
+    model: str = "",
+) -> ParsedAnswer:
+    """Read option indices from a raw model response.
+
+    none_index: the 1-based index of the question's None option, if it has one (points: the last
+    option; location: 4); strict mode maps a textual ``None`` answer to it.
+    """
+    if mode not in PARSE_MODES:
+        raise ValueError(f"unknown parse mode {mode!r}; expected one of {PARSE_MODES}")
+    pass1, status = reference_pass1(response, model=model)
+    if mode == "reference":
+        ints, found = reference_pass2(pass1)
+        if not found:
+            return ParsedAnswer((-1,), STATUS_UNPARSED, pass1)
+        return ParsedAnswer(tuple(ints), status, pass1)
+    return _parse_strict(response or "", none_index=none_index, model=model, pass1=pass1)
+
+
+def _parse_strict(response: str, *, none_index: int | None, model: str, pass1: str) -> ParsedAnswer:
+    text = response
+    if "glm" in model.lower():
+        text = _GLM_BOX.sub(lambda m: m.group(1), text)
+    text = strip_thinking(text, unterminated=True)
+    text = _BOXED.sub(lambda m: m.group(1), text)
+    matches = list(_STRICT.finditer(text))
+    if not matches:
+        return ParsedAnswer((-1,), STATUS_UNPARSED, pass1)
+    body = matches[-1].group(1).strip().strip("*_`").strip()
+    if _STRICT_NONE.match(body):
+        if none_index is None:
+            return ParsedAnswer((-1,), STATUS_UNPARSED, pass1)
+        return ParsedAnswer((none_index,), STATUS_NONE_TEXT, pass1)
+    if not _STRICT_LIST.fullmatch(body):
+        return ParsedAnswer((-1,), STATUS_UNPARSED, pass1)
+    return ParsedAnswer(tuple(int(d) for d in _DIGITS.findall(body)), STATUS_ANSWER, pass1)
+
+
+def is_correct(
+    parsed: ParsedAnswer | Sequence[int],
+    gold: Sequence[int],
+    *,
+    multi_select: bool,
+    mode: ParseMode = "reference",
+) -> bool:
+    """Reference scoring (spec 3.7): single choice compares the first number, multi-select compares sets.
+
+    In strict mode a single-choice answer must name exactly one option.
+    """
+    indices = parsed.indices if isinstance(parsed, ParsedAnswer) else tuple(parsed)
+    if not indices:
+        return False
+    if multi_select:
+        return set(indices) == set(gold)
+    if mode == "strict" and len(indices) != 1:
+        return False
+    return indices[0] == gold[0]
+
+
+def oracle_answer_text(gold: Sequence[int]) -> str:
+    """The text an implicit oracle writes into the history: ``Answer: n`` or ``Answer: a,b`` (sorted)."""
+    return "Answer: " + ",".join(str(i) for i in sorted(gold))

@@ -1,0 +1,244 @@
+"""Reading and validating a release bundle: ``chexpercept.json`` plus ``chexpercept/<key_id>/...`` images.
+
+The same format is shipped by PhysioNet and written by our generator, so this reader is the one
+gate every consumer (datasets builder, runner, scorer) goes through. Problems are collected over
+the whole bundle and raised together, each naming the key_id and the field or file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path as FsPath
+from typing import Any, Literal
+
+from PIL import Image
+
+from .case import Case
+from .errors import BundleValidationError, Problem, ReleaseNotFoundError
+from .validate import validate_entry
+from .vocab import LESIONS, Path, parse_lesion, parse_path
+
+JSON_NAME = "chexpercept.json"
+IMAGES_DIR = "chexpercept"
+CHECKSUMS_NAME = "SHA256SUMS.txt"
+ImageCheck = Literal["none", "exists", "basic", "full"]
+
+_PNG_TRAILER = b"\x00\x00\x00\x00IEND\xaeB`\x82"
+_JPEG_TRAILER = b"\xff\xd9"
+
+
+@dataclass
+class Bundle:
+    """A validated bundle: its folder and its cases in file order."""
+
+    root: FsPath
+    cases: list[Case]
+
+    def __len__(self) -> int:
+        return len(self.cases)
+
+    def __iter__(self):
+        return iter(self.cases)
+
+    def abspath(self, relative: str) -> str:
+        return str(self.root / relative)
+
+    @property
+    def synthetic(self) -> bool:
+        """True when the bundle was generated from phantom (synthetic) sources."""
+        return any(bool(c.extra.get("provenance", {}).get("synthetic")) for c in self.cases)
+
+    def fingerprint(self) -> str:
+        return fingerprint(self.root)
+
+
+def fingerprint(data_dir: str | os.PathLike[str]) -> str:
+    """sha256 of chexpercept.json: identifies the questions and answers a run was made on."""
+    h = hashlib.sha256()
+    with open(FsPath(data_dir) / JSON_NAME, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def check_release_dir(data_dir: str | os.PathLike[str] | None) -> FsPath:
+    """Resolve data_dir or raise ReleaseNotFoundError saying what the folder must contain."""
+    if data_dir is None or str(data_dir).strip() == "":
+        raise ReleaseNotFoundError(data_dir, "No data_dir given: pass the folder of the CheXpercept release.")
+    root = FsPath(os.path.expanduser(str(data_dir))).resolve()
+    if not root.exists():
+        raise ReleaseNotFoundError(root, f"data_dir {root} does not exist.")
+    if not root.is_dir():
+        raise ReleaseNotFoundError(root, f"data_dir {root} is not a folder.")
+    if not any(root.iterdir()):
+        raise ReleaseNotFoundError(root, f"data_dir {root} is empty.")
+    if not (root / JSON_NAME).is_file():
+        raise ReleaseNotFoundError(
+            root, f"data_dir {root} is not a CheXpercept release: it has no {JSON_NAME}."
+        )
+    return root
+
+
+def load_entries(root: FsPath) -> dict[str, Any]:
+    path = root / JSON_NAME
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except json.JSONDecodeError as e:
+        raise BundleValidationError(root, [Problem("-", JSON_NAME, f"not valid JSON: {e}")]) from e
+    if not isinstance(data, dict):
+        raise BundleValidationError(
+            root,
+            [
+                Problem(
+                    "-", JSON_NAME, f"top level must be an object keyed by key_id, got {type(data).__name__}"
+                )
+            ],
+        )
+    return data
+
+
+def read_bundle(
+    data_dir: str | os.PathLike[str] | None,
+    *,
+    lesions: Sequence[str] | None = None,
+    paths: Sequence[str | Path] | None = None,
+    check_images: ImageCheck = "basic",
+    verify_checksums: bool = False,
+    workers: int = 8,
+) -> Bundle:
+    """Read, validate and filter a bundle.
+
+    check_images: ``none``; ``exists``; ``basic`` (default: exists, header parses, file not
+    truncated); ``full`` (every image is decoded). verify_checksums compares files against
+    PhysioNet's SHA256SUMS.txt when the folder has one.
+    """
+    root = check_release_dir(data_dir)
+    entries = load_entries(root)
+    problems: list[Problem] = []
+    for key_id, entry in entries.items():
+        problems.extend(validate_entry(key_id, entry))
+    if problems:
+        raise BundleValidationError(root, problems)
+    cases = [Case.from_entry(k, e) for k, e in entries.items()]
+    cases = filter_cases(cases, lesions=lesions, paths=paths)
+    if check_images != "none":
+        problems.extend(check_case_images(root, cases, mode=check_images, workers=workers))
+    if verify_checksums:
+        problems.extend(verify_sha256sums(root))
+    if problems:
+        raise BundleValidationError(root, problems)
+    return Bundle(root=root, cases=cases)
+
+
+def filter_cases(
+    cases: Iterable[Case], *, lesions: Sequence[str] | None = None, paths: Sequence[str | Path] | None = None
+) -> list[Case]:
+    lesion_set = set(LESIONS) if not lesions else {parse_lesion(x) for x in lesions}
+    path_set = set(Path) if not paths else {parse_path(p) for p in paths}
+    return [c for c in cases if c.lesion in lesion_set and c.path in path_set]
+
+
+def check_case_images(
+    root: FsPath, cases: Sequence[Case], *, mode: ImageCheck = "basic", workers: int = 8
+) -> list[Problem]:
+    """Every image each case's turns need must exist (and, by mode, parse or decode)."""
+    jobs = [(c.key_id, rel) for c in cases for t in c.turns for rel in t.images]
+    if not jobs:
+        return []
+
+    def one(job: tuple[str, str]) -> Problem | None:
+        key_id, rel = job
+        message = check_image_file(root / rel, mode)
+        return Problem(key_id, rel, message) if message else None
+
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        return [p for p in pool.map(one, jobs, chunksize=64) if p is not None]
+
+
+def check_image_file(path: FsPath, mode: ImageCheck = "basic") -> str | None:
+    """None if the image is fine, else what is wrong with it."""
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return "image file is missing"
+    except OSError as e:
+        return f"image file cannot be read: {e}"
+    if mode == "exists":
+        return None
+    if size == 0:
+        return "image file is empty"
+    try:
+        with Image.open(path) as im:
+            fmt = im.format
+            if mode == "full":
+                im.load()
+    except Exception as e:  # PIL raises many types for bad files
+        return f"image does not decode: {e}"
+    if fmt in ("PNG", "JPEG"):
+        trailer = _PNG_TRAILER if fmt == "PNG" else _JPEG_TRAILER
+        with open(path, "rb") as f:
+            f.seek(max(0, size - 64))
+            tail = f.read()
+        if trailer not in tail:
+            return f"image is truncated (no {fmt} end marker)"
+    return None
+
+
+def read_sha256sums(root: FsPath) -> dict[str, str]:
+    """Parse PhysioNet's ``SHA256SUMS.txt`` (``<hex>  <relative path>`` per line)."""
+    sums: dict[str, str] = {}
+    with open(root / CHECKSUMS_NAME, encoding="utf-8") as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            digest, _, name = line.partition(" ")
+            name = name.strip().lstrip("*")
+            if name.startswith("./"):
+                name = name[2:]
+            sums[name] = digest.lower()
+    return sums
+
+
+def verify_sha256sums(root: FsPath) -> list[Problem]:
+    """Compare files against SHA256SUMS.txt if the release has one; nothing to do otherwise."""
+    if not (root / CHECKSUMS_NAME).is_file():
+        return []
+    problems = []
+    for name, digest in read_sha256sums(root).items():
+        path = root / name
+        if not path.is_file():
+            problems.append(Problem(_key_of(name), name, "listed in SHA256SUMS.txt but missing"))
+            continue
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        if h.hexdigest() != digest:
+            problems.append(Problem(_key_of(name), name, "sha256 does not match SHA256SUMS.txt"))
+    return problems
+
+
+def write_sha256sums(root: str | os.PathLike[str]) -> FsPath:
+    """Write SHA256SUMS.txt over chexpercept.json and every image, as PhysioNet ships it."""
+    root = FsPath(root)
+    lines = []
+    files = [root / JSON_NAME, *sorted((root / IMAGES_DIR).rglob("*"))]
+    for path in files:
+        if path.is_file():
+            digest = hashlib.sha256(path.read_bytes()).hexdigest()
+            lines.append(f"{digest}  {path.relative_to(root).as_posix()}")
+    out = root / CHECKSUMS_NAME
+    out.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return out
+
+
+def _key_of(relative: str) -> str:
+    parts = relative.split("/")
+    return parts[1] if len(parts) > 2 and parts[0] == IMAGES_DIR else "-"

@@ -1,0 +1,69 @@
+"""The ``chexpercept`` command line: one entry point, subcommands contributed by each package.
+
+Each package (the shared core, builder, metrics, eval) lists its subcommands in a ``COMMANDS``
+dict ``name -> (module, one-line help)``; a command's module has ``configure(parser)`` and
+``run(args) -> int``. Modules are imported only when their command runs, so ``chexpercept --help``
+stays fast and heavy dependencies stay optional.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+_COMMAND_TABLES = (
+    "chexpercept.commands",
+    "chexpercept.builder.commands",
+    "chexpercept.metrics.commands",
+    "chexpercept.eval.commands",
+)
+
+
+def all_commands() -> dict[str, tuple[str, str]]:
+    commands: dict[str, tuple[str, str]] = {}
+    for table in _COMMAND_TABLES:
+        for name, spec in importlib.import_module(table).COMMANDS.items():
+            if name in commands:
+                raise RuntimeError(f"command {name!r} is defined twice ({table})")
+            commands[name] = spec
+    return dict(sorted(commands.items()))
+
+
+def _usage(commands: dict[str, tuple[str, str]]) -> str:
+    width = max((len(n) for n in commands), default=10)
+    lines = [f"  {name.ljust(width)}  {help_}" for name, (_, help_) in commands.items()]
+    return (
+        "usage: chexpercept <command> [options]\n\n"
+        "Load, regenerate and evaluate the CheXpercept benchmark.\n\ncommands:\n"
+        + "\n".join(lines)
+        + "\n\nRun 'chexpercept <command> --help' for a command's options."
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    commands = all_commands()
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(_usage(commands))
+        return 0
+    if argv[0] in ("-V", "--version"):
+        from chexpercept import __version__
+
+        print(f"chexpercept {__version__}")
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in commands:
+        print(f"chexpercept: unknown command {name!r}\n\n{_usage(commands)}", file=sys.stderr)
+        return 2
+    module_name, help_ = commands[name]
+    module = importlib.import_module(module_name)
+    parser = argparse.ArgumentParser(prog=f"chexpercept {name}", description=help_)
+    module.configure(parser)
+    args = parser.parse_args(rest)
+    return int(module.run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,29 @@
+"""``chexpercept validate DIR``: check a bundle the way the loader does, or more thoroughly."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .bundle import read_bundle
+from .errors import BundleValidationError, ReleaseNotFoundError
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("data_dir", help="folder with chexpercept.json and chexpercept/<key_id>/...")
+    parser.add_argument("--full", action="store_true", help="decode every image (slower)")
+    parser.add_argument("--checksums", action="store_true", help="verify files against SHA256SUMS.txt")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        bundle = read_bundle(
+            args.data_dir, check_images="full" if args.full else "basic", verify_checksums=args.checksums
+        )
+    except (BundleValidationError, ReleaseNotFoundError) as e:
+        print(e, file=sys.stderr)
+        return 1
+    kind = "phantom (synthetic)" if bundle.synthetic else "release"
+    n_items = sum(len(c.tasks) for c in bundle.cases)
+    print(f"OK: {len(bundle)} cases, {n_items} questions ({kind} bundle at {bundle.root})")
+    return 0

@@ -1,0 +1,212 @@
+"""Schema validation of ``chexpercept.json`` entries (spec 1.3 and 1.4).
+
+Checks run on the raw JSON so that every problem of every case is collected and reported
+together; unknown extra fields are tolerated.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import templates
+from .errors import Problem
+from .vocab import ATTRIBUTE_KEYS, CARDIOMEGALY, LESIONS, lesion_of_key
+
+_SINGLE = "int"
+_MULTI = "list[int]"
+
+
+class _Checker:
+    def __init__(self, key_id: str):
+        self.key_id = key_id
+        self.problems: list[Problem] = []
+
+    def add(self, where: str, message: str) -> None:
+        self.problems.append(Problem(self.key_id, where, message))
+
+    def obj(self, parent: Any, key: str, where: str, *, nullable: bool = False) -> dict[str, Any] | None:
+        if not isinstance(parent, dict) or key not in parent:
+            self.add(f"{where}{key}", "missing")
+            return None
+        value = parent[key]
+        if value is None and nullable:
+            return None
+        if not isinstance(value, dict):
+            self.add(f"{where}{key}", f"expected an object, got {_type(value)}")
+            return None
+        return value
+
+    def typed(self, parent: dict[str, Any], key: str, where: str, kinds: tuple[type, ...], label: str) -> Any:
+        if key not in parent:
+            self.add(f"{where}{key}", "missing")
+            return None
+        value = parent[key]
+        if isinstance(value, bool) and bool not in kinds:
+            self.add(f"{where}{key}", f"expected {label}, got bool")
+            return None
+        if not isinstance(value, kinds):
+            self.add(f"{where}{key}", f"expected {label}, got {_type(value)}")
+            return None
+        return value
+
+    def qa(self, qa: dict[str, Any], where: str, index_kind: str, options_kind: str = "str") -> None:
+        """question / answer_options / answer / answer_index with indices in range."""
+        self.typed(qa, "question", where, (str,), "a string")
+        options = self.typed(qa, "answer_options", where, (list,), "a list")
+        self.typed(qa, "answer", where, (str,), "a string")
+        if options is not None:
+            for i, opt in enumerate(options):
+                if options_kind == "str" and not isinstance(opt, str):
+                    self.add(f"{where}answer_options[{i}]", f"expected a string, got {_type(opt)}")
+                elif options_kind == "dict" and not isinstance(opt, dict):
+                    self.add(f"{where}answer_options[{i}]", f"expected an object, got {_type(opt)}")
+            if not options:
+                self.add(f"{where}answer_options", "is empty")
+        if "answer_index" not in qa:
+            self.add(f"{where}answer_index", "missing")
+            return
+        idx = qa["answer_index"]
+        n = len(options) if options else 0
+        if index_kind == _SINGLE:
+            if isinstance(idx, bool) or not isinstance(idx, int):
+                self.add(f"{where}answer_index", f"expected an int, got {_type(idx)}")
+            elif n and not 1 <= idx <= n:
+                self.add(f"{where}answer_index", f"{idx} out of range 1..{n}")
+        else:
+            if not isinstance(idx, list) or not idx:
+                self.add(f"{where}answer_index", f"expected a non-empty list of ints, got {_type(idx)}")
+                return
+            for j, v in enumerate(idx):
+                if isinstance(v, bool) or not isinstance(v, int):
+                    self.add(f"{where}answer_index[{j}]", f"expected an int, got {_type(v)}")
+                elif n and not 1 <= v <= n:
+                    self.add(f"{where}answer_index[{j}]", f"{v} out of range 1..{n}")
+
+    def option_block(self, qa: dict[str, Any], labels: list[str] | None, where: str) -> None:
+        """The question must end with the option block built from its options (spec 2)."""
+        question = qa.get("question")
+        if labels is None or not isinstance(question, str):
+            return
+        block = "\n\nOptions:\n" + templates.option_block(labels)
+        if not question.endswith(block):
+            self.add(f"{where}question", "does not end with its options block '\\n\\nOptions:\\n(1) ...'")
+
+
+def _type(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def validate_entry(key_id: str, entry: Any) -> list[Problem]:
+    """Every schema problem of one entry; an empty list means the entry is usable."""
+    c = _Checker(key_id)
+    if not isinstance(entry, dict):
+        c.add("entry", f"expected an object, got {_type(entry)}")
+        return c.problems
+    lesion = lesion_of_key(key_id)
+    if lesion not in LESIONS:
+        c.add("key_id", f"unknown lesion prefix {lesion!r}; expected one of {', '.join(LESIONS)}")
+    pair_id = entry.get("pair_id")
+    if "pair_id" not in entry:
+        c.add("pair_id", "missing")
+    elif not isinstance(pair_id, str):
+        c.add("pair_id", f"expected a string, got {_type(pair_id)}")
+    elif key_id != f"{lesion}_{pair_id}":
+        c.add("pair_id", f"{pair_id!r} does not match key_id (expected key_id = <lesion>_<pair_id>)")
+    if "dicom_id" not in entry:
+        c.add("dicom_id", "missing")
+    elif entry["dicom_id"] is not None and not isinstance(entry["dicom_id"], str):
+        c.add("dicom_id", f"expected a string or null, got {_type(entry['dicom_id'])}")
+
+    det = c.obj(entry, "detection_qa", "")
+    if det is None:
+        return c.problems
+    c.qa(det, "detection_qa.", _SINGLE)
+    if det.get("answer_options") != list(templates.YES_NO):
+        c.add("detection_qa.answer_options", 'expected ["Yes", "No"]')
+    positive = det.get("answer") == "Yes"
+    if det.get("answer") not in templates.YES_NO:
+        c.add("detection_qa.answer", f"expected 'Yes' or 'No', got {det.get('answer')!r}")
+    c.option_block(det, list(templates.YES_NO), "detection_qa.")
+    if not positive:
+        return c.problems
+
+    contour = c.obj(entry, "contour_qa", "")
+    if contour is not None:
+        _validate_contour(c, contour)
+    is_cardio = lesion == CARDIOMEGALY
+    if "attribute_extraction_qa" not in entry:
+        c.add("attribute_extraction_qa", "missing (null for cardiomegaly, an object otherwise)")
+    elif entry["attribute_extraction_qa"] is None:
+        if not is_cardio:
+            c.add("attribute_extraction_qa", "is null but only cardiomegaly has no Stage 4")
+    else:
+        attrs = c.obj(entry, "attribute_extraction_qa", "")
+        if attrs is not None:
+            _validate_attributes(c, attrs)
+    return c.problems
+
+
+def _validate_contour(c: _Checker, contour: dict[str, Any]) -> None:
+    w = "contour_qa."
+    c.typed(contour, "no_deformation", w, (bool,), "a bool")
+    c.typed(contour, "initial_context", w, (str,), "a string")
+    for key in ("revision_before_masks", "revision_after_masks"):
+        if key in contour:
+            c.typed(contour, key, w, (list,), "a list")
+    ev = c.obj(contour, "contour_eval_qa", w)
+    if ev is not None:
+        c.qa(ev, f"{w}contour_eval_qa.", _SINGLE)
+        c.typed(ev, "relative_path", f"{w}contour_eval_qa.", (str,), "a string")
+        c.option_block(ev, list(templates.YES_NO), f"{w}contour_eval_qa.")
+    for key in ("contour_revision_qa_expansion", "contour_revision_qa_contraction"):
+        qa = c.obj(contour, key, w)
+        if qa is None:
+            continue
+        where = f"{w}{key}."
+        c.qa(qa, where, _MULTI, options_kind="dict")
+        labels = None
+        options = qa.get("answer_options")
+        if isinstance(options, list) and all(isinstance(o, dict) for o in options):
+            labels = []
+            for i, opt in enumerate(options):
+                color, point = opt.get("color"), opt.get("point", "missing")
+                if not isinstance(color, str):
+                    c.add(f"{where}answer_options[{i}].color", f"expected a string, got {_type(color)}")
+                if point == "missing":
+                    c.add(f"{where}answer_options[{i}].point", "missing")
+                elif point is not None and not (
+                    isinstance(point, list)
+                    and len(point) == 2
+                    and all(isinstance(v, int | float) for v in point)
+                ):
+                    c.add(f"{where}answer_options[{i}].point", "expected [x, y] or null")
+                labels.append(templates.point_option_labels([color])[0] if isinstance(color, str) else "?")
+            if options and options[-1].get("point") is not None:
+                c.add(f"{where}answer_options", "the last option must be the None option (point null)")
+        c.option_block(qa, labels, where)
+    rr = c.obj(contour, "contour_revision_qa_revision_result", w)
+    if rr is not None:
+        where = f"{w}contour_revision_qa_revision_result."
+        c.qa(rr, where, _SINGLE, options_kind="dict")
+        options = rr.get("answer_options")
+        if isinstance(options, list):
+            for i, opt in enumerate(options):
+                if isinstance(opt, dict) and not isinstance(opt.get("relative_path"), str):
+                    c.add(f"{where}answer_options[{i}].relative_path", "missing or not a string")
+            if len(options) > len(templates.mask_option_labels(8)):
+                c.add(f"{where}answer_options", f"{len(options)} options; at most 8 are supported")
+            else:
+                c.option_block(rr, templates.mask_option_labels(len(options)), where)
+
+
+def _validate_attributes(c: _Checker, attrs: dict[str, Any]) -> None:
+    w = "attribute_extraction_qa."
+    for task, key in ATTRIBUTE_KEYS.items():
+        qa = c.obj(attrs, key, w)
+        if qa is None:
+            continue
+        where = f"{w}{key}."
+        c.qa(qa, where, _MULTI if task == "location" else _SINGLE)
+        options = qa.get("answer_options")
+        if isinstance(options, list) and all(isinstance(o, str) for o in options):
+            c.option_block(qa, options, where)

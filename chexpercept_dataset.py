@@ -1,0 +1,156 @@
+"""The CheXpercept datasets builder: a local, credentialed release folder -> ``datasets.Dataset``.
+
+``import chexpercept`` registers this builder under the name ``chexpercept`` (datasets 5.x has no
+loading scripts), so that ``load_dataset("chexpercept", data_dir=...)`` works. Rows reference the
+image files of the release instead of copying them (no second copy of credentialed data, nothing
+decoded or re-encoded); ``embed_images=True`` stores the bytes for a portable copy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import datasets
+
+from chexpercept.bundle import read_bundle
+from chexpercept.case import Case, Turn
+from chexpercept.vocab import LESIONS, PATHS
+
+_DESCRIPTION = (
+    "CheXpercept: a multi-stage benchmark of lesion perception on chest X-rays (detection, contour "
+    "evaluation, contour revision, attribute extraction), built from MIMIC-CXR-JPG and MIMIC-ILS."
+)
+_CITATION = """\
+@article{chexpercept2026,
+  title   = {CheXpercept: A Benchmark for Evaluating Expert-Level Lesion Perception in Chest X-rays},
+  journal = {arXiv preprint arXiv:2606.21020},
+  year    = {2026}
+}"""
+_HOMEPAGE = "https://physionet.org/"
+_LICENSE = "PhysioNet Credentialed Health Data License 1.5.0"
+VERSION = datasets.Version("1.0.0")
+#: number of row shards handed to workers; num_proc splits these
+NUM_SHARDS = 16
+
+
+def _turn_features() -> dict[str, Any]:
+    return {
+        "stage": datasets.Value("int8"),
+        "task": datasets.Value("string"),
+        "text": datasets.Value("string"),
+        "images": datasets.List(datasets.Image()),
+        "options": datasets.List(datasets.Value("string")),
+        "answer_index": datasets.List(datasets.Value("int32")),
+        "answer": datasets.Value("string"),
+        "multi_select": datasets.Value("bool"),
+    }
+
+
+def _case_features() -> dict[str, Any]:
+    return {
+        "key_id": datasets.Value("string"),
+        "lesion": datasets.ClassLabel(names=list(LESIONS)),
+        "path": datasets.ClassLabel(names=[p.value for p in PATHS]),
+    }
+
+
+@dataclass
+class ChexperceptConfig(datasets.BuilderConfig):
+    """``sequences`` (one row per case) or ``items`` (one row per question), with case filters."""
+
+    lesions: list[str] | None = None
+    paths: list[str] | None = None
+    embed_images: bool = False
+    #: image check while building: none, exists, basic (default) or full (decode every image)
+    check_images: str = "basic"
+
+
+class Chexpercept(datasets.GeneratorBasedBuilder):
+    """CheXpercept release -> RR / RF / LF case sequences (or single question items) with Image features."""
+
+    BUILDER_CONFIG_CLASS = ChexperceptConfig
+    BUILDER_CONFIGS = [
+        ChexperceptConfig(name="sequences", version=VERSION, description="One row per case: ordered turns."),
+        ChexperceptConfig(name="items", version=VERSION, description="One row per question turn."),
+    ]
+    DEFAULT_CONFIG_NAME = "sequences"
+
+    def _info(self) -> datasets.DatasetInfo:
+        case = _case_features()
+        if self.config.name == "items":
+            features = {**case, "turn_index": datasets.Value("int32"), **_turn_features()}
+        else:
+            features = {
+                **case,
+                "dicom_id": datasets.Value("string"),
+                "image": datasets.Image(),
+                "turns": datasets.List(_turn_features()),
+            }
+        return datasets.DatasetInfo(
+            description=_DESCRIPTION,
+            features=datasets.Features(features),
+            homepage=_HOMEPAGE,
+            license=_LICENSE,
+            citation=_CITATION,
+        )
+
+    def _download_and_prepare(self, dl_manager, verification_mode, **kwargs):
+        # datasets does not hand verification_mode to _split_generators; keep it for the checksum check.
+        self._verification_mode = verification_mode
+        return super()._download_and_prepare(dl_manager, verification_mode, **kwargs)
+
+    def _split_generators(self, dl_manager: datasets.DownloadManager) -> list[datasets.SplitGenerator]:
+        all_checks = str(getattr(self, "_verification_mode", "")) in (
+            "all_checks",
+            "VerificationMode.ALL_CHECKS",
+        )
+        bundle = read_bundle(
+            self.config.data_dir,
+            lesions=self.config.lesions,
+            paths=self.config.paths,
+            check_images="full" if all_checks else self.config.check_images,
+            verify_checksums=all_checks,
+        )
+        cases = bundle.cases
+        n = max(1, min(NUM_SHARDS, len(cases)))
+        bounds = [round(i * len(cases) / n) for i in range(n + 1)]
+        shards = [cases[bounds[i] : bounds[i + 1]] for i in range(n)]  # contiguous: row order = file order
+        return [
+            datasets.SplitGenerator(
+                name=datasets.Split.TRAIN, gen_kwargs={"shards": shards, "root": str(bundle.root)}
+            )
+        ]
+
+    def _image(self, root: str, relative: str) -> dict[str, Any]:
+        path = f"{root}/{relative}"
+        if self.config.embed_images:
+            with open(path, "rb") as f:
+                return {"bytes": f.read(), "path": relative.rsplit("/", 1)[-1]}
+        return {"bytes": None, "path": path}
+
+    def _turn_row(self, root: str, turn: Turn) -> dict[str, Any]:
+        row = turn.as_dict()
+        row["images"] = [self._image(root, rel) for rel in turn.images]
+        return row
+
+    def _generate_examples(self, shards: list[list[Case]], root: str) -> Iterator[tuple[str, dict[str, Any]]]:
+        items = self.config.name == "items"
+        for shard in shards:
+            for case in shard:
+                head = {"key_id": case.key_id, "lesion": case.lesion, "path": case.path.value}
+                turns = case.turns
+                if items:
+                    for i, turn in enumerate(turns):
+                        yield f"{case.key_id}/{i}", {**head, "turn_index": i, **self._turn_row(root, turn)}
+                else:
+                    yield (
+                        case.key_id,
+                        {
+                            **head,
+                            "dicom_id": case.dicom_id,
+                            "image": self._image(root, case.cxr_image),
+                            "turns": [self._turn_row(root, t) for t in turns],
+                        },
+                    )

@@ -1,0 +1,36 @@
+"""Shared test setup: offline Hugging Face caches inside a temporary folder, small fixture bundles."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from chexpercept.testing import write_fixture_bundle
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Never touch ~/.cache or the network from tests.
+    base = os.environ.get("CHEXPERCEPT_TEST_HF_HOME")
+    if not base:
+        import tempfile
+
+        base = tempfile.mkdtemp(prefix="chexpercept-hf-")
+        os.environ["CHEXPERCEPT_TEST_HF_HOME"] = base
+    os.environ["HF_HOME"] = base
+    os.environ["HF_DATASETS_CACHE"] = os.path.join(base, "datasets")
+    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_EVALUATE_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        os.environ[var] = "1"
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def fixture_bundle(tmp_path_factory: pytest.TempPathFactory):
+    """A format-valid bundle, one case per (lesion, path) cell, 32x32 noise images (read-only!)."""
+    return write_fixture_bundle(tmp_path_factory.mktemp("fixture_bundle"), per_cell=1, seed=0)
+
+
+@pytest.fixture
+def fresh_bundle(tmp_path):
+    """A writable fixture bundle for tests that damage it."""
+    return write_fixture_bundle(tmp_path / "bundle", per_cell=1, seed=1)

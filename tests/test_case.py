@@ -1,0 +1,135 @@
+"""Case/Turn conversion and turn construction against the spec's example entries (spec 1.6, 3.4)."""
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from chexpercept import templates as T
+from chexpercept.case import Case
+from chexpercept.validate import validate_entry
+from chexpercept.vocab import Path as P
+
+EXAMPLES = json.loads((Path(__file__).parent / "data" / "spec_examples.json").read_text())
+RR_KEY = "effusion_s51234567_positive_0"
+CARDIO_KEY = "cardiomegaly_s50000720_positive_0"
+LF_KEY = "effusion_s59990001_negative_1"
+
+
+@pytest.mark.parametrize("key_id", list(EXAMPLES))
+def test_spec_examples_validate_and_round_trip(key_id):
+    entry = EXAMPLES[key_id]
+    assert validate_entry(key_id, entry) == []
+    case = Case.from_entry(key_id, copy.deepcopy(entry))
+    back = case.to_entry()
+    assert back == entry
+    assert list(back) == list(entry)  # key order kept too
+    assert json.dumps(back.get("contour_qa", {}), sort_keys=False) == json.dumps(
+        entry.get("contour_qa", {}), sort_keys=False
+    )
+
+
+def test_unknown_fields_survive_round_trip():
+    entry = copy.deepcopy(EXAMPLES[RR_KEY])
+    entry["provenance"] = {"synthetic": True}
+    entry["contour_qa"]["my_note"] = [1, 2]
+    entry["attribute_extraction_qa"]["location"]["debug"] = "x"
+    assert validate_entry(RR_KEY, entry) == []
+    assert Case.from_entry(RR_KEY, entry).to_entry() == entry
+
+
+def test_routes():
+    assert Case.from_entry(LF_KEY, EXAMPLES[LF_KEY]).path is P.LF
+    assert Case.from_entry(RR_KEY, EXAMPLES[RR_KEY]).path is P.RR
+    rf = copy.deepcopy(EXAMPLES[RR_KEY])
+    rf["contour_qa"]["no_deformation"] = True
+    assert Case.from_entry(RR_KEY, rf).path is P.RF
+
+
+def test_rr_turns_texts_images_options():
+    case = Case.from_entry(RR_KEY, EXAMPLES[RR_KEY])
+    turns = case.turns
+    assert [t.task for t in turns] == [
+        "detection",
+        "contour_eval",
+        "expansion",
+        "contraction",
+        "revision_result",
+        "distribution",
+        "location",
+        "severity",
+        "comparison",
+    ]
+    assert [t.stage for t in turns] == [1, 2, 3, 3, 3, 4, 4, 4, 4]
+    base = f"chexpercept/{RR_KEY}"
+    assert turns[0].images == (f"{base}/detection_qa/xray.png",)
+    assert turns[0].text == T.detection_question("effusion")
+    assert turns[1].images == (f"{base}/contour_qa/contour_eval_qa/xray_with_mask.png",)
+    assert turns[1].text == T.contour_eval_question("effusion")
+    assert turns[2].images == (f"{base}/contour_qa/contour_revision_qa/xray_with_mask_and_points.png",)
+    assert (
+        turns[2].text
+        == T.initial_context("effusion")
+        + "\n\n"
+        + EXAMPLES[RR_KEY]["contour_qa"]["contour_revision_qa_expansion"]["question"]
+    )
+    assert turns[2].options == (
+        "red point",
+        "orange point",
+        "yellow point",
+        "green point",
+        "blue point",
+        "None",
+    )
+    assert turns[2].answer_index == (4,) and turns[2].multi_select
+    assert turns[3].images == () and turns[3].text.startswith(
+        "Which point(s), if any, should be used to contract"
+    )
+    assert turns[3].answer_index == (2,)
+    assert turns[4].images == tuple(
+        f"{base}/contour_qa/contour_revision_qa/option_{i}_mask_{'answer' if i == 2 else 'fake'}.png"
+        for i in range(1, 5)
+    )
+    assert turns[4].options == ("1st mask", "2nd mask", "3rd mask", "4th mask")
+    assert turns[4].answer_index == (2,) and not turns[4].multi_select
+    assert all(t.images == () for t in turns[5:])
+    assert turns[6].answer_index == (1, 3) and turns[6].multi_select
+    assert turns[7].task == "severity" and turns[7].answer_index == (1,)
+
+
+def test_cardiomegaly_rr_has_five_turns_without_heart_sentence():
+    case = Case.from_entry(CARDIO_KEY, EXAMPLES[CARDIO_KEY])
+    assert case.path is P.RR and case.is_cardiomegaly
+    turns = case.turns
+    assert [t.task for t in turns] == [
+        "detection",
+        "contour_eval",
+        "expansion",
+        "contraction",
+        "revision_result",
+    ]
+    assert "heart" not in turns[1].text and "heart" not in turns[2].text
+    assert turns[2].text.startswith(T.initial_context("cardiomegaly") + "\n\nWhich point(s)")
+    assert turns[4].answer_index == (4,)
+
+
+def test_lf_single_turn():
+    case = Case.from_entry(LF_KEY, EXAMPLES[LF_KEY])
+    assert [t.task for t in case.turns] == ["detection"]
+    assert case.turns[0].answer_index == (2,) and case.turns[0].answer == "No"
+
+
+def test_fixture_bundle_turn_counts(fixture_bundle):
+    from chexpercept.bundle import read_bundle
+
+    bundle = read_bundle(fixture_bundle)
+    counts = {(c.lesion, c.path.value): len(c.turns) for c in bundle}
+    assert (
+        counts[("effusion", "RR")] == 9
+        and counts[("effusion", "RF")] == 6
+        and counts[("effusion", "LF")] == 1
+    )
+    assert counts[("cardiomegaly", "RR")] == 5 and counts[("cardiomegaly", "RF")] == 2
+    for case in bundle:
+        assert case.to_entry() == json.loads((fixture_bundle / "chexpercept.json").read_text())[case.key_id]
