@@ -141,6 +141,13 @@ class Turn:
     answer: str
     multi_select: bool
 
+    @property
+    def none_index(self) -> int | None:
+        """1-based index of the question's None option (points: ``None``; location: none of the above)."""
+        if self.options and self.options[-1] in ("None", templates.LOCATION_NONE):
+            return len(self.options)
+        return None
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "stage": self.stage,

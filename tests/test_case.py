@@ -133,3 +133,11 @@ def test_fixture_bundle_turn_counts(fixture_bundle):
     assert counts[("cardiomegaly", "RR")] == 5 and counts[("cardiomegaly", "RF")] == 2
     for case in bundle:
         assert case.to_entry() == json.loads((fixture_bundle / "chexpercept.json").read_text())[case.key_id]
+
+
+def test_none_index():
+    case = Case.from_entry(RR_KEY, EXAMPLES[RR_KEY])
+    by_task = {t.task: t for t in case.turns}
+    assert by_task["expansion"].none_index == 6 and by_task["contraction"].none_index == 6
+    assert by_task["location"].none_index == 4
+    assert by_task["detection"].none_index is None and by_task["distribution"].none_index is None

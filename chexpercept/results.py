@@ -1,0 +1,91 @@
+"""The per-case result record: what the runner writes (one JSON line per case) and the scorer reads.
+
+Layout of a run: ``OUT/<model>/oracle_<setting>/results.jsonl`` (one line per finished case) and
+``run.json`` (run metadata: model, backend, sampling, seed, versions, bundle fingerprint, times).
+
+A record keeps the raw response of every turn, so a run can be re-scored later under another parse
+mode; the parsed answer and correctness stored beside it are those of the run's own parse mode
+(they drove the oracle during the run). Images appear only as paths relative to the bundle root.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path as FsPath
+from typing import Any
+
+RESULTS_NAME = "results.jsonl"
+RUN_NAME = "run.json"
+ORACLE_SETTINGS: tuple[str, ...] = ("none", "implicit", "explicit")
+SCHEMA_VERSION = 1
+
+
+@dataclass
+class TurnResult:
+    """One asked turn of one case."""
+
+    task: str
+    stage: int
+    #: the model's raw text for this turn (before any oracle patch)
+    response: str
+    #: option indices read by the run's parse mode ([-1] when nothing could be read)
+    parsed: list[int]
+    parse_status: str
+    #: gold option indices (1-based)
+    gold: list[int]
+    correct: bool
+    n_options: int
+    multi_select: bool
+    #: 1-based index of the None option (points: last option; location: 4), else None
+    none_index: int | None = None
+    #: oracle text prepended to this turn's user message (explicit setting), if any
+    oracle_text: str | None = None
+    #: the text that replaced this turn's answer in the history (implicit setting), if it was patched
+    patched_to: str | None = None
+    usage: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class CaseResult:
+    """One finished case: every turn asked, and the conversation as the model last saw it."""
+
+    key_id: str
+    lesion: str
+    path: str
+    oracle: str
+    turns: list[TurnResult]
+    #: [{"role": "system"|"user"|"assistant", "text": str, "images": [relative paths]}...]
+    conversation: list[dict[str, Any]] = field(default_factory=list)
+    usage: dict[str, Any] = field(default_factory=dict)
+    schema: int = SCHEMA_VERSION
+
+    def turn(self, task: str) -> TurnResult | None:
+        for t in self.turns:
+            if t.task == task:
+                return t
+        return None
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), ensure_ascii=False, separators=(",", ":"))
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> CaseResult:
+        turns = [TurnResult(**t) for t in d["turns"]]
+        return cls(**{**d, "turns": turns})
+
+
+def iter_results(path: str | FsPath) -> Iterator[CaseResult]:
+    """Read a results.jsonl; a torn last line (crash mid-write) is ignored, any other bad line raises."""
+    path = FsPath(path)
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().split("\n")
+    complete = lines[:-1] if lines and lines[-1] != "" else lines
+    for n, line in enumerate(complete, start=1):
+        if not line.strip():
+            continue
+        try:
+            yield CaseResult.from_dict(json.loads(line))
+        except (json.JSONDecodeError, TypeError, KeyError) as e:
+            raise ValueError(f"{path}:{n}: not a CheXpercept case result: {e}") from e
