@@ -45,6 +45,8 @@ class TurnResult:
     #: the text that replaced this turn's answer in the history (implicit setting), if it was patched
     patched_to: str | None = None
     usage: dict[str, Any] = field(default_factory=dict)
+    #: why the backend gave no answer (only with the runner's --on-error record); scored as unparsed
+    error: str | None = None
 
 
 @dataclass

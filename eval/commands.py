@@ -1,3 +1,12 @@
 """Subcommands contributed by chexpercept.eval (see chexpercept/cli.py)."""
 
-COMMANDS: dict[str, tuple[str, str]] = {}
+COMMANDS: dict[str, tuple[str, str]] = {
+    "run": (
+        "chexpercept.eval.run",
+        "Run a model or baseline on a bundle (same as eval/run.py; resumable, accelerate-shardable)",
+    ),
+    "make-tiny-model": (
+        "chexpercept.eval.cmd_make_tiny_model",
+        "Build, offline, a tiny random Gemma3 vision-language model for tests and demos",
+    ),
+}

@@ -1,0 +1,180 @@
+"""transformers: AutoProcessor + AutoModelForImageTextToText, batched generation with left padding.
+
+A step's conversations are rendered by the processor's chat template as one left-padded batch and
+decoded together by ``model.generate``. Each image file is decoded once while its conversation is
+live (later turns re-send the same images) and dropped when no live conversation uses it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from PIL import Image
+
+from .protocol import BackendError, Request, Response, RunContext, Sampling
+from .registry import ModelSpec
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def pick_device(device: str, process_index: int) -> str:
+    """``auto``: this process's GPU (LOCAL_RANK under accelerate) when CUDA is there, else cpu."""
+    if device != "auto":
+        return device
+    import torch
+
+    if torch.cuda.is_available():
+        local = int(os.environ.get("LOCAL_RANK", process_index))
+        return f"cuda:{local % torch.cuda.device_count()}"
+    return "cpu"
+
+
+class TransformersBackend:
+    name = "transformers"
+    max_batch_size = None
+    default_batch_size = 16
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        *,
+        sampling: Sampling,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        dtype: str | None = None,
+        device: str = "auto",
+        device_map: str | None = None,
+        attn_implementation: str | None = None,
+        trust_remote_code: bool | None = None,
+        seed: int = 0,
+    ):
+        targs = spec.transformers_args
+        self.spec = spec
+        self._sampling = sampling
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        self.dtype = dtype or targs.get("dtype", "auto")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"unknown dtype {self.dtype!r}; expected one of {', '.join(DTYPES)}")
+        self.device = device
+        self.device_map = device_map or targs.get("device_map")
+        self.attn_implementation = attn_implementation or targs.get("attn_implementation")
+        self.model_class = targs.get("model_class", "AutoModelForImageTextToText")
+        self.trust_remote_code = spec.trust_remote_code if trust_remote_code is None else trust_remote_code
+        self.seed = seed
+        self.root = ""
+        self._images: dict[str, Image.Image] = {}
+        self.model: Any = None
+        self.processor: Any = None
+
+    def setup(self, context: RunContext) -> None:
+        try:
+            import torch
+            import transformers
+        except ImportError as e:
+            raise BackendError(
+                f"the transformers backend needs torch and transformers: pip install -e '.[hf]' ({e})"
+            ) from e
+        self.root = str(context.root)
+        self._torch = torch
+        torch.manual_seed(self.seed)
+        self.resolved_device = pick_device(self.device, context.process_index)
+        self.processor = transformers.AutoProcessor.from_pretrained(
+            self.spec.model_id, trust_remote_code=self.trust_remote_code
+        )
+        tokenizer = getattr(self.processor, "tokenizer", None)
+        if tokenizer is None:
+            raise BackendError(f"{self.spec.model_id}: its processor has no tokenizer")
+        tokenizer.padding_side = "left"
+        self.tokenizer = tokenizer
+        model_cls = getattr(transformers, self.model_class)
+        kwargs: dict[str, Any] = {
+            "dtype": "auto" if self.dtype == "auto" else getattr(torch, self.dtype),
+            "trust_remote_code": self.trust_remote_code,
+        }
+        if self.attn_implementation:
+            kwargs["attn_implementation"] = self.attn_implementation
+        if self.device_map:
+            kwargs["device_map"] = self.device_map
+        self.model = model_cls.from_pretrained(self.spec.model_id, **kwargs).eval()
+        if not self.device_map:
+            self.model.to(self.resolved_device)
+        gen = self.model.generation_config
+        pad = gen.pad_token_id if gen.pad_token_id is not None else tokenizer.pad_token_id
+        self.pad_token_id = pad if pad is not None else tokenizer.eos_token_id
+
+    # ------------------------------------------------------------------ requests
+    def image(self, relative: str) -> Image.Image:
+        im = self._images.get(relative)
+        if im is None:
+            with Image.open(os.path.join(self.root, relative)) as f:
+                im = f.convert("RGB")
+            self._images[relative] = im
+        return im
+
+    def build_conversation(self, request: Request) -> list[dict[str, Any]]:
+        """Chat-template messages: user text first, then that turn's images (as the reference)."""
+        conversation: list[dict[str, Any]] = []
+        for m in request.messages:
+            content: list[dict[str, Any]] = [{"type": "text", "text": m.text}]
+            content += [{"type": "image", "image": self.image(p)} for p in m.images]
+            conversation.append({"role": m.role, "content": content})
+        return conversation
+
+    def generate(self, requests: Sequence[Request]) -> list[Response]:
+        torch = self._torch
+        conversations = [self.build_conversation(r) for r in requests]
+        inputs = self.processor.apply_chat_template(
+            conversations,
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=True,
+            return_tensors="pt",
+            processor_kwargs={"padding": True},
+            **self.chat_template_kwargs,
+        )
+        device = self.model.device
+        dtype = self.model.dtype
+        batch = {
+            k: (v.to(device, dtype=dtype) if v.is_floating_point() else v.to(device))
+            for k, v in inputs.items()
+            if hasattr(v, "to")
+        }
+        s = self._sampling
+        options: dict[str, Any] = {"max_new_tokens": s.max_tokens, "pad_token_id": self.pad_token_id}
+        if s.temperature > 0:
+            options.update(do_sample=True, temperature=s.temperature, top_p=s.top_p)
+        else:
+            options["do_sample"] = False
+        with torch.inference_mode():
+            out = self.model.generate(**batch, **options)
+        prompt_len = batch["input_ids"].shape[1]
+        new = out[:, prompt_len:]
+        texts = self.processor.batch_decode(new, skip_special_tokens=True)
+        prompt_tokens = batch["attention_mask"].sum(dim=1).tolist()
+        output_tokens = (new != self.pad_token_id).sum(dim=1).tolist()
+        # keep decoded images only for conversations still running (they re-send them next turn)
+        used = {p for r in requests for p in r.images}
+        self._images = {p: im for p, im in self._images.items() if p in used}
+        return [
+            Response(text, {"input_tokens": int(i), "output_tokens": int(o)})
+            for text, i, o in zip(texts, prompt_tokens, output_tokens)
+        ]
+
+    def sampling(self) -> Sampling:
+        return self._sampling
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "model_class": self.model_class,
+            "dtype": self.dtype,
+            "device": getattr(self, "resolved_device", self.device),
+            "device_map": self.device_map,
+            "attn_implementation": self.attn_implementation,
+            "trust_remote_code": self.trust_remote_code,
+            "chat_template_kwargs": self.chat_template_kwargs,
+        }
+
+    def close(self) -> None:
+        self.model = None
+        self._images.clear()

@@ -1,0 +1,119 @@
+"""What the conversation engine hands a backend, and what it gets back.
+
+Every backend (vLLM, transformers, OpenAI-compatible, baselines) implements ``Backend``: it gets a
+batch of requests, each the whole conversation so far (system message, earlier turns, the new user
+turn), and answers each with the model's raw text. Images travel as paths relative to the bundle
+root; each backend turns them into what its model needs (file URLs, decoded images, data URLs)
+and never re-encodes an image that it has already prepared for a live conversation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path as FsPath
+from typing import Any, Protocol
+
+from chexpercept.case import Case, Turn
+
+
+@dataclass(frozen=True)
+class Message:
+    """One chat message: role, text, and the images riding on it (relative to the bundle root)."""
+
+    role: str
+    text: str
+    images: tuple[str, ...] = ()
+
+    def as_record(self) -> dict[str, Any]:
+        return {"role": self.role, "text": self.text, "images": list(self.images)}
+
+
+@dataclass(frozen=True)
+class Request:
+    """One turn of one case: the full conversation to send, and the turn being asked."""
+
+    key_id: str
+    messages: tuple[Message, ...]
+    turn: Turn
+
+    @property
+    def task(self) -> str:
+        return self.turn.task
+
+    @property
+    def images(self) -> list[str]:
+        return [p for m in self.messages for p in m.images]
+
+
+@dataclass
+class Response:
+    """A model's raw answer to one request, with token usage where the backend reports it."""
+
+    text: str
+    usage: dict[str, Any] = field(default_factory=dict)
+    #: set when the request failed and --on-error record kept the case (scored as unparsed)
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Decoding parameters as recorded in run.json."""
+
+    temperature: float
+    top_p: float
+    max_tokens: int
+    #: True when a response is a deterministic function of the conversation (greedy decoding or a
+    #: deterministic baseline): then an Oracle-Passed run also yields the exact End-to-End result.
+    greedy: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "max_tokens": self.max_tokens,
+            "greedy": self.greedy,
+        }
+
+
+@dataclass
+class RunContext:
+    """What a backend may need to know about the whole run before the first request."""
+
+    root: FsPath
+    #: every selected case of the run (all shards), e.g. for baseline:prior or image limits
+    cases: Sequence[Case]
+    seed: int = 0
+    #: process index and count under accelerate (one backend per process)
+    process_index: int = 0
+    num_processes: int = 1
+
+    @property
+    def max_images_per_case(self) -> int:
+        """The most images any selected conversation carries (vLLM's limit_mm_per_prompt)."""
+        return max((sum(len(t.images) for t in c.turns) for c in self.cases), default=1)
+
+
+class BackendError(RuntimeError):
+    """A backend could not answer a request; the message names the case and the turn."""
+
+
+class Backend(Protocol):
+    #: the name recorded in run.json ("vllm", "transformers", "openai", "baseline")
+    name: str
+    #: how many requests one generate() call takes at most (None: no limit of its own)
+    max_batch_size: int | None
+    #: the batch size used when --batch-size is not given
+    default_batch_size: int
+
+    def setup(self, context: RunContext) -> None: ...
+
+    def generate(self, requests: Sequence[Request]) -> list[Response]: ...
+
+    def sampling(self) -> Sampling: ...
+
+    def describe(self) -> dict[str, Any]:
+        """Backend settings for run.json (engine arguments, chat kwargs, dtype...)."""
+        ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,236 @@
+"""The 14 models of the paper (Table 6; spec 3.11) and how to run any other model.
+
+A registry entry holds what the paper's runs used: the Hugging Face id (or API model id), the
+backend, vLLM engine arguments, chat-template switches, and decoding (open models greedy with
+temperature 0, top_p 1, max_tokens 8192; API models temperature 1 with medium reasoning effort).
+Unlike the reference, ``limit_mm_per_prompt`` is not stored: the runner sizes it to the largest
+conversation of the bundle (the reference forgot it for MedGemma-27B, spec 7.1 item 9).
+
+Any other Hugging Face id or local folder runs with an explicit ``--backend``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from .backend_baselines import is_baseline
+
+BACKENDS: tuple[str, ...] = ("vllm", "transformers", "openai", "baseline")
+
+OPEN_SAMPLING = {"temperature": 0.0, "top_p": 1.0, "max_tokens": 8192}
+API_SAMPLING = {"temperature": 1.0, "top_p": 1.0, "max_tokens": 8192}
+#: what the reference sends to OpenAI/Azure (spec 3.11); Gemini gets reasoning_effort only
+API_EXTRA = {"reasoning_effort": "medium", "frequency_penalty": 0.0, "presence_penalty": 0.0}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """How to run one model."""
+
+    #: registry name, also the results folder name
+    name: str
+    #: Hugging Face id, local folder, or API model id
+    model_id: str
+    backend: str
+    display: str = ""
+    group: str = ""
+    #: the reference's alias (also accepted as --model)
+    reference_alias: str = ""
+    #: vLLM engine arguments (besides model, seed, limit_mm_per_prompt, tensor_parallel_size)
+    engine_args: dict[str, Any] = field(default_factory=dict)
+    #: tensor parallel size must divide this (the reference's gpu_num), e.g. 4 attention-head groups
+    tp_divisor: int | None = None
+    #: the chat template understands enable_thinking (Qwen 3.5/3.6); --no-thinking turns it off
+    thinking_switch: bool = False
+    sampling: dict[str, Any] = field(default_factory=lambda: dict(OPEN_SAMPLING))
+    #: extra request fields for the openai backend (reasoning_effort, penalties)
+    api_extra: dict[str, Any] = field(default_factory=dict)
+    #: transformers backend: model class, dtype, attention implementation, device_map
+    transformers_args: dict[str, Any] = field(default_factory=dict)
+    trust_remote_code: bool = False
+    notes: str = ""
+    in_registry: bool = True
+
+
+def _open(name: str, hf_id: str, display: str, group: str, alias: str, **kw: Any) -> ModelSpec:
+    engine = {"max_model_len": kw.pop("max_model_len", 65536), "enable_prefix_caching": True}
+    trust = kw.pop("trust_remote_code", False)
+    if trust:
+        engine["trust_remote_code"] = True
+    return ModelSpec(
+        name=name,
+        model_id=hf_id,
+        backend=kw.pop("backend", "vllm"),
+        display=display,
+        group=group,
+        reference_alias=alias,
+        engine_args=engine,
+        trust_remote_code=trust,
+        **kw,
+    )
+
+
+def _api(name: str, model_id: str, display: str, alias: str, extra: dict[str, Any], notes: str) -> ModelSpec:
+    return ModelSpec(
+        name=name,
+        model_id=model_id,
+        backend="openai",
+        display=display,
+        group="proprietary",
+        reference_alias=alias,
+        sampling=dict(API_SAMPLING),
+        api_extra=dict(extra),
+        notes=notes,
+    )
+
+
+_AZURE = "Azure OpenAI in the paper; any OpenAI-compatible endpoint with --base-url"
+_GEMINI = "Vertex AI in the paper; Gemini's OpenAI-compatible endpoint with --base-url"
+
+REGISTRY: dict[str, ModelSpec] = {
+    s.name: s
+    for s in (
+        _api("gpt-5.4", "gpt-5.4-2026-03-05", "GPT-5.4", "gpt-5.4", API_EXTRA, _AZURE),
+        _api("gpt-5.4-nano", "gpt-5.4-nano-2026-03-17", "GPT-5.4-nano", "gpt-5.4-nano", API_EXTRA, _AZURE),
+        _api(
+            "gemini-3.1-pro",
+            "gemini-3.1-pro-preview",
+            "Gemini-3.1-pro",
+            "gemini-3.1-pro",
+            {"reasoning_effort": "medium"},
+            _GEMINI,
+        ),
+        _api(
+            "gemini-3.1-flash",
+            "gemini-3.1-flash-lite-preview",
+            "Gemini-3.1-flash",
+            "gemini-3.1-flash",
+            {"reasoning_effort": "medium"},
+            _GEMINI,
+        ),
+        _open(
+            "qwen3.6-27b", "Qwen/Qwen3.6-27B", "Qwen3.6-27B", "general", "qwen3.6-27b", thinking_switch=True
+        ),
+        _open(
+            "qwen3.5-122b",
+            "Qwen/Qwen3.5-122B-A10B",
+            "Qwen3.5-122B",
+            "general",
+            "qwen3.5-moe",
+            thinking_switch=True,
+        ),
+        _open(
+            "glm-4.6v",
+            "zai-org/GLM-4.6V",
+            "GLM-4.6V",
+            "general",
+            "glm-4v",
+            trust_remote_code=True,
+            tp_divisor=4,
+            notes="answers inside <|begin_of_box|> are unwrapped by the parser",
+        ),
+        _open(
+            "internvl3.5-38b",
+            "OpenGVLab/InternVL3_5-38B",
+            "InternVL3.5-38B",
+            "general",
+            "internvl3.5",
+            max_model_len=40960,
+            trust_remote_code=True,
+        ),
+        _open(
+            "gemma4-31b", "google/gemma-4-31B-it", "Gemma4-31B", "general", "gemma4", trust_remote_code=True
+        ),
+        _open("medgemma-27b", "google/medgemma-27b-it", "MedGemma-27B", "medical", "medgemma"),
+        _open(
+            "medgemma-1.5-4b",
+            "google/medgemma-1.5-4b-it",
+            "MedGemma1.5-4B",
+            "medical",
+            "medgemma1.5",
+            trust_remote_code=True,
+        ),
+        _open(
+            "huatuogpt-vision-7b",
+            "FreedomIntelligence/HuatuoGPT-Vision-7B-Qwen2.5VL",
+            "HuatuoGPT-Vision-7B",
+            "medical",
+            "huatuo",
+            tp_divisor=4,
+        ),
+        _open(
+            "lingshu-32b",
+            "lingshu-medical-mllm/Lingshu-32B",
+            "Lingshu-32B",
+            "medical",
+            "lingshu",
+            trust_remote_code=True,
+        ),
+        _open(
+            "hulu-med-32b",
+            "ZJU-AI4H/Hulu-Med-32B",
+            "Hulu-Med-32B",
+            "medical",
+            "hulu-med",
+            backend="transformers",
+            max_model_len=32768,
+            trust_remote_code=True,
+            transformers_args={
+                "model_class": "AutoModelForCausalLM",
+                "dtype": "bfloat16",
+                "attn_implementation": "flash_attention_2",
+                "device_map": "auto",
+            },
+            notes="the paper ran it with transformers and the model's own remote code; not verified here",
+        ),
+    )
+}
+
+_BY_ALIAS = {s.reference_alias: s for s in REGISTRY.values()}
+
+
+def lookup(model: str) -> ModelSpec | None:
+    """The registry entry for a registry name or a reference alias (case-insensitive)."""
+    key = model.strip().lower()
+    return REGISTRY.get(key) or _BY_ALIAS.get(key)
+
+
+def folder_name(model: str) -> str:
+    """A results-folder name for any model string (registry name, HF id, local folder, baseline)."""
+    if is_baseline(model):
+        return model.replace(":", "-")
+    if os.path.isdir(os.path.expanduser(model)):
+        model = os.path.basename(os.path.normpath(os.path.expanduser(model)))
+    name = model.strip().replace("/", "--")
+    name = re.sub(r"[^A-Za-z0-9._+-]+", "-", name).strip("-.")
+    if not name:
+        raise ValueError(f"cannot make a folder name from model {model!r}; pass --run-name")
+    return name
+
+
+def resolve(model: str, *, backend: str | None = None, model_id: str | None = None) -> ModelSpec:
+    """The spec to run ``model`` with: a registry entry, a baseline, or any id with --backend."""
+    if backend is not None and backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; expected one of {', '.join(BACKENDS)}")
+    if is_baseline(model):
+        if backend not in (None, "baseline"):
+            raise ValueError(f"{model} is a baseline; it runs with --backend baseline (or no --backend)")
+        return ModelSpec(name=folder_name(model), model_id=model, backend="baseline", in_registry=False)
+    if backend == "baseline":
+        raise ValueError(f"--backend baseline needs a baseline model (baseline:random ...), got {model!r}")
+    spec = lookup(model)
+    if spec is None:
+        if backend is None:
+            raise ValueError(
+                f"{model!r} is not in the model registry ({', '.join(REGISTRY)}); to run another "
+                "Hugging Face id or local folder, say how with --backend vllm|transformers|openai"
+            )
+        spec = ModelSpec(name=folder_name(model), model_id=model, backend=backend, in_registry=False)
+    elif backend is not None and backend != spec.backend:
+        spec = replace(spec, backend=backend)
+    if model_id:
+        spec = replace(spec, model_id=model_id)
+    return spec

@@ -1,0 +1,497 @@
+"""Run a model (or a baseline) on CheXpercept: one conversation per case, results per case on disk.
+
+    python eval/run.py --data-dir DIR --model baseline:prior --oracle implicit --output-dir runs/
+    accelerate launch --num_processes 8 eval/run.py --data-dir DIR --model qwen3.6-27b --no-thinking
+    chexpercept run --data-dir DIR --model ./tiny-vlm --backend transformers
+
+Results go to ``OUT/<model>/oracle_<setting>/results.jsonl`` (one line per finished case) and
+``run.json``. Rerunning the same command resumes; under accelerate every process runs its own
+backend on its share of the cases and all of them append to the same results file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path as FsPath
+from typing import Any
+
+if (
+    __name__ == "__main__"
+    and sys.path
+    and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__))
+):
+    # run as a script (python eval/run.py, accelerate launch eval/run.py): this folder's modules
+    # must be imported as chexpercept.eval.*, never as top-level names
+    sys.path.pop(0)
+
+from chexpercept.answers import PARSE_MODES
+from chexpercept.bundle import read_bundle
+from chexpercept.errors import BundleValidationError, ReleaseNotFoundError
+from chexpercept.eval.distributed import Distributed
+from chexpercept.eval.engine import EngineStats, run_conversations
+from chexpercept.eval.protocol import Backend, BackendError, RunContext, Sampling
+from chexpercept.eval.provenance import git_commit, now, versions
+from chexpercept.eval.registry import BACKENDS, REGISTRY, ModelSpec, resolve
+from chexpercept.eval.selection import select_cases, shard
+from chexpercept.eval.store import (
+    RunFolder,
+    RunLockedError,
+    StoreError,
+    append_results,
+    read_records,
+    repair_tail,
+    rewrite_in_order,
+    write_json_atomic,
+)
+from chexpercept.results import ORACLE_SETTINGS
+from chexpercept.vocab import LESIONS
+
+EXPECTED_ERRORS = (
+    ValueError,
+    PermissionError,
+    FileNotFoundError,
+    StoreError,
+    RunLockedError,
+    BackendError,
+    BundleValidationError,
+    ReleaseNotFoundError,
+)
+
+
+def _json_arg(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"not valid JSON: {e}") from e
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("expected a JSON object, e.g. '{\"key\": 1}'")
+    return value
+
+
+def _list_arg(values: Sequence[str] | None) -> list[str] | None:
+    if not values:
+        return None
+    return [v for item in values for v in item.split(",") if v]
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("what to run")
+    g.add_argument("--data-dir", help="folder of the release bundle (chexpercept.json + chexpercept/)")
+    g.add_argument(
+        "--model",
+        help="registry name (see --list-models), Hugging Face id, local folder, or "
+        "baseline:random | baseline:constant:<k> | baseline:prior | baseline:oracle",
+    )
+    g.add_argument(
+        "--backend", choices=BACKENDS, help="default: the registry's backend (required for other models)"
+    )
+    g.add_argument(
+        "--model-id", help="load/send this id or folder instead of the registry's (e.g. a local copy)"
+    )
+    g.add_argument(
+        "--oracle", choices=ORACLE_SETTINGS, default="implicit", help="oracle setting (default: implicit)"
+    )
+    g.add_argument(
+        "--parse-mode",
+        choices=PARSE_MODES,
+        default="reference",
+        help="how answers are read during the run, which drives oracle triggers (default: reference)",
+    )
+    g.add_argument("--list-models", action="store_true", help="print the model registry and exit")
+
+    g = parser.add_argument_group("which cases")
+    g.add_argument("--lesions", nargs="+", help=f"only these lesions ({', '.join(LESIONS)})")
+    g.add_argument("--paths", nargs="+", help="only these paths (RR RF LF)")
+    g.add_argument("--per-cell", type=int, help="N cases per (lesion, path) cell, chosen by key hash")
+    g.add_argument("--limit", type=int, help="only the first N selected cases")
+    g.add_argument(
+        "--check-images",
+        choices=("exists", "basic", "full"),
+        default="basic",
+        help="image check before the run (default: basic: exists, parses, not truncated)",
+    )
+
+    g = parser.add_argument_group("output")
+    g.add_argument("--output-dir", default="runs", help="results go to OUTPUT_DIR/<model>/oracle_<setting>/")
+    g.add_argument("--run-name", help="folder name instead of the model's")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    g = parser.add_argument_group("decoding")
+    g.add_argument(
+        "--batch-size", type=int, help="conversations advanced together (backend default otherwise)"
+    )
+    g.add_argument("--seed", type=int, default=0, help="seed for sampling and baseline:random (default 0)")
+    g.add_argument(
+        "--temperature", type=float, help="default: 0 (open models), 1 (API models as in the paper)"
+    )
+    g.add_argument("--top-p", type=float, help="default 1")
+    g.add_argument("--max-tokens", type=int, help="most new tokens per answer (default 8192)")
+    g.add_argument(
+        "--no-thinking", action="store_true", help="chat_template_kwargs enable_thinking=False (Qwen3.5/3.6)"
+    )
+    g.add_argument("--chat-template-kwargs", type=_json_arg, help="extra chat template variables as JSON")
+
+    g = parser.add_argument_group("vllm backend")
+    g.add_argument("--tensor-parallel-size", type=int, help="GPUs per engine (default: the process's share)")
+    g.add_argument("--gpu-memory-utilization", type=float, default=0.85)
+    g.add_argument(
+        "--engine-args", type=_json_arg, help="extra vLLM engine arguments as JSON (override registry)"
+    )
+
+    g = parser.add_argument_group("transformers backend")
+    g.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), help="default auto")
+    g.add_argument(
+        "--device", default="auto", help="cpu, cuda, cuda:1 ... (default: this process's GPU or cpu)"
+    )
+    g.add_argument("--device-map", help="e.g. auto, to spread one model over several GPUs")
+    g.add_argument("--attn-implementation", help="e.g. sdpa, flash_attention_2")
+    g.add_argument("--trust-remote-code", action="store_true", help="allow the model's own code from the Hub")
+
+    g = parser.add_argument_group("openai backend")
+    g.add_argument("--base-url", help="endpoint, e.g. http://127.0.0.1:8000/v1 (vllm serve)")
+    g.add_argument("--api-key-env", default="OPENAI_API_KEY", help="environment variable holding the API key")
+    g.add_argument(
+        "--api-key-header", default="Authorization", help="'Authorization' (Bearer) or e.g. 'api-key' (Azure)"
+    )
+    g.add_argument("--concurrency", type=int, default=8, help="requests in flight at once (default 8)")
+    g.add_argument("--timeout", type=float, default=600.0, help="seconds per request (default 600)")
+    g.add_argument("--max-retries", type=int, default=6, help="retries on 429, 5xx, timeouts (default 6)")
+    g.add_argument(
+        "--request-extra", type=_json_arg, help="extra request fields as JSON (e.g. reasoning_effort)"
+    )
+    g.add_argument(
+        "--dua-compliant-endpoint",
+        action="store_true",
+        help="state that a non-local endpoint is allowed by the PhysioNet data use agreement",
+    )
+    g.add_argument(
+        "--on-error",
+        choices=("stop", "record"),
+        default="stop",
+        help="after retries: stop the run (resume later) or record the turn as unanswered",
+    )
+
+
+# ------------------------------------------------------------------------------------ settings
+def sampling_for(spec: ModelSpec, args: argparse.Namespace) -> Sampling:
+    base = spec.sampling
+    temperature = base["temperature"] if args.temperature is None else args.temperature
+    top_p = base["top_p"] if args.top_p is None else args.top_p
+    max_tokens = base["max_tokens"] if args.max_tokens is None else args.max_tokens
+    if max_tokens < 1:
+        raise ValueError(f"--max-tokens must be at least 1, got {max_tokens}")
+    return Sampling(temperature=temperature, top_p=top_p, max_tokens=max_tokens, greedy=temperature == 0)
+
+
+def chat_kwargs_for(spec: ModelSpec, args: argparse.Namespace) -> tuple[dict[str, Any], str | None]:
+    """chat_template_kwargs and, if --no-thinking does not apply to this model, a note saying so."""
+    kwargs: dict[str, Any] = {}
+    note = None
+    if args.no_thinking:
+        if spec.thinking_switch or not spec.in_registry:
+            kwargs["enable_thinking"] = False
+        else:
+            note = f"--no-thinking has no effect on {spec.name} (its chat template has no thinking switch)"
+    kwargs.update(args.chat_template_kwargs or {})
+    return kwargs, note
+
+
+def make_backend(
+    spec: ModelSpec, args: argparse.Namespace, sampling: Sampling, chat_kwargs: dict[str, Any]
+) -> Backend:
+    if spec.backend == "baseline":
+        from chexpercept.eval.backend_baselines import BaselineBackend
+
+        return BaselineBackend(spec.model_id)
+    if spec.backend == "vllm":
+        from chexpercept.eval.backend_vllm import VLLMBackend
+
+        return VLLMBackend(
+            spec,
+            sampling=sampling,
+            chat_template_kwargs=chat_kwargs,
+            engine_overrides=args.engine_args,
+            tensor_parallel_size=args.tensor_parallel_size,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+            seed=args.seed,
+        )
+    if spec.backend == "transformers":
+        from chexpercept.eval.backend_transformers import TransformersBackend
+
+        return TransformersBackend(
+            spec,
+            sampling=sampling,
+            chat_template_kwargs=chat_kwargs,
+            dtype=args.dtype,
+            device=args.device,
+            device_map=args.device_map,
+            attn_implementation=args.attn_implementation,
+            trust_remote_code=True if args.trust_remote_code else None,
+            seed=args.seed,
+        )
+    from chexpercept.eval.backend_openai import OpenAIBackend, RetryPolicy
+
+    if not args.base_url:
+        raise ValueError("the openai backend needs --base-url (e.g. http://127.0.0.1:8000/v1 for vllm serve)")
+    return OpenAIBackend(
+        spec,
+        sampling=sampling,
+        base_url=args.base_url,
+        api_key=os.environ.get(args.api_key_env),
+        api_key_header=args.api_key_header,
+        dua_compliant_endpoint=args.dua_compliant_endpoint,
+        concurrency=args.concurrency,
+        timeout=args.timeout,
+        retry=RetryPolicy(max_retries=args.max_retries),
+        extra_body=args.request_extra,
+        on_error=args.on_error,
+    )
+
+
+def print_registry() -> None:
+    rows = [("name", "backend", "model id", "reference alias")]
+    rows += [(s.name, s.backend, s.model_id, s.reference_alias) for s in REGISTRY.values()]
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+
+
+# ------------------------------------------------------------------------------------ the run
+class _Progress:
+    """One bar on the main process, counting cases finished by every process (lines appended)."""
+
+    def __init__(self, results: FsPath, total: int, enabled: bool):
+        self.results = results
+        self.bar = None
+        self.offset = results.stat().st_size if results.exists() else 0
+        if enabled:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total, unit="case", desc="cases", dynamic_ncols=True)
+
+    def refresh(self) -> None:
+        if self.bar is None or not self.results.exists():
+            return
+        with open(self.results, "rb") as f:
+            f.seek(self.offset)
+            chunk = f.read()
+        lines = chunk.count(b"\n")
+        if lines:
+            self.offset += chunk.rfind(b"\n") + 1
+            self.bar.update(lines)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.refresh()
+            self.bar.close()
+
+
+def _prepare_folder(folder: RunFolder, settings: dict[str, Any], header: dict[str, Any]) -> dict[str, Any]:
+    """Main process: take the lock, check resumability, repair a torn tail, write run.json."""
+    folder.path.mkdir(parents=True, exist_ok=True)
+    folder.lock.acquire()
+    try:
+        previous = folder.check_settings(settings)
+        dropped = repair_tail(folder.results)
+        info = dict(header)
+        info["settings"] = settings
+        if previous:
+            info["started"] = previous.get("started", header["started"])
+            info["resumed"] = [*previous.get("resumed", []), header["started"]]
+        info["finished"] = None
+        write_json_atomic(folder.run_json, info)
+        return {"ok": True, "dropped": dropped, "info": info}
+    except BaseException:
+        folder.lock.release()
+        raise
+
+
+def execute(args: argparse.Namespace, dist: Distributed) -> int:
+    spec = resolve(args.model, backend=args.backend, model_id=args.model_id)
+    sampling = sampling_for(spec, args)
+    chat_kwargs, note = chat_kwargs_for(spec, args)
+    if note and dist.is_main:
+        print(f"note: {note}", file=sys.stderr)
+    bundle = read_bundle(
+        args.data_dir,
+        lesions=_list_arg(args.lesions),
+        paths=_list_arg(args.paths),
+        check_images=args.check_images,
+    )
+    cases = select_cases(bundle.cases, per_cell=args.per_cell, limit=args.limit)
+    if not cases:
+        raise ValueError(
+            f"no case of {bundle.root} matches the selection (--lesions/--paths/--per-cell/--limit)"
+        )
+    backend = make_backend(spec, args, sampling, chat_kwargs)
+    sampling = backend.sampling()
+    batch_size = args.batch_size or backend.default_batch_size
+    if batch_size < 1:
+        raise ValueError(f"--batch-size must be at least 1, got {batch_size}")
+    folder = RunFolder(FsPath(args.output_dir) / (args.run_name or spec.name) / f"oracle_{args.oracle}")
+    settings = {
+        "model_id": spec.model_id,
+        "backend": spec.backend,
+        "oracle": args.oracle,
+        "parse_mode": args.parse_mode,
+        "sampling": sampling.as_dict(),
+        "seed": args.seed,
+        "chat_template_kwargs": chat_kwargs,
+        "bundle_fingerprint": bundle.fingerprint(),
+    }
+    header = {
+        "model": spec.name,
+        "model_id": spec.model_id,
+        "display_name": spec.display or spec.name,
+        "backend": spec.backend,
+        "oracle": args.oracle,
+        "parse_mode": args.parse_mode,
+        "sampling": sampling.as_dict(),
+        "seed": args.seed,
+        "chat_template_kwargs": chat_kwargs,
+        "bundle": {
+            "path": str(bundle.root),
+            "fingerprint": settings["bundle_fingerprint"],
+            "synthetic": bundle.synthetic,
+            "n_cases": len(bundle.cases),
+        },
+        "selection": {
+            "lesions": _list_arg(args.lesions),
+            "paths": _list_arg(args.paths),
+            "per_cell": args.per_cell,
+            "limit": args.limit,
+            "n_selected": len(cases),
+        },
+        "batch_size": batch_size,
+        "num_processes": dist.count,
+        "versions": versions(),
+        "git_commit": git_commit(),
+        "command": sys.argv,
+        "started": now(),
+    }
+
+    # 1. the main process takes the folder; everyone learns whether it could
+    outcome: dict[str, Any] = {}
+    error: Exception | None = None
+    if dist.is_main:
+        try:
+            outcome = _prepare_folder(folder, settings, header)
+        except EXPECTED_ERRORS as e:
+            error = e
+            outcome = {"ok": False, "error": str(e)}
+    outcome = dist.broadcast(outcome)
+    if not outcome["ok"]:
+        if error is not None:
+            raise error
+        return 2
+    try:
+        return _run_locked(args, dist, spec, bundle, cases, backend, batch_size, folder, outcome)
+    finally:
+        if dist.is_main:
+            folder.lock.release()
+
+
+def _run_locked(args, dist, spec, bundle, cases, backend, batch_size, folder, outcome) -> int:
+    if dist.is_main and outcome.get("dropped"):
+        print(
+            f"note: removed a torn last line ({outcome['dropped']} bytes) left by an interrupted run",
+            file=sys.stderr,
+        )
+    # 2. everyone reads the same finished set and takes its share of what is left
+    finished = set(read_records(folder.results))
+    remaining = [c for c in cases if c.key_id not in finished]
+    mine = shard(remaining, dist.index, dist.count)
+    progress = _Progress(folder.results, len(remaining), dist.is_main and not args.no_progress)
+    if dist.is_main and finished:
+        done_here = len(cases) - len(remaining)
+        print(
+            f"resuming {folder.path}: {done_here} of {len(cases)} selected cases already done",
+            file=sys.stderr,
+        )
+    stats = EngineStats()
+    try:
+        if mine:
+            backend.setup(
+                RunContext(
+                    root=bundle.root,
+                    cases=cases,
+                    seed=args.seed,
+                    process_index=dist.index,
+                    num_processes=dist.count,
+                )
+            )
+
+            def on_finished(results):
+                append_results(folder.results, results)
+                progress.refresh()
+
+            stats = run_conversations(
+                mine,
+                backend,
+                oracle=args.oracle,
+                parse_mode=args.parse_mode,
+                model=spec.model_id,
+                batch_size=batch_size,
+                on_finished=on_finished,
+            )
+    finally:
+        backend.close()
+    # 3. the main process checks that every selected case is there once, orders the file, signs off
+    dist.barrier()
+    progress.close()
+    if not dist.is_main:
+        return 0
+    records = read_records(folder.results)
+    missing = [c.key_id for c in cases if c.key_id not in records]
+    if missing:
+        raise StoreError(f"{len(missing)} selected case(s) have no result after the run, e.g. {missing[:5]}")
+    rewrite_in_order(folder.results, {c.key_id: i for i, c in enumerate(bundle.cases)})
+    info = dict(outcome["info"])
+    info["finished"] = now()
+    info["backend_settings"] = backend.describe()
+    info["n_results"] = len(records)
+    info["last_session"] = {
+        "cases": len(remaining),
+        "model_calls_main_process": stats.requests,
+        "batches_main_process": stats.batches,
+        "seconds_main_process": round(stats.seconds, 3),
+    }
+    write_json_atomic(folder.run_json, info)
+    print(
+        f"{len(cases)} cases of {spec.name} (oracle {args.oracle}) in {folder.path} "
+        f"({len(remaining)} run now, {len(cases) - len(remaining)} from before)"
+    )
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    """Entry point of ``chexpercept run`` and of this script."""
+    if args.list_models:
+        print_registry()
+        return 0
+    missing = [name for name, value in (("--data-dir", args.data_dir), ("--model", args.model)) if not value]
+    if missing:
+        print(f"chexpercept run: error: {' and '.join(missing)} required", file=sys.stderr)
+        return 2
+    dist = Distributed()
+    try:
+        return execute(args, dist)
+    except EXPECTED_ERRORS as e:
+        print(f"chexpercept run: error: {e}", file=sys.stderr)
+        return 2
+    finally:
+        dist.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="eval/run.py", description=__doc__.split("\n\n")[0])
+    configure(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,46 @@
+"""Which cases a run asks: --lesions and --paths (applied by read_bundle), --per-cell and --limit.
+
+``--per-cell N`` takes N cases from every (lesion, path) cell, chosen by a hash of the key_id (not by
+file order, which the reference uses and which can follow how the sheet was sorted, spec 7.1 item
+12), so the choice is deterministic and does not change when cases are added to other cells.
+The selected cases keep bundle order; ``--limit N`` then keeps the first N.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+from chexpercept.case import Case
+
+
+def _rank(key_id: str) -> str:
+    return hashlib.sha256(key_id.encode("utf-8")).hexdigest()
+
+
+def select_cases(
+    cases: Sequence[Case], *, per_cell: int | None = None, limit: int | None = None
+) -> list[Case]:
+    if per_cell is not None and per_cell < 1:
+        raise ValueError(f"--per-cell must be at least 1, got {per_cell}")
+    if limit is not None and limit < 1:
+        raise ValueError(f"--limit must be at least 1, got {limit}")
+    chosen = list(cases)
+    if per_cell is not None:
+        cells: dict[tuple[str, str], list[Case]] = {}
+        for case in chosen:
+            cells.setdefault((case.lesion, case.path.value), []).append(case)
+        keep = {
+            c.key_id
+            for members in cells.values()
+            for c in sorted(members, key=lambda c: _rank(c.key_id))[:per_cell]
+        }
+        chosen = [c for c in chosen if c.key_id in keep]
+    if limit is not None:
+        chosen = chosen[:limit]
+    return chosen
+
+
+def shard(cases: Sequence[Case], index: int, count: int) -> list[Case]:
+    """Cases of process ``index`` out of ``count``: every count-th case, so paths and lesions mix."""
+    return list(cases[index::count])
