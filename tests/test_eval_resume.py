@@ -1,0 +1,213 @@
+"""Result store: resume, crash safety (kill -9), torn lines, the run lock, settings checks, selection."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from chexpercept.bundle import read_bundle
+from chexpercept.eval.run import main
+from chexpercept.eval.selection import select_cases, shard
+from chexpercept.eval.store import (
+    RunLock,
+    RunLockedError,
+    StoreError,
+    append_results,
+    read_records,
+    repair_tail,
+)
+from chexpercept.results import CaseResult, iter_results
+
+RUN_SCRIPT = Path(__file__).resolve().parents[1] / "eval" / "run.py"
+
+
+def folder_of(out: Path, model: str = "baseline:random", oracle: str = "implicit") -> Path:
+    return out / model.replace(":", "-") / f"oracle_{oracle}"
+
+
+def run_cli(bundle, out, *extra, model="baseline:random") -> int:
+    return main(
+        ["--data-dir", str(bundle), "--model", model, "--output-dir", str(out), "--no-progress", *extra]
+    )
+
+
+def start_script(bundle, out, *extra, model="baseline:random", env_extra=None) -> subprocess.Popen:
+    env = dict(os.environ, **(env_extra or {}))
+    cmd = [sys.executable, str(RUN_SCRIPT), "--data-dir", str(bundle), "--model", model]
+    cmd += ["--output-dir", str(out), "--no-progress", *extra]
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def kill_after_lines(proc: subprocess.Popen, results: Path, lines: int, timeout: float = 120) -> int:
+    """SIGKILL the run once results.jsonl holds at least ``lines`` lines; returns the count seen."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            _, err = proc.communicate()
+            raise AssertionError(f"run ended before it could be killed (rc {proc.returncode}): {err[-2000:]}")
+        if results.exists():
+            n = results.read_bytes().count(b"\n")
+            if n >= lines:
+                proc.send_signal(signal.SIGKILL)
+                proc.wait()
+                return n
+        time.sleep(0.02)
+    proc.kill()
+    raise AssertionError("run produced too few results before the timeout")
+
+
+def test_kill_9_then_rerun_equals_an_uninterrupted_run(fixture_bundle, tmp_path):
+    assert run_cli(fixture_bundle, tmp_path / "clean", "--batch-size", "2") == 0
+    clean = folder_of(tmp_path / "clean") / "results.jsonl"
+
+    crashed = tmp_path / "crashed"
+    results = folder_of(crashed) / "results.jsonl"
+    proc = start_script(
+        fixture_bundle, crashed, "--batch-size", "2", env_extra={"CHEXPERCEPT_TEST_STEP_DELAY": "0.1"}
+    )
+    kill_after_lines(proc, results, 3)
+    partial = read_records(results)
+    assert 3 <= len(partial) < 21
+    assert (folder_of(crashed) / "run.lock").exists()  # the dead run's lock is left behind
+    assert json.loads((folder_of(crashed) / "run.json").read_text())["finished"] is None
+
+    assert run_cli(fixture_bundle, crashed, "--batch-size", "2") == 0  # stale lock taken over, resumed
+    assert results.read_bytes() == clean.read_bytes()
+    assert not (folder_of(crashed) / "run.lock").exists()
+    info = json.loads((folder_of(crashed) / "run.json").read_text())
+    assert (
+        info["finished"] and len(info["resumed"]) == 1 and info["last_session"]["cases"] == 21 - len(partial)
+    )
+
+
+def test_rerun_skips_finished_cases_and_extends_a_smaller_selection(fixture_bundle, tmp_path):
+    assert run_cli(fixture_bundle, tmp_path, "--limit", "5") == 0
+    results = folder_of(tmp_path) / "results.jsonl"
+    first = read_records(results)
+    assert len(first) == 5
+    assert run_cli(fixture_bundle, tmp_path) == 0
+    after = read_records(results)
+    assert len(after) == 21 and all(after[k] == v for k, v in first.items())
+    info = json.loads((folder_of(tmp_path) / "run.json").read_text())
+    assert info["last_session"]["cases"] == 16
+    # the file is in bundle order, one line per case
+    keys = [r.key_id for r in iter_results(results)]
+    assert keys == [c.key_id for c in read_bundle(fixture_bundle).cases]
+
+
+def test_torn_last_line_is_repaired_before_appending(fixture_bundle, tmp_path):
+    assert run_cli(fixture_bundle, tmp_path, "--limit", "4") == 0
+    results = folder_of(tmp_path) / "results.jsonl"
+    complete = results.read_bytes()
+    with open(results, "ab") as f:
+        f.write(complete.splitlines()[0][:57])  # a crash in the middle of a write
+    assert len(read_records(results)) == 4  # readers ignore the torn tail
+    assert run_cli(fixture_bundle, tmp_path) == 0
+    assert len(read_records(results)) == 21
+    assert results.read_bytes().startswith(complete)
+
+
+def test_repair_tail_keeps_complete_lines(tmp_path):
+    path = tmp_path / "r.jsonl"
+    path.write_bytes(b'{"key_id":"a"}\n{"key_id":"b"}\n{"key_')
+    assert repair_tail(path) == len(b'{"key_')
+    assert path.read_bytes() == b'{"key_id":"a"}\n{"key_id":"b"}\n'
+    assert repair_tail(path) == 0
+    path.write_bytes(b"no newline at all")
+    assert repair_tail(path) == len(b"no newline at all") and path.read_bytes() == b""
+
+
+def test_duplicate_case_in_results_is_an_error(tmp_path):
+    path = tmp_path / "results.jsonl"
+    record = CaseResult(key_id="effusion_x", lesion="effusion", path="LF", oracle="none", turns=[])
+    append_results(path, [record])
+    append_results(path, [record])
+    with pytest.raises(StoreError, match="appears twice"):
+        read_records(path)
+
+
+def test_second_run_on_a_live_folder_is_refused(fixture_bundle, tmp_path, capsys):
+    folder = folder_of(tmp_path)
+    with RunLock(folder):  # this live process holds the folder
+        assert run_cli(fixture_bundle, tmp_path) == 2
+        err = capsys.readouterr().err
+        assert "another run is writing to" in err and f"pid {os.getpid()}" in err
+        with pytest.raises(RunLockedError):
+            RunLock(folder).acquire()
+    assert not (folder / "run.lock").exists()
+    assert run_cli(fixture_bundle, tmp_path) == 0
+
+
+def test_lock_of_a_dead_process_is_stale(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    lock = RunLock(tmp_path)
+    lock.path.write_text(json.dumps({"pid": dead.pid, "host": os.uname().nodename, "since": "then"}))
+    assert lock.is_stale(json.loads(lock.path.read_text()))
+    lock.acquire()
+    assert json.loads(lock.path.read_text())["pid"] == os.getpid()
+    lock.release()
+    # a lock from another machine is never assumed dead
+    assert not lock.is_stale({"pid": dead.pid, "host": "another-host"})
+
+
+def test_resume_with_other_settings_is_refused(fixture_bundle, tmp_path, capsys):
+    assert run_cli(fixture_bundle, tmp_path, "--limit", "2") == 0
+    assert run_cli(fixture_bundle, tmp_path, "--seed", "5") == 2
+    err = capsys.readouterr().err
+    assert "seed: 0 -> 5" in err and "--run-name" in err
+    assert run_cli(fixture_bundle, tmp_path, "--parse-mode", "strict", "--run-name", "strict-run") == 0
+    assert (tmp_path / "strict-run" / "oracle_implicit" / "results.jsonl").exists()
+
+
+def test_selection_per_cell_limit_lesions_paths(fixture_bundle, tmp_path):
+    cases = read_bundle(fixture_bundle).cases
+    assert len(select_cases(cases, per_cell=1)) == 21
+    assert select_cases(cases, limit=4) == cases[:4]
+    shards = [shard(cases, i, 3) for i in range(3)]
+    assert sorted(c.key_id for s in shards for c in s) == sorted(c.key_id for c in cases)
+    assert run_cli(fixture_bundle, tmp_path, "--lesions", "cardiomegaly", "effusion", "--paths", "RR,LF") == 0
+    records = read_records(folder_of(tmp_path) / "results.jsonl")
+    assert {(r["lesion"], r["path"]) for r in records.values()} == {
+        ("cardiomegaly", "RR"),
+        ("cardiomegaly", "LF"),
+        ("effusion", "RR"),
+        ("effusion", "LF"),
+    }
+    with pytest.raises(ValueError, match="per-cell"):
+        select_cases(cases, per_cell=0)
+
+
+def test_per_cell_is_stratified_and_independent_of_file_order(tmp_path):
+    from chexpercept.testing import write_fixture_bundle
+
+    cases = read_bundle(write_fixture_bundle(tmp_path / "b", per_cell=4, seed=0, image_size=8)).cases
+    chosen = select_cases(cases, per_cell=2)
+    cells = {}
+    for c in chosen:
+        cells[(c.lesion, c.path)] = cells.get((c.lesion, c.path), 0) + 1
+    assert len(cells) == 21 and set(cells.values()) == {2}
+    assert {c.key_id for c in select_cases(list(reversed(cases)), per_cell=2)} == {c.key_id for c in chosen}
+    # not simply the first N of each cell in file order (the reference's --per_path_limit)
+    first = {}
+    for c in cases:
+        first.setdefault((c.lesion, c.path), []).append(c.key_id)
+    assert {c.key_id for c in chosen} != {k for v in first.values() for k in v[:2]}
+
+
+def test_bad_arguments_give_clear_errors(fixture_bundle, tmp_path, capsys):
+    assert main(["--model", "baseline:random"]) == 2
+    assert "--data-dir" in capsys.readouterr().err
+    assert run_cli(fixture_bundle, tmp_path, model="not-a-model") == 2
+    assert "not in the model registry" in capsys.readouterr().err
+    assert run_cli(tmp_path / "missing", tmp_path) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert run_cli(fixture_bundle, tmp_path, "--lesions", "pneumonia", "--paths", "RR", "--limit", "0") == 2
+    assert "--limit" in capsys.readouterr().err
