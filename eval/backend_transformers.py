@@ -47,7 +47,6 @@ class TransformersBackend:
         device_map: str | None = None,
         attn_implementation: str | None = None,
         trust_remote_code: bool | None = None,
-        seed: int = 0,
     ):
         targs = spec.transformers_args
         self.spec = spec
@@ -61,7 +60,7 @@ class TransformersBackend:
         self.attn_implementation = attn_implementation or targs.get("attn_implementation")
         self.model_class = targs.get("model_class", "AutoModelForImageTextToText")
         self.trust_remote_code = spec.trust_remote_code if trust_remote_code is None else trust_remote_code
-        self.seed = seed
+        self.seed = 0
         self.root = ""
         self._images: dict[str, Image.Image] = {}
         self.model: Any = None
@@ -76,8 +75,11 @@ class TransformersBackend:
                 f"the transformers backend needs torch and transformers: pip install -e '.[hf]' ({e})"
             ) from e
         self.root = str(context.root)
+        self.seed = context.seed
         self._torch = torch
         torch.manual_seed(self.seed)
+        if context.process_index != 0:  # one progress display per run: the main process's
+            transformers.utils.logging.disable_progress_bar()
         self.resolved_device = pick_device(self.device, context.process_index)
         self.processor = transformers.AutoProcessor.from_pretrained(
             self.spec.model_id, trust_remote_code=self.trust_remote_code

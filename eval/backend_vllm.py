@@ -93,7 +93,6 @@ class VLLMBackend:
         engine_overrides: dict[str, Any] | None = None,
         tensor_parallel_size: int | None = None,
         gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
-        seed: int = 0,
         llm_class: Callable[..., Any] | None = None,
         sampling_params_class: Callable[..., Any] | None = None,
         gpus: Sequence[str] | None = None,
@@ -104,7 +103,7 @@ class VLLMBackend:
         self.engine_overrides = dict(engine_overrides or {})
         self.requested_tp = tensor_parallel_size
         self.gpu_memory_utilization = gpu_memory_utilization
-        self.seed = seed
+        self.seed = 0
         self._llm_class = llm_class
         self._params_class = sampling_params_class
         self._gpus = gpus
@@ -130,13 +129,14 @@ class VLLMBackend:
             "gpu_memory_utilization": self.gpu_memory_utilization,
             "limit_mm_per_prompt": {"image": context.max_images_per_case},
             "allowed_local_media_path": str(context.root),
-            "seed": self.seed,
+            "seed": context.seed,
         }
         args.update(self.engine_overrides)
         return args
 
     def setup(self, context: RunContext) -> None:
         self.root = str(context.root)
+        self.seed = context.seed
         self.engine_args = self.build_engine_args(context)
         if context.num_processes > 1:
             # one engine per process on its own GPUs; vLLM's workers must not see our launcher's group

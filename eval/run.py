@@ -217,7 +217,6 @@ def make_backend(
             engine_overrides=args.engine_args,
             tensor_parallel_size=args.tensor_parallel_size,
             gpu_memory_utilization=args.gpu_memory_utilization,
-            seed=args.seed,
         )
     if spec.backend == "transformers":
         from chexpercept.eval.backend_transformers import TransformersBackend
@@ -231,7 +230,6 @@ def make_backend(
             device_map=args.device_map,
             attn_implementation=args.attn_implementation,
             trust_remote_code=True if args.trust_remote_code else None,
-            seed=args.seed,
         )
     from chexpercept.eval.backend_openai import OpenAIBackend, RetryPolicy
 
@@ -264,10 +262,11 @@ def print_registry() -> None:
 class _Progress:
     """One bar on the main process, counting cases finished by every process (lines appended)."""
 
-    def __init__(self, results: FsPath, total: int, enabled: bool):
+    def __init__(self, results: FsPath, total: int, enabled: bool, offset: int):
         self.results = results
         self.bar = None
-        self.offset = results.stat().st_size if results.exists() else 0
+        #: size of the results file before any process of this run appended to it
+        self.offset = offset
         if enabled:
             from tqdm.auto import tqdm
 
@@ -297,6 +296,8 @@ def _prepare_folder(folder: RunFolder, settings: dict[str, Any], header: dict[st
     try:
         previous = folder.check_settings(settings)
         dropped = repair_tail(folder.results)
+        size = folder.results.stat().st_size if folder.results.exists() else 0
+        finished = sorted(read_records(folder.results))
         info = dict(header)
         info["settings"] = settings
         if previous:
@@ -304,7 +305,7 @@ def _prepare_folder(folder: RunFolder, settings: dict[str, Any], header: dict[st
             info["resumed"] = [*previous.get("resumed", []), header["started"]]
         info["finished"] = None
         write_json_atomic(folder.run_json, info)
-        return {"ok": True, "dropped": dropped, "info": info}
+        return {"ok": True, "dropped": dropped, "results_size": size, "finished": finished, "info": info}
     except BaseException:
         folder.lock.release()
         raise
@@ -401,11 +402,11 @@ def _run_locked(args, dist, spec, bundle, cases, backend, batch_size, folder, ou
             f"note: removed a torn last line ({outcome['dropped']} bytes) left by an interrupted run",
             file=sys.stderr,
         )
-    # 2. everyone reads the same finished set and takes its share of what is left
-    finished = set(read_records(folder.results))
+    # 2. everyone takes its share of what the main process found left to do (one snapshot for all:
+    #    reading the file here could already see another process's first results)
+    finished = set(outcome["finished"])
     remaining = [c for c in cases if c.key_id not in finished]
     mine = shard(remaining, dist.index, dist.count)
-    progress = _Progress(folder.results, len(remaining), dist.is_main and not args.no_progress)
     if dist.is_main and finished:
         done_here = len(cases) - len(remaining)
         print(
@@ -413,6 +414,7 @@ def _run_locked(args, dist, spec, bundle, cases, backend, batch_size, folder, ou
             file=sys.stderr,
         )
     stats = EngineStats()
+    progress = None
     try:
         if mine:
             backend.setup(
@@ -424,6 +426,9 @@ def _run_locked(args, dist, spec, bundle, cases, backend, batch_size, folder, ou
                     num_processes=dist.count,
                 )
             )
+        enabled = dist.is_main and not args.no_progress
+        progress = _Progress(folder.results, len(remaining), enabled, outcome["results_size"])
+        if mine:
 
             def on_finished(results):
                 append_results(folder.results, results)
@@ -442,7 +447,8 @@ def _run_locked(args, dist, spec, bundle, cases, backend, batch_size, folder, ou
         backend.close()
     # 3. the main process checks that every selected case is there once, orders the file, signs off
     dist.barrier()
-    progress.close()
+    if progress is not None:
+        progress.close()
     if not dist.is_main:
         return 0
     records = read_records(folder.results)

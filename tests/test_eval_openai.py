@@ -1,0 +1,239 @@
+"""OpenAI-compatible backend against a fake server on 127.0.0.1: payloads, retries, usage, refusal."""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from chexpercept.bundle import read_bundle
+from chexpercept.eval.backend_openai import (
+    OpenAIBackend,
+    RetryPolicy,
+    call_cost,
+    check_endpoint,
+    price_for,
+)
+from chexpercept.eval.engine import run_conversations
+from chexpercept.eval.protocol import BackendError, RunContext, Sampling
+from chexpercept.eval.registry import resolve
+from chexpercept.eval.run import main
+from chexpercept.results import iter_results
+
+USAGE = {
+    "prompt_tokens": 1000,
+    "completion_tokens": 50,
+    "total_tokens": 1050,
+    "prompt_tokens_details": {"cached_tokens": 200},
+    "completion_tokens_details": {"reasoning_tokens": 30},
+}
+FAST = RetryPolicy(max_retries=3, base_delay=0.01, max_delay=0.05)
+
+
+class FakeServer:
+    """Answers chat completions; ``failures`` is a list of what to do to the next requests first."""
+
+    def __init__(self, failures=(), delay=0.0):
+        self.failures = list(failures)
+        self.delay = delay
+        self.requests: list[dict] = []
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.lock = threading.Lock()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with server.lock:
+                    server.requests.append({"path": self.path, "headers": dict(self.headers), "body": body})
+                    action = server.failures.pop(0) if server.failures else "ok"
+                    server.in_flight += 1
+                    server.max_in_flight = max(server.max_in_flight, server.in_flight)
+                try:
+                    time.sleep(server.delay)
+                    if action == "sleep":
+                        time.sleep(1.0)
+                    if isinstance(action, int):
+                        self.send_response(action)
+                        self.send_header("Retry-After", "0")
+                        self.end_headers()
+                        self.wfile.write(b'{"error": "try later"}')
+                        return
+                    reply = {
+                        "choices": [{"message": {"content": "Answer: 1"}, "finish_reason": "stop"}],
+                        "usage": USAGE,
+                    }
+                    data = json.dumps(reply).encode()
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                finally:
+                    with server.lock:
+                        server.in_flight -= 1
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def backend_for(server, model="gpt-5.4", **kwargs):
+    spec = resolve(model)
+    sampling = Sampling(**spec.sampling, greedy=spec.sampling["temperature"] == 0)
+    kwargs.setdefault("retry", FAST)
+    return OpenAIBackend(spec, sampling=sampling, base_url=server.url, **kwargs)
+
+
+def run_cases(backend, bundle, batch_size=64):
+    backend.setup(RunContext(root=bundle.root, cases=bundle.cases))
+    results = []
+    run_conversations(
+        bundle.cases, backend, oracle="implicit", batch_size=batch_size, on_finished=results.extend
+    )
+    return results
+
+
+def test_payload_retries_and_usage(fixture_bundle):
+    bundle = read_bundle(fixture_bundle, lesions=["effusion"], paths=["RR"])
+    with FakeServer(failures=[429, 503, 500]) as server:
+        backend = backend_for(server, api_key="secret")
+        (record,) = run_cases(backend, bundle)
+    assert backend.retries == 3
+    assert len(server.requests) == 9 + 3  # 9 turns, 3 retried
+    first = server.requests[0]
+    assert first["path"] == "/v1/chat/completions"
+    assert first["headers"]["Authorization"] == "Bearer secret"
+    body = first["body"]
+    assert body["model"] == "gpt-5.4-2026-03-05"
+    assert body["max_completion_tokens"] == 8192 and body["temperature"] == 1.0 and "top_p" not in body
+    assert body["reasoning_effort"] == "medium" and body["frequency_penalty"] == 0.0
+    assert body["messages"][0]["role"] == "system"
+    parts = body["messages"][1]["content"]
+    assert parts[0]["type"] == "text" and parts[1]["type"] == "image_url"
+    url = parts[1]["image_url"]["url"]
+    assert url.startswith("data:image/png;base64,")
+    image = bundle.root / bundle.cases[0].turn("detection").images[0]
+    assert base64.b64decode(url.split(",", 1)[1]) == image.read_bytes()  # the file's bytes, not re-encoded
+    last = server.requests[-1]["body"]["messages"]
+    assert len(last) == 1 + 2 * 8 + 1 and last[2]["content"] == [{"type": "text", "text": "Answer: 1"}]
+    cost = ((1000 - 200) * 2.50 + 200 * 0.25 + 50 * 15.00) / 1e6
+    turn = record.turns[0]
+    assert turn.usage["cost_usd"] == pytest.approx(cost)
+    assert turn.usage["input_tokens"] == 1000 and turn.usage["cached_input_tokens"] == 200
+    assert turn.usage["output_tokens"] == 50 and turn.usage["thinking_tokens"] == 30
+    assert turn.usage["attempts"] == 4  # 429, 503, 500, then the answer
+    assert record.usage["num_calls"] == 9 and record.usage["input_tokens"] == 9000
+    assert record.usage["cost_usd"] == pytest.approx(9 * cost)
+
+
+def test_timeouts_are_retried(fixture_bundle):
+    bundle = read_bundle(fixture_bundle, lesions=["effusion"], paths=["LF"])
+    with FakeServer(failures=["sleep"]) as server:
+        backend = backend_for(server, timeout=0.3)
+        (record,) = run_cases(backend, bundle)
+    assert (
+        backend.retries == 1 and record.turns[0].usage["attempts"] == 2 and record.turns[0].correct is False
+    )
+
+
+def test_giving_up_stops_the_run_or_records_the_failure(fixture_bundle):
+    bundle = read_bundle(fixture_bundle, lesions=["effusion"], paths=["LF"])
+    with (
+        FakeServer(failures=[500] * 10) as server,
+        pytest.raises(BackendError, match=r"effusion_\w+ \(detection\): gave up after 4 attempts.*resume"),
+    ):
+        run_cases(backend_for(server), bundle)
+    with FakeServer(failures=[500] * 4 + [400]) as server:
+        (record,) = run_cases(backend_for(server, on_error="record"), bundle)
+    turn = record.turns[0]
+    assert turn.error.startswith("gave up after 4 attempts: HTTP 500") and turn.response == ""
+    assert turn.parse_status == "unparsed" and not turn.correct
+
+
+def test_client_errors_are_not_retried(fixture_bundle):
+    bundle = read_bundle(fixture_bundle, lesions=["effusion"], paths=["LF"])
+    with FakeServer(failures=[400]) as server:
+        with pytest.raises(BackendError, match="HTTP 400"):
+            run_cases(backend_for(server), bundle)
+        assert len(server.requests) == 1
+
+
+def test_concurrency_limit(fixture_bundle):
+    bundle = read_bundle(fixture_bundle, paths=["LF"])  # 7 one-turn cases in one step
+    with FakeServer(delay=0.15) as server:
+        run_cases(backend_for(server, concurrency=3), bundle)
+    assert server.max_in_flight == 3
+
+
+def test_non_loopback_endpoints_are_refused_unless_vouched_for(fixture_bundle, tmp_path, capsys):
+    for ok in (
+        "http://127.0.0.1:8000/v1",
+        "http://localhost:8000/v1",
+        "http://127.0.0.9/v1",
+        "http://[::1]:8000/v1",
+    ):
+        check_endpoint(ok, dua_compliant=False)
+    for remote in (
+        "https://api.openai.com/v1",
+        "https://my.openai.azure.com/openai/v1",
+        "http://10.0.0.5/v1",
+    ):
+        with pytest.raises(PermissionError, match="data use agreement forbids"):
+            check_endpoint(remote, dua_compliant=False)
+        check_endpoint(remote, dua_compliant=True)
+    with pytest.raises(ValueError, match="http"):
+        check_endpoint("127.0.0.1:8000", dua_compliant=False)
+    rc = main(
+        [
+            *("--data-dir", str(fixture_bundle), "--model", "gemini-3.1-pro", "--output-dir", str(tmp_path)),
+            *("--base-url", "https://generativelanguage.googleapis.com/v1beta/openai"),
+        ]
+    )
+    err = capsys.readouterr().err
+    assert (
+        rc == 2 and "PhysioNet credentialed data use agreement" in err and "--dua-compliant-endpoint" in err
+    )
+    assert not any(tmp_path.iterdir())  # refused before anything was written
+
+
+def test_price_table_lookup():
+    assert price_for("gpt-5.4-nano-2026-03-17") == (0.20, 0.02, 1.25)
+    assert price_for("GPT-5.4-mini") == (0.75, 0.075, 4.50)
+    assert price_for("gemini-3.1-pro-preview") == (2.00, 0.20, 12.00)
+    assert price_for("my-local-model") is None and call_cost("my-local-model", 10, 0, 10) == 0.0
+
+
+def test_cli_run_against_a_local_server(fixture_bundle, tmp_path):
+    with FakeServer() as server:
+        rc = main(
+            [
+                *("--data-dir", str(fixture_bundle), "--model", "local-vlm", "--backend", "openai"),
+                *("--base-url", server.url, "--output-dir", str(tmp_path), "--no-progress", "--paths", "RF"),
+            ]
+        )
+    assert rc == 0
+    folder = tmp_path / "local-vlm" / "oracle_implicit"
+    records = list(iter_results(folder / "results.jsonl"))
+    assert len(records) == 7
+    body = server.requests[0]["body"]
+    assert body["model"] == "local-vlm" and body["temperature"] == 0.0 and "reasoning_effort" not in body
+    assert "Authorization" not in server.requests[0]["headers"]
+    info = json.loads((folder / "run.json").read_text())
+    assert info["sampling"]["greedy"] is True and info["backend_settings"]["base_url"] == server.url

@@ -1,0 +1,182 @@
+"""vLLM backend request construction, with a fake LLM class (vLLM cannot be installed on CPU machines)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from chexpercept.bundle import read_bundle
+from chexpercept.eval.backend_vllm import VLLMBackend, plan_gpus
+from chexpercept.eval.engine import run_conversations
+from chexpercept.eval.protocol import BackendError, RunContext, Sampling
+from chexpercept.eval.registry import resolve
+from chexpercept.eval.run import main
+
+GREEDY = Sampling(temperature=0.0, top_p=1.0, max_tokens=8192, greedy=True)
+
+
+class FakeSamplingParams:
+    def __init__(self, **kwargs):
+        self.kwargs = kwargs
+
+
+class FakeLLM:
+    instances: list[FakeLLM] = []
+
+    def __init__(self, **kwargs):
+        self.kwargs = kwargs
+        self.calls: list[dict] = []
+        FakeLLM.instances.append(self)
+
+    def chat(self, messages, **kwargs):
+        self.calls.append({"messages": messages, **kwargs})
+        return [
+            SimpleNamespace(
+                prompt_token_ids=list(range(10 * len(conv))),
+                num_cached_tokens=3,
+                outputs=[SimpleNamespace(text="Answer: 1", token_ids=[7, 8, 9], finish_reason="stop")],
+            )
+            for conv in messages
+        ]
+
+
+def make_backend(model="qwen3.6-27b", gpus=("0",), **kwargs):
+    spec = resolve(model)
+    return VLLMBackend(
+        spec,
+        sampling=GREEDY,
+        llm_class=FakeLLM,
+        sampling_params_class=FakeSamplingParams,
+        gpus=list(gpus),
+        **kwargs,
+    )
+
+
+def test_engine_arguments(fixture_bundle):
+    bundle = read_bundle(fixture_bundle)
+    rr = [c for c in bundle.cases if c.path.value == "RR"]
+    most_images = max(3 + len(c.qa_for("revision_result").answer_options) for c in rr)
+    backend = make_backend(gpus=["0", "1", "2", "3"])
+    backend.setup(RunContext(root=bundle.root, cases=bundle.cases, seed=7))
+    llm = FakeLLM.instances[-1]
+    assert llm.kwargs == {
+        "model": "Qwen/Qwen3.6-27B",
+        "max_model_len": 65536,
+        "enable_prefix_caching": True,
+        "tensor_parallel_size": 4,  # all visible GPUs, as the reference
+        "gpu_memory_utilization": 0.85,
+        "limit_mm_per_prompt": {"image": most_images},
+        "allowed_local_media_path": str(bundle.root),
+        "seed": 7,
+    }
+    assert backend.params.kwargs == {"temperature": 0.0, "top_p": 1.0, "max_tokens": 8192, "seed": 7}
+    # registry flags and user overrides
+    glm = make_backend("glm-4.6v", gpus=["0", "1", "2"], engine_overrides={"max_model_len": 4096})
+    glm.setup(RunContext(root=bundle.root, cases=bundle.cases))
+    args = FakeLLM.instances[-1].kwargs
+    assert args["trust_remote_code"] is True and args["max_model_len"] == 4096
+    assert args["tensor_parallel_size"] == 2  # must divide 4 (the reference's gpu_num)
+    # the largest conversation of a smaller selection sets the image limit
+    only_lf = [c for c in bundle.cases if c.path.value == "LF"]
+    small = make_backend()
+    small.setup(RunContext(root=bundle.root, cases=only_lf))
+    assert FakeLLM.instances[-1].kwargs["limit_mm_per_prompt"] == {"image": 1}
+
+
+def test_plan_gpus_for_data_parallel_processes():
+    gpus = [str(i) for i in range(8)]
+    assert plan_gpus(gpus, process_index=0, num_processes=1) == (8, gpus)
+    assert plan_gpus(gpus, process_index=1, num_processes=2) == (4, ["4", "5", "6", "7"])
+    assert plan_gpus(gpus, process_index=3, num_processes=8, requested_tp=1) == (1, ["3"])
+    assert plan_gpus(gpus, process_index=1, num_processes=2, requested_tp=2) == (2, ["4", "5"])
+    assert plan_gpus(["0", "1", "2"], process_index=0, num_processes=1, tp_divisor=4) == (2, ["0", "1"])
+    with pytest.raises(BackendError, match="only 2 visible GPU"):
+        plan_gpus(["0", "1"], process_index=0, num_processes=4)
+    with pytest.raises(BackendError, match="needs 4 GPUs per process"):
+        plan_gpus(gpus, process_index=0, num_processes=4, requested_tp=4)
+    with pytest.raises(BackendError, match="needs a CUDA GPU"):
+        plan_gpus([], process_index=0, num_processes=1)
+
+
+def test_each_step_is_one_chat_call_with_a_list_of_conversations(fixture_bundle):
+    bundle = read_bundle(fixture_bundle, lesions=["effusion", "cardiomegaly"])
+    backend = make_backend(chat_template_kwargs={"enable_thinking": False})
+    backend.setup(RunContext(root=bundle.root, cases=bundle.cases))
+    llm = FakeLLM.instances[-1]
+    results = []
+    stats = run_conversations(
+        bundle.cases, backend, oracle="implicit", batch_size=64, on_finished=results.extend
+    )
+    assert len(results) == 6
+    longest = max(len(c.turns) for c in bundle.cases)
+    assert len(llm.calls) == stats.batches == longest  # one call per step, all live cases together
+    assert len(llm.calls[0]["messages"]) == 6
+    first = llm.calls[0]
+    assert first["sampling_params"] is backend.params and first["use_tqdm"] is False
+    assert first["chat_template_kwargs"] == {"enable_thinking": False}
+    conv = first["messages"][0]
+    key = bundle.cases[0].key_id
+    assert conv[0] == {"role": "system", "content": conv[0]["content"]} and conv[0]["content"].startswith(
+        "You are an expert radiologist."
+    )
+    user = conv[1]
+    assert user["role"] == "user"
+    assert user["content"][0] == {"type": "text", "text": bundle.cases[0].turn("detection").text}
+    image = user["content"][1]
+    assert image["type"] == "image_url"
+    url = image["image_url"]["url"]
+    assert url.startswith("file:///") and url.endswith(f"chexpercept/{key}/detection_qa/xray.png")
+    assert Path(url[len("file://") :]).is_file()
+    # a later turn: history with text-only assistant answers, then the new user turn
+    later = llm.calls[4]["messages"][0]
+    assert [m["role"] for m in later] == ["system"] + ["user", "assistant"] * 4 + ["user"]
+    assert later[2] == {"role": "assistant", "content": [{"type": "text", "text": "Answer: 1"}]}
+    assert [p["type"] for p in later[-1]["content"]][1:] == ["image_url"] * (len(later[-1]["content"]) - 1)
+    record = next(r for r in results if r.key_id == key)
+    assert record.turns[0].usage == {
+        "input_tokens": 20,
+        "output_tokens": 3,
+        "cached_input_tokens": 3,
+        "finish_reason": "stop",
+    }
+
+
+def test_no_thinking_only_where_the_model_has_the_switch(fixture_bundle, tmp_path, capsys):
+    import argparse
+
+    from chexpercept.eval.run import chat_kwargs_for, configure
+
+    parser = argparse.ArgumentParser()
+    configure(parser)
+    args = parser.parse_args(["--no-thinking"])
+    assert chat_kwargs_for(resolve("qwen3.6-27b"), args) == ({"enable_thinking": False}, None)
+    kwargs, note = chat_kwargs_for(resolve("medgemma-1.5-4b"), args)
+    assert kwargs == {} and "no effect" in note
+    args = parser.parse_args(["--chat-template-kwargs", '{"foo": 1}'])
+    assert chat_kwargs_for(resolve("medgemma1.5"), args) == ({"foo": 1}, None)
+
+
+def test_without_a_gpu_the_vllm_backend_says_so(fixture_bundle, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    rc = main(
+        ["--data-dir", str(fixture_bundle), "--model", "medgemma-1.5-4b", "--output-dir", str(tmp_path)]
+    )
+    assert rc == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_each_process_gets_its_own_gpus_and_a_clean_environment(fixture_bundle, monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
+    bundle = read_bundle(fixture_bundle)
+    backend = make_backend(gpus=["0", "1", "2", "3"])
+    backend.setup(RunContext(root=bundle.root, cases=bundle.cases, process_index=1, num_processes=2))
+    import os
+
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "2,3"
+    assert "RANK" not in os.environ and "MASTER_PORT" not in os.environ
+    assert FakeLLM.instances[-1].kwargs["tensor_parallel_size"] == 2
