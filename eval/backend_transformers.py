@@ -1,7 +1,8 @@
 """transformers: AutoProcessor + AutoModelForImageTextToText, batched generation with left padding.
 
-A step's conversations are rendered by the processor's chat template as one left-padded batch and
-decoded together by ``model.generate``. Each image file is decoded once while its conversation is
+A step's conversations are sorted by length and cut into left-padded micro-batches of similar
+length (within a padded-token budget), each rendered by the processor's chat template and decoded
+together by ``model.generate``. Each image file is decoded once while its conversation is
 live (later turns re-send the same images) and dropped when no live conversation uses it.
 """
 
@@ -17,6 +18,8 @@ from .protocol import BackendError, Request, Response, RunContext, Sampling
 from .registry import ModelSpec
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+#: padded prompt tokens per generate call (rows x longest row), estimated
+DEFAULT_MAX_BATCH_TOKENS = 8192
 
 
 def pick_device(device: str, process_index: int) -> str:
@@ -34,7 +37,7 @@ def pick_device(device: str, process_index: int) -> str:
 class TransformersBackend:
     name = "transformers"
     max_batch_size = None
-    default_batch_size = 16
+    default_batch_size = 64
 
     def __init__(
         self,
@@ -47,6 +50,7 @@ class TransformersBackend:
         device_map: str | None = None,
         attn_implementation: str | None = None,
         trust_remote_code: bool | None = None,
+        max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
     ):
         targs = spec.transformers_args
         self.spec = spec
@@ -60,6 +64,9 @@ class TransformersBackend:
         self.attn_implementation = attn_implementation or targs.get("attn_implementation")
         self.model_class = targs.get("model_class", "AutoModelForImageTextToText")
         self.trust_remote_code = spec.trust_remote_code if trust_remote_code is None else trust_remote_code
+        if max_batch_tokens < 1:
+            raise ValueError(f"max_batch_tokens must be at least 1, got {max_batch_tokens}")
+        self.max_batch_tokens = max_batch_tokens
         self.seed = 0
         self.root = ""
         self._images: dict[str, Image.Image] = {}
@@ -123,7 +130,38 @@ class TransformersBackend:
             conversation.append({"role": m.role, "content": content})
         return conversation
 
+    def estimated_tokens(self, request: Request) -> int:
+        """A cheap prompt-length estimate (about 4 characters a token, plus each image's tokens)."""
+        per_image = getattr(self.processor, "image_seq_length", None) or 256
+        return sum(len(m.text) for m in request.messages) // 4 + per_image * len(request.images)
+
+    def micro_batches(self, requests: Sequence[Request]) -> list[list[int]]:
+        """Request indices grouped by similar length, each group within the padded-token budget.
+
+        One padded batch costs (rows x longest row); mixing a first turn with a ninth wastes most of
+        it, so a step's requests are sorted by length and cut where the budget would be exceeded.
+        """
+        order = sorted(range(len(requests)), key=lambda i: self.estimated_tokens(requests[i]))
+        groups: list[list[int]] = []
+        for i in order:
+            longest = self.estimated_tokens(requests[i])  # sorted: the newest row is the longest
+            if groups and (len(groups[-1]) + 1) * longest <= self.max_batch_tokens:
+                groups[-1].append(i)
+            else:
+                groups.append([i])
+        return groups
+
     def generate(self, requests: Sequence[Request]) -> list[Response]:
+        responses: list[Response | None] = [None] * len(requests)
+        for group in self.micro_batches(requests):
+            for i, response in zip(group, self._generate([requests[i] for i in group])):
+                responses[i] = response
+        # keep decoded images only for conversations still running (they re-send them next turn)
+        used = {p for r in requests for p in r.images}
+        self._images = {p: im for p, im in self._images.items() if p in used}
+        return [r for r in responses if r is not None]
+
+    def _generate(self, requests: Sequence[Request]) -> list[Response]:
         torch = self._torch
         conversations = [self.build_conversation(r) for r in requests]
         inputs = self.processor.apply_chat_template(
@@ -155,9 +193,6 @@ class TransformersBackend:
         texts = self.processor.batch_decode(new, skip_special_tokens=True)
         prompt_tokens = batch["attention_mask"].sum(dim=1).tolist()
         output_tokens = (new != self.pad_token_id).sum(dim=1).tolist()
-        # keep decoded images only for conversations still running (they re-send them next turn)
-        used = {p for r in requests for p in r.images}
-        self._images = {p: im for p, im in self._images.items() if p in used}
         return [
             Response(text, {"input_tokens": int(i), "output_tokens": int(o)})
             for text, i, o in zip(texts, prompt_tokens, output_tokens)
@@ -174,6 +209,7 @@ class TransformersBackend:
             "device_map": self.device_map,
             "attn_implementation": self.attn_implementation,
             "trust_remote_code": self.trust_remote_code,
+            "max_batch_tokens": self.max_batch_tokens,
             "chat_template_kwargs": self.chat_template_kwargs,
         }
 

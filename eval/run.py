@@ -150,6 +150,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--device-map", help="e.g. auto, to spread one model over several GPUs")
     g.add_argument("--attn-implementation", help="e.g. sdpa, flash_attention_2")
     g.add_argument("--trust-remote-code", action="store_true", help="allow the model's own code from the Hub")
+    g.add_argument(
+        "--max-batch-tokens",
+        type=int,
+        default=8192,
+        help="padded prompt tokens per generate call; a step is split by length within it (default 8192)",
+    )
 
     g = parser.add_argument_group("openai backend")
     g.add_argument("--base-url", help="endpoint, e.g. http://127.0.0.1:8000/v1 (vllm serve)")
@@ -230,6 +236,7 @@ def make_backend(
             device_map=args.device_map,
             attn_implementation=args.attn_implementation,
             trust_remote_code=True if args.trust_remote_code else None,
+            max_batch_tokens=args.max_batch_tokens,
         )
     from chexpercept.eval.backend_openai import OpenAIBackend, RetryPolicy
 

@@ -70,8 +70,37 @@ def _training_text() -> list[str]:
     return lines
 
 
-def build_tiny_model(out: str | os.PathLike[str], *, seed: int = 0) -> FsPath:
+#: layer sizes: "cpu" is as small as transformers allows; "gpu" uses head size 64, which the GPU
+#: attention kernels of vLLM support (they do not support 16)
+PROFILES: dict[str, dict[str, dict[str, int]]] = {
+    "cpu": {
+        "text": {
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+        },
+        "vision": {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 2},
+    },
+    "gpu": {
+        "text": {
+            "hidden_size": 128,
+            "intermediate_size": 256,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 1,
+            "head_dim": 64,
+        },
+        "vision": {"hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 2},
+    },
+}
+
+
+def build_tiny_model(out: str | os.PathLike[str], *, seed: int = 0, profile: str = "cpu") -> FsPath:
     """Write the model and its processor to ``out`` (loadable with AutoProcessor/AutoModel...)."""
+    if profile not in PROFILES:
+        raise ValueError(f"unknown profile {profile!r}; expected one of {', '.join(PROFILES)}")
+    sizes = PROFILES[profile]
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import (
@@ -118,13 +147,9 @@ def build_tiny_model(out: str | os.PathLike[str], *, seed: int = 0) -> FsPath:
     config = Gemma3Config(
         text_config={
             "vocab_size": len(tokenizer),
-            "hidden_size": 64,
-            "intermediate_size": 128,
+            **sizes["text"],
             "num_hidden_layers": 2,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-            "head_dim": 16,
-            "query_pre_attn_scalar": 16,
+            "query_pre_attn_scalar": sizes["text"]["head_dim"],
             "sliding_window": 64,
             "max_position_embeddings": 4096,
             "pad_token_id": ids["<pad>"],
@@ -132,10 +157,8 @@ def build_tiny_model(out: str | os.PathLike[str], *, seed: int = 0) -> FsPath:
             "bos_token_id": ids["<bos>"],
         },
         vision_config={
-            "hidden_size": 32,
-            "intermediate_size": 64,
+            **sizes["vision"],
             "num_hidden_layers": 2,
-            "num_attention_heads": 2,
             "image_size": IMAGE_SIZE,
             "patch_size": PATCH_SIZE,
         },
