@@ -195,9 +195,7 @@ def _heatmap(
 def _cmap(name: str) -> Any:
     from matplotlib import colormaps
 
-    cmap = colormaps[name].copy()
-    cmap.set_bad(style.NA_COLOR)
-    return cmap
+    return colormaps[name].with_extremes(bad=style.NA_COLOR)
 
 
 def plot_depth_heatmap(values: Mapping[str, Mapping[str, Value]], path: str | os.PathLike[str]) -> FsPath:

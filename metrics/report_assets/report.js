@@ -284,5 +284,15 @@
     renderList();
     if (state.caseKey) { showTab("cases"); openCase(state.caseKey); } else showTab("summary");
     writeHash();
+    window.addEventListener("hashchange", function () {
+      state.caseKey = null;
+      readHash();
+      state.run = fillSelect("f-run", index.runs.map(function (r) { return [r.id, r.label]; }), state.run);
+      fillCompare();
+      ["lesion", "path", "fail"].forEach(function (k) { $("f-" + k).value = state[k]; state[k] = $("f-" + k).value; });
+      state.shown = PAGE;
+      renderList();
+      if (state.caseKey) { showTab("cases"); openCase(state.caseKey); }
+    });
   });
 })();
