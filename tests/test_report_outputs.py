@@ -58,14 +58,30 @@ def test_run_csvs_have_the_reference_names_columns_and_rows(tmp_path):
         ("lesion_free", "oracle_passed"),
     ]
     assert summary[1] == ["revision_required", "tiny", "end_to_end", "0.9", "0.5", "0.05", "0.25", "2.25"]
-    assert summary[2] == ["revision_required", "tiny", "oracle_passed", "0.9", "0.6", "0.15000000000000002", "0.35", "2.25"]
+    assert summary[2] == [
+        "revision_required",
+        "tiny",
+        "oracle_passed",
+        "0.9",
+        "0.6",
+        "0.15000000000000002",
+        "0.35",
+        "2.25",
+    ]
     assert summary[3][5] == "" and summary[5][4:7] == ["", "", ""]  # RF Stage 3, LF Stages 2-4: N/A
     assert _read(written[1]) == [
         ["path", "model", "acc(expansion)", "acc(contraction)", "acc(revision_result)"],
         ["revision_required", "tiny", "0.1", "0.2", "0.30000000000000004"],
     ]
     assert _read(written[2]) == [
-        ["path", "model", "acc(distribution)", "acc(location)", "acc(severity/measurement)", "acc(comparison)"],
+        [
+            "path",
+            "model",
+            "acc(distribution)",
+            "acc(location)",
+            "acc(severity/measurement)",
+            "acc(comparison)",
+        ],
         ["revision_required+revision_free", "tiny", "0.4", "0.5", "0.6000000000000001", "0.7000000000000001"],
     ]
 
@@ -116,8 +132,13 @@ def test_palette_gives_each_meaning_its_own_colour():
 
 def test_figures_are_written_with_their_meanings_colours(tmp_path):
     models = ["oracle", "steady", "guesser"]
-    revision = {m: {"expansion": 0.5, "contraction": 0.4, "revision_result": None if m == "guesser" else 0.7} for m in models}
-    attributes = {m: {"distribution": 0.6, "location": 0.3, "severity": 0.5, "comparison": 0.8} for m in models}
+    revision = {
+        m: {"expansion": 0.5, "contraction": 0.4, "revision_result": None if m == "guesser" else 0.7}
+        for m in models
+    }
+    attributes = {
+        m: {"distribution": 0.6, "location": 0.3, "severity": 0.5, "comparison": 0.8} for m in models
+    }
     rows = [
         {"path": p, "model": m, "setting": s, "stage1": 0.9, "stage2": None if p == "LF" else 0.5,
          "stage3": 0.1 if p == "RR" else None, "stage4": None if p == "LF" else 0.2, "depth": 1.2}

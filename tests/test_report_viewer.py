@@ -57,7 +57,7 @@ def test_viewer_data_links_bundle_images_and_keeps_raw_answers(bundle, tmp_path)
     assert index["cases"][0][:3] == ["atelectasis_s50000000_positive_0", "atelectasis", "RR"]
     assert index["images"] == {"mode": "linked", "root": str(bundle.root), "found": True}
 
-    key, lesion, path, file_name = index["cases"][0]
+    key, _, _, file_name = index["cases"][0]
     got_key, case = _js_payload(tmp_path / "report/data/cases" / file_name, "CHX.case")
     assert got_key == key
     assert [t["task"] for t in case["turns"]][:3] == ["detection", "contour_eval", "expansion"]
@@ -81,7 +81,9 @@ def test_viewer_data_links_bundle_images_and_keeps_raw_answers(bundle, tmp_path)
 def test_embed_images_copies_only_the_images_shown(bundle, tmp_path):
     simulate_run(bundle, tmp_path / "runs", "oracle", accuracy=1.0)
     write_viewer_data(tmp_path / "report", _viewer_runs(tmp_path / "runs"), bundle, embed_images=True)
-    copied = sorted(p.relative_to(tmp_path / "report/images") for p in (tmp_path / "report/images").rglob("*.png"))
+    copied = sorted(
+        p.relative_to(tmp_path / "report/images") for p in (tmp_path / "report/images").rglob("*.png")
+    )
     needed = sorted({p for c in bundle.cases for t in c.turns for p in t.images})
     assert [str(p) for p in copied] == needed
     (index,) = _js_payload(tmp_path / "report/data/index.js", "CHX.index")
@@ -143,5 +145,5 @@ def test_markdown_tables_become_html_with_na_cells_and_escaping():
     assert "<h4>Table 2</h4>" in out
     assert "<strong>95% CI</strong>" in out
     assert '<tr class="group"><td>Proprietary</td>' in out
-    assert "<td>&lt;b&gt;x&lt;/b&gt;</td><td>84.3 [80.1, 88.0]</td><td class=\"na\">N/A</td>" in out
+    assert '<td>&lt;b&gt;x&lt;/b&gt;</td><td>84.3 [80.1, 88.0]</td><td class="na">N/A</td>' in out
     assert "<ul><li>one</li><li>two</li></ul>" in out
