@@ -35,20 +35,29 @@ _SAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 @dataclass
 class ViewerRun:
-    """One run as the viewer shows it."""
+    """One run as the viewer shows it.
+
+    scored: per key_id, the metric library's per-case detail (``CaseScores.case(i)``: ``stages`` with
+    their End-to-End flags, ``turns`` re-parsed and re-judged in the report's parse mode). Without it
+    the viewer shows the verdicts the run recorded.
+    """
 
     run_id: str
     label: str
     model: str
     oracle: str
     records: dict[str, CaseResult]
+    scored: dict[str, dict[str, Any]] | None = None
 
 
-def first_failing_stage(record: CaseResult) -> int:
-    """The stage of the run's first wrong answer (0 when every asked stage was answered right).
+def first_failing_stage(record: CaseResult, scored: dict[str, Any] | None = None) -> int:
+    """The stage where the End-to-End chain breaks (0 when every asked stage was passed).
 
-    Reads the correctness the record carries (the run's own parse mode, or the re-scored one).
+    From the metric library's per-case detail when given, else from the verdicts the record carries.
     """
+    if scored is not None:
+        broken = [int(name[len("stage") :]) for name, s in scored["stages"].items() if not s["e2e"]]
+        return min(broken, default=0)
     for turn in record.turns:
         if not turn.correct:
             return int(turn.stage)
@@ -126,22 +135,26 @@ def _question_turns(case: Case | None, first: CaseResult, link: _ImageLinker) ->
     return out
 
 
-def _run_turns(record: CaseResult, base_text: dict[str, str]) -> dict[str, Any]:
+def _run_turns(
+    record: CaseResult, base_text: dict[str, str], scored: dict[str, Any] | None
+) -> dict[str, Any]:
     users = [m for m in record.conversation if m.get("role") == "user"]
+    judged = {t["task"]: t for t in scored["turns"]} if scored is not None else {}
     turns = {}
     for i, t in enumerate(record.turns):
         user_text = users[i].get("text") if i < len(users) else None
+        verdict = judged.get(t.task, {"parsed": t.parsed, "status": t.parse_status, "correct": t.correct})
         turns[t.task] = {
             "response": t.response,
-            "parsed": list(t.parsed),
-            "status": t.parse_status,
-            "correct": bool(t.correct),
+            "parsed": list(verdict["parsed"]),
+            "status": verdict["status"],
+            "correct": bool(verdict["correct"]),
             "oracle_text": t.oracle_text,
             "patched_to": t.patched_to,
             # only when the model saw a different text than the bundle's question (explicit oracle)
             "user_text": user_text if user_text and user_text != base_text.get(t.task) else None,
         }
-    return {"turns": turns, "first_fail": first_failing_stage(record), "usage": record.usage or None}
+    return {"turns": turns, "first_fail": first_failing_stage(record, scored), "usage": record.usage or None}
 
 
 def case_order(keys: Sequence[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
@@ -191,6 +204,7 @@ def write_viewer_data(
     fail: dict[str, list[int | None]] = {r.run_id: [] for r in runs}
     for key, lesion, path in ordered:
         recs = {r.run_id: r.records.get(key) for r in runs}
+        judged = {r.run_id: r.scored.get(key) if r.scored is not None else None for r in runs}
         first = next(rec for rec in recs.values() if rec is not None)
         questions = _question_turns(by_key.get(key), first, link)
         base_text = {q["task"]: q["text"] for q in questions}
@@ -199,13 +213,15 @@ def write_viewer_data(
             "lesion": lesion,
             "path": path,
             "turns": questions,
-            "runs": {rid: _run_turns(rec, base_text) for rid, rec in recs.items() if rec is not None},
+            "runs": {
+                rid: _run_turns(rec, base_text, judged[rid]) for rid, rec in recs.items() if rec is not None
+            },
         }
         file_name = case_file_name(key)
         (cases_dir / file_name).write_text(_js_call("CHX.case", key, payload), encoding="utf-8")
         index_cases.append([key, lesion, path, file_name])
         for rid, rec in recs.items():
-            fail[rid].append(None if rec is None else first_failing_stage(rec))
+            fail[rid].append(None if rec is None else first_failing_stage(rec, judged[rid]))
 
     index = {
         "runs": [{"id": r.run_id, "label": r.label, "model": r.model, "oracle": r.oracle} for r in runs],
