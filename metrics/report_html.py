@@ -22,6 +22,8 @@ from .report_style import css_variables
 ASSETS = ("report.js", "report.css")
 _NA_CELLS = {"N/A", "–", "-", "—", "null", ""}
 _INLINE = re.compile(r"\*\*(.+?)\*\*|`([^`]+)`")
+_NUMERIC = re.compile(r"^[-+]?\d")
+_INTERVAL = re.compile(r"\[[-+]?\d[\d.]*, [-+]?\d[\d.]*\]")
 
 
 @dataclass
@@ -68,6 +70,18 @@ def _is_rule(line: str) -> bool:
     return bool(re.fullmatch(r"\|?\s*:?-{3,}:?\s*(\|\s*:?-{3,}:?\s*)*\|?", line.strip()))
 
 
+def _cell_html(text: str) -> str:
+    """A table cell; a trailing interval ``[lo, hi]`` is set smaller so the value stands out."""
+    m = _INTERVAL.search(text)
+    if not m:
+        return _inline(text)
+    return (
+        _inline(text[: m.start()])
+        + f'<span class="ci">{html.escape(m.group(0))}</span>'
+        + _inline(text[m.end() :])
+    )
+
+
 def _table_html(rows: list[list[str]]) -> str:
     head, body = rows[0], rows[1:]
     parts = ['<table class="md"><thead><tr>']
@@ -77,8 +91,13 @@ def _table_html(rows: list[list[str]]) -> str:
         group = len(row) > 1 and all(c == "" for c in row[1:])
         parts.append('<tr class="group">' if group else "<tr>")
         for i, c in enumerate(row):
-            cls = ' class="na"' if (i > 0 and c in _NA_CELLS and not group) else ""
-            parts.append(f"<td{cls}>{_inline(c) if c else ''}</td>")
+            if i > 0 and c in _NA_CELLS and not group:
+                cls = ' class="na"'
+            elif _NUMERIC.match(c):
+                cls = ' class="num"'
+            else:
+                cls = ""
+            parts.append(f"<td{cls}>{_cell_html(c)}</td>")
         parts.append("</tr>")
     parts.append("</tbody></table>")
     return "".join(parts)
