@@ -145,5 +145,8 @@ def test_markdown_tables_become_html_with_na_cells_and_escaping():
     assert "<h4>Table 2</h4>" in out
     assert "<strong>95% CI</strong>" in out
     assert '<tr class="group"><td>Proprietary</td>' in out
-    assert '<td>&lt;b&gt;x&lt;/b&gt;</td><td>84.3 [80.1, 88.0]</td><td class="na">N/A</td>' in out
+    assert (
+        '<td>&lt;b&gt;x&lt;/b&gt;</td><td class="num">84.3 <span class="ci">[80.1, 88.0]</span></td>'
+        '<td class="na">N/A</td>'
+    ) in out
     assert "<ul><li>one</li><li>two</li></ul>" in out
