@@ -63,6 +63,8 @@ class ReportOutput:
     files: list[FsPath] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    #: seconds per phase (load, score, intervals, tables, csv, figures, viewer, html)
+    timings: dict[str, float] = field(default_factory=dict)
     table2: str = ""
 
 
@@ -228,6 +230,7 @@ def write_report(
     reference's 0.0 instead of an empty cell where a CSV cell does not apply.
     """
     start = time.perf_counter()
+    clock = _Clock()
     m = _metrics()
     roots = [results] if isinstance(results, (str, os.PathLike)) else list(results)
     folders = sorted(
@@ -244,6 +247,7 @@ def write_report(
         seen[(rf.model, rf.oracle)] = rf
     bundle_obj, notes = resolve_bundle(bundle, folders)
     loaded = _load(folders, bundle_obj)
+    clock.lap("load")
     notes.extend(note for rf in folders for note in rf.notes)
 
     out = FsPath(out)
@@ -256,12 +260,15 @@ def write_report(
     for name in models:
         runs = [run for rf, run in zip(folders, loaded) if rf.model == name]
         reports[name] = m.build_report(runs, mode=mode, name=name)
-        if n_resamples > 0:
-            reports[name].with_intervals(n_resamples, seed=seed)
     per_run = {
         (rf.model, rf.oracle): m.build_report([run], mode=mode, name=rf.model)
         for rf, run in zip(folders, loaded)
     }
+    clock.lap("score")
+    if n_resamples > 0:
+        for rep in reports.values():
+            rep.with_intervals(n_resamples, seed=seed)
+    clock.lap("intervals")
 
     # --- the paper's tables and the leaderboard
     (out / "tables").mkdir(exist_ok=True)
@@ -287,6 +294,7 @@ def write_report(
     board = leaderboard_rows(reports)
     leaderboard_md = _write(out / "leaderboard.md", render_leaderboard(board))
     files += [leaderboard_md, write_leaderboard_csv(out / "leaderboard.csv", board)]
+    clock.lap("tables")
 
     # --- the reference's CSVs and figures, per run and per oracle setting
     for (name, oracle), rep in per_run.items():
@@ -302,17 +310,20 @@ def write_report(
         files += report_csv.write_all_models_csvs(
             folder, {n: r.flat for n, r in chosen.items()}, na_as_zero=na_as_zero
         )
-        if plots:
-            per_setting_figures[setting] = _draw_figures(
-                folder, {n: r.values for n, r in chosen.items()}, label=setting
-            )
-            files += per_setting_figures[setting]
+    clock.lap("csv")
+    for setting in settings if plots else ():
+        chosen = {name: rep for (name, oracle), rep in per_run.items() if oracle == setting}
+        per_setting_figures[setting] = _draw_figures(
+            out / f"all_models_oracle_{setting}", {n: r.values for n, r in chosen.items()}, label=setting
+        )
+        files += per_setting_figures[setting]
     if plots:
         headline = _draw_figures(
             out / FIGURES_DIR, {n: r.values for n, r in reports.items()}, label="headline"
         )
         files += headline
         figures = [Figure(str(p.relative_to(out)), _FIGURE_CAPTIONS[p.name]) for p in headline]
+    clock.lap("figures")
 
     # --- everything as data
     data = {
@@ -337,6 +348,7 @@ def write_report(
         if (out / "images").exists():
             shutil.rmtree(out / "images")
         write_viewer_data(out, viewer_runs, bundle_obj, embed_images=embed_images)
+        clock.lap("viewer")
         sections = [
             Section("leaderboard", "Leaderboard", markdown_to_html(render_leaderboard(board))),
             Section("tables", "Tables", markdown_to_html(ci_note + "\n\n" + "\n".join(blocks))),
@@ -362,6 +374,7 @@ def write_report(
         subtitle = f"{len(models)} model(s), {len(folders)} run(s), {n_cases} cases"
         index_html = write_index_html(out, title=title, sections=sections, banners=banners, subtitle=subtitle)
         files.append(index_html)
+        clock.lap("html")
 
     return ReportOutput(
         out=out,
@@ -374,8 +387,22 @@ def write_report(
         files=files,
         notes=notes + [f"{name}: {n}" for name, rep in reports.items() for n in rep.notes],
         seconds=time.perf_counter() - start,
+        timings=clock.laps,
         table2=m.render_table("2", reports, fmt="markdown", intervals=False),
     )
+
+
+class _Clock:
+    """Seconds spent per phase of the report."""
+
+    def __init__(self) -> None:
+        self.laps: dict[str, float] = {}
+        self.last = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.laps[name] = self.laps.get(name, 0.0) + now - self.last
+        self.last = now
 
 
 def _write(path: FsPath, text: str) -> FsPath:
