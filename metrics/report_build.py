@@ -177,6 +177,15 @@ def _draw_figures(
     ]
 
 
+def _sources_label(reports: dict[str, Any]) -> str:
+    """Which runs the headline numbers come from, for the stage-accuracy figure's title."""
+    e2e = sorted({src.oracle for rep in reports.values() if (src := rep.sources.get("e2e")) is not None})
+    op = sorted({src.oracle for rep in reports.values() if (src := rep.sources.get("op")) is not None})
+    if e2e == op and len(e2e) == 1:
+        return e2e[0]
+    return f"E2E from {'/'.join(e2e) or 'N/A'}, OP from {'/'.join(op) or 'N/A'}"
+
+
 _FIGURE_CAPTIONS = {
     report_plots.STAGE_ACCURACY_PNG: "Stage accuracy per path (End-to-End rows blue, Oracle-Passed rows orange)",
     report_plots.CONTOUR_REVISION_PNG: "Stage 3 sub-tasks on RR, Oracle-Passed",
@@ -311,18 +320,21 @@ def write_report(
             folder, {n: r.flat for n, r in chosen.items()}, na_as_zero=na_as_zero
         )
     clock.lap("csv")
-    for setting in settings if plots else ():
-        chosen = {name: rep for (name, oracle), rep in per_run.items() if oracle == setting}
-        per_setting_figures[setting] = _draw_figures(
-            out / f"all_models_oracle_{setting}", {n: r.values for n, r in chosen.items()}, label=setting
-        )
-        files += per_setting_figures[setting]
     if plots:
-        headline = _draw_figures(
-            out / FIGURES_DIR, {n: r.values for n, r in reports.items()}, label="headline"
-        )
+        headline_values = {n: r.values for n, r in reports.items()}
+        label = _sources_label(reports)
+        headline = _draw_figures(out / FIGURES_DIR, headline_values, label=label)
         files += headline
         figures = [Figure(str(p.relative_to(out)), _FIGURE_CAPTIONS[p.name]) for p in headline]
+        for setting in settings:
+            chosen = {name: rep.values for (name, oracle), rep in per_run.items() if oracle == setting}
+            folder = out / f"all_models_oracle_{setting}"
+            if label == setting and chosen == headline_values:  # the same numbers: same figures
+                folder.mkdir(parents=True, exist_ok=True)
+                per_setting_figures[setting] = [FsPath(shutil.copy2(p, folder / p.name)) for p in headline]
+            else:
+                per_setting_figures[setting] = _draw_figures(folder, chosen, label=setting)
+            files += per_setting_figures[setting]
     clock.lap("figures")
 
     # --- everything as data

@@ -76,7 +76,12 @@ def plot_stage_accuracy(
             ]
             for r in chosen
         ]
-        table = ax.table(cellText=cells or [[""] * len(columns)], colLabels=columns, loc="upper center")
+        # column widths from the longest text (measuring every cell's extent is slow)
+        longest = [max(len(str(c)) for c in col) + 3 for col in zip(columns, *cells)]
+        widths = [n / sum(longest) for n in longest]
+        table = ax.table(
+            cellText=cells or [[""] * len(columns)], colLabels=columns, colWidths=widths, loc="upper center"
+        )
         table.auto_set_font_size(False)
         table.set_fontsize(8.5)
         table.scale(1, 1.3)
@@ -93,7 +98,6 @@ def plot_stage_accuracy(
                 cell.get_text().set_color("#777777")
             else:
                 cell.set_facecolor(style.SETTING_TINTS[chosen[i - 1]["setting"]])
-        table.auto_set_column_width(list(range(len(columns))))
     fig.suptitle(f"Stage Accuracy by Model  [oracle: {oracle}]", fontsize=13, fontweight="bold")
     return _save(fig, path)
 
