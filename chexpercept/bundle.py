@@ -28,6 +28,7 @@ JSON_NAME = "chexpercept.json"
 IMAGES_DIR = "chexpercept"
 CHECKSUMS_NAME = "SHA256SUMS.txt"
 ImageCheck = Literal["none", "exists", "basic", "full"]
+IMAGE_CHECKS: tuple[str, ...] = ("none", "exists", "basic", "full")
 
 _PNG_TRAILER = b"\x00\x00\x00\x00IEND\xaeB`\x82"
 _JPEG_TRAILER = b"\xff\xd9"
@@ -166,6 +167,8 @@ def scan_bundle(
     Every problem of every case is collected and raised together as BundleValidationError. Cases
     passing the filters are appended to ``keep`` when a list is given.
     """
+    if check_images not in IMAGE_CHECKS:
+        raise ValueError(f"check_images must be one of {', '.join(IMAGE_CHECKS)}, got {check_images!r}")
     lesion_set = set(LESIONS) if not lesions else {parse_lesion(x) for x in lesions}
     path_set = set(Path) if not paths else {parse_path(p) for p in paths}
     problems: list[Problem] = []
