@@ -151,6 +151,8 @@ def _run_turns(
             "correct": bool(verdict["correct"]),
             "oracle_text": t.oracle_text,
             "patched_to": t.patched_to,
+            # the runner records a backend failure on the turn it happened (field added by the runner)
+            "error": getattr(t, "error", None),
             # only when the model saw a different text than the bundle's question (explicit oracle)
             "user_text": user_text if user_text and user_text != base_text.get(t.task) else None,
         }

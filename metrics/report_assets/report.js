@@ -223,6 +223,7 @@
     card.appendChild(el("div", { cls: "label", text: "Raw answer" }));
     card.appendChild(el("pre", { cls: "raw", text: t.response === null || t.response === undefined ? "(no response)" : t.response }));
     card.appendChild(el("div", { cls: "parsed" }, [el("b", { text: "Read as: " }), el("span", { text: answerText(q, t.parsed) + "  [" + t.status + "]" })]));
+    if (t.error) card.appendChild(el("div", { cls: "error" }, [el("b", { text: "Backend error: " }), el("span", { text: t.error })]));
     if (t.patched_to) card.appendChild(el("div", { cls: "patched" }, [el("b", { text: "History patched to: " }), el("span", { text: t.patched_to })]));
     return card;
   }
