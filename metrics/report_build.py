@@ -308,7 +308,7 @@ def write_report(
     # --- the reference's CSVs and figures, per run and per oracle setting
     for (name, oracle), rep in per_run.items():
         files += report_csv.write_run_csvs(
-            out / name / f"oracle_{oracle}", name, rep.flat, na_as_zero=na_as_zero
+            out / model_dirname(name) / f"oracle_{oracle}", name, rep.flat, na_as_zero=na_as_zero
         )
     settings = [s for s in ORACLE_SETTINGS if any(o == s for _, o in per_run)]
     figures: list[Figure] = []
@@ -402,6 +402,12 @@ def write_report(
         timings=clock.laps,
         table2=m.render_table("2", reports, fmt="markdown", intervals=False),
     )
+
+
+def model_dirname(model: str) -> str:
+    """The folder of a model's per-run CSVs: its name, with path separators made safe (HF ids)."""
+    name = model.replace("/", "__").replace("\\", "__").strip(". ")
+    return name or "model"
 
 
 class _Clock:

@@ -312,3 +312,17 @@ def test_command_line(workspace, tmp_path, capsys):
     assert f"Open {(tmp_path / 'r' / 'index.html').resolve().as_uri()}" in printed
     assert main(["report", "--results", str(tmp_path / "nothing"), "--out", str(tmp_path / "x")]) == 1
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_model_names_with_slashes_get_one_folder(workspace, tmp_path):
+    root, bundle = workspace
+    src = root / "runs" / "oracle" / "oracle_implicit"
+    run_dir = tmp_path / "runs" / "google__medgemma-x" / "oracle_implicit"
+    run_dir.mkdir(parents=True)
+    (run_dir / "results.jsonl").write_bytes((src / "results.jsonl").read_bytes())
+    meta = json.loads((src / "run.json").read_text())
+    (run_dir / "run.json").write_text(json.dumps({**meta, "model": "google/medgemma-x"}))
+    out = write_report(tmp_path / "runs", tmp_path / "report", n_resamples=0, plots=False, html=False)
+    assert out.models == ["google/medgemma-x"]
+    rows = _rows(tmp_path / "report" / "google__medgemma-x" / "oracle_implicit" / "model_performance_summary.csv")
+    assert {r["model"] for r in rows} == {"google/medgemma-x"}
