@@ -315,7 +315,7 @@ def test_command_line(workspace, tmp_path, capsys):
 
 
 def test_model_names_with_slashes_get_one_folder(workspace, tmp_path):
-    root, bundle = workspace
+    root, _ = workspace
     src = root / "runs" / "oracle" / "oracle_implicit"
     run_dir = tmp_path / "runs" / "google__medgemma-x" / "oracle_implicit"
     run_dir.mkdir(parents=True)
