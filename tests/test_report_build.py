@@ -324,5 +324,7 @@ def test_model_names_with_slashes_get_one_folder(workspace, tmp_path):
     (run_dir / "run.json").write_text(json.dumps({**meta, "model": "google/medgemma-x"}))
     out = write_report(tmp_path / "runs", tmp_path / "report", n_resamples=0, plots=False, html=False)
     assert out.models == ["google/medgemma-x"]
-    rows = _rows(tmp_path / "report" / "google__medgemma-x" / "oracle_implicit" / "model_performance_summary.csv")
+    rows = _rows(
+        tmp_path / "report" / "google__medgemma-x" / "oracle_implicit" / "model_performance_summary.csv"
+    )
     assert {r["model"] for r in rows} == {"google/medgemma-x"}
