@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path as FsPath
 from typing import Any
 
+from tqdm.auto import tqdm
+
 from chexpercept.bundle import Bundle
 from chexpercept.case import Case
 from chexpercept.results import CaseResult
@@ -204,7 +206,7 @@ def write_viewer_data(
 
     index_cases = []
     fail: dict[str, list[int | None]] = {r.run_id: [] for r in runs}
-    for key, lesion, path in ordered:
+    for key, lesion, path in tqdm(ordered, desc="case viewer", unit="case", disable=None, leave=False):
         recs = {r.run_id: r.records.get(key) for r in runs}
         judged = {r.run_id: r.scored.get(key) if r.scored is not None else None for r in runs}
         first = next(rec for rec in recs.values() if rec is not None)

@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
             html=not args.no_html,
             title=args.title,
         )
-    except (FileNotFoundError, ValueError) as e:
+    except (FileNotFoundError, ValueError, ImportError) as e:
         print(f"chexpercept report: {e}", file=sys.stderr)
         return 1
     print(result.table2)
