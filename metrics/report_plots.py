@@ -102,6 +102,13 @@ def plot_stage_accuracy(
     return _save(fig, path)
 
 
+def _tick_style(labels: Sequence[str], angle: int) -> dict[str, Any]:
+    """Tilt the x labels when they would run into each other (many models, or long names)."""
+    if len(labels) > 4 or max((len(label) for label in labels), default=0) > 9:
+        return {"rotation": angle, "ha": "right", "rotation_mode": "anchor"}
+    return {"rotation": 0, "ha": "center"}
+
+
 def _grouped_bars(
     values: Mapping[str, Mapping[str, Value]],
     tasks: Sequence[str],
@@ -127,7 +134,7 @@ def _grouped_bars(
                 va="bottom",
                 fontsize=7,
             )
-    ax.set_xticks(range(len(models)), models, rotation=20 if len(models) > 4 else 0, ha="right")
+    ax.set_xticks(range(len(models)), models, **_tick_style(models, 20))
     ax.set_ylim(0, 110)
     ax.set_ylabel("Accuracy (%)")
     ax.set_xlabel("Model")
@@ -179,9 +186,7 @@ def _heatmap(
     masked = np.ma.masked_invalid(data)
     colormap = _cmap(cmap)
     image = ax.imshow(masked, cmap=colormap, vmin=0, vmax=vmax, aspect="auto")
-    ax.set_xticks(
-        range(len(cols)), cols, rotation=30 if len(cols) > 4 else 0, ha="right" if len(cols) > 4 else "center"
-    )
+    ax.set_xticks(range(len(cols)), cols, **_tick_style(cols, 30))
     ax.set_yticks(range(len(rows)), rows)
     for i in range(len(rows)):
         for j in range(len(cols)):
