@@ -285,3 +285,34 @@ def test_editing_the_address_changes_the_view(browser, report_dir):
     WebDriverWait(browser, 5).until(lambda b: _count(b) == "2 of 42 cases")
     assert {(r[1], r[2]) for r in _listed(browser)} == {("opacity", "LF")}
     assert _errors(browser) == []
+
+
+def test_full_report_page_loads_tables_figures_and_cases(browser, tmp_path):
+    """The page write_report makes (tables, figures, viewer) loads cleanly; every figure is shown."""
+    import chexpercept.metrics as metrics
+
+    if not hasattr(metrics, "build_report"):  # pragma: no cover - only before the metric library is merged
+        pytest.skip("the metric library (chexpercept.metrics.build_report) is not merged yet")
+    from chexpercept.metrics.report_build import write_report
+
+    bundle = read_bundle(
+        write_fixture_bundle(tmp_path / "bundle", per_cell=1, image_size=32), check_images="none"
+    )
+    write_simulated_runs(bundle, tmp_path / "runs")
+    out = write_report(tmp_path / "runs", tmp_path / "report", n_resamples=20)
+    _open(browser, out.out)
+    tables = browser.find_elements("css selector", "#tables table.md")
+    assert len(tables) == 6
+    assert len(browser.find_elements("css selector", "#leaderboard table.md")) == 2
+    first = browser.find_element("css selector", "#leaderboard table.md tbody tr td:nth-child(2)")
+    assert first.text == "oracle"
+    images = browser.find_elements("css selector", "#figures .plots > figure img")
+    assert len(images) == 5
+    for img in images:
+        browser.execute_script("arguments[0].scrollIntoView()", img)
+        assert browser.execute_script("return arguments[0].complete && arguments[0].naturalWidth", img) > 500
+    browser.save_screenshot(str(tmp_path / "full_summary.png"))
+    browser.find_element("css selector", "[data-tab=cases]").click()
+    browser.find_element("css selector", ".case-item").click()
+    _wait(browser, "#case-detail .turn")
+    assert _errors(browser) == []
