@@ -306,7 +306,7 @@ def test_full_report_page_loads_tables_figures_and_cases(browser, tmp_path):
     assert len(browser.find_elements("css selector", "#leaderboard table.md")) == 2
     first = browser.find_element("css selector", "#leaderboard table.md tbody tr td:nth-child(2)")
     assert first.text == "oracle"
-    images = browser.find_elements("css selector", "#figures .plots > figure img")
+    images = browser.find_elements("css selector", "#figures > .plots > figure img")
     assert len(images) == 5
     for img in images:
         browser.execute_script("arguments[0].scrollIntoView()", img)
