@@ -8,6 +8,7 @@ each turn through a callback and writes realistic raw responses, so scoring re-p
 from __future__ import annotations
 
 import random
+import zlib
 from collections.abc import Callable, Sequence
 
 from chexpercept.answers import is_correct, parse_answer
@@ -104,3 +105,85 @@ def simulate_records(
             )
         )
     return records
+
+
+#: options and gold answers of hand-built records (``hand_record``): the shapes of the real questions
+HAND_OPTIONS: dict[str, tuple[str, ...]] = {
+    "detection": ("Yes", "No"),
+    "contour_eval": ("Yes", "No"),
+    "expansion": ("red point", "orange point", "yellow point", "None"),
+    "contraction": ("red point", "orange point", "yellow point", "None"),
+    "revision_result": ("1st mask", "2nd mask", "3rd mask", "4th mask"),
+    "distribution": ("1 zone", "2 zones", "3 zones", "4 zones or more"),
+    "location": ("region a", "region b", "region c", "None of the above (options 1-3)"),
+    "severity": ("< 1/3", "1/3 - 2/3", ">= 2/3"),
+    "comparison": ("single lung", "similar", "right larger", "left larger"),
+}
+HAND_GOLD: dict[str, tuple[int, ...]] = {
+    "expansion": (1, 3),
+    "contraction": (4,),
+    "revision_result": (2,),
+    "distribution": (2,),
+    "location": (1, 2),
+    "severity": (1,),
+    "comparison": (3,),
+}
+
+
+def hand_record(
+    lesion: str,
+    path: str,
+    answers: dict[str, Answer] | None = None,
+    *,
+    key_id: str | None = None,
+    oracle: str = "none",
+    gold: dict[str, Sequence[int]] | None = None,
+    default: Answer = True,
+    skip: Sequence[str] = (),
+) -> CaseResult:
+    """A record with chosen answers per task (True right, False wrong, or raw text); others ``default``.
+
+    Gold answers: detection Yes except LF, contour evaluation Yes on RR, the rest from HAND_GOLD
+    (overridable through ``gold``). Tasks in ``skip`` are left out of the record.
+    """
+    from chexpercept.vocab import MULTI_SELECT_TASKS, TASK_STAGE, parse_path, route_tasks
+
+    p = parse_path(path)
+    answers = answers or {}
+    gold = dict(gold or {})
+    key_id = key_id or f"{lesion}_s{zlib.crc32(f'{lesion}/{p.value}'.encode()) % 10**8:08d}_hand_0"
+    rnd = random.Random(key_id)
+    turns = []
+    for task in route_tasks(lesion, p):
+        if task in skip:
+            continue
+        if task == "detection":
+            g = tuple(gold.get(task, (2,) if p is Path.LF else (1,)))
+        elif task == "contour_eval":
+            g = tuple(gold.get(task, (1,) if p is Path.RR else (2,)))
+        else:
+            g = tuple(gold.get(task, HAND_GOLD[task]))
+        options = HAND_OPTIONS[task]
+        multi = task in MULTI_SELECT_TASKS
+        turn = Turn(TASK_STAGE[task], task, "", (), options, g, "", multi)
+        answer = answers.get(task, default)
+        if isinstance(answer, str):
+            text = answer
+        else:
+            text = answer_text(list(g) if answer else wrong_indices(turn, rnd))
+        parsed = parse_answer(text, none_index=turn.none_index)
+        turns.append(
+            TurnResult(
+                task=task,
+                stage=turn.stage,
+                response=text,
+                parsed=list(parsed.indices),
+                parse_status=parsed.status,
+                gold=list(g),
+                correct=is_correct(parsed, g, multi_select=multi),
+                n_options=len(options),
+                multi_select=multi,
+                none_index=turn.none_index,
+            )
+        )
+    return CaseResult(key_id=key_id, lesion=lesion, path=p.value, oracle=oracle, turns=turns)
