@@ -61,5 +61,13 @@ def check_against_bundle(run: Run, bundle: Bundle) -> list[str]:
                     f"{run.label}: case {rec.key_id}, {t.task}: gold {t.gold} differs from the bundle's "
                     f"{gold[t.task]}; the run was made on another release"
                 )
+    notes = []
+    if run.fingerprint and run.fingerprint != bundle.fingerprint():
+        notes.append(
+            f"{run.label}: its bundle fingerprint differs from the bundle's at {bundle.root} "
+            "(chexpercept.json changed); the gold answers of its cases agree"
+        )
     missing = len(cases) - len({r.key_id for r in run.records})
-    return [f"{run.label}: {missing} of the bundle's {len(cases)} cases have no result"] if missing else []
+    if missing:
+        notes.append(f"{run.label}: {missing} of the bundle's {len(cases)} cases have no result")
+    return notes

@@ -17,7 +17,7 @@ import os
 from pathlib import Path as FsPath
 from typing import Any
 
-from chexpercept.answers import parse_answer
+from chexpercept.answers import is_correct, parse_answer
 from chexpercept.bundle import Bundle, read_bundle
 from chexpercept.case import Case, Turn
 from chexpercept.results import CaseResult, TurnResult
@@ -145,15 +145,14 @@ def read_reference_results(
                     f"{path}: case {key}, {turn.task}: stored ground truth {truth} differs from the bundle's "
                     f"{gold}; the results were made on another release"
                 )
-            stage_dict = result.get(_step(turn.task)[0]) or {}
-            if missing == "skip" and not stage_dict:
+            if stored is None:
+                n_missing += 1
+            if missing == "skip" and not result.get(_step(turn.task)[0]):
                 continue
             raw = _raw(result, turn.task)
             if raw is None and stored is not None:
                 raw = stored
                 n_from_stored += 1
-            if raw is None or stored is None:
-                n_missing += 1
             turns.append(_turn_result(turn, raw or "", stored_correct, model_name))
         records.append(
             CaseResult(key_id=key, lesion=case.lesion, path=case.path.value, oracle=setting, turns=turns)
@@ -205,3 +204,62 @@ def _turn_result(turn: Turn, response: str, stored_correct: bool, model: str) ->
         multi_select=turn.multi_select,
         none_index=turn.none_index,
     )
+
+
+def write_reference_results(
+    run: Run, bundle: Bundle | str | os.PathLike[str], path: str | os.PathLike[str]
+) -> FsPath:
+    """Export a run in the reference's ``all_results.json`` format (spec 3.8), for tools that read it.
+
+    Responses are stored as the reference's pass-1 strings and verdicts as its scoring gives them;
+    the conversation holds each turn's question, absolute image paths and raw reply (with the
+    original kept as a 4th element when an implicit oracle patched it).
+    """
+    b = _as_bundle(bundle)
+    cases = {c.key_id: c for c in b.cases}
+    out: dict[str, Any] = {}
+    for rec in run.records:
+        case = cases.get(rec.key_id)
+        if case is None:
+            raise ValueError(f"case {rec.key_id} is not in the bundle {b.root}")
+        turns = {t.task: t for t in case.turns}
+        result: dict[str, Any] = {
+            "key_id": rec.key_id,
+            "qa_path": case.path.reference_name,
+            "detection_qa": {},
+            "contour_evaluation_qa": {},
+            "contour_revision_qa": {},
+            "attribute_extraction_qa": {},
+            "_chat_history_idx": {},
+        }
+        history: list[list[Any]] = []
+        for t in rec.turns:
+            turn = turns[t.task]
+            parsed = parse_answer(t.response, none_index=t.none_index, model=run.model)
+            ok = is_correct(parsed, t.gold, multi_select=t.multi_select)
+            gold: Any = list(t.gold) if t.multi_select else t.gold[0]
+            stage_key, idx_name = _step(t.task)
+            result["_chat_history_idx"][idx_name] = len(history)
+            entry = [turn.text, [b.abspath(i) for i in turn.images], t.patched_to or t.response]
+            if t.patched_to is not None:
+                entry.append(t.response)
+            history.append(entry)
+            d = result[stage_key]
+            if t.task in ("detection", "contour_eval"):
+                if parsed.text:
+                    key = "response" if t.task == "detection" else "responses"
+                    d.update({key: parsed.text, "ground_truth": gold, "correct": ok})
+                continue
+            sub = t.task if t.task in STAGE3_TASKS else ATTRIBUTE_KEYS[t.task]
+            d.setdefault("ground_truth", {})[sub] = gold
+            d.setdefault("responses", {})[sub] = parsed.text
+            d[sub] = {"correct": ok}
+            d["correct"] = d.get("correct", True) and ok
+        result["chat_history"] = history
+        out[rec.key_id] = result
+    target = FsPath(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(out, indent=2, ensure_ascii=False), encoding="utf-8")
+    os.replace(tmp, target)
+    return target
