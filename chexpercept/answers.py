@@ -62,6 +62,10 @@ _STRICT = re.compile(
     r"(?:\*\*|__)?\banswer\b(?:\*\*|__)?[ \t]*(?::|-|=|\bis\b)[ \t]*(?:\*\*|__)?[ \t]*([^\n]*)",
     re.IGNORECASE,
 )
+#: the same, anchored at the word "answer" (markdown before it does not matter)
+_STRICT_FROM = re.compile(
+    r"answer(?:\*\*|__)?[ \t]*(?::|-|=|\bis\b)[ \t]*(?:\*\*|__)?[ \t]*([^\n]*)", re.IGNORECASE
+)
 _STRICT_ITEM = r"[\[\(]?[ \t]*\d+[ \t]*[\]\)]?"
 _STRICT_LIST = re.compile(
     r"(?:options?[ \t]*)?[\[\(]?[ \t]*"
@@ -93,19 +97,27 @@ class ParsedAnswer:
 
 def strip_thinking(text: str, *, unterminated: bool = False) -> str:
     """Remove <think>...</think> blocks; with unterminated=True also a trailing unclosed block."""
-    text = _THINK.sub("", text)
-    if unterminated and "<think>" in text:
-        text = text.split("<think>", 1)[0]
-    return _UNUSED.sub("", text)
+    if "<think>" in text:
+        text = _THINK.sub("", text)
+        if unterminated and "<think>" in text:
+            text = text.split("<think>", 1)[0]
+    return _UNUSED.sub("", text) if "<unused" in text else text
+
+
+def _unbox(text: str) -> str:
+    return _BOXED.sub(lambda m: m.group(1), text) if "\\boxed{" in text else text
+
+
+def _unwrap_glm(text: str) -> str:
+    return _GLM_BOX.sub(lambda m: m.group(1), text) if "<|begin_of_box|>" in text else text
 
 
 def reference_pass1(response: str | None, *, model: str = "") -> tuple[str, str]:
     """Pass 1 of the reference (INF parse_response): returns (string, status)."""
     text = response or ""
     if "glm" in model.lower():
-        text = _GLM_BOX.sub(lambda m: m.group(1), text)
-    text = strip_thinking(text)
-    text = _BOXED.sub(lambda m: m.group(1), text)
+        text = _unwrap_glm(text)
+    text = _unbox(strip_thinking(text))
     matches = _ANSWER.findall(text)
     if matches:
         return ",".join(_DIGITS.findall(matches[-1])), STATUS_ANSWER
@@ -178,22 +190,20 @@ def _parse_cached(response: str, mode: str, none_index: int | None, glm: bool) -
 
 def strict_visible_text(response: str) -> str:
     """The part of a response strict mode reads: reasoning and GLM/boxed wrappers removed."""
-    text = _GLM_BOX.sub(lambda m: m.group(1), response)
-    text = strip_thinking(text, unterminated=True)
+    text = strip_thinking(_unwrap_glm(response), unterminated=True)
     if "</think>" in text:  # the template opened the block in the prompt: the answer follows the close
         text = text.rsplit("</think>", 1)[1]
-    return _BOXED.sub(lambda m: m.group(1), text)
+    return _unbox(text)
 
 
 def _parse_strict(response: str, *, none_index: int | None, pass1: str) -> ParsedAnswer:
     text = strict_visible_text(response)
-    lines = text.split("\n")
     candidates: list[str] = []
-    for m in _STRICT.finditer(text):
+    for m in _strict_statements(text):
         body = m.group(1).strip(_STRICT_TRIM)
         if not body:  # "Answer:" with the answer on the next non-empty line
-            line_no = text.count("\n", 0, m.end())
-            body = next((ln.strip(_STRICT_TRIM) for ln in lines[line_no + 1 :] if ln.strip()), "")
+            rest = text[m.end() :].split("\n")
+            body = next((ln.strip(_STRICT_TRIM) for ln in rest if ln.strip()), "")
         candidates.append(body)
     for body in reversed(candidates):
         indices = _strict_body(body, none_index)
@@ -203,6 +213,22 @@ def _parse_strict(response: str, *, none_index: int | None, pass1: str) -> Parse
             )
             return ParsedAnswer(indices, status, pass1)
     return ParsedAnswer((-1,), STATUS_UNPARSED, pass1)
+
+
+def _strict_statements(text: str) -> list[re.Match[str]]:
+    """Every "answer <separator> ..." statement, found from the word's positions (fast on long text)."""
+    lower = text.lower()
+    if len(lower) != len(text):  # case mapping changed the length: positions would not line up
+        return list(_STRICT.finditer(text))
+    out = []
+    i = lower.find("answer")
+    while i >= 0:
+        if i == 0 or not text[i - 1].isalnum():
+            m = _STRICT_FROM.match(text, i)
+            if m:
+                out.append(m)
+        i = lower.find("answer", i + 6)
+    return out
 
 
 def _strict_body(body: str, none_index: int | None) -> tuple[int, ...] | None:
