@@ -178,7 +178,7 @@ def main() -> None:
         f"{len(cs)} cases, {n_turns} turns ({chars:.0f} characters per response on average, all unique), "
         f"{n_metrics} metrics per replicate; one core (BLAS threads 1, CPU affinity 1); "
         f"median of {args.repeat} runs; Python {platform.python_version()}, numpy {np.__version__}, "
-        f"{platform.processor() or platform.machine()}."
+        f"{platform.processor() or platform.machine()}; load average {os.getloadavg()[0]:.1f} at the start."
     )
     table = ["| what | time | target | vs vectorised bootstrap |", "| --- | --- | --- | --- |"]
     table += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows]

@@ -135,3 +135,15 @@ def test_install_metric_command(tmp_path, capsys):
         tmp_path.glob("evaluate_modules/metrics/evaluate-metric--chexpercept_metric/*/chexpercept_metric.py")
     )
     assert len(installed) == 1
+
+
+def test_reference_style_numbers_from_a_none_run(runs, capsys):
+    # README: the reference computes both rows from one run; overriding the setting reproduces that
+    code, out, err = _score(capsys, runs / "poor" / "oracle_none", "--oracle", "implicit", "--greedy")
+    assert code == 0
+    flat = json.loads(out)
+    plain = json.loads(_score(capsys, runs / "poor" / "oracle_none")[1])
+    assert flat["op/stage2/all"] is not None and plain["op/stage2/all"] is None
+    assert {k: v for k, v in flat.items() if k.startswith(("e2e/", "depth/"))} == {
+        k: v for k, v in plain.items() if k.startswith(("e2e/", "depth/"))
+    }
