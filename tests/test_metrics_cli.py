@@ -139,7 +139,7 @@ def test_install_metric_command(tmp_path, capsys):
 
 def test_reference_style_numbers_from_a_none_run(runs, capsys):
     # README: the reference computes both rows from one run; overriding the setting reproduces that
-    code, out, err = _score(capsys, runs / "poor" / "oracle_none", "--oracle", "implicit", "--greedy")
+    code, out, _ = _score(capsys, runs / "poor" / "oracle_none", "--oracle", "implicit", "--greedy")
     assert code == 0
     flat = json.loads(out)
     plain = json.loads(_score(capsys, runs / "poor" / "oracle_none")[1])
