@@ -16,7 +16,8 @@ from typing import Any, Literal
 
 from chexpercept.results import ORACLE_SETTINGS, RESULTS_NAME, RUN_NAME
 
-REFERENCE_RESULTS_NAME = "all_results.json"
+from .runs import REFERENCE_RESULTS_NAME
+
 Layout = Literal["chexpercept", "reference"]
 
 

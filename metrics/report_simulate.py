@@ -21,16 +21,7 @@ from chexpercept.bundle import Bundle
 from chexpercept.case import Case
 from chexpercept.results import RESULTS_NAME, RUN_NAME, CaseResult, TurnResult
 
-
-def _wrong_answer(rnd: random.Random, n_options: int, gold: list[int], multi: bool) -> list[int]:
-    if multi:
-        while True:
-            k = rnd.randint(1, min(3, n_options))
-            pick = sorted(rnd.sample(range(1, n_options + 1), k))
-            if set(pick) != set(gold):
-                return pick
-    others = [i for i in range(1, n_options + 1) if i != gold[0]]
-    return [rnd.choice(others)]
+from .simulate import wrong_indices
 
 
 def simulate_case(
@@ -55,7 +46,7 @@ def simulate_case(
         elif roll < p + unparsed_rate * (1 - p):
             response = "I cannot determine this from the image."
         else:
-            response = "Answer: " + ",".join(map(str, _wrong_answer(rnd, n, gold, turn.multi_select)))
+            response = "Answer: " + ",".join(map(str, wrong_indices(turn, rnd)))
         parsed = parse_answer(response, none_index=turn.none_index)
         correct = is_correct(parsed, gold, multi_select=turn.multi_select)
         patched = oracle_answer_text(gold) if (oracle == "implicit" and not correct) else None

@@ -13,6 +13,7 @@ import struct
 import pytest
 
 from chexpercept.bundle import read_bundle
+from chexpercept.metrics.report_build import write_report
 from chexpercept.metrics.report_cases import ViewerRun, write_viewer_data
 from chexpercept.metrics.report_html import Section, markdown_to_html, write_index_html
 from chexpercept.metrics.report_runs import discover_runs
@@ -289,12 +290,6 @@ def test_editing_the_address_changes_the_view(browser, report_dir):
 
 def test_full_report_page_loads_tables_figures_and_cases(browser, tmp_path):
     """The page write_report makes (tables, figures, viewer) loads cleanly; every figure is shown."""
-    import chexpercept.metrics as metrics
-
-    if not hasattr(metrics, "build_report"):  # pragma: no cover - only before the metric library is merged
-        pytest.skip("the metric library (chexpercept.metrics.build_report) is not merged yet")
-    from chexpercept.metrics.report_build import write_report
-
     bundle = read_bundle(
         write_fixture_bundle(tmp_path / "bundle", per_cell=1, image_size=32), check_images="none"
     )

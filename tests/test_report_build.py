@@ -9,18 +9,11 @@ import pytest
 
 from chexpercept.bundle import read_bundle
 from chexpercept.cli import main
+from chexpercept.metrics.report_build import write_report
 from chexpercept.metrics.report_simulate import simulate_run, write_simulated_runs
 from chexpercept.results import iter_results
 from chexpercept.testing import write_fixture_bundle
 from chexpercept.vocab import Path
-
-metrics = pytest.importorskip("chexpercept.metrics")
-if not hasattr(metrics, "build_report"):  # pragma: no cover - only before the metric library is merged
-    pytest.skip(
-        "the metric library (chexpercept.metrics.build_report) is not merged yet", allow_module_level=True
-    )
-
-from chexpercept.metrics.report_build import write_report  # noqa: E402
 
 
 @pytest.fixture(scope="module")
