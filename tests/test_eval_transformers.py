@@ -72,7 +72,7 @@ def test_tiny_model_runs_end_to_end(batched_run):
 
 
 def test_kill_9_and_one_at_a_time_give_the_batched_results(fixture_bundle, tiny_model, batched_run, tmp_path):
-    """A crashed run resumes exactly, and left padding is right: batches of 6, 2 and 1 agree token for token."""
+    """A crashed run resumes exactly, and left padding is right: different batchings agree token for token."""
     from test_eval_resume import kill_after_lines, start_script
 
     crashed = tmp_path / "crashed"
@@ -90,7 +90,10 @@ def test_kill_9_and_one_at_a_time_give_the_batched_results(fixture_bundle, tiny_
     )
     kill_after_lines(proc, results, 2)
     assert 2 <= results.read_bytes().count(b"\n") < 6
-    assert run_tiny(fixture_bundle, crashed, tiny_model, "--batch-size", "1") == 0
+    # resume with every step cut into small length-sorted micro-batches
+    assert (
+        run_tiny(fixture_bundle, crashed, tiny_model, "--batch-size", "4", "--max-batch-tokens", "500") == 0
+    )
     assert results.read_bytes() == (batched_run / "results.jsonl").read_bytes()
 
 
@@ -115,4 +118,31 @@ def test_requests_put_text_first_and_decode_each_image_once(fixture_bundle, tiny
     with pytest.raises(ValueError, match="dtype"):
         TransformersBackend(
             resolve(str(tiny_model), backend="transformers"), sampling=Sampling(0, 1, 2, True), dtype="int3"
+        )
+
+
+def test_micro_batches_sort_by_length_within_the_token_budget(fixture_bundle):
+    from types import SimpleNamespace
+
+    bundle = read_bundle(fixture_bundle)
+    requests = []
+    for case in bundle.cases:
+        conv = Conversation(case, oracle="none")
+        while not conv.done:
+            requests.append(conv.pending)
+            conv.answer(Response("Answer: 1"))
+    backend = TransformersBackend(
+        resolve("any", backend="transformers"), sampling=Sampling(0, 1, 2, True), max_batch_tokens=1500
+    )
+    backend.processor = SimpleNamespace(image_seq_length=4)
+    groups = backend.micro_batches(requests)
+    assert sorted(i for g in groups for i in g) == list(range(len(requests)))
+    sizes = [[backend.estimated_tokens(requests[i]) for i in g] for g in groups]
+    flat = [n for g in sizes for n in g]
+    assert flat == sorted(flat)
+    assert all(len(g) == 1 or len(g) * max(g) <= 1500 for g in sizes)
+    assert 1 < len(groups) < len(requests)
+    with pytest.raises(ValueError, match="max_batch_tokens"):
+        TransformersBackend(
+            resolve("any", backend="transformers"), sampling=Sampling(0, 1, 2, True), max_batch_tokens=0
         )
