@@ -47,6 +47,8 @@ class Conversation:
         #: task -> index in self.messages of that task's assistant answer
         self._answer_at: dict[str, int] = {}
         self._pending: Request | None = None
+        #: the explicit oracle text prepended to the pending turn, if any
+        self._pending_oracle_text: str | None = None
         self._prepare_next()
 
     @property

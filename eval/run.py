@@ -29,7 +29,8 @@ if (
     sys.path.pop(0)
 
 from chexpercept.answers import PARSE_MODES
-from chexpercept.bundle import read_bundle
+from chexpercept.bundle import Bundle, read_bundle
+from chexpercept.case import Case
 from chexpercept.errors import BundleValidationError, ReleaseNotFoundError
 from chexpercept.eval.distributed import Distributed
 from chexpercept.eval.engine import EngineStats, run_conversations
@@ -47,7 +48,7 @@ from chexpercept.eval.store import (
     rewrite_in_order,
     write_json_atomic,
 )
-from chexpercept.results import ORACLE_SETTINGS
+from chexpercept.results import ORACLE_SETTINGS, CaseResult
 from chexpercept.vocab import LESIONS
 
 EXPECTED_ERRORS = (
@@ -403,7 +404,17 @@ def execute(args: argparse.Namespace, dist: Distributed) -> int:
             folder.lock.release()
 
 
-def _run_locked(args, dist, spec, bundle, cases, backend, batch_size, folder, outcome) -> int:
+def _run_locked(
+    args: argparse.Namespace,
+    dist: Distributed,
+    spec: ModelSpec,
+    bundle: Bundle,
+    cases: list[Case],
+    backend: Backend,
+    batch_size: int,
+    folder: RunFolder,
+    outcome: dict[str, Any],
+) -> int:
     if dist.is_main and outcome.get("dropped"):
         print(
             f"note: removed a torn last line ({outcome['dropped']} bytes) left by an interrupted run",
@@ -437,7 +448,7 @@ def _run_locked(args, dist, spec, bundle, cases, backend, batch_size, folder, ou
         progress = _Progress(folder.results, len(remaining), enabled, outcome["results_size"])
         if mine:
 
-            def on_finished(results):
+            def on_finished(results: list[CaseResult]) -> None:
                 append_results(folder.results, results)
                 progress.refresh()
 
