@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 from collections import Counter
 
 import pytest
@@ -163,3 +165,16 @@ def test_run_json_records_what_the_scorer_needs(fixture_bundle, tmp_path):
         info["oracle"] == "implicit" and info["parse_mode"] == "reference" and info["backend"] == "baseline"
     )
     assert info["finished"] is not None and info["n_results"] == 21
+
+
+def test_baseline_run_imports_no_torch(fixture_bundle, tmp_path):
+    """Baselines need neither torch nor accelerate: backends import them only when used."""
+    code = (
+        "import sys\n"
+        "from chexpercept.eval.run import main\n"
+        f"assert main(['--data-dir', {str(fixture_bundle)!r}, '--model', 'baseline:prior',"
+        f" '--output-dir', {str(tmp_path)!r}, '--no-progress']) == 0\n"
+        "print(sorted(m for m in ('torch', 'accelerate', 'transformers', 'vllm') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == "[]"
