@@ -225,8 +225,9 @@ class CaseBuilder:
     ) -> dict[str, bytes]:
         image = cxr.rgb
         files = {DETECTION_IMAGE: cxr.png_bytes if cxr.png_bytes is not None else render.encode_png(image)}
+        overlayer = render.Overlayer(image)
         shown = contour["revision_before_masks"] if revision_required else contour["revision_after_masks"]
-        shown_image = render.overlay(image, resolver.union(shown))
+        shown_image = overlayer.apply(resolver.union(shown))
         files[f"contour_qa/{CONTOUR_EVAL_PATH}"] = render.encode_png(shown_image)
         if not revision_required:
             return files
@@ -236,5 +237,5 @@ class CaseBuilder:
         for option in contour["contour_revision_qa_revision_result"]["answer_options"]:
             mask = resolver.union(option["masks"])
             rel = f"contour_qa/contour_revision_qa/{option['relative_path']}"
-            files[rel] = render.encode_png(render.overlay(image, mask))
+            files[rel] = render.encode_png(overlayer.apply(mask))
         return files

@@ -203,12 +203,6 @@ def plan_component(
     return {}
 
 
-def _center(points: list[Point]) -> Point:
-    arr = np.asarray(points, dtype=np.float64)
-    cx, cy = np.floor(arr.mean(axis=0) + 0.5)
-    return int(cx), int(cy)
-
-
 def _fake_masks(
     step: Step,
     geom: MaskGeometry,
@@ -297,7 +291,7 @@ def _sequence(
                 points=list(prompt.points),
                 name=f"{plan.component}_{tag}{counters[prompt.operation]}",
                 mask=mask,
-                center=_center(prompt.points),
+                center=prompt.center,
                 previous=previous,
             )
             step_geom = MaskGeometry(mask)

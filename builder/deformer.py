@@ -34,6 +34,17 @@ class Prompt:
     def positive(self) -> bool:
         return self.operation == "expansion"
 
+    @property
+    def center(self) -> Point:
+        """Rounded mean of the points: the step's gold point for the opposite revision."""
+        return center_of(self.points)
+
+
+def center_of(points: list[Point]) -> Point:
+    arr = np.asarray(points, dtype=np.float64)
+    cx, cy = np.floor(arr.mean(axis=0) + 0.5)
+    return int(cx), int(cy)
+
 
 @dataclass
 class DeformRequest:

@@ -24,6 +24,7 @@ WIDTHS = (2, 3, 4)  # points at depth 1
 WIDTHS_DEEP = (3, 4, 5)  # points at depth 1 when a fake mask starts deeper than 2
 FAKE_POINT_DISTANCE = 100  # px between distractor points and anything else
 FAKE_POINTS_MAX = 5
+FALLBACK_TRIES = 500
 
 
 def radius_for(operation: str, depth: int) -> int:
@@ -147,15 +148,20 @@ def fake_points(
         picked = pick_spread(cands, rng)
         if len(picked) >= 2:
             return picked
-    shape = geom.shape
-    area = region if region is not None else np.ones(shape, dtype=bool)
+    # random region pixels 100-300 px from the centre, far from everything else (rejection sampling)
+    area = region if region is not None else np.ones(geom.shape, dtype=bool)
     ys, xs = np.nonzero(area)
-    cands = np.stack([xs, ys], axis=1).astype(np.int64)
-    d2 = ((cands - np.asarray(center)) ** 2).sum(axis=1)
-    cands = cands[(d2 >= 100 * 100) & (d2 <= 300 * 300)]
-    cands = far_from(cands, [*keep_away, *picked], FAKE_POINT_DISTANCE)
-    while len(picked) < 2 and len(cands):
-        p = tuple(int(v) for v in cands[int(rng.integers(len(cands)))])
-        picked.append(p)
-        cands = far_from(cands, [p], FAKE_POINT_DISTANCE)
+    if len(ys) == 0:
+        return picked
+    cx, cy = center
+    for _ in range(FALLBACK_TRIES):
+        if len(picked) >= 2:
+            break
+        i = int(rng.integers(len(ys)))
+        p = (int(xs[i]), int(ys[i]))
+        d2 = (p[0] - cx) ** 2 + (p[1] - cy) ** 2
+        if 100 * 100 <= d2 <= 300 * 300 and len(
+            far_from(np.asarray([p]), [*keep_away, *picked], FAKE_POINT_DISTANCE)
+        ):
+            picked.append(p)
     return picked
