@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path as FsPath
 from typing import Any
 
 import datasets
 
-from chexpercept.bundle import read_bundle
-from chexpercept.case import Case, Turn
+from chexpercept.bundle import JSON_NAME, CaseRef, check_release_dir, read_case, scan_bundle
+from chexpercept.case import Turn
 from chexpercept.vocab import LESIONS, PATHS
 
 _DESCRIPTION = (
@@ -106,20 +107,22 @@ class Chexpercept(datasets.GeneratorBasedBuilder):
             "all_checks",
             "VerificationMode.ALL_CHECKS",
         )
-        bundle = read_bundle(
-            self.config.data_dir,
+        root = check_release_dir(self.config.data_dir)
+        # Validation streams the JSON; only small references to the cases are kept, so memory stays
+        # flat whatever the bundle size. Each shard re-reads its cases by byte span.
+        refs = scan_bundle(
+            root,
             lesions=self.config.lesions,
             paths=self.config.paths,
             check_images="full" if all_checks else self.config.check_images,
             verify_checksums=all_checks,
         )
-        cases = bundle.cases
-        n = max(1, min(NUM_SHARDS, len(cases)))
-        bounds = [round(i * len(cases) / n) for i in range(n + 1)]
-        shards = [cases[bounds[i] : bounds[i + 1]] for i in range(n)]  # contiguous: row order = file order
+        n = max(1, min(NUM_SHARDS, len(refs)))
+        bounds = [round(i * len(refs) / n) for i in range(n + 1)]
+        shards = [refs[bounds[i] : bounds[i + 1]] for i in range(n)]  # contiguous: row order = file order
         return [
             datasets.SplitGenerator(
-                name=datasets.Split.TRAIN, gen_kwargs={"shards": shards, "root": str(bundle.root)}
+                name=datasets.Split.TRAIN, gen_kwargs={"shards": shards, "root": str(root)}
             )
         ]
 
@@ -135,10 +138,15 @@ class Chexpercept(datasets.GeneratorBasedBuilder):
         row["images"] = [self._image(root, rel) for rel in turn.images]
         return row
 
-    def _generate_examples(self, shards: list[list[Case]], root: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    def _generate_examples(
+        self, shards: list[list[CaseRef]], root: str
+    ) -> Iterator[tuple[str, dict[str, Any]]]:
         items = self.config.name == "items"
+        root_path = FsPath(root)
         for shard in shards:
-            for case in shard:
+            with open(root_path / JSON_NAME, "rb") as f:
+                cases = [read_case(root_path, ref, f) for ref in shard]
+            for case in cases:
                 head = {"key_id": case.key_id, "lesion": case.lesion, "path": case.path.value}
                 turns = case.turns
                 if items:

@@ -6,9 +6,13 @@ Two modes:
 numbers match the paper: pass 1 extracts ``Answer: ...``-style digits from the raw text, pass 2
 normalises what is left and, as a last resort, takes every digit run in the text.
 
-``strict`` counts only the last explicit ``Answer ...`` statement outside any thinking block; it
-understands ``Answer: [2]``, ``**Answer:** 2``, ``Answer - 2``, ``Answer: (1), (3)`` and maps
-``Answer: None`` to the question's None option. Anything else is unparsed (and wrong).
+``strict`` counts only the last valid ``Answer ...`` statement outside any thinking block; it
+understands ``Answer: [2]``, ``**Answer:** 2``, ``Answer - 2``, ``Answer: (1), (3)``,
+``Answer: 1 and 3``, ``Answer: (2) No`` and maps ``Answer: None`` to the question's None option.
+Reasoning is ignored: complete ``<think>`` blocks, everything after an unclosed ``<think>`` and
+everything before a lone ``</think>`` (templates that open the block in the prompt). Digits
+elsewhere in the text never count. Anything else is unparsed (and wrong), and a single-choice
+question answered with several numbers is wrong.
 
 Neither mode raises on odd input (None, an unterminated ``<think>``, "1.5", markdown); each result
 carries a parse status so that parse failures can be counted per task.
@@ -19,6 +23,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Literal
 
 ParseMode = Literal["reference", "strict"]
@@ -54,12 +59,26 @@ _SIGNED_INT = re.compile(r"-?\d+")
 
 # strict mode: "Answer" (any case, optional markdown), a separator, then the answer text on that line
 _STRICT = re.compile(
-    r"(?:\*\*|__)?\banswer\b(?:\*\*|__)?\s*(?::|-|=|is\b)\s*(?:\*\*|__)?\s*([^\n]*)", re.IGNORECASE
+    r"(?:\*\*|__)?\banswer\b(?:\*\*|__)?[ \t]*(?::|-|=|\bis\b)[ \t]*(?:\*\*|__)?[ \t]*([^\n]*)",
+    re.IGNORECASE,
 )
+#: the same, anchored at the word "answer" (markdown before it does not matter)
+_STRICT_FROM = re.compile(
+    r"answer(?:\*\*|__)?[ \t]*(?::|-|=|\bis\b)[ \t]*(?:\*\*|__)?[ \t]*([^\n]*)", re.IGNORECASE
+)
+_STRICT_ITEM = r"[\[\(]?[ \t]*\d+[ \t]*[\]\)]?"
 _STRICT_LIST = re.compile(
-    r"^[\[\(\s]*\d+[\]\)]?(?:\s*(?:,|and)\s*[\[\(]?\d+[\]\)]?)*[\]\)\s.]*$", re.IGNORECASE
+    r"(?:options?[ \t]*)?[\[\(]?[ \t]*"
+    + _STRICT_ITEM
+    + r"(?:[ \t]*(?:,[ \t]*and|,|and|&)[ \t]*"
+    + _STRICT_ITEM
+    + r")*[ \t]*[\]\)]?(?:[ \t]*\([^\d()]*\))?",
+    re.IGNORECASE,
 )
-_STRICT_NONE = re.compile(r"^[\[\(\s]*none\b", re.IGNORECASE)
+#: "(2) No": one bracketed index echoed with its option text (no digits in the text)
+_STRICT_ECHO = re.compile(r"\([ \t]*(\d+)[ \t]*\)[ \t]+[^\d\n]+")
+_STRICT_NONE = re.compile(r"[\[\(]?[ \t]*none\b", re.IGNORECASE)
+_STRICT_TRIM = " \t*_`.;"
 
 
 @dataclass(frozen=True)
@@ -78,19 +97,27 @@ class ParsedAnswer:
 
 def strip_thinking(text: str, *, unterminated: bool = False) -> str:
     """Remove <think>...</think> blocks; with unterminated=True also a trailing unclosed block."""
-    text = _THINK.sub("", text)
-    if unterminated and "<think>" in text:
-        text = text.split("<think>", 1)[0]
-    return _UNUSED.sub("", text)
+    if "<think>" in text:
+        text = _THINK.sub("", text)
+        if unterminated and "<think>" in text:
+            text = text.split("<think>", 1)[0]
+    return _UNUSED.sub("", text) if "<unused" in text else text
+
+
+def _unbox(text: str) -> str:
+    return _BOXED.sub(lambda m: m.group(1), text) if "\\boxed{" in text else text
+
+
+def _unwrap_glm(text: str) -> str:
+    return _GLM_BOX.sub(lambda m: m.group(1), text) if "<|begin_of_box|>" in text else text
 
 
 def reference_pass1(response: str | None, *, model: str = "") -> tuple[str, str]:
     """Pass 1 of the reference (INF parse_response): returns (string, status)."""
     text = response or ""
     if "glm" in model.lower():
-        text = _GLM_BOX.sub(lambda m: m.group(1), text)
-    text = strip_thinking(text)
-    text = _BOXED.sub(lambda m: m.group(1), text)
+        text = _unwrap_glm(text)
+    text = _unbox(strip_thinking(text))
     matches = _ANSWER.findall(text)
     if matches:
         return ",".join(_DIGITS.findall(matches[-1])), STATUS_ANSWER
@@ -140,35 +167,81 @@ def parse_answer(
 
     none_index: the 1-based index of the question's None option, if it has one (points: the last
     option; location: 4); strict mode maps a textual ``None`` answer to it.
+    model: the model's name; reference mode unwraps GLM's answer box only when it contains "glm".
+    Results are memoised (scoring re-parses many identical short answers).
     """
     if mode not in PARSE_MODES:
         raise ValueError(f"unknown parse mode {mode!r}; expected one of {PARSE_MODES}")
-    pass1, status = reference_pass1(response, model=model)
+    if response is not None and not isinstance(response, str):
+        response = str(response)
+    return _parse_cached(response or "", mode, none_index, "glm" in model.lower())
+
+
+@lru_cache(maxsize=1 << 16)
+def _parse_cached(response: str, mode: str, none_index: int | None, glm: bool) -> ParsedAnswer:
+    pass1, status = reference_pass1(response, model="glm" if glm else "")
     if mode == "reference":
         ints, found = reference_pass2(pass1)
         if not found:
             return ParsedAnswer((-1,), STATUS_UNPARSED, pass1)
         return ParsedAnswer(tuple(ints), status, pass1)
-    return _parse_strict(response or "", none_index=none_index, model=model, pass1=pass1)
+    return _parse_strict(response, none_index=none_index, pass1=pass1)
 
 
-def _parse_strict(response: str, *, none_index: int | None, model: str, pass1: str) -> ParsedAnswer:
-    text = response
-    if "glm" in model.lower():
-        text = _GLM_BOX.sub(lambda m: m.group(1), text)
-    text = strip_thinking(text, unterminated=True)
-    text = _BOXED.sub(lambda m: m.group(1), text)
-    matches = list(_STRICT.finditer(text))
-    if not matches:
-        return ParsedAnswer((-1,), STATUS_UNPARSED, pass1)
-    body = matches[-1].group(1).strip().strip("*_`").strip()
+def strict_visible_text(response: str) -> str:
+    """The part of a response strict mode reads: reasoning and GLM/boxed wrappers removed."""
+    text = strip_thinking(_unwrap_glm(response), unterminated=True)
+    if "</think>" in text:  # the template opened the block in the prompt: the answer follows the close
+        text = text.rsplit("</think>", 1)[1]
+    return _unbox(text)
+
+
+def _parse_strict(response: str, *, none_index: int | None, pass1: str) -> ParsedAnswer:
+    text = strict_visible_text(response)
+    candidates: list[str] = []
+    for m in _strict_statements(text):
+        body = m.group(1).strip(_STRICT_TRIM)
+        if not body:  # "Answer:" with the answer on the next non-empty line
+            rest = text[m.end() :].split("\n")
+            body = next((ln.strip(_STRICT_TRIM) for ln in rest if ln.strip()), "")
+        candidates.append(body)
+    for body in reversed(candidates):
+        indices = _strict_body(body, none_index)
+        if indices is not None:
+            status = (
+                STATUS_NONE_TEXT if indices == (none_index,) and _STRICT_NONE.match(body) else STATUS_ANSWER
+            )
+            return ParsedAnswer(indices, status, pass1)
+    return ParsedAnswer((-1,), STATUS_UNPARSED, pass1)
+
+
+def _strict_statements(text: str) -> list[re.Match[str]]:
+    """Every "answer <separator> ..." statement, found from the word's positions (fast on long text)."""
+    lower = text.lower()
+    if len(lower) != len(text):  # case mapping changed the length: positions would not line up
+        return list(_STRICT.finditer(text))
+    out = []
+    i = lower.find("answer")
+    while i >= 0:
+        if i == 0 or not text[i - 1].isalnum():
+            m = _STRICT_FROM.match(text, i)
+            if m:
+                out.append(m)
+        i = lower.find("answer", i + 6)
+    return out
+
+
+def _strict_body(body: str, none_index: int | None) -> tuple[int, ...] | None:
+    """Indices named by one answer statement, or None when it is not a valid answer."""
     if _STRICT_NONE.match(body):
-        if none_index is None:
-            return ParsedAnswer((-1,), STATUS_UNPARSED, pass1)
-        return ParsedAnswer((none_index,), STATUS_NONE_TEXT, pass1)
-    if not _STRICT_LIST.fullmatch(body):
-        return ParsedAnswer((-1,), STATUS_UNPARSED, pass1)
-    return ParsedAnswer(tuple(int(d) for d in _DIGITS.findall(body)), STATUS_ANSWER, pass1)
+        return None if none_index is None else (none_index,)
+    if _STRICT_LIST.fullmatch(body):
+        without_echo = re.sub(r"\([^\d()]*\)\s*$", "", body)
+        return tuple(int(d) for d in _DIGITS.findall(without_echo))
+    m = _STRICT_ECHO.fullmatch(body)
+    if m:
+        return (int(m.group(1)),)
+    return None
 
 
 def is_correct(

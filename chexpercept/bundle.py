@@ -10,16 +10,17 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path as FsPath
-from typing import Any, Literal
+from typing import Any, BinaryIO, Literal
 
 from PIL import Image
 
 from .case import Case
 from .errors import BundleValidationError, Problem, ReleaseNotFoundError
+from .jsonstream import Span, iter_object_items, read_span
 from .validate import validate_entry
 from .vocab import LESIONS, Path, parse_lesion, parse_path
 
@@ -27,6 +28,7 @@ JSON_NAME = "chexpercept.json"
 IMAGES_DIR = "chexpercept"
 CHECKSUMS_NAME = "SHA256SUMS.txt"
 ImageCheck = Literal["none", "exists", "basic", "full"]
+IMAGE_CHECKS: tuple[str, ...] = ("none", "exists", "basic", "full")
 
 _PNG_TRAILER = b"\x00\x00\x00\x00IEND\xaeB`\x82"
 _JPEG_TRAILER = b"\xff\xd9"
@@ -85,22 +87,40 @@ def check_release_dir(data_dir: str | os.PathLike[str] | None) -> FsPath:
 
 
 def load_entries(root: FsPath) -> dict[str, Any]:
+    """Parse the whole chexpercept.json (small bundles, tools); the loader streams it instead."""
+    return {key: entry for key, entry, _ in iter_entries(root)}
+
+
+def iter_entries(root: FsPath) -> Iterator[tuple[str, Any, Span]]:
+    """Stream (key_id, entry, byte span) from chexpercept.json, with errors naming the file."""
     path = root / JSON_NAME
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
+        with open(path, "rb") as f:
+            yield from iter_object_items(f)
     except json.JSONDecodeError as e:
         raise BundleValidationError(root, [Problem("-", JSON_NAME, f"not valid JSON: {e}")]) from e
-    if not isinstance(data, dict):
+    except TypeError as e:
         raise BundleValidationError(
-            root,
-            [
-                Problem(
-                    "-", JSON_NAME, f"top level must be an object keyed by key_id, got {type(data).__name__}"
-                )
-            ],
-        )
-    return data
+            root, [Problem("-", JSON_NAME, f"top level must be an object keyed by key_id, got {e}")]
+        ) from e
+
+
+@dataclass(frozen=True)
+class CaseRef:
+    """A validated case as a few bytes: enough to filter, shard and re-read it later."""
+
+    key_id: str
+    lesion: str
+    path: Path
+    span: Span
+
+
+def read_case(root: FsPath, ref: CaseRef, f: BinaryIO | None = None) -> Case:
+    """Re-read one case from chexpercept.json by its byte span."""
+    if f is not None:
+        return Case.from_entry(ref.key_id, read_span(f, ref.span), copy=False)
+    with open(root / JSON_NAME, "rb") as fh:
+        return Case.from_entry(ref.key_id, read_span(fh, ref.span), copy=False)
 
 
 def read_bundle(
@@ -112,28 +132,74 @@ def read_bundle(
     verify_checksums: bool = False,
     workers: int = 8,
 ) -> Bundle:
-    """Read, validate and filter a bundle.
+    """Read, validate and filter a bundle, keeping every case in memory.
 
     check_images: ``none``; ``exists``; ``basic`` (default: exists, header parses, file not
     truncated); ``full`` (every image is decoded). verify_checksums compares files against
     PhysioNet's SHA256SUMS.txt when the folder has one.
     """
     root = check_release_dir(data_dir)
-    entries = load_entries(root)
+    cases: list[Case] = []
+    scan_bundle(
+        root,
+        lesions=lesions,
+        paths=paths,
+        check_images=check_images,
+        verify_checksums=verify_checksums,
+        workers=workers,
+        keep=cases,
+    )
+    return Bundle(root=root, cases=cases)
+
+
+def scan_bundle(
+    root: FsPath,
+    *,
+    lesions: Sequence[str] | None = None,
+    paths: Sequence[str | Path] | None = None,
+    check_images: ImageCheck = "basic",
+    verify_checksums: bool = False,
+    workers: int = 8,
+    keep: list[Case] | None = None,
+) -> list[CaseRef]:
+    """Validate a bundle entry by entry, in constant memory, and return references to the cases.
+
+    Every problem of every case is collected and raised together as BundleValidationError. Cases
+    passing the filters are appended to ``keep`` when a list is given.
+    """
+    if check_images not in IMAGE_CHECKS:
+        raise ValueError(f"check_images must be one of {', '.join(IMAGE_CHECKS)}, got {check_images!r}")
+    lesion_set = set(LESIONS) if not lesions else {parse_lesion(x) for x in lesions}
+    path_set = set(Path) if not paths else {parse_path(p) for p in paths}
     problems: list[Problem] = []
-    for key_id, entry in entries.items():
-        problems.extend(validate_entry(key_id, entry))
-    if problems:
-        raise BundleValidationError(root, problems)
-    cases = [Case.from_entry(k, e) for k, e in entries.items()]
-    cases = filter_cases(cases, lesions=lesions, paths=paths)
-    if check_images != "none":
-        problems.extend(check_case_images(root, cases, mode=check_images, workers=workers))
+    refs: list[CaseRef] = []
+    pending: list[Case] = []
+
+    def flush() -> None:
+        if check_images != "none" and pending:
+            problems.extend(check_case_images(root, pending, mode=check_images, workers=workers))
+        pending.clear()
+
+    for key_id, entry, span in iter_entries(root):
+        entry_problems = validate_entry(key_id, entry)
+        if entry_problems:
+            problems.extend(entry_problems)
+            continue
+        case = Case.from_entry(key_id, entry, copy=False)
+        if case.lesion not in lesion_set or case.path not in path_set:
+            continue
+        refs.append(CaseRef(key_id, case.lesion, case.path, span))
+        if keep is not None:
+            keep.append(case)
+        pending.append(case)
+        if len(pending) >= 256:
+            flush()
+    flush()
     if verify_checksums:
         problems.extend(verify_sha256sums(root))
     if problems:
         raise BundleValidationError(root, problems)
-    return Bundle(root=root, cases=cases)
+    return refs
 
 
 def filter_cases(

@@ -7,7 +7,7 @@ relative to the bundle root), the option texts and the gold answer.
 
 from __future__ import annotations
 
-import copy
+import copy as _copy_module
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,24 +59,24 @@ class QA:
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> QA:
-        extra = {k: copy.deepcopy(v) for k, v in d.items() if k not in _QA_CORE}
+    def from_dict(cls, d: dict[str, Any], *, copy: bool = True) -> QA:
+        dup = _deepcopy if copy else _same
         return cls(
             question=d["question"],
-            answer_options=copy.deepcopy(d["answer_options"]),
+            answer_options=dup(d["answer_options"]),
             answer=d["answer"],
-            answer_index=copy.deepcopy(d["answer_index"]),
-            extra=extra,
+            answer_index=dup(d["answer_index"]),
+            extra={k: dup(v) for k, v in d.items() if k not in _QA_CORE},
         )
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "question": self.question,
-            "answer_options": copy.deepcopy(self.answer_options),
+            "answer_options": _copy_module.deepcopy(self.answer_options),
             "answer": self.answer,
-            "answer_index": copy.deepcopy(self.answer_index),
+            "answer_index": _copy_module.deepcopy(self.answer_index),
         }
-        out.update(copy.deepcopy(self.extra))
+        out.update(_copy_module.deepcopy(self.extra))
         return out
 
     @property
@@ -100,16 +100,17 @@ class ContourQA:
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> ContourQA:
+    def from_dict(cls, d: dict[str, Any], *, copy: bool = True) -> ContourQA:
         known = {"no_deformation", "initial_context", *_CONTOUR_TURN_KEYS.values()}
+        dup = _deepcopy if copy else _same
         return cls(
             no_deformation=bool(d["no_deformation"]),
             initial_context=d["initial_context"],
-            contour_eval=QA.from_dict(d["contour_eval_qa"]),
-            expansion=QA.from_dict(d["contour_revision_qa_expansion"]),
-            contraction=QA.from_dict(d["contour_revision_qa_contraction"]),
-            revision_result=QA.from_dict(d["contour_revision_qa_revision_result"]),
-            extra={k: copy.deepcopy(v) for k, v in d.items() if k not in known},
+            contour_eval=QA.from_dict(d["contour_eval_qa"], copy=copy),
+            expansion=QA.from_dict(d["contour_revision_qa_expansion"], copy=copy),
+            contraction=QA.from_dict(d["contour_revision_qa_contraction"], copy=copy),
+            revision_result=QA.from_dict(d["contour_revision_qa_revision_result"], copy=copy),
+            extra={k: dup(v) for k, v in d.items() if k not in known},
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -121,7 +122,7 @@ class ContourQA:
             "contour_revision_qa_contraction": self.contraction.to_dict(),
             "contour_revision_qa_revision_result": self.revision_result.to_dict(),
         }
-        values.update(copy.deepcopy(self.extra))
+        values.update(_copy_module.deepcopy(self.extra))
         ordered = {k: values.pop(k) for k in _CONTOUR_ORDER if k in values}
         ordered.update(values)
         return ordered
@@ -162,6 +163,14 @@ class Turn:
 
 
 _MISSING = object()
+
+
+def _deepcopy(value: Any) -> Any:
+    return _copy_module.deepcopy(value)
+
+
+def _same(value: Any) -> Any:
+    return value
 
 
 @dataclass
@@ -207,22 +216,24 @@ class Case:
         return f"{self.image_dir}/{DETECTION_IMAGE}"
 
     @classmethod
-    def from_entry(cls, key_id: str, entry: dict[str, Any]) -> Case:
+    def from_entry(cls, key_id: str, entry: dict[str, Any], *, copy: bool = True) -> Case:
+        """Build from a chexpercept.json entry; copy=False shares the entry's objects (faster, less memory)."""
+        dup = _deepcopy if copy else _same
         known = {"detection_qa", "contour_qa", "attribute_extraction_qa", "pair_id", "dicom_id"}
         attrs_raw = entry.get("attribute_extraction_qa", _MISSING)
         attributes = None
         if isinstance(attrs_raw, dict):
-            attributes = {k: QA.from_dict(v) for k, v in attrs_raw.items()}
+            attributes = {k: QA.from_dict(v, copy=copy) for k, v in attrs_raw.items()}
         contour_raw = entry.get("contour_qa")
         return cls(
             key_id=key_id,
             pair_id=entry.get("pair_id", key_id.split("_", 1)[-1]),
             dicom_id=entry.get("dicom_id"),
-            detection=QA.from_dict(entry["detection_qa"]),
-            contour=ContourQA.from_dict(contour_raw) if isinstance(contour_raw, dict) else None,
+            detection=QA.from_dict(entry["detection_qa"], copy=copy),
+            contour=ContourQA.from_dict(contour_raw, copy=copy) if isinstance(contour_raw, dict) else None,
             attributes=attributes,
             has_attribute_key=attrs_raw is not _MISSING,
-            extra={k: copy.deepcopy(v) for k, v in entry.items() if k not in known},
+            extra={k: dup(v) for k, v in entry.items() if k not in known},
         )
 
     def to_entry(self) -> dict[str, Any]:
@@ -233,7 +244,7 @@ class Case:
             out["attribute_extraction_qa"] = (
                 None if self.attributes is None else {k: v.to_dict() for k, v in self.attributes.items()}
             )
-        extra = copy.deepcopy(self.extra)
+        extra = _copy_module.deepcopy(self.extra)
         sequential = extra.pop("revision_sequential_qa", _MISSING)
         if sequential is not _MISSING:
             out["revision_sequential_qa"] = sequential

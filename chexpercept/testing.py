@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 from pathlib import Path as FsPath
 from typing import Any
 
@@ -29,10 +30,43 @@ _REGIONS = (
 )
 
 
-def _png(path: FsPath, rng: np.random.Generator, size: int) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+def _noise_png(path: FsPath, rng: np.random.Generator, size: int) -> None:
     arr = rng.integers(0, 256, size=(size, size, 3), dtype=np.uint8)
     Image.fromarray(arr).save(path, compress_level=1)
+
+
+def _smooth_png(path: FsPath, rng: np.random.Generator, size: int) -> None:
+    """A grey image that compresses like a radiograph (smooth shading plus mild noise)."""
+    y, x = np.mgrid[0:size, 0:size] / size
+    cx, cy = rng.uniform(0.3, 0.7, size=2)
+    base = 150 - 110 * ((x - cx) ** 2 + (y - cy) ** 2) + 20 * np.sin(12 * y + rng.uniform(0, 6))
+    grey = np.clip(base + rng.normal(0, 6, size=(size, size)), 0, 255).astype(np.uint8)
+    Image.fromarray(np.repeat(grey[..., None], 3, axis=2)).save(path)
+
+
+class _ImageWriter:
+    """Writes each image, or hard-links one of a small pool of images (fast large bundles)."""
+
+    def __init__(self, rng: np.random.Generator, size: int, style: str, pool: int | None, root: FsPath):
+        self.rng, self.size, self.pool = rng, size, pool
+        self.draw = {"noise": _noise_png, "smooth": _smooth_png}[style]
+        self.pool_dir = root / ".pool"
+        self.count = 0
+
+    def __call__(self, path: FsPath) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if not self.pool:
+            self.draw(path, self.rng, self.size)
+            return
+        source = self.pool_dir / f"{self.count % self.pool}.png"
+        self.count += 1
+        if not source.exists():
+            self.pool_dir.mkdir(parents=True, exist_ok=True)
+            self.draw(source, self.rng, self.size)
+        try:
+            os.link(source, path)
+        except OSError:
+            shutil.copyfile(source, path)
 
 
 def _qa(question: str, options: list[Any], answer: str, answer_index: Any, **extra: Any) -> dict[str, Any]:
@@ -158,11 +192,18 @@ def write_fixture_bundle(
     seed: int = 0,
     image_size: int = 32,
     lesions: tuple[str, ...] = LESIONS,
+    image_style: str = "noise",
+    image_pool: int | None = None,
 ) -> FsPath:
-    """Write a format-valid bundle with ``per_cell`` cases for every (lesion, path) cell."""
+    """Write a format-valid bundle with ``per_cell`` cases for every (lesion, path) cell.
+
+    image_style ``smooth`` draws radiograph-like grey images; image_pool=K hard-links K distinct
+    images everywhere (for benchmark-sized bundles).
+    """
     root = FsPath(root)
     rnd = random.Random(seed)
     rng = np.random.default_rng(seed)
+    _png = _ImageWriter(rng, image_size, image_style, image_pool, root)
     entries: dict[str, Any] = {}
     for lesion in lesions:
         for path in PATHS:
@@ -172,15 +213,15 @@ def write_fixture_bundle(
                 entry = fixture_entry(key_id, path, rnd)
                 entries[key_id] = entry
                 case_dir = root / "chexpercept" / key_id
-                _png(case_dir / "detection_qa" / "xray.png", rng, image_size)
+                _png(case_dir / "detection_qa" / "xray.png")
                 if path is Path.LF:
                     continue
-                _png(case_dir / "contour_qa" / "contour_eval_qa" / "xray_with_mask.png", rng, image_size)
+                _png(case_dir / "contour_qa" / "contour_eval_qa" / "xray_with_mask.png")
                 if path is Path.RR:
                     rev = case_dir / "contour_qa" / "contour_revision_qa"
-                    _png(rev / "xray_with_mask_and_points.png", rng, image_size)
+                    _png(rev / "xray_with_mask_and_points.png")
                     for opt in entry["contour_qa"]["contour_revision_qa_revision_result"]["answer_options"]:
-                        _png(rev / opt["relative_path"], rng, image_size)
+                        _png(rev / opt["relative_path"])
     root.mkdir(parents=True, exist_ok=True)
     (root / "chexpercept.json").write_text(
         json.dumps(entries, indent=2, ensure_ascii=False), encoding="utf-8"

@@ -1,3 +1,12 @@
 """Subcommands contributed by chexpercept.metrics (see chexpercept/cli.py)."""
 
-COMMANDS: dict[str, tuple[str, str]] = {}
+COMMANDS: dict[str, tuple[str, str]] = {
+    "score": (
+        "chexpercept.metrics.cmd_score",
+        "Score runs (ours or the reference's all_results.json): flat metrics as JSON, tables, comparisons",
+    ),
+    "install-metric": (
+        "chexpercept.metrics.cmd_install_metric",
+        'Install the evaluate module so evaluate.load("chexpercept_metric") works offline anywhere',
+    ),
+}

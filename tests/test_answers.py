@@ -100,3 +100,64 @@ def test_oracle_text_sorted():
 def test_unknown_mode():
     with pytest.raises(ValueError, match="unknown parse mode"):
         parse_answer("Answer: 1", mode="lenient")
+
+
+# The reference's known weaknesses (spec 7.1 item 5): reference mode keeps its verdicts, strict
+# mode reads them as a person would; neither crashes and both say how the answer was found.
+@pytest.mark.parametrize(
+    "text,reference,strict",
+    [
+        ("Answer: [2]", ((2,), STATUS_LOOSE), ((2,), STATUS_ANSWER)),
+        ("**Answer:** 2", ((2,), STATUS_LOOSE), ((2,), STATUS_ANSWER)),
+        ("Answer - 2", ((2,), STATUS_LOOSE), ((2,), STATUS_ANSWER)),
+        ("Answer: (1), (3)", ((1,), STATUS_ANSWER), ((1, 3), STATUS_ANSWER)),  # reference: first only
+        ("Answer: None", ((-1,), STATUS_UNPARSED), ((5,), STATUS_NONE_TEXT)),
+        ("<think>zone 3, maybe 4 ... (max tokens)", ((3, 4), STATUS_LOOSE), ((-1,), STATUS_UNPARSED)),
+        ("1.5", ((1, 5), STATUS_BARE), ((-1,), STATUS_UNPARSED)),
+        ("Zone 3 is clear; 1/3 of the lung. Answer: 2", ((2,), STATUS_ANSWER), ((2,), STATUS_ANSWER)),
+        ("Zone 3 is clear; 1/3 of the lung, so 2", ((3, 1, 3, 2), STATUS_LOOSE), ((-1,), STATUS_UNPARSED)),
+    ],
+)
+def test_reference_weaknesses_in_both_modes(text, reference, strict):
+    ref = parse_answer(text, none_index=5)
+    got = parse_answer(text, mode="strict", none_index=5)
+    assert (ref.indices, ref.status) == reference
+    assert (got.indices, got.status) == strict
+
+
+@pytest.mark.parametrize(
+    "text,indices,status",
+    [
+        ("reasoning about 3 options</think>\n\nAnswer: 2", (2,), STATUS_ANSWER),  # template opened <think>
+        ("Answer:\n2", (2,), STATUS_ANSWER),  # answer on the next line
+        ("Answer: 1 and 3", (1, 3), STATUS_ANSWER),
+        ("Answer: 1, and 3", (1, 3), STATUS_ANSWER),
+        ("Answer: Options 1, 3", (1, 3), STATUS_ANSWER),
+        ("Answer: (2) No", (2,), STATUS_ANSWER),  # the option echoed after its number
+        ("Answer: 2 (No)", (2,), STATUS_ANSWER),
+        ("Final Answer: \\boxed{1,3}", (1, 3), STATUS_ANSWER),
+        (
+            "Answer: 2\n\nI am fairly sure the answer is likely correct.",
+            (2,),
+            STATUS_ANSWER,
+        ),  # last valid one
+        ("Answer: 1\nOn reflection, Answer: 3", (3,), STATUS_ANSWER),
+        ("The answer is 4.", (4,), STATUS_ANSWER),
+        ("Answer: None of the above (options 1-3)", (5,), STATUS_NONE_TEXT),
+        ("Answer: (2) 2 zones", (-1,), STATUS_UNPARSED),  # digits in the echo: ambiguous
+        ("Answer: 1.5", (-1,), STATUS_UNPARSED),
+        ("<|begin_of_box|>Answer: 3<|end_of_box|>", (3,), STATUS_ANSWER),
+        ("", (-1,), STATUS_UNPARSED),
+    ],
+)
+def test_strict_mode_more_forms(text, indices, status):
+    parsed = parse_answer(text, mode="strict", none_index=5)
+    assert (parsed.indices, parsed.status) == (indices, status)
+
+
+def test_non_string_responses_and_memoisation():
+    assert parse_answer(2).indices == (2,)  # a bare number from a JSON file
+    first = parse_answer("Answer: 3", mode="strict")
+    assert parse_answer("Answer: 3", mode="strict") is first
+    assert parse_answer("Answer: None", mode="strict", none_index=4).indices == (4,)
+    assert parse_answer("Answer: None", mode="strict", none_index=9).indices == (9,)

@@ -201,3 +201,8 @@ def test_filters(fixture_bundle):
     ]
     with pytest.raises(ValueError, match="unknown lesion"):
         read_bundle(fixture_bundle, lesions=["nodule"])
+
+
+def test_bad_check_images_option(fixture_bundle):
+    with pytest.raises(ValueError, match="check_images must be one of"):
+        read_bundle(fixture_bundle, check_images="thorough")

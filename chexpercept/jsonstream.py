@@ -1,0 +1,133 @@
+"""Stream the items of a large top-level JSON object one at a time, with their byte spans.
+
+``chexpercept.json`` is a single object keyed by key_id. Parsing it whole costs memory in
+proportion to the bundle; reading it item by item (and re-reading one item later by its byte span)
+keeps the loader's memory flat whatever the bundle size. Decoding is done by the json module's C
+scanner; this module only walks the top level.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+
+_WS = " \t\n\r"
+_DECODER = json.JSONDecoder()
+
+
+@dataclass(frozen=True)
+class Span:
+    """Where an item's value lies in the file (bytes)."""
+
+    start: int
+    length: int
+
+
+class _Reader:
+    def __init__(self, f: BinaryIO, chunk: int):
+        self.f = f
+        self.chunk = chunk
+        self.buf = ""  # decoded text not yet consumed
+        self.pos = 0  # position in buf
+        self.base = 0  # byte offset of buf[0] in the file
+        self.eof = False
+        self._pending = b""  # bytes of an incomplete UTF-8 sequence
+
+    def more(self) -> bool:
+        if self.eof:
+            return False
+        data = self.f.read(self.chunk)
+        if not data:
+            self.eof = True
+            return False
+        data = self._pending + data
+        cut = len(data)
+        # keep an incomplete multi-byte UTF-8 sequence for the next read
+        for back in range(1, min(4, len(data)) + 1):
+            b = data[-back]
+            if b & 0xC0 == 0x80:
+                continue
+            need = 2 if b & 0xE0 == 0xC0 else 3 if b & 0xF0 == 0xE0 else 4 if b & 0xF8 == 0xF0 else 1
+            if need > back:
+                cut = len(data) - back
+            break
+        self._pending = data[cut:]
+        self.buf += data[:cut].decode("utf-8")
+        return True
+
+    def consume(self) -> None:
+        """Drop text before pos (keeping byte accounting right)."""
+        if self.pos:
+            self.base += len(self.buf[: self.pos].encode("utf-8"))
+            self.buf = self.buf[self.pos :]
+            self.pos = 0
+
+    def skip_ws(self) -> None:
+        while True:
+            while self.pos < len(self.buf) and self.buf[self.pos] in _WS:
+                self.pos += 1
+            if self.pos < len(self.buf) or not self.more():
+                return
+
+    def peek(self) -> str:
+        self.skip_ws()
+        return self.buf[self.pos] if self.pos < len(self.buf) else ""
+
+    def decode(self) -> tuple[Any, int, int]:
+        """Decode one JSON value at pos; returns (value, byte_start, byte_length)."""
+        while True:
+            try:
+                value, end = _DECODER.raw_decode(self.buf, self.pos)
+            except json.JSONDecodeError:
+                if self.more():
+                    continue
+                raise
+            # a number at the very end of the buffer may continue in the next chunk
+            if end == len(self.buf) and isinstance(value, int | float) and self.more():
+                continue
+            start = self.base + len(self.buf[: self.pos].encode("utf-8"))
+            length = len(self.buf[self.pos : end].encode("utf-8"))
+            self.pos = end
+            return value, start, length
+
+
+def iter_object_items(f: BinaryIO, *, chunk: int = 1 << 20) -> Iterator[tuple[str, Any, Span]]:
+    """Yield (key, value, span) for each item of the top-level object in a binary file.
+
+    Raises json.JSONDecodeError on malformed JSON and TypeError when the top level is not an object.
+    """
+    r = _Reader(f, chunk)
+    first = r.peek()
+    if first != "{":
+        # Decode the whole value to report what it is (or the JSON error).
+        value, _, _ = r.decode()
+        raise TypeError(type(value).__name__)
+    r.pos += 1
+    expect_item = True
+    while True:
+        c = r.peek()
+        if c == "}":
+            return
+        if c == "," and not expect_item:
+            r.pos += 1
+            expect_item = True
+            continue
+        if c != '"' or not expect_item:
+            raise json.JSONDecodeError("Expecting property name or '}'", r.buf, r.pos)
+        key, _, _ = r.decode()
+        if r.peek() != ":":
+            raise json.JSONDecodeError("Expecting ':' delimiter", r.buf, r.pos)
+        r.pos += 1
+        r.skip_ws()
+        value, start, length = r.decode()
+        yield key, value, Span(start, length)
+        r.consume()
+        expect_item = False
+
+
+def read_span(f: BinaryIO, span: Span) -> Any:
+    """Decode the value stored at a span (as returned by iter_object_items)."""
+    f.seek(span.start)
+    return json.loads(f.read(span.length).decode("utf-8"))

@@ -1,0 +1,73 @@
+"""One call from a path on disk to a Report, with an optional check against the release bundle."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from chexpercept.answers import ParseMode
+from chexpercept.bundle import Bundle, read_bundle
+
+from .report import Report, build_report
+from .runs import Run, load_runs
+
+
+def score_path(
+    path: str | os.PathLike[str],
+    *,
+    bundle: Bundle | str | os.PathLike[str] | None = None,
+    mode: ParseMode = "reference",
+    oracle: str | None = None,
+    greedy: bool | None = None,
+    model: str | None = None,
+    missing: str = "wrong",
+    name: str | None = None,
+) -> Report:
+    """Load every run under PATH (see ``load_runs``) and build the model's report.
+
+    With ``bundle``, our runs are also checked against it: a gold answer that differs is an error
+    (the run was made on another release) and cases of the bundle without a result are noted.
+    """
+    b = _bundle(bundle)
+    runs = load_runs(path, bundle=b, oracle=oracle, greedy=greedy, model=model, missing=missing)
+    if b is not None:
+        for run in runs:
+            if run.kind == "chexpercept":
+                run.notes.extend(check_against_bundle(run, b))
+    return build_report(runs, mode=mode, name=name)
+
+
+def _bundle(bundle: Any) -> Bundle | None:
+    if bundle is None or isinstance(bundle, Bundle):
+        return bundle
+    return read_bundle(bundle, check_images="none")
+
+
+def check_against_bundle(run: Run, bundle: Bundle) -> list[str]:
+    """Notes on coverage; raises when a record's gold answers or route disagree with the bundle."""
+    cases = {c.key_id: c for c in bundle.cases}
+    for rec in run.records:
+        case = cases.get(rec.key_id)
+        if case is None:
+            raise ValueError(f"{run.label}: case {rec.key_id} is not in the bundle {bundle.root}")
+        if case.path.value != rec.path:
+            raise ValueError(
+                f"{run.label}: case {rec.key_id} ran on path {rec.path}, the bundle says {case.path.value}"
+            )
+        gold = {t.task: list(t.answer_index) for t in case.turns}
+        for t in rec.turns:
+            if t.task in gold and sorted(gold[t.task]) != sorted(t.gold):
+                raise ValueError(
+                    f"{run.label}: case {rec.key_id}, {t.task}: gold {t.gold} differs from the bundle's "
+                    f"{gold[t.task]}; the run was made on another release"
+                )
+    notes = []
+    if run.fingerprint and run.fingerprint != bundle.fingerprint():
+        notes.append(
+            f"{run.label}: its bundle fingerprint differs from the bundle's at {bundle.root} "
+            "(chexpercept.json changed); the gold answers of its cases agree"
+        )
+    missing = len(cases) - len({r.key_id for r in run.records})
+    if missing:
+        notes.append(f"{run.label}: {missing} of the bundle's {len(cases)} cases have no result")
+    return notes

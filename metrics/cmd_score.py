@@ -1,0 +1,156 @@
+"""``chexpercept score PATH...``: score runs and print the flat metrics as JSON (or tables, details).
+
+PATH is our run folder ``OUT/<model>/oracle_<setting>/`` (or its results.jsonl), a model folder
+with several ``oracle_*`` runs (End-to-End and Oracle-Passed each from the run that measures it),
+or the reference's ``all_results.json`` (or its folder; needs ``--bundle``). Which run each kind of
+number came from, and anything odd about the inputs, is printed on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from chexpercept.answers import PARSE_MODES
+from chexpercept.errors import BundleValidationError, ReleaseNotFoundError
+from chexpercept.results import ORACLE_SETTINGS
+
+TABLE_IDS = ("2", "3", "8", "9", "10", "11")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("paths", nargs="+", metavar="PATH", help="run folder, results file or model folder")
+    parser.add_argument(
+        "--bundle", help="release bundle folder (required for the reference's all_results.json)"
+    )
+    parser.add_argument(
+        "--mode", choices=PARSE_MODES, default="reference", help="answer parsing (default: reference)"
+    )
+    parser.add_argument("--oracle", choices=ORACLE_SETTINGS, help="oracle setting, when the run does not say")
+    decoding = parser.add_mutually_exclusive_group()
+    decoding.add_argument(
+        "--greedy",
+        dest="greedy",
+        action="store_true",
+        default=None,
+        help="decoding was greedy (if not recorded)",
+    )
+    decoding.add_argument("--sampled", dest="greedy", action="store_false", help="decoding was sampled")
+    parser.add_argument(
+        "--missing",
+        choices=("wrong", "skip"),
+        default="wrong",
+        help="reference results: count unscored turns as wrong (default) or drop their stage as the reference did",
+    )
+    parser.add_argument(
+        "--name", action="append", help="model name for each PATH, in order (default: from the run)"
+    )
+    out = parser.add_mutually_exclusive_group()
+    out.add_argument(
+        "--details", action="store_true", help="print every table, source, note and parse rate as JSON"
+    )
+    out.add_argument(
+        "--table",
+        choices=(*TABLE_IDS, "all"),
+        help="print the paper's table (several PATHs: one row per model)",
+    )
+    out.add_argument("--compare", action="store_true", help="paired comparison of exactly two PATHs")
+    parser.add_argument("--format", choices=("markdown", "csv"), default="markdown", help="table format")
+    parser.add_argument("--cases", action="store_true", help="with --details: add every case's verdicts")
+    parser.add_argument(
+        "--bootstrap", type=int, default=0, metavar="N", help="bootstrap resamples for intervals (0: none)"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="bootstrap/permutation seed (default 0)")
+    parser.add_argument("--level", type=float, default=0.95, help="interval level (default 0.95)")
+    parser.add_argument("--out", help="write the output to this file instead of stdout")
+
+
+def _names(args: argparse.Namespace) -> list[str | None]:
+    if args.name and len(args.name) != len(args.paths):
+        raise ValueError(f"--name given {len(args.name)} times for {len(args.paths)} paths")
+    return list(args.name) if args.name else [None] * len(args.paths)
+
+
+def run(args: argparse.Namespace) -> int:
+    from .api import score_path
+
+    try:
+        names = _names(args)
+        if args.compare and len(args.paths) != 2:
+            raise ValueError("--compare needs exactly two PATHs")
+        reports = []
+        for path, name in zip(args.paths, names):
+            reports.append(
+                score_path(
+                    path,
+                    bundle=args.bundle,
+                    mode=args.mode,
+                    oracle=args.oracle,
+                    greedy=args.greedy,
+                    missing=args.missing,
+                    name=name,
+                )
+            )
+    except (ValueError, FileNotFoundError, BundleValidationError, ReleaseNotFoundError) as e:
+        print(f"chexpercept score: error: {e}", file=sys.stderr)
+        return 2
+    seen: dict[str, int] = {}
+    for report in reports:
+        seen[report.name] = seen.get(report.name, 0) + 1
+        if seen[report.name] > 1:
+            report.name = f"{report.name} ({seen[report.name]})"
+        for line in report.source_lines():
+            print(f"[{report.name}] {line}", file=sys.stderr)
+        for note in report.notes:
+            print(f"[{report.name}] note: {note}", file=sys.stderr)
+        if args.bootstrap > 0 and not args.compare:
+            report.with_intervals(args.bootstrap, seed=args.seed, level=args.level)
+    text = _output(args, reports)
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            f.write(text)
+        print(f"wrote {args.out}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def _output(args: argparse.Namespace, reports: list[Any]) -> str:
+    from .bootstrap import compare_reports
+    from .tables import render_table
+
+    if args.compare:
+        a, b = reports
+        result = {
+            "a": a.name,
+            "b": b.name,
+            "mode": args.mode,
+            "n_resamples": args.bootstrap or 1000,
+            "metrics": compare_reports(
+                a,
+                b,
+                n_resamples=args.bootstrap or 1000,
+                n_permutations=args.bootstrap or 1000,
+                seed=args.seed,
+                level=args.level,
+            ),
+        }
+        return json.dumps(result, indent=2) + "\n"
+    if args.table:
+        ids = TABLE_IDS if args.table == "all" else (args.table,)
+        models = {r.name: r for r in reports}
+        parts = [
+            render_table(
+                t, models, fmt=args.format, intervals=args.bootstrap > 0, title=args.format == "markdown"
+            )
+            for t in ids
+        ]
+        return "\n".join(parts)
+    if args.details:
+        data = [r.to_dict(cases=args.cases) for r in reports]
+    else:
+        data = [r.flat for r in reports]
+    payload = data[0] if len(reports) == 1 else {r.name: d for r, d in zip(reports, data)}
+    return json.dumps(payload, indent=2) + "\n"

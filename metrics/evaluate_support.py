@@ -1,0 +1,203 @@
+"""What the ``chexpercept_metric`` evaluate module needs: input conversion, compute, installation.
+
+The module file (``chexpercept_metric/chexpercept_metric.py``) stays thin: evaluate copies it into
+its cache, and everything it does lives here, in the installed package.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path as FsPath
+from typing import Any
+
+from chexpercept.answers import PARSE_MODES, is_correct, parse_answer
+from chexpercept.case import Case, Turn
+from chexpercept.results import CaseResult, TurnResult
+from chexpercept.vocab import LESIONS, MULTI_SELECT_TASKS, PATHS, TASK_STAGE
+
+METRIC_NAME = "chexpercept_metric"
+#: the evaluate module's folder: ``evaluate.load(str(METRIC_PATH))`` works from any directory
+METRIC_PATH = FsPath(__file__).resolve().parent / METRIC_NAME
+
+
+def _option_text(option: Any) -> str:
+    """Option as text; the bundle's point options are dicts ({"point": ..., "color": ...})."""
+    if isinstance(option, dict):
+        return "None" if option.get("point") is None else str(option.get("color"))
+    return str(option)
+
+
+def _label(value: Any, names: Sequence[str], field: str, key: str) -> str:
+    """A lesion or path given as its name or as the dataset's ClassLabel id."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if not 0 <= value < len(names):
+            raise ValueError(f"case {key}: {field} id {value} out of range (0..{len(names) - 1})")
+        return names[value]
+    if isinstance(value, str):
+        return value
+    raise ValueError(f"case {key}: {field} must be a name or a ClassLabel id, got {value!r}")
+
+
+def records_from_inputs(
+    predictions: Sequence[Sequence[str | None]],
+    references: Sequence[dict[str, Any]],
+    *,
+    oracle: str = "none",
+    mode: str = "reference",
+    model: str = "",
+) -> list[CaseResult]:
+    """Turn the metric's inputs into result records (one per case).
+
+    predictions[i]: the raw responses of case i, one per turn, in turn order.
+    references[i]: {"key_id", "lesion", "path", "turns": [{"task", "options", "answer_index"}, ...]};
+    lesion and path may be names or the dataset's ClassLabel ids; other keys are ignored.
+    """
+    if mode not in PARSE_MODES:
+        raise ValueError(f"unknown parse mode {mode!r}; expected one of {PARSE_MODES}")
+    if len(predictions) != len(references):
+        raise ValueError(f"{len(predictions)} predictions for {len(references)} references")
+    path_names = [p.value for p in PATHS]
+    records = []
+    for n, (responses, ref) in enumerate(zip(predictions, references)):
+        if not isinstance(ref, dict):
+            raise ValueError(f"reference {n}: expected a dict with key_id, lesion, path and turns")
+        missing = [k for k in ("key_id", "lesion", "path", "turns") if k not in ref]
+        if missing:
+            raise ValueError(f"reference {n}: missing {', '.join(missing)}")
+        key = str(ref["key_id"])
+        ref_turns = ref["turns"]
+        if responses is None or len(responses) != len(ref_turns):
+            got = "no" if responses is None else len(responses)
+            raise ValueError(f"case {key}: {got} responses for {len(ref_turns)} turns")
+        turns = []
+        for j, (response, t) in enumerate(zip(responses, ref_turns)):
+            task = t.get("task")
+            if task not in TASK_STAGE:
+                raise ValueError(f"case {key}: turn {j} has unknown task {task!r}")
+            options = tuple(_option_text(o) for o in t.get("options") or ())
+            gold = t.get("answer_index")
+            gold = [int(g) for g in (gold if isinstance(gold, (list, tuple)) else [gold])]
+            multi = bool(t.get("multi_select", task in MULTI_SELECT_TASKS))
+            none_index = Turn(TASK_STAGE[task], task, "", (), options, tuple(gold), "", multi).none_index
+            parsed = parse_answer(response, mode=mode, none_index=none_index, model=model)
+            turns.append(
+                TurnResult(
+                    task=task,
+                    stage=TASK_STAGE[task],
+                    response=response or "",
+                    parsed=list(parsed.indices),
+                    parse_status=parsed.status,
+                    gold=gold,
+                    correct=is_correct(parsed, gold, multi_select=multi, mode=mode),
+                    n_options=len(options),
+                    multi_select=multi,
+                    none_index=none_index,
+                )
+            )
+        records.append(
+            CaseResult(
+                key_id=key,
+                lesion=_label(ref["lesion"], LESIONS, "lesion", key),
+                path=_label(ref["path"], path_names, "path", key),
+                oracle=oracle,
+                turns=turns,
+            )
+        )
+    return records
+
+
+def references_from_cases(cases: Iterable[Case]) -> list[dict[str, Any]]:
+    """The metric's references for bundle cases (``read_bundle(DIR).cases``)."""
+    return [
+        {
+            "key_id": c.key_id,
+            "lesion": c.lesion,
+            "path": c.path.value,
+            "turns": [
+                {"task": t.task, "options": list(t.options), "answer_index": list(t.answer_index)}
+                for t in c.turns
+            ],
+        }
+        for c in cases
+    ]
+
+
+def references_from_dataset(ds: Any) -> list[dict[str, Any]]:
+    """The metric's references for a ``load_dataset("chexpercept")`` sequences split, without decoding images."""
+    lesions = ds.features["lesion"].names
+    paths = ds.features["path"].names
+    out = []
+    for batch in ds.select_columns(["key_id", "lesion", "path", "turns"]).with_format("arrow").iter(256):
+        for row in batch.to_pylist():
+            out.append(
+                {
+                    "key_id": row["key_id"],
+                    "lesion": lesions[row["lesion"]],
+                    "path": paths[row["path"]],
+                    "turns": [
+                        {"task": t["task"], "options": t["options"], "answer_index": t["answer_index"]}
+                        for t in row["turns"]
+                    ],
+                }
+            )
+    return out
+
+
+def compute_metric(
+    predictions: Sequence[Sequence[str | None]],
+    references: Sequence[dict[str, Any]],
+    *,
+    mode: str = "reference",
+    oracle: str = "none",
+    greedy: bool | None = True,
+    model: str = "",
+    return_details: bool = False,
+    n_resamples: int = 1000,
+    seed: int = 0,
+    level: float = 0.95,
+    return_cases: bool = False,
+) -> dict[str, Any]:
+    """What ``chexpercept_metric.compute`` returns: the flat metrics, or with details everything."""
+    from .report import build_report
+    from .runs import run_from_records
+
+    records = records_from_inputs(predictions, references, oracle=oracle, mode=mode, model=model)
+    run = run_from_records(records, oracle=oracle, greedy=greedy, model=model)
+    report = build_report([run], mode=mode, name=model or None)
+    if not return_details:
+        return report.flat
+    if n_resamples:
+        report.with_intervals(n_resamples, seed=seed, level=level)
+    return report.to_dict(cases=return_cases)
+
+
+def install_metric(modules_cache: str | os.PathLike[str] | None = None) -> FsPath:
+    """Make ``evaluate.load("chexpercept_metric")`` work offline from any folder (one-time step).
+
+    evaluate resolves a bare name through the Hub and, failing that (offline), through its module
+    cache (``$HF_MODULES_CACHE/evaluate_modules/metrics/evaluate-metric--<name>/<hash>/``, by default
+    under ``$HF_HOME/modules``). This copies the module there. Run it again after upgrading the
+    package (the newest copy wins). Returns the installed file.
+    """
+    source = METRIC_PATH / f"{METRIC_NAME}.py"
+    if modules_cache is None:
+        from evaluate.loading import init_dynamic_modules
+
+        root = FsPath(init_dynamic_modules())
+    else:
+        root = FsPath(modules_cache) / "evaluate_modules"
+    code = source.read_bytes()
+    digest = hashlib.sha256(code).hexdigest()
+    target = root / "metrics" / f"evaluate-metric--{METRIC_NAME}" / digest
+    target.mkdir(parents=True, exist_ok=True)
+    for folder in (root, root / "metrics", target.parent, target):
+        init = folder / "__init__.py"
+        if not init.exists():
+            init.touch()
+    dest = target / f"{METRIC_NAME}.py"
+    tmp = dest.with_suffix(".py.tmp")
+    tmp.write_bytes(code)
+    os.replace(tmp, dest)
+    return dest

@@ -1,0 +1,328 @@
+"""One model's scores: End-to-End and Oracle-Passed numbers, each from the run that measures it.
+
+``build_report(runs)`` takes the runs of one model (any of oracle none / implicit / explicit) and
+decides where each kind of number comes from:
+
+- End-to-End: from the ``none`` run when there is one; otherwise from an oracle run whose decoding
+  was greedy (both histories are identical up to the first error, so the gated chain is exact);
+  otherwise it is N/A.
+- Oracle-Passed (stage and sub-task accuracy, answer bias): from the ``implicit`` run, else the
+  ``explicit`` one; N/A without an oracle run (a run without oracle measures something else).
+
+The report says which run each came from (``sources``) and lists everything worth knowing about the
+inputs (``notes``): unfinished runs, missing run.json fields, cases missing from a run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from chexpercept.answers import PARSE_STATUSES, STATUS_UNPARSED, ParseMode
+from chexpercept.vocab import LESIONS, PATHS, TASKS
+
+from .columns import FLAT_KEYS, Column, add_derived, column_mean, e2e_columns, op_columns
+from .runs import Run
+from .scoring import TASK_INDEX, CaseScores, score_records
+
+
+@dataclass
+class Source:
+    """Where one kind of number (End-to-End or Oracle-Passed) comes from."""
+
+    role: str
+    oracle: str
+    description: str
+    path: str | None = None
+    #: End-to-End from an oracle run: False when the parse mode makes some cases approximate
+    exact: bool = True
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "role": self.role,
+            "oracle": self.oracle,
+            "description": self.description,
+            "path": self.path,
+            "exact": self.exact,
+        }
+
+
+@dataclass
+class ColumnMatrix:
+    """Per-case columns of every metric, rows sorted by key_id: what bootstrap and comparison read."""
+
+    key_ids: list[str]
+    #: stratum of each case: lesion index * 3 + path index
+    strata: np.ndarray
+    names: list[str]
+    #: values where the metric applies, 0 elsewhere (n, K)
+    weighted: np.ndarray
+    applies: np.ndarray
+
+    def index(self) -> dict[str, int]:
+        return {n: i for i, n in enumerate(self.names)}
+
+
+@dataclass
+class Report:
+    """Scores of one model (see the module docstring); ``values`` holds every metric, None = N/A."""
+
+    name: str
+    mode: str
+    values: dict[str, float | None]
+    sources: dict[str, Source | None]
+    notes: list[str]
+    counts: dict[str, Any]
+    runs: list[dict[str, Any]]
+    parse: dict[str, dict[str, Any]]
+    matrix: ColumnMatrix
+    scores: dict[str, CaseScores] = field(repr=False, default_factory=dict)
+    fingerprint: str | None = None
+    intervals: dict[str, tuple[float, float] | None] | None = None
+    level: float | None = None
+    n_resamples: int | None = None
+
+    @property
+    def flat(self) -> dict[str, float | None]:
+        """The stable flat metrics (FLAT_KEYS): fractions in [0, 1], depth in stages, None = N/A."""
+        return {k: self.values.get(k) for k in FLAT_KEYS}
+
+    def with_intervals(self, n_resamples: int = 1000, *, seed: int = 0, level: float = 0.95) -> Report:
+        """Fill ``intervals`` with stratified bootstrap intervals of every metric; returns self."""
+        from .bootstrap import bootstrap_intervals
+
+        self.intervals = bootstrap_intervals(self, n_resamples=n_resamples, seed=seed, level=level)
+        self.level, self.n_resamples = level, n_resamples
+        return self
+
+    def tables(self) -> dict[str, Any]:
+        from .tables import nested_tables
+
+        return nested_tables(self.values)
+
+    def source_lines(self) -> list[str]:
+        out = []
+        for role, label in (("e2e", "End-to-End"), ("op", "Oracle-Passed")):
+            src = self.sources.get(role)
+            out.append(f"{label}: {src.description if src else 'N/A'}")
+        return out
+
+    def to_dict(self, *, cases: bool = False) -> dict[str, Any]:
+        """Everything as JSON-ready data: flat metrics, nested tables, intervals, sources, notes."""
+        out: dict[str, Any] = {
+            "name": self.name,
+            "mode": self.mode,
+            "flat": self.flat,
+            "tables": self.tables(),
+            "sources": {k: (v.as_dict() if v else None) for k, v in self.sources.items()},
+            "notes": list(self.notes),
+            "counts": self.counts,
+            "runs": self.runs,
+            "parse": self.parse,
+            "fingerprint": self.fingerprint,
+        }
+        if self.intervals is not None:
+            out["intervals"] = {
+                "level": self.level,
+                "n_resamples": self.n_resamples,
+                "stratified_by": ["lesion", "path"],
+                "values": {k: (list(v) if v else None) for k, v in self.intervals.items()},
+            }
+        if cases:
+            out["cases"] = {setting: cs.cases() for setting, cs in self.scores.items()}
+        return out
+
+
+def _parse_stats(cs: CaseScores) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for task in TASKS:
+        j = TASK_INDEX[task]
+        asked = cs.task_asked[:, j]
+        n = int(asked.sum())
+        if n == 0:
+            continue
+        codes = cs.task_status[asked, j]
+        counts = np.bincount(codes[codes >= 0], minlength=len(PARSE_STATUSES))
+        out[task] = {
+            "n": n,
+            "unparsed": float(counts[PARSE_STATUSES.index(STATUS_UNPARSED)] / n),
+            "statuses": {s: float(c / n) for s, c in zip(PARSE_STATUSES, counts) if c},
+        }
+    return out
+
+
+def _agreement(cs: CaseScores) -> float | None:
+    """Share of turns whose verdict equals the one the run stored (same mode: should be 1.0)."""
+    verdicts = [(t.correct, t.stored_correct) for turns in cs.turns for t in turns if not t.missing]
+    if not verdicts:
+        return None
+    return sum(a == b for a, b in verdicts) / len(verdicts)
+
+
+def build_report(runs: Sequence[Run], *, mode: ParseMode = "reference", name: str | None = None) -> Report:
+    """Score the runs of one model and assemble its report (see the module docstring)."""
+    if not runs:
+        raise ValueError("no runs to score")
+    by_setting: dict[str, Run] = {}
+    for run in runs:
+        if run.oracle in by_setting:
+            raise ValueError(
+                f"two oracle {run.oracle} runs given ({by_setting[run.oracle].path} and {run.path}); "
+                "score them separately or compare them"
+            )
+        by_setting[run.oracle] = run
+    fingerprints = {r.fingerprint for r in runs if r.fingerprint}
+    if len(fingerprints) > 1:
+        raise ValueError("the runs were made on different bundles (run.json bundle fingerprints differ)")
+    notes: list[str] = [n for r in runs for n in r.notes]
+    scores = {
+        s: score_records(r.records, mode=mode, model=r.model, allow_missing=r.allow_missing)
+        for s, r in by_setting.items()
+    }
+
+    none_run = by_setting.get("none")
+    oracle_run = by_setting.get("implicit") or by_setting.get("explicit")
+    if "implicit" in by_setting and "explicit" in by_setting:
+        notes.append(
+            "both implicit and explicit runs given; Oracle-Passed numbers come from the implicit one"
+        )
+    for run in runs:
+        if run.parse_mode and run.parse_mode != mode and run.oracle != "none":
+            notes.append(
+                f"{run.label}: its oracle acted on {run.parse_mode} parsing; re-scored here with {mode} parsing"
+            )
+
+    sources: dict[str, Source | None] = {"e2e": None, "op": None}
+    if oracle_run is not None:
+        sources["op"] = Source("op", oracle_run.oracle, f"oracle {oracle_run.oracle} run", _p(oracle_run))
+    else:
+        notes.append("Oracle-Passed numbers are N/A: no implicit or explicit oracle run was given")
+    e2e_run: Run | None = None
+    if none_run is not None:
+        e2e_run = none_run
+        sources["e2e"] = Source("e2e", "none", "oracle none run", _p(none_run))
+    elif oracle_run is not None and oracle_run.greedy:
+        e2e_run = oracle_run
+        cs = scores[oracle_run.oracle]
+        exact = bool(cs.e2e_exact.all())
+        desc = (
+            f"oracle {oracle_run.oracle} run with greedy decoding "
+            "(exact: histories are identical up to the first error)"
+        )
+        if not exact:
+            k = int((~cs.e2e_exact).sum())
+            desc = f"oracle {oracle_run.oracle} run with greedy decoding (approximate for {k} of {len(cs)} cases)"
+            notes.append(
+                f"End-to-End from the {oracle_run.label}: for {k} cases the oracle changed the history before "
+                f"the {mode}-mode chain stopped (the run parsed in {oracle_run.parse_mode} mode); "
+                "score an oracle none run for exact numbers"
+            )
+        sources["e2e"] = Source("e2e", oracle_run.oracle, desc, _p(oracle_run), exact)
+    elif oracle_run is not None:
+        why = "was sampled" if oracle_run.greedy is False else "has unknown decoding"
+        notes.append(
+            f"End-to-End numbers are N/A: the {oracle_run.label} {why}, so its gated chain is not the "
+            "End-to-End result; run with --oracle none (or pass --greedy if decoding was greedy)"
+        )
+
+    op_scores = scores[oracle_run.oracle] if oracle_run is not None else None
+    e2e_scores = scores[e2e_run.oracle] if e2e_run is not None else None
+    matrix, values = _assemble(e2e_scores, op_scores)
+    if e2e_scores is not None and op_scores is not None and e2e_run is not oracle_run:
+        only_e2e = set(e2e_scores.key_ids) - set(op_scores.key_ids)
+        only_op = set(op_scores.key_ids) - set(e2e_scores.key_ids)
+        if only_e2e or only_op:
+            notes.append(
+                f"the runs cover different cases: {len(only_e2e)} only in the End-to-End run, "
+                f"{len(only_op)} only in the Oracle-Passed run"
+            )
+
+    counts = _counts(matrix, e2e_scores, op_scores)
+    run_rows = [
+        {
+            "oracle": r.oracle,
+            "kind": r.kind,
+            "path": _p(r),
+            "model": r.model,
+            "cases": len(r.records),
+            "greedy": r.greedy,
+            "parse_mode": r.parse_mode,
+            "verdict_agreement": _agreement(scores[s]),
+        }
+        for s, r in by_setting.items()
+    ]
+    model_name = name or next((r.model for r in runs if r.model), "") or "model"
+    return Report(
+        name=model_name,
+        mode=mode,
+        values=values,
+        sources=sources,
+        notes=notes,
+        counts=counts,
+        runs=run_rows,
+        parse={s: _parse_stats(cs) for s, cs in scores.items()},
+        matrix=matrix,
+        scores=scores,
+        fingerprint=next(iter(fingerprints), None),
+    )
+
+
+def _p(run: Run) -> str | None:
+    return str(run.path) if run.path else None
+
+
+_EMPTY: CaseScores | None = None
+
+
+def _empty_scores() -> CaseScores:
+    global _EMPTY
+    if _EMPTY is None:
+        _EMPTY = score_records([])
+    return _EMPTY
+
+
+def _assemble(e2e: CaseScores | None, op: CaseScores | None) -> tuple[ColumnMatrix, dict[str, float | None]]:
+    parts = [(e2e_columns, e2e), (op_columns, op)]
+    keys = sorted({k for _, cs in parts if cs is not None for k in cs.key_ids})
+    row = {k: i for i, k in enumerate(keys)}
+    n = len(keys)
+    strata = np.full(n, -1, np.int16)
+    columns: dict[str, Column] = {}
+    for make, cs in parts:
+        if cs is None:
+            for name in make(_empty_scores()):
+                columns[name] = (np.zeros(n), np.zeros(n, bool))
+            continue
+        rows = np.array([row[k] for k in cs.key_ids], dtype=np.int64)
+        stratum = cs.lesion.astype(np.int16) * len(PATHS) + cs.path
+        clash = (strata[rows] >= 0) & (strata[rows] != stratum)
+        if clash.any():
+            key = cs.key_ids[int(np.argmax(clash))]
+            raise ValueError(f"case {key}: lesion or path differs between the runs")
+        strata[rows] = stratum
+        for name, (v, a) in make(cs).items():
+            values = np.zeros(n)
+            applies = np.zeros(n, bool)
+            values[rows] = v
+            applies[rows] = a
+            columns[name] = (values, applies)
+    names = list(columns)
+    applies = np.stack([columns[k][1] for k in names], axis=1) if names else np.zeros((n, 0), bool)
+    weighted = np.stack([columns[k][0] for k in names], axis=1) * applies
+    values = add_derived({k: column_mean(*columns[k]) for k in names})
+    return ColumnMatrix(keys, strata, names, weighted, applies), values
+
+
+def _counts(matrix: ColumnMatrix, e2e: CaseScores | None, op: CaseScores | None) -> dict[str, Any]:
+    lesion = matrix.strata // len(PATHS)
+    path = matrix.strata % len(PATHS)
+    return {
+        "cases": len(matrix.key_ids),
+        "per_path": {p.value: int((path == i).sum()) for i, p in enumerate(PATHS)},
+        "per_lesion": {name: int((lesion == i).sum()) for i, name in enumerate(LESIONS)},
+        "end_to_end_cases": len(e2e) if e2e is not None else 0,
+        "oracle_passed_cases": len(op) if op is not None else 0,
+    }

@@ -1,0 +1,226 @@
+"""Finding and loading runs: our runner's folders and the reference implementation's results.
+
+A ``Run`` is the records of one model under one oracle setting plus what is known about how they
+were made (run.json). ``load_runs`` accepts any of:
+
+- ``OUT/<model>/oracle_<setting>/`` or its ``results.jsonl`` (our runner; ``run.json`` beside it);
+- ``.../oracle_<setting>/all_results.json`` or its folder (the reference; needs the bundle);
+- ``OUT/<model>/``: every ``oracle_*`` folder below it, so End-to-End and Oracle-Passed numbers
+  can each come from the run that measures them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path as FsPath
+from typing import Any
+
+from chexpercept.results import ORACLE_SETTINGS, RESULTS_NAME, RUN_NAME, CaseResult, iter_results
+
+REFERENCE_RESULTS_NAME = "all_results.json"
+MISSING_POLICIES: tuple[str, ...] = ("wrong", "skip")
+
+
+@dataclass
+class Run:
+    """The records of one model under one oracle setting, and how they were made."""
+
+    records: list[CaseResult]
+    #: run.json as written by the runner (or what is known, for other sources)
+    meta: dict[str, Any]
+    #: "chexpercept" (our runner), "reference" (all_results.json) or "records" (built in memory)
+    kind: str
+    oracle: str
+    #: True/False when known; None when the decoding is unknown
+    greedy: bool | None
+    model: str = ""
+    path: FsPath | None = None
+    notes: list[str] = field(default_factory=list)
+    #: reference results read with the reference's policy for unscored turns (see score_records)
+    allow_missing: bool = False
+
+    @property
+    def parse_mode(self) -> str | None:
+        return self.meta.get("parse_mode")
+
+    @property
+    def fingerprint(self) -> str | None:
+        bundle = self.meta.get("bundle")
+        return bundle.get("fingerprint") if isinstance(bundle, dict) else None
+
+    @property
+    def label(self) -> str:
+        where = f" ({self.path})" if self.path else ""
+        return f"oracle {self.oracle} run{where}"
+
+
+def check_oracle(value: str, where: str) -> str:
+    if value not in ORACLE_SETTINGS:
+        raise ValueError(f"{where}: unknown oracle setting {value!r}; expected one of {ORACLE_SETTINGS}")
+    return value
+
+
+def greedy_from_meta(meta: dict[str, Any]) -> tuple[bool | None, str | None]:
+    """(greedy, note): sampling.greedy when present, else temperature 0, else unknown."""
+    sampling = meta.get("sampling")
+    if not isinstance(sampling, dict):
+        return None, "run.json has no 'sampling': decoding unknown, so End-to-End needs an oracle none run"
+    if isinstance(sampling.get("greedy"), bool):
+        return sampling["greedy"], None
+    temperature = sampling.get("temperature")
+    if isinstance(temperature, (int, float)):
+        return (
+            temperature == 0,
+            f"run.json has no sampling.greedy; taken from temperature={temperature}",
+        )
+    return None, "run.json has no sampling.greedy or temperature: decoding unknown"
+
+
+def _oracle_from_folder(folder: FsPath) -> str | None:
+    name = folder.name
+    if name.startswith("oracle_") and name[len("oracle_") :] in ORACLE_SETTINGS:
+        return name[len("oracle_") :]
+    return None
+
+
+def detect(path: str | os.PathLike[str]) -> tuple[str, FsPath]:
+    """What PATH holds: ("chexpercept", run folder), ("reference", all_results.json) or
+    ("model", folder with oracle_* runs)."""
+    p = FsPath(path).expanduser()
+    if not p.exists():
+        raise FileNotFoundError(f"{p} does not exist")
+    if p.is_file():
+        if p.name == RESULTS_NAME or p.suffix == ".jsonl":
+            return "chexpercept", p.parent
+        if p.suffix == ".json":
+            if p.name == RUN_NAME:
+                return "chexpercept", p.parent
+            return "reference", p
+        raise ValueError(f"{p}: not a results file (expected {RESULTS_NAME} or {REFERENCE_RESULTS_NAME})")
+    if (p / RESULTS_NAME).is_file():
+        return "chexpercept", p
+    if (p / REFERENCE_RESULTS_NAME).is_file():
+        return "reference", p / REFERENCE_RESULTS_NAME
+    if _run_folders(p):
+        return "model", p
+    raise ValueError(
+        f"{p}: found no results: expected {RESULTS_NAME} (our runner), {REFERENCE_RESULTS_NAME} "
+        "(the reference implementation) or oracle_<setting>/ folders holding either"
+    )
+
+
+def _run_folders(p: FsPath) -> list[FsPath]:
+    return [
+        d
+        for d in sorted(p.glob("oracle_*"))
+        if d.is_dir() and ((d / RESULTS_NAME).is_file() or (d / REFERENCE_RESULTS_NAME).is_file())
+    ]
+
+
+def load_run(
+    path: str | os.PathLike[str],
+    *,
+    bundle: Any = None,
+    oracle: str | None = None,
+    greedy: bool | None = None,
+    model: str | None = None,
+    missing: str = "wrong",
+) -> Run:
+    """Load one run: our run folder (or its results.jsonl) or a reference all_results.json (or folder).
+
+    oracle / greedy / model override what the run's metadata says (needed for reference results,
+    whose decoding is not recorded). bundle (folder or Bundle) is required for reference results.
+    missing: for reference results, how turns the reference did not score are counted: "wrong"
+    (default) or "skip" (the reference analysis: the stage drops out of the denominators).
+    """
+    kind, where = detect(path)
+    if kind == "model":
+        raise ValueError(
+            f"{where} holds several runs ({', '.join(d.name for d in _run_folders(where))}); use load_runs"
+        )
+    if kind == "reference":
+        from .reference import read_reference_results
+
+        return read_reference_results(
+            where, bundle, oracle=oracle, greedy=greedy, model=model, missing=missing
+        )
+    return _load_chexpercept_run(where, oracle=oracle, greedy=greedy, model=model)
+
+
+def load_runs(path: str | os.PathLike[str], **kwargs: Any) -> list[Run]:
+    """Load every run under PATH: one run, or all oracle_* runs of a model folder."""
+    kind, where = detect(path)
+    if kind != "model":
+        return [load_run(path, **kwargs)]
+    return [load_run(d, **kwargs) for d in _run_folders(where)]
+
+
+def _load_chexpercept_run(
+    folder: FsPath, *, oracle: str | None, greedy: bool | None, model: str | None
+) -> Run:
+    notes: list[str] = []
+    meta: dict[str, Any] = {}
+    run_json = folder / RUN_NAME
+    if run_json.is_file():
+        try:
+            meta = json.loads(run_json.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{run_json}: not valid JSON: {e}") from e
+        if not isinstance(meta, dict):
+            raise ValueError(f"{run_json}: expected a JSON object")
+    else:
+        notes.append(f"{folder}: no {RUN_NAME}; oracle setting taken from the records, decoding unknown")
+    records = list(iter_results(folder / RESULTS_NAME))
+    if not records:
+        raise ValueError(f"{folder / RESULTS_NAME}: no finished cases")
+    settings = {r.oracle for r in records}
+    if len(settings) > 1:
+        raise ValueError(
+            f"{folder / RESULTS_NAME}: cases of several oracle settings mixed: {sorted(settings)}"
+        )
+    recorded = settings.pop()
+    setting = oracle or meta.get("oracle") or recorded
+    check_oracle(setting, str(run_json if "oracle" in meta else folder / RESULTS_NAME))
+    if setting != recorded and oracle is None:
+        raise ValueError(f"{run_json}: says oracle {setting!r} but the cases were run with {recorded!r}")
+    if greedy is None:
+        greedy, note = greedy_from_meta(meta) if meta else (None, None)
+        if note and meta:
+            notes.append(f"{run_json}: {note}")
+    if meta and not meta.get("finished"):
+        notes.append(f"{run_json}: the run has not finished ({len(records)} cases so far)")
+    for key in ("model", "parse_mode", "bundle"):
+        if meta and key not in meta:
+            notes.append(f"{run_json}: no '{key}' field")
+    return Run(
+        records=records,
+        meta=meta,
+        kind="chexpercept",
+        oracle=setting,
+        greedy=greedy,
+        model=model or str(meta.get("model") or folder.parent.name),
+        path=folder,
+        notes=notes,
+    )
+
+
+def run_from_records(
+    records: list[CaseResult],
+    *,
+    oracle: str,
+    greedy: bool | None = True,
+    model: str = "",
+    meta: dict[str, Any] | None = None,
+) -> Run:
+    """Wrap in-memory records (the evaluate module, simulations) as a Run."""
+    check_oracle(oracle, "records")
+    return Run(
+        records=list(records),
+        meta=dict(meta or {}),
+        kind="records",
+        oracle=oracle,
+        greedy=greedy,
+        model=model,
+    )
