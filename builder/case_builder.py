@@ -97,7 +97,11 @@ class CaseBuilder:
                 entry, files = self._positive(queued)
             write_case_folder(self.root, cand.key_id, files)
             outcome.entry = entry
-            write_record(self.root, cand.key_id, {"status": "ok", "key_id": cand.key_id, "entry": entry})
+            write_record(
+                self.root,
+                cand.key_id,
+                {"status": "ok", "key_id": cand.key_id, "path": queued.path.value, "entry": entry},
+            )
         except (Rejected, NoLungOverlap, ContourError) as e:
             outcome.status, outcome.reason = "rejected", str(e)
             write_record(

@@ -147,7 +147,10 @@ def _settings_fingerprint(config: GenerateConfig) -> dict[str, Any]:
     for k in ("mimic_cxr_jpg", "cxr_png", "mimic_ils", "lesion_masks", "rosalia_pred", "anatomy", "cxas"):
         if d[k]:
             d[k] = str(FsPath(d[k]).resolve())
-    d["review"] = sorted(str(FsPath(p).resolve()) for p in config.review)
+    d["review"] = sorted(
+        f"{FsPath(p).resolve()} sha256:{hashlib.sha256(FsPath(p).read_bytes()).hexdigest()}"
+        for p in config.review
+    )
     d["generator"] = f"chexpercept {chexpercept.__version__}"
     return d
 
@@ -234,6 +237,19 @@ def _anatomy(config: GenerateConfig, dicom_ids: list[str], work: FsPath) -> Anat
     return Anatomy(folder=str(source), cxas=cxas)
 
 
+def _check_checkpoint(checkpoint: str | None) -> None:
+    """A local SAM 3 folder must exist; anything else must look like a Hub id (owner/name)."""
+    if not checkpoint:
+        raise SourceError("--deformer sam3 needs --sam3-checkpoint (a local folder or a Hub id)")
+    path = FsPath(checkpoint).expanduser()
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise SourceError(f"--sam3-checkpoint: {path} has no config.json (a save_pretrained folder)")
+        return
+    if checkpoint.startswith((".", "/", "~")) or checkpoint.count("/") != 1:
+        raise SourceError(f"--sam3-checkpoint: {checkpoint} is neither an existing folder nor a Hub id")
+
+
 def _has_mask_folders(folder: FsPath) -> bool:
     return any((child / "right_lung.png").is_file() for child in folder.iterdir() if child.is_dir())
 
@@ -270,7 +286,10 @@ class _Runner:
                 initargs=(self.settings,),
             )
         else:
-            self.local = CaseBuilder(self.settings)
+            try:
+                self.local = CaseBuilder(self.settings)
+            except (ImportError, OSError, ValueError) as e:
+                raise SourceError(f"cannot build the {self.settings.deformer} deformer: {e}") from e
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -325,8 +344,10 @@ def generate(config: GenerateConfig) -> Report:
     if config.rosalia_pred and not FsPath(config.rosalia_pred).is_dir():
         raise SourceError(f"--rosalia-pred: folder {config.rosalia_pred} does not exist")
     review = read_review_sheets(config.review) if config.review else None
-    if config.deformer == "sam3" and not config.sam3_checkpoint:
-        raise SourceError("--deformer sam3 needs --sam3-checkpoint (a local folder or a Hub id)")
+    if not config.anatomy:
+        raise SourceError("--anatomy is required: per-image mask folders or the CheXmask table")
+    if config.deformer == "sam3":
+        _check_checkpoint(config.sam3_checkpoint)
 
     positives, negatives = ils_candidates(ils, lesions)
     has_mask = (lambda c: True) if config.rosalia_pred else (lambda c: c.seg_mask_path is not None)
@@ -422,7 +443,7 @@ def _run_rounds(
                         queued = queue[next_index[cell]]
                         next_index[cell] += 1
                         record = read_record(root, queued.candidate.key_id)
-                        if record is not None:
+                        if record is not None and record.get("path") == queued.path.value:
                             on_done(_resumed(queued, record))
                             if record.get("status") == "ok":
                                 need -= 1
@@ -434,7 +455,10 @@ def _run_rounds(
                 if not runner.run(batch, on_done):
                     break
     except BrokenProcessPool as e:
-        stop["abort"] = f"a worker process died ({e}); finished cases are saved, rerun to resume"
+        stop["abort"] = (
+            f"a worker process died ({e}); finished cases are saved, rerun to resume "
+            "(with --deformer sam3, also check that the checkpoint loads with --num-proc 1)"
+        )
     finally:
         bar.close()
     report.aborted = stop["abort"]

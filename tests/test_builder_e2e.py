@@ -396,6 +396,11 @@ def test_cli_synth_sources_then_generate_and_clear_errors(tmp_path, capsys):
     )
     err = capsys.readouterr().err
     assert str(tmp_path / "nope") in err and "mimic_ils_instruction_answer.json" in err
+    assert main([*args[:7], "--out", str(tmp_path / "b4"), "--per-cell", "1", "--deformer", "sam3"]) == 2
+    assert "--sam3-checkpoint" in capsys.readouterr().err
+    sam3_args = ["--deformer", "sam3", "--sam3-checkpoint", str(tmp_path / "no-model")]
+    assert main([*args[:7], "--out", str(tmp_path / "b5"), "--per-cell", "1", *sam3_args]) == 2
+    assert "no-model" in capsys.readouterr().err
     missing_anatomy = [
         *args[:5],
         "--anatomy",
