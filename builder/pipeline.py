@@ -101,7 +101,10 @@ class Report:
         return 1 if (self.failed or self.shortfalls or self.aborted) else 0
 
     def summary(self) -> str:
-        lines = [f"wrote {self.cases} cases to {self.out}/{JSON_NAME}"]
+        if self.aborted:
+            lines = [f"stopped before writing {self.out}/{JSON_NAME}; finished cases are kept for a rerun"]
+        else:
+            lines = [f"wrote {self.cases} cases to {self.out}/{JSON_NAME}"]
         lines.append(
             f"  built {self.built} case(s) in {self.seconds_built:.1f} worker-seconds; {self.resumed} taken from an earlier run"
         )

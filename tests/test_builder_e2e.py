@@ -412,3 +412,35 @@ def test_cli_synth_sources_then_generate_and_clear_errors(tmp_path, capsys):
     ]
     assert main(missing_anatomy) == 2
     assert "no-anatomy" in capsys.readouterr().err
+
+
+def test_generate_options_from_a_yaml_config(tmp_path):
+    import argparse
+
+    from chexpercept.builder.cmd_generate import build_config, configure
+
+    config_file = tmp_path / "regen.yaml"
+    config_file.write_text(
+        "mimic-cxr-jpg: /data/mimic-cxr-jpg\nmimic_ils: /data/mimic-ils\nanatomy: /data/chexmask\n"
+        "per-cell: 100\ndeformer: sam3\nsam3-checkpoint: /models/sam3\nreview: /data/sheet.csv\n"
+    )
+    parser = argparse.ArgumentParser()
+    configure(parser)
+    config = build_config(
+        parser.parse_args(["--config", str(config_file), "--out", "/tmp/x", "--num-proc", "4"])
+    )
+    assert (config.mimic_cxr_jpg, config.mimic_ils, config.anatomy) == (
+        "/data/mimic-cxr-jpg",
+        "/data/mimic-ils",
+        "/data/chexmask",
+    )
+    assert (config.per_cell, config.deformer, config.sam3_checkpoint, config.num_proc) == (
+        100,
+        "sam3",
+        "/models/sam3",
+        4,
+    )
+    assert config.review == ["/data/sheet.csv"] and config.seed == 0 and config.partition == "reference"
+    config_file.write_text("per-cell: 1\nout: /tmp/x\nbogus: 1\n")
+    with pytest.raises(Exception, match="bogus"):
+        build_config(parser.parse_args(["--config", str(config_file)]))
