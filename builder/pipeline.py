@@ -32,7 +32,7 @@ from .case_builder import CaseBuilder, Outcome, Settings
 from .deformer import DEFORMERS
 from .export import WORK_DIR, read_record, remove_stale_case_folders, write_atomic, write_bundle_json
 from .regions import PARTITION_MODES
-from .selection import Queued, ils_candidates, plan_cells
+from .selection import Queued, ils_candidates, plan_cells, selection_notes
 from .sources import (
     ILS_MASK_DIR,
     Anatomy,
@@ -93,6 +93,7 @@ class Report:
     built: int = 0
     seconds_built: float = 0.0
     aborted: str | None = None
+    notes: list[str] = field(default_factory=list)
     synthetic: bool = False
     reviewed: bool = False
 
@@ -112,6 +113,7 @@ class Report:
             lines.append("  phantom data: for testing software only, never for comparing models")
         if not self.reviewed:
             lines.append("  unreviewed: no expert review sheets were given (provenance.reviewed = false)")
+        lines += [f"  {note}" for note in self.notes]
         if self.rejected:
             reasons = Counter(r["reason"] for r in self.rejected)
             lines.append(f"  {len(self.rejected)} candidate(s) rejected and replaced:")
@@ -391,6 +393,7 @@ def generate(config: GenerateConfig) -> Report:
         provenance=provenance,
     )
     report = Report(out=str(root), synthetic=synthetic, reviewed=review is not None)
+    report.notes = selection_notes(positives, negatives, cells, review=review, has_mask=has_mask)
     selected = _run_rounds(cells, config, settings, root, report)
     _finish(root, cells, selected, config, report, lesions)
     write_atomic(work / REPORT_FILE, json.dumps(asdict(report), indent=1).encode("utf-8"))

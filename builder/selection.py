@@ -102,6 +102,33 @@ class Queued:
     rank: int
 
 
+def selection_notes(
+    positives: list[Candidate],
+    negatives: list[Candidate],
+    cells: dict[tuple[str, Path], list[Queued]],
+    *,
+    review: dict[str, bool] | None,
+    has_mask,
+) -> list[str]:
+    """What the candidate rules left out, so nothing is dropped silently."""
+    notes = []
+    if review is not None:
+        out = sum(not review.get(c.key_id, False) for c in [*positives, *negatives])
+        notes.append(
+            f"{out} of {len(positives) + len(negatives)} candidate pairs not accepted by the review sheets"
+        )
+    no_mask = sum(not has_mask(c) for c in positives)
+    if no_mask:
+        notes.append(f"{no_mask} positive pair(s) without a lesion mask (seg_mask_path) not used")
+    queued = sum(len(q) for q in cells.values())
+    dropped = len(positives) + len(negatives) - queued
+    if dropped:
+        notes.append(
+            f"{dropped} pair(s) left out in all (review, no mask, an image that holds a positive or is used once already)"
+        )
+    return notes
+
+
 def plan_cells(
     positives: list[Candidate],
     negatives: list[Candidate],
