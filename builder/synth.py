@@ -5,7 +5,7 @@ regeneration uses. Its sources are kept in ``<out>/.chexpercept-work/phantom-sou
 when the settings change), so a rerun resumes like ``generate`` does.
 
     from chexpercept.builder.synth import synthesize
-    bundle_dir = synthesize(tmp_path / "bundle", per_cell=1, seed=0)   # 21 cases, ~10-20 s on one core
+    bundle_dir = synthesize(tmp_path / "bundle", per_cell=1, seed=0)   # 21 cases, about 12 s on one core
 
 Phantom data is for testing software, never for comparing models.
 """
