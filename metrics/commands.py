@@ -9,4 +9,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "chexpercept.metrics.cmd_install_metric",
         'Install the evaluate module so evaluate.load("chexpercept_metric") works offline anywhere',
     ),
+    "report": (
+        "chexpercept.metrics.report_cmd",
+        "Tables, leaderboard, reference CSVs, figures and an HTML case viewer for a folder of runs",
+    ),
 }

@@ -1,0 +1,440 @@
+"""``write_report``: every output of ``chexpercept report`` from a folder of runs, in one call.
+
+It finds the runs (metrics/report_runs.py), loads and scores them with the metric library
+(``load_run``, ``build_report``, intervals, ``render_table``), then writes:
+
+- ``tables.md`` and ``tables/table<N>.{md,csv}``: the paper's Tables 2, 3, 8, 9, 10, 11 (with intervals);
+- ``leaderboard.{md,csv}``: models ranked under End-to-End and under Oracle-Passed;
+- the reference's CSVs per run and across models (metrics/report_csv.py);
+- ``figures/``: the four plots of the reference and a per-lesion heatmap for the models' headline
+  numbers, and the reference's figures per oracle setting beside its CSVs (metrics/report_plots.py);
+- ``index.html`` with ``data/`` and ``assets/``: the summary and the case viewer (metrics/report_html.py,
+  metrics/report_cases.py); ``metrics.json``: every number as data.
+
+A model's headline numbers combine its runs as the metric library decides (End-to-End from the
+``none`` run or exactly from a greedy oracle run; Oracle-Passed from the ``implicit`` run). The per-run
+CSVs and figures score each run on its own, as the reference does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path as FsPath
+from typing import Any
+
+from chexpercept.bundle import Bundle, read_bundle
+from chexpercept.results import ORACLE_SETTINGS
+from chexpercept.vocab import LESIONS, PATHS
+
+from . import report_csv, report_plots
+from .report_cases import ViewerRun, write_viewer_data
+from .report_html import Figure, Section, figures_html, markdown_to_html, write_index_html
+from .report_leaderboard import leaderboard_rows, render_leaderboard, write_leaderboard_csv
+from .report_runs import RunFolder, discover_runs
+
+TABLE_IDS: tuple[str, ...] = ("2", "3", "8", "9", "10", "11")
+FIGURES_DIR = "figures"
+PHANTOM_BANNER = (
+    "**Phantom data.** These runs were made on a synthetic bundle: the numbers test the software and "
+    "say nothing about any model."
+)
+EMBEDDED_BANNER = (
+    "**This folder contains credentialed images** (copied with --embed-images): share it only with "
+    "people covered by the PhysioNet data use agreement."
+)
+
+
+@dataclass
+class ReportOutput:
+    """What ``write_report`` wrote, and what it noticed."""
+
+    out: FsPath
+    models: list[str]
+    runs: list[str]
+    cases: int
+    index_html: FsPath | None
+    tables_md: FsPath
+    leaderboard_md: FsPath
+    files: list[FsPath] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    #: seconds per phase (load, score, intervals, tables, csv, figures, viewer, html)
+    timings: dict[str, float] = field(default_factory=dict)
+    table2: str = ""
+
+
+def _metrics() -> Any:
+    """The metric library's public API (imported late: chexpercept.metrics loads its parts lazily)."""
+    import chexpercept.metrics as metrics
+
+    return metrics
+
+
+def resolve_bundle(
+    bundle: str | os.PathLike[str] | Bundle | None, runs: Sequence[RunFolder]
+) -> tuple[Bundle | None, list[str]]:
+    """The bundle the runs were made on: the one given, else the one run.json names, if it is on disk."""
+    notes: list[str] = []
+    if isinstance(bundle, Bundle):
+        found = bundle
+    elif bundle is not None:
+        found = read_bundle(bundle, check_images="none")
+    else:
+        recorded = [
+            (r, (r.meta.get("bundle") or {}).get("path"))
+            for r in runs
+            if (r.meta.get("bundle") or {}).get("path")
+        ]
+        existing = [(r, p) for r, p in recorded if (FsPath(p) / "chexpercept.json").is_file()]
+        if not existing:
+            where = f" (run.json names {recorded[0][1]})" if recorded else ""
+            notes.append(
+                f"the bundle is not on this disk{where}: the case viewer shows the recorded conversations "
+                "without images; pass --bundle DIR to show them"
+            )
+            return None, notes
+        found = read_bundle(existing[0][1], check_images="none")
+    fingerprint = found.fingerprint()
+    for run in runs:
+        recorded_fp = (run.meta.get("bundle") or {}).get("fingerprint")
+        if recorded_fp and recorded_fp != fingerprint:
+            raise ValueError(
+                f"{run.folder}: run.json's bundle fingerprint {recorded_fp[:12]}... differs from the bundle "
+                f"at {found.root} ({fingerprint[:12]}...): the run was made on other questions; pass the "
+                "bundle it was made on with --bundle"
+            )
+    return found, notes
+
+
+def _load(folders: Sequence[RunFolder], bundle: Bundle | None) -> list[Any]:
+    m = _metrics()
+    loaded = []
+    for rf in folders:
+        if rf.layout == "reference" and bundle is None:
+            raise ValueError(
+                f"{rf.results_file}: reference results do not store the questions; pass the bundle "
+                "they were made on with --bundle DIR"
+            )
+        loaded.append(m.load_run(rf.folder, bundle=bundle, model=rf.model))
+    return loaded
+
+
+def _summary_rows(model: str, flat: dict[str, float | None]) -> list[dict[str, Any]]:
+    """Rows of the stage-accuracy figure, read from the same CSV rows the reference writes."""
+    out = []
+    for row in report_csv.summary_rows(model, flat):
+        setting = report_csv.SETTINGS[row["setting"]]
+        path = next(p.value for p in PATHS if p.reference_name == row["path"])
+        out.append(
+            {
+                "path": path,
+                "model": model,
+                "setting": setting,
+                **{f"stage{k}": row[f"acc(stage{k})"] for k in (1, 2, 3, 4)},
+                "depth": row["depth"],
+            }
+        )
+    return out
+
+
+def _draw_figures(
+    folder: FsPath, values_by_model: dict[str, dict[str, float | None]], *, label: str
+) -> list[FsPath]:
+    """The five figures for a set of models (flat values plus per-lesion values)."""
+    models = list(values_by_model)
+    rows = [row for name in models for row in _summary_rows(name, values_by_model[name])]
+    sub = {
+        name: {k[len("sub/") :]: v for k, v in values.items() if k.startswith("sub/")}
+        for name, values in values_by_model.items()
+    }
+    depth = {
+        name: {p.value: values.get(f"depth/{p.value}") for p in PATHS}
+        for name, values in values_by_model.items()
+    }
+    lesion: dict[str, dict[str, dict[str, float | None]]] = {}
+    for name, values in values_by_model.items():
+        lesion[name] = {}
+        for les in LESIONS:
+            cells = {
+                key: values.get(
+                    f"lesion/{les}/e2e/stage1/all" if key == "stage1" else f"lesion/{les}/{key}/all"
+                )
+                for key, _ in report_plots.LESION_PANELS
+            }
+            if any(v is not None for v in cells.values()):
+                lesion[name][les] = cells
+    return [
+        report_plots.plot_stage_accuracy(rows, folder / report_plots.STAGE_ACCURACY_PNG, oracle=label),
+        report_plots.plot_contour_revision_detail(sub, folder / report_plots.CONTOUR_REVISION_PNG),
+        report_plots.plot_attribute_extraction_detail(sub, folder / report_plots.ATTRIBUTE_EXTRACTION_PNG),
+        report_plots.plot_depth_heatmap(depth, folder / report_plots.DEPTH_HEATMAP_PNG),
+        report_plots.plot_lesion_heatmap(lesion, folder / report_plots.LESION_HEATMAP_PNG),
+    ]
+
+
+def _sources_label(reports: dict[str, Any]) -> str:
+    """Which runs the headline numbers come from, for the stage-accuracy figure's title."""
+    e2e = sorted({src.oracle for rep in reports.values() if (src := rep.sources.get("e2e")) is not None})
+    op = sorted({src.oracle for rep in reports.values() if (src := rep.sources.get("op")) is not None})
+    if e2e == op and len(e2e) == 1:
+        return e2e[0]
+    return f"E2E from {'/'.join(e2e) or 'N/A'}, OP from {'/'.join(op) or 'N/A'}"
+
+
+_FIGURE_CAPTIONS = {
+    report_plots.STAGE_ACCURACY_PNG: "Stage accuracy per path (End-to-End rows blue, Oracle-Passed rows orange)",
+    report_plots.CONTOUR_REVISION_PNG: "Stage 3 sub-tasks on RR, Oracle-Passed",
+    report_plots.ATTRIBUTE_EXTRACTION_PNG: "Stage 4 sub-tasks on RR and RF, Oracle-Passed",
+    report_plots.DEPTH_HEATMAP_PNG: "Mean End-to-End depth per path",
+    report_plots.LESION_HEATMAP_PNG: "Stage accuracy per lesion",
+}
+
+
+def _runs_section(
+    folders: Sequence[RunFolder], loaded: Sequence[Any], reports: dict[str, Any], mode: str
+) -> Section:
+    lines = [
+        f"Scored with **{mode}** answer parsing. A model's End-to-End and Oracle-Passed numbers each come "
+        "from the run that measures them:",
+        "",
+        "| Model | Oracle | Backend | Cases | Greedy | Run's parse mode | Folder |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for rf, run in zip(folders, loaded):
+        greedy = {True: "yes", False: "no", None: "unknown"}[run.greedy]
+        backend = str(rf.meta.get("backend") or rf.layout)
+        lines.append(
+            f"| {rf.model} | {rf.oracle} | {backend} | {len(run.records)} | {greedy} | "
+            f"{run.parse_mode or 'unknown'} | `{rf.folder}` |"
+        )
+    lines.append("")
+    for name, rep in reports.items():
+        lines.append(f"- **{name}**: " + "; ".join(rep.source_lines()))
+        lines.extend(f"- {name}: {note}" for note in rep.notes)
+    return Section("runs", "Runs", markdown_to_html("\n".join(lines)))
+
+
+def write_report(
+    results: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    out: str | os.PathLike[str] = "report",
+    *,
+    bundle: str | os.PathLike[str] | Bundle | None = None,
+    mode: str = "reference",
+    embed_images: bool = False,
+    n_resamples: int = 1000,
+    seed: int = 0,
+    na_as_zero: bool = False,
+    plots: bool = True,
+    html: bool = True,
+    title: str = "CheXpercept report",
+) -> ReportOutput:
+    """Write the whole report for the runs under ``results`` into ``out`` (see the module docstring).
+
+    n_resamples: bootstrap replicates for the 95% intervals (0: no intervals). na_as_zero: write the
+    reference's 0.0 instead of an empty cell where a CSV cell does not apply.
+    """
+    start = time.perf_counter()
+    clock = _Clock()
+    m = _metrics()
+    roots = [results] if isinstance(results, (str, os.PathLike)) else list(results)
+    folders = sorted(
+        (rf for root in roots for rf in discover_runs(root)),
+        key=lambda r: (r.model, ORACLE_SETTINGS.index(r.oracle)),
+    )
+    seen: dict[tuple[str, str], RunFolder] = {}
+    for rf in folders:
+        if (rf.model, rf.oracle) in seen:
+            raise ValueError(
+                f"two runs of model {rf.model!r} with oracle {rf.oracle!r}: {seen[(rf.model, rf.oracle)].folder} "
+                f"and {rf.folder}"
+            )
+        seen[(rf.model, rf.oracle)] = rf
+    bundle_obj, notes = resolve_bundle(bundle, folders)
+    loaded = _load(folders, bundle_obj)
+    clock.lap("load")
+    notes.extend(note for rf in folders for note in rf.notes)
+
+    out = FsPath(out)
+    out.mkdir(parents=True, exist_ok=True)
+    files: list[FsPath] = []
+
+    # --- scores: per model (headline numbers) and per run (the reference's per-run view)
+    models = sorted({rf.model for rf in folders})
+    reports = {}
+    for name in models:
+        runs = [run for rf, run in zip(folders, loaded) if rf.model == name]
+        reports[name] = m.build_report(runs, mode=mode, name=name)
+    per_run = {
+        (rf.model, rf.oracle): m.build_report([run], mode=mode, name=rf.model)
+        for rf, run in zip(folders, loaded)
+    }
+    clock.lap("score")
+    if n_resamples > 0:
+        for rep in reports.values():
+            rep.with_intervals(n_resamples, seed=seed)
+    clock.lap("intervals")
+
+    # --- the paper's tables and the leaderboard
+    (out / "tables").mkdir(exist_ok=True)
+    blocks = []
+    for tid in TABLE_IDS:
+        md = m.render_table(tid, reports, fmt="markdown", intervals=n_resamples > 0)
+        files.append(_write(out / "tables" / f"table{tid}.md", md))
+        files.append(
+            _write(
+                out / "tables" / f"table{tid}.csv",
+                m.render_table(tid, reports, fmt="csv", intervals=n_resamples > 0),
+            )
+        )
+        blocks.append(md)
+    ci_note = (
+        f"Values in %, depth in stages; brackets: 95% bootstrap intervals ({n_resamples} replicates, cases "
+        f"resampled within each lesion and path, seed {seed}). – = does not apply or not measured."
+        if n_resamples > 0
+        else "Values in %, depth in stages. – = does not apply or not measured."
+    )
+    tables_md = _write(out / "tables.md", f"# {title}: tables\n\n{ci_note}\n\n" + "\n".join(blocks))
+    files.append(tables_md)
+    board = leaderboard_rows(reports)
+    leaderboard_md = _write(out / "leaderboard.md", render_leaderboard(board))
+    files += [leaderboard_md, write_leaderboard_csv(out / "leaderboard.csv", board)]
+    clock.lap("tables")
+
+    # --- the reference's CSVs and figures, per run and per oracle setting
+    for (name, oracle), rep in per_run.items():
+        files += report_csv.write_run_csvs(
+            out / model_dirname(name) / f"oracle_{oracle}", name, rep.flat, na_as_zero=na_as_zero
+        )
+    settings = [s for s in ORACLE_SETTINGS if any(o == s for _, o in per_run)]
+    figures: list[Figure] = []
+    per_setting_figures: dict[str, list[FsPath]] = {}
+    for setting in settings:
+        folder = out / f"all_models_oracle_{setting}"
+        chosen = {name: rep for (name, oracle), rep in per_run.items() if oracle == setting}
+        files += report_csv.write_all_models_csvs(
+            folder, {n: r.flat for n, r in chosen.items()}, na_as_zero=na_as_zero
+        )
+    clock.lap("csv")
+    if plots:
+        headline_values = {n: r.values for n, r in reports.items()}
+        label = _sources_label(reports)
+        headline = _draw_figures(out / FIGURES_DIR, headline_values, label=label)
+        files += headline
+        figures = [Figure(str(p.relative_to(out)), _FIGURE_CAPTIONS[p.name]) for p in headline]
+        for setting in settings:
+            chosen = {name: rep.values for (name, oracle), rep in per_run.items() if oracle == setting}
+            folder = out / f"all_models_oracle_{setting}"
+            if label == setting and chosen == headline_values:  # the same numbers: same figures
+                folder.mkdir(parents=True, exist_ok=True)
+                per_setting_figures[setting] = [FsPath(shutil.copy2(p, folder / p.name)) for p in headline]
+            else:
+                per_setting_figures[setting] = _draw_figures(folder, chosen, label=setting)
+            files += per_setting_figures[setting]
+    clock.lap("figures")
+
+    # --- everything as data
+    data = {
+        "models": {name: rep.to_dict() for name, rep in reports.items()},
+        "runs": {f"{name}/oracle_{oracle}": rep.flat for (name, oracle), rep in per_run.items()},
+        "leaderboard": board,
+        "notes": notes,
+    }
+    files.append(_write(out / "metrics.json", json.dumps(data, indent=1, default=str)))
+
+    # --- the HTML report
+    index_html = None
+    n_cases = len({r.key_id for run in loaded for r in run.records})
+    if html:
+        viewer_runs = []
+        for i, (rf, run) in enumerate(zip(folders, loaded)):
+            scores = per_run[(rf.model, rf.oracle)].scores[rf.oracle]
+            scored = {key: scores.case(j) for j, key in enumerate(scores.key_ids)}
+            viewer_runs.append(
+                ViewerRun(f"r{i}", rf.label, rf.model, rf.oracle, {r.key_id: r for r in run.records}, scored)
+            )
+        if (out / "images").exists():
+            shutil.rmtree(out / "images")
+        write_viewer_data(out, viewer_runs, bundle_obj, embed_images=embed_images)
+        clock.lap("viewer")
+        sections = [
+            Section("leaderboard", "Leaderboard", markdown_to_html(render_leaderboard(board))),
+            Section("tables", "Tables", markdown_to_html(ci_note + "\n\n" + "\n".join(blocks))),
+        ]
+        if figures:
+            extra = "".join(
+                f"<details><summary>Per-run figures, oracle {s} (each run scored on its own, as the reference "
+                f"does)</summary>{figures_html([Figure(str(p.relative_to(out)), p.name) for p in ps])}</details>"
+                for s, ps in per_setting_figures.items()
+            )
+            sections.append(Section("figures", "Figures", figures_html(figures) + extra))
+        sections.append(_runs_section(folders, loaded, reports, mode))
+        sections.append(Section("files", "Files", _files_html(out, files)))
+        banners = []
+        synthetic = (bundle_obj is not None and bundle_obj.synthetic) or any(
+            (rf.meta.get("bundle") or {}).get("synthetic") for rf in folders
+        )
+        if synthetic:
+            banners.append(PHANTOM_BANNER)
+        if embed_images:
+            banners.append(EMBEDDED_BANNER)
+        banners.extend(notes)
+        subtitle = f"{len(models)} model(s), {len(folders)} run(s), {n_cases} cases"
+        index_html = write_index_html(out, title=title, sections=sections, banners=banners, subtitle=subtitle)
+        files.append(index_html)
+        clock.lap("html")
+
+    return ReportOutput(
+        out=out,
+        models=models,
+        runs=[rf.label for rf in folders],
+        cases=n_cases,
+        index_html=index_html,
+        tables_md=tables_md,
+        leaderboard_md=leaderboard_md,
+        files=files,
+        notes=notes + [f"{name}: {n}" for name, rep in reports.items() for n in rep.notes],
+        seconds=time.perf_counter() - start,
+        timings=clock.laps,
+        table2=m.render_table("2", reports, fmt="markdown", intervals=False),
+    )
+
+
+def model_dirname(model: str) -> str:
+    """The folder of a model's per-run CSVs: its name, with path separators made safe (HF ids)."""
+    name = model.replace("/", "__").replace("\\", "__").strip(". ")
+    return name or "model"
+
+
+class _Clock:
+    """Seconds spent per phase of the report."""
+
+    def __init__(self) -> None:
+        self.laps: dict[str, float] = {}
+        self.last = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.laps[name] = self.laps.get(name, 0.0) + now - self.last
+        self.last = now
+
+
+def _write(path: FsPath, text: str) -> FsPath:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def _files_html(out: FsPath, files: Sequence[FsPath]) -> str:
+    import html as _html
+
+    items = [
+        f'<li><a href="{_html.escape(str(p.relative_to(out)))}">{_html.escape(str(p.relative_to(out)))}</a></li>'
+        for p in files
+        if p.suffix in (".csv", ".md", ".json")
+    ]
+    return "<ul>" + "".join(items) + "</ul>"

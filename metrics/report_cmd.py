@@ -1,0 +1,86 @@
+"""``chexpercept report --results runs/ --out report/``: tables, leaderboard, CSVs, figures and HTML."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from chexpercept.answers import PARSE_MODES
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--results",
+        action="append",
+        required=True,
+        metavar="DIR",
+        help="folder of runs: <model>/oracle_<setting>/results.jsonl (this toolkit) or "
+        "<provider>_<model>/oracle_<setting>/all_results.json (reference); repeat to combine folders",
+    )
+    parser.add_argument("--out", default="report", metavar="DIR", help="report folder (default: report)")
+    parser.add_argument(
+        "--bundle",
+        metavar="DIR",
+        help="the bundle the runs were made on (default: the one run.json names); needed for reference "
+        "results and for images in the case viewer",
+    )
+    parser.add_argument(
+        "--parse-mode", choices=PARSE_MODES, default="reference", help="answer parsing (default: reference)"
+    )
+    parser.add_argument(
+        "--embed-images",
+        action="store_true",
+        help="copy the images the viewer shows into the report folder (credentialed data: the folder then "
+        "falls under the data use agreement); by default the viewer links to the bundle on disk",
+    )
+    parser.add_argument(
+        "--bootstrap",
+        type=int,
+        default=1000,
+        metavar="N",
+        help="bootstrap replicates for the 95%% intervals (default 1000; 0 = no intervals)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
+    parser.add_argument(
+        "--reference-zeros",
+        action="store_true",
+        help="write 0.0 like the reference where a CSV cell does not apply (default: empty cell)",
+    )
+    parser.add_argument("--no-plots", action="store_true", help="skip the figures (no matplotlib needed)")
+    parser.add_argument("--no-html", action="store_true", help="skip the HTML report and case viewer")
+    parser.add_argument("--title", default="CheXpercept report", help="title of the HTML report")
+
+
+def run(args: argparse.Namespace) -> int:
+    from .report_build import write_report
+
+    if args.bootstrap < 0:
+        print("chexpercept report: --bootstrap must be 0 or more", file=sys.stderr)
+        return 2
+    try:
+        result = write_report(
+            args.results,
+            args.out,
+            bundle=args.bundle,
+            mode=args.parse_mode,
+            embed_images=args.embed_images,
+            n_resamples=args.bootstrap,
+            seed=args.seed,
+            na_as_zero=args.reference_zeros,
+            plots=not args.no_plots,
+            html=not args.no_html,
+            title=args.title,
+        )
+    except (FileNotFoundError, ValueError, ImportError) as e:
+        print(f"chexpercept report: {e}", file=sys.stderr)
+        return 1
+    print(result.table2)
+    for note in result.notes:
+        print(f"note: {note}")
+    print(
+        f"Report of {len(result.models)} model(s), {len(result.runs)} run(s), {result.cases} cases "
+        f"written in {result.seconds:.1f} s to {result.out}/"
+    )
+    if result.index_html is not None:
+        print(f"Open {result.index_html.resolve().as_uri()}")
+    return 0

@@ -1,0 +1,164 @@
+"""CSV files with the reference's names and columns (spec 4.3), so scripts written for it keep working.
+
+Per run, in ``<out>/<model>/oracle_<setting>/``: ``model_performance_summary.csv``,
+``model_performance_detail_contour_revision.csv``, ``model_performance_detail_attribute_extraction.csv``.
+Across models, in ``<out>/all_models_oracle_<setting>/``: ``all_models_summary.csv``,
+``all_models_contour_revision_detail.csv``, ``all_models_attribute_extraction_detail.csv``.
+
+Values are fractions in [0, 1] read from the metric library's flat dict (``e2e/stage<k>/<P>``,
+``op/stage<k>/<P>``, ``depth/<P>``, ``sub/<task>``); both settings' rows come from the same run, as in
+the reference. One difference, on purpose: a cell that does not apply (LF Stages 2-4, RF Stage 3) is
+left empty instead of the reference's 0.0; ``na_as_zero=True`` writes 0.0 like the reference.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path as FsPath
+from typing import Any
+
+from chexpercept.vocab import PATHS
+
+SUMMARY_CSV = "model_performance_summary.csv"
+CONTOUR_REVISION_CSV = "model_performance_detail_contour_revision.csv"
+ATTRIBUTE_EXTRACTION_CSV = "model_performance_detail_attribute_extraction.csv"
+ALL_SUMMARY_CSV = "all_models_summary.csv"
+ALL_CONTOUR_REVISION_CSV = "all_models_contour_revision_detail.csv"
+ALL_ATTRIBUTE_EXTRACTION_CSV = "all_models_attribute_extraction_detail.csv"
+
+SUMMARY_COLUMNS = (
+    "path",
+    "model",
+    "setting",
+    "acc(stage1)",
+    "acc(stage2)",
+    "acc(stage3)",
+    "acc(stage4)",
+    "depth",
+)
+CONTOUR_REVISION_COLUMNS = ("path", "model", "acc(expansion)", "acc(contraction)", "acc(revision_result)")
+ATTRIBUTE_EXTRACTION_COLUMNS = (
+    "path",
+    "model",
+    "acc(distribution)",
+    "acc(location)",
+    "acc(severity/measurement)",
+    "acc(comparison)",
+)
+SETTINGS = {"end_to_end": "e2e", "oracle_passed": "op"}
+_ATTRIBUTE_TASKS = {
+    "acc(distribution)": "distribution",
+    "acc(location)": "location",
+    "acc(severity/measurement)": "severity",
+    "acc(comparison)": "comparison",
+}
+_REVISION_TASKS = {
+    "acc(expansion)": "expansion",
+    "acc(contraction)": "contraction",
+    "acc(revision_result)": "revision_result",
+}
+
+Flat = Mapping[str, float | None]
+
+
+def summary_rows(model: str, flat: Flat) -> list[dict[str, Any]]:
+    """Six rows per model: each route under end_to_end and oracle_passed (spec 4.3 order)."""
+    rows = []
+    for path in PATHS:
+        p = path.value
+        for setting, prefix in SETTINGS.items():
+            row: dict[str, Any] = {"path": path.reference_name, "model": model, "setting": setting}
+            row["acc(stage1)"] = flat.get(f"e2e/stage1/{p}")  # Stage 1 is the same under both settings
+            for k in (2, 3, 4):
+                row[f"acc(stage{k})"] = flat.get(f"{prefix}/stage{k}/{p}")
+            row["depth"] = flat.get(f"depth/{p}")
+            rows.append(row)
+    return rows
+
+
+def contour_revision_row(model: str, flat: Flat) -> dict[str, Any]:
+    row: dict[str, Any] = {"path": "revision_required", "model": model}
+    row.update({col: flat.get(f"sub/{task}") for col, task in _REVISION_TASKS.items()})
+    return row
+
+
+def attribute_extraction_row(model: str, flat: Flat) -> dict[str, Any]:
+    row: dict[str, Any] = {"path": "revision_required+revision_free", "model": model}
+    row.update({col: flat.get(f"sub/{task}") for col, task in _ATTRIBUTE_TASKS.items()})
+    return row
+
+
+def _cell(value: Any, na_as_zero: bool) -> str:
+    if value is None:
+        return "0.0" if na_as_zero else ""
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)
+
+
+def write_csv(
+    path: str | os.PathLike[str],
+    columns: Sequence[str],
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    na_as_zero: bool = False,
+) -> FsPath:
+    path = FsPath(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f, lineterminator="\n")
+        writer.writerow(columns)
+        for row in rows:
+            writer.writerow([_cell(row.get(c), na_as_zero) for c in columns])
+    return path
+
+
+def write_run_csvs(
+    folder: str | os.PathLike[str], model: str, flat: Flat, *, na_as_zero: bool = False
+) -> list[FsPath]:
+    """The three per-model CSVs of one run."""
+    folder = FsPath(folder)
+    return [
+        write_csv(folder / SUMMARY_CSV, SUMMARY_COLUMNS, summary_rows(model, flat), na_as_zero=na_as_zero),
+        write_csv(
+            folder / CONTOUR_REVISION_CSV,
+            CONTOUR_REVISION_COLUMNS,
+            [contour_revision_row(model, flat)],
+            na_as_zero=na_as_zero,
+        ),
+        write_csv(
+            folder / ATTRIBUTE_EXTRACTION_CSV,
+            ATTRIBUTE_EXTRACTION_COLUMNS,
+            [attribute_extraction_row(model, flat)],
+            na_as_zero=na_as_zero,
+        ),
+    ]
+
+
+def write_all_models_csvs(
+    folder: str | os.PathLike[str], flats: Mapping[str, Flat], *, na_as_zero: bool = False
+) -> list[FsPath]:
+    """The three cross-model CSVs of one oracle setting (models in the given order)."""
+    folder = FsPath(folder)
+    return [
+        write_csv(
+            folder / ALL_SUMMARY_CSV,
+            SUMMARY_COLUMNS,
+            [row for model, flat in flats.items() for row in summary_rows(model, flat)],
+            na_as_zero=na_as_zero,
+        ),
+        write_csv(
+            folder / ALL_CONTOUR_REVISION_CSV,
+            CONTOUR_REVISION_COLUMNS,
+            [contour_revision_row(m, f) for m, f in flats.items()],
+            na_as_zero=na_as_zero,
+        ),
+        write_csv(
+            folder / ALL_ATTRIBUTE_EXTRACTION_CSV,
+            ATTRIBUTE_EXTRACTION_COLUMNS,
+            [attribute_extraction_row(m, f) for m, f in flats.items()],
+            na_as_zero=na_as_zero,
+        ),
+    ]
