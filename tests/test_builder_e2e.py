@@ -298,7 +298,9 @@ def test_failing_case_is_reported_replaced_and_exits_non_zero(small_sources, tmp
     assert fast.exit_code == 1 and fast.aborted and not (tmp_path / "fast" / "chexpercept.json").exists()
 
 
-def test_chexmask_table_cxas_review_sheets_and_flat_pngs(tmp_path):
+def test_chexmask_table_cxas_rosalia_review_sheets_and_flat_pngs(tmp_path):
+    import shutil
+
     sources = synthesize_sources(
         tmp_path / "src",
         per_cell=1,
@@ -318,6 +320,15 @@ def test_chexmask_table_cxas_review_sheets_and_flat_pngs(tmp_path):
     rejected = keys[-1]  # a negative: the LF cell has a spare
     sheet = tmp_path / "labeling_sheet.csv"
     sheet.write_text("key_id,optimal?\n" + "".join(f"{k},{'' if k == rejected else 'y'}\n" for k in keys))
+    # the reference's ROSALIA predictions as lesion masks: 1024 x 1024 RGB 0/255 (torchvision save_image)
+    rosalia = tmp_path / "rosalia_pred"
+    for s in ils.values():
+        for p in s["instruction_answer_pairs"]["positive_pairs"]:
+            m = _mask(sources / "mimic-ils" / "lesion_mask" / p["seg_mask_path"])
+            (rosalia / "opacity" / p["pair_id"]).mkdir(parents=True)
+            rgb = np.repeat((m.astype(np.uint8) * 255)[:, :, None], 3, axis=2)
+            Image.fromarray(rgb).save(rosalia / "opacity" / p["pair_id"] / "pred_mask.png")
+    shutil.rmtree(sources / "mimic-ils" / "lesion_mask")  # only the predictions can be used now
     flat = tmp_path / "png"
     flat.mkdir()
     for s in ils.values():
@@ -332,6 +343,7 @@ def test_chexmask_table_cxas_review_sheets_and_flat_pngs(tmp_path):
         mimic_ils=str(sources / "mimic-ils"),
         anatomy=str(sources / "anatomy" / "MIMIC-CXR-JPG.csv"),
         cxas=str(sources / "cxas"),
+        rosalia_pred=str(rosalia),
         review=[str(sheet)],
         lesions=["opacity"],
         partition="corrected",
