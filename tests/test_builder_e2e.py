@@ -15,7 +15,6 @@ from scipy import ndimage as ndi
 import chexpercept
 from chexpercept.builder.pipeline import GenerateConfig, generate
 from chexpercept.builder.regions import partition, region_display
-from chexpercept.builder.synth import synthesize
 from chexpercept.builder.synth_sources import synthesize_sources
 from chexpercept.bundle import read_bundle
 from chexpercept.case import Case
@@ -195,12 +194,9 @@ def rederive(bundle: FsPath, sources: FsPath) -> dict[str, int]:
     return checked
 
 
-@pytest.fixture(scope="module")
-def full_synth(tmp_path_factory):
-    """``synthesize``: one case per (lesion, path) cell, through the one generation path."""
-    out = tmp_path_factory.mktemp("synth") / "bundle"
-    synthesize(out, per_cell=1, seed=0)
-    return out
+@pytest.fixture
+def full_synth(phantom_bundle):
+    return phantom_bundle
 
 
 def test_synth_bundle_is_valid_loads_and_every_answer_rederives(full_synth):
