@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The main job on phantom data, on a fresh machine: venv, install, write a bundle, load it with
-# load_dataset and print its composition. Output goes to ./demo (override with DEMO_DIR).
+# The main job on phantom data, on a fresh machine: venv, install, synthesize a phantom bundle, load it
+# with load_dataset and print its composition. Output goes to ./demo (override with DEMO_DIR).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -9,6 +9,6 @@ cd "$ROOT"
 DEMO_DIR="${DEMO_DIR:-$ROOT/demo}"
 PER_CELL="${PER_CELL:-2}"
 rm -rf "$DEMO_DIR/bundle"
-python -c "from chexpercept.testing import write_fixture_bundle as w; w('$DEMO_DIR/bundle', per_cell=$PER_CELL, image_size=256)"
+chexpercept synth --out "$DEMO_DIR/bundle" --per-cell "$PER_CELL" --seed 0 --num-proc 2
 chexpercept validate "$DEMO_DIR/bundle"
 chexpercept inspect "$DEMO_DIR/bundle"

@@ -30,6 +30,16 @@ def fixture_bundle(tmp_path_factory: pytest.TempPathFactory):
     return write_fixture_bundle(tmp_path_factory.mktemp("fixture_bundle"), per_cell=1, seed=0)
 
 
+@pytest.fixture(scope="session")
+def phantom_bundle(tmp_path_factory: pytest.TempPathFactory):
+    """``chexpercept synth --per-cell 1 --seed 0``: 21 phantom cases through the generation pipeline (read-only!)."""
+    from chexpercept.builder.synth import synthesize
+
+    out = tmp_path_factory.mktemp("phantom") / "bundle"
+    synthesize(out, per_cell=1, seed=0)
+    return out
+
+
 @pytest.fixture
 def fresh_bundle(tmp_path):
     """A writable fixture bundle for tests that damage it."""

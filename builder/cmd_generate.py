@@ -1,0 +1,133 @@
+"""``chexpercept generate``: regenerate the benchmark (a release bundle) from PhysioNet sources."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from chexpercept.vocab import LESIONS
+
+from .deformer import DEFORMERS
+from .pipeline import GenerateConfig, generate
+from .regions import PARTITION_MODES
+from .sources import SourceError
+
+
+def _load_yaml(path: str) -> dict:
+    try:
+        import yaml
+    except ImportError as e:  # pragma: no cover - pyyaml is in the test extra
+        raise SourceError("--config needs PyYAML (pip install pyyaml)") from e
+    with open(path, encoding="utf-8") as f:
+        data = yaml.safe_load(f) or {}
+    if not isinstance(data, dict):
+        raise SourceError(f"--config {path}: expected a mapping of option: value")
+    return data
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    src = parser.add_argument_group("inputs")
+    cxr = src.add_mutually_exclusive_group()
+    cxr.add_argument(
+        "--mimic-cxr-jpg", metavar="DIR", help="MIMIC-CXR-JPG root (files/pXX/pXXXXXXXX/sXXXXXXXX/*.jpg)"
+    )
+    cxr.add_argument(
+        "--cxr-png", metavar="DIR", help="flat folder of 1024x1024 <dicom_id>.png (the reference's layout)"
+    )
+    src.add_argument(
+        "--mimic-ils", metavar="DIR", help="MIMIC-ILS root (mimic_ils_instruction_answer.json, lesion_mask/)"
+    )
+    src.add_argument(
+        "--lesion-masks", metavar="DIR", help="lesion mask root (default: MIMIC-ILS lesion_mask/)"
+    )
+    src.add_argument(
+        "--rosalia-pred",
+        metavar="DIR",
+        help="use the reference's ROSALIA predictions <lesion>/<pair_id>/pred_mask.png",
+    )
+    src.add_argument(
+        "--anatomy",
+        metavar="PATH",
+        help="lung masks: per-image folders <dicom_id>/{right_lung,left_lung}.png, or the CheXmask CSV table "
+        "(MIMIC-CXR-JPG.csv[.gz], OriginalResolution) or its download folder",
+    )
+    src.add_argument(
+        "--cxas", metavar="DIR", help="optional CXAS masks <dicom_id>/{right lung,left lung}.png, intersected"
+    )
+    src.add_argument(
+        "--review",
+        metavar="CSV",
+        nargs="+",
+        default=[],
+        help="expert review sheets (key_id, optimal?) selecting cases",
+    )
+    src.add_argument("--config", metavar="YAML", help="options as YAML (keys are the long option names)")
+    out = parser.add_argument_group("output")
+    out.add_argument("--out", metavar="DIR", help="bundle folder to write (resumable)")
+    out.add_argument(
+        "--per-cell", type=int, default=None, help="cases per (lesion, path) cell (100 in the release)"
+    )
+    out.add_argument("--seed", type=int, default=None, help="random seed (default 0)")
+    out.add_argument("--lesions", nargs="+", metavar="LESION", help=f"subset of {', '.join(LESIONS)}")
+    out.add_argument(
+        "--neutral-option-names",
+        action="store_true",
+        default=None,
+        help="name revision option images option_<i>_mask.png (the reference's names reveal the answer)",
+    )
+    out.add_argument("--overwrite", action="store_true", default=None, help="discard an earlier run in --out")
+    run = parser.add_argument_group("method and execution")
+    run.add_argument(
+        "--deformer", choices=DEFORMERS, default=None, help="mask deformation (default morphology)"
+    )
+    run.add_argument(
+        "--sam3-checkpoint", metavar="PATH_OR_ID", help="Sam3TrackerModel weights (folder or Hub id)"
+    )
+    run.add_argument("--device", help="torch device for sam3 (default: cuda if available, else cpu)")
+    run.add_argument(
+        "--partition",
+        choices=PARTITION_MODES,
+        default=None,
+        help="lung partition: reference (default, as published) or corrected (per-side footprint)",
+    )
+    run.add_argument("--num-proc", type=int, default=None, help="worker processes (default 1)")
+    run.add_argument("--fail-fast", action="store_true", default=None, help="stop at the first failing case")
+    run.add_argument("--no-progress", action="store_true", default=None, help="no progress bar")
+
+
+_DEFAULTS = {"seed": 0, "deformer": "morphology", "partition": "reference", "num_proc": 1}
+
+
+def build_config(args: argparse.Namespace) -> GenerateConfig:
+    values: dict = {}
+    if args.config:
+        values.update({k.replace("-", "_"): v for k, v in _load_yaml(args.config).items()})
+    for key, value in vars(args).items():
+        if key == "config" or value is None or value == []:
+            continue
+        values[key] = value
+    for key, value in _DEFAULTS.items():
+        values.setdefault(key, value)
+    if isinstance(values.get("review"), str):
+        values["review"] = [values["review"]]
+    no_progress = values.pop("no_progress", False)
+    if "out" not in values or "per_cell" not in values:
+        raise SourceError("--out and --per-cell are required")
+    known = set(GenerateConfig.__dataclass_fields__)
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise SourceError(f"unknown option(s) in --config: {', '.join(unknown)}")
+    return GenerateConfig(**values, progress=not no_progress and sys.stderr.isatty())
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        config = build_config(args)
+        report = generate(config)
+    except SourceError as e:
+        print(f"chexpercept generate: {e}", file=sys.stderr)
+        return 2
+    print(report.summary())
+    print(f"report: {Path(report.out) / '.chexpercept-work' / 'report.json'}")
+    return report.exit_code

@@ -1,0 +1,43 @@
+"""``chexpercept synth``: a phantom release bundle (synth-sources + generate --deformer morphology)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from chexpercept.vocab import LESIONS
+
+from .regions import PARTITION_MODES
+from .sources import SourceError
+from .synth import synthesize_report
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", required=True, metavar="DIR", help="bundle folder to write")
+    parser.add_argument("--per-cell", type=int, default=1, help="cases per (lesion, path) cell (21 cells)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--num-proc", type=int, default=1, help="worker processes")
+    parser.add_argument("--lesions", nargs="+", default=list(LESIONS), metavar="LESION")
+    parser.add_argument("--partition", choices=PARTITION_MODES, default="reference")
+    parser.add_argument(
+        "--overwrite", action="store_true", help="discard an earlier bundle with other settings"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        report = synthesize_report(
+            args.out,
+            per_cell=args.per_cell,
+            seed=args.seed,
+            num_proc=args.num_proc,
+            lesions=tuple(args.lesions),
+            partition=args.partition,
+            overwrite=args.overwrite,
+            progress=sys.stderr.isatty(),
+        )
+    except (SourceError, ValueError) as e:
+        print(f"chexpercept synth: {e}", file=sys.stderr)
+        return 2
+    print(report.summary())
+    return report.exit_code

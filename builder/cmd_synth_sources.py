@@ -1,0 +1,55 @@
+"""``chexpercept synth-sources``: phantom MIMIC-CXR-JPG, MIMIC-ILS and anatomy folders (testing only)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from chexpercept.vocab import LESIONS
+
+from .synth_sources import ANATOMY_FORMATS, synthesize_sources
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--out", required=True, metavar="DIR", help="folder to write the three source folders into"
+    )
+    parser.add_argument(
+        "--per-cell", type=int, default=1, help="cases per (lesion, path) cell to provide for"
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--num-proc", type=int, default=1, help="worker processes")
+    parser.add_argument("--lesions", nargs="+", default=list(LESIONS), metavar="LESION")
+    parser.add_argument(
+        "--anatomy-format",
+        choices=ANATOMY_FORMATS,
+        default="folders",
+        help="per-image mask folders (CheXmask-U output) or a CheXmask-style CSV table",
+    )
+    parser.add_argument("--with-cxas", action="store_true", help="also write CXAS-style lung masks (cxas/)")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        root = synthesize_sources(
+            args.out,
+            per_cell=args.per_cell,
+            seed=args.seed,
+            num_proc=args.num_proc,
+            lesions=tuple(args.lesions),
+            anatomy_format=args.anatomy_format,
+            with_cxas=args.with_cxas,
+            progress=sys.stderr.isatty(),
+        )
+    except ValueError as e:
+        print(f"chexpercept synth-sources: {e}", file=sys.stderr)
+        return 2
+    anatomy = (
+        root / "anatomy" / "MIMIC-CXR-JPG.csv" if args.anatomy_format == "chexmask-csv" else root / "anatomy"
+    )
+    print(f"phantom sources (testing only) written to {root}")
+    print(
+        f"next: chexpercept generate --mimic-cxr-jpg {root / 'mimic-cxr-jpg'} --mimic-ils {root / 'mimic-ils'} "
+        f"--anatomy {anatomy} --out BUNDLE --per-cell {args.per_cell}"
+    )
+    return 0

@@ -1,0 +1,179 @@
+"""The ``sam3`` deformer: SAM 3 interactive prediction from a mask prompt plus point prompts (spec 5.4.6).
+
+Built on transformers' ``Sam3TrackerModel`` (weights from a local folder or a Hub id) with our own
+image pre- and post-processing, so torchvision is not needed: the CXR is resized to the model's input
+size (1008) with bilinear anti-aliased interpolation, scaled by 1/255 and normalised with mean and std
+0.5; points are scaled to that frame; the low-resolution logits (288 x 288) are interpolated back to
+1024 x 1024 and thresholded at 0. The image is encoded once per case; every deformation only runs the
+prompt encoder and the mask decoder.
+
+The prompt follows the reference: positive points on a 64 px grid inside the mask (away from the
+contraction points), the expansion points (label 1) and the contraction points (label 0); the mask
+input is the base mask as logits (+-ln 1e8), raised around expansion points (inside the lungs, except
+for distractors) and lowered around contraction points by a random "organic" kernel of radius 15 in
+the 288 frame. Positive points whose mask-input logit is not positive are dropped. Of SAM's three
+masks the one with the best predicted IoU is kept; components under 1000 px are removed.
+
+torch and transformers are imported only when this deformer is built (``pip install chexpercept[sam3]``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from scipy import ndimage as ndi
+
+from .deformer import DeformRequest
+from .morph import remove_small_components
+
+LOGIT = math.log(1e8)  # 18.42: "certainly inside" in the reference's mask input
+KERNEL_RADIUS = 15  # in the 288 x 288 mask-input frame
+KERNEL_MIN = 0.1
+GRID = 64
+MIN_COMPONENT = 1000
+
+
+def organic_kernel(rng: np.random.Generator, radius: int = KERNEL_RADIUS) -> np.ndarray:
+    """A random blob in [0, 1]: multi-frequency noise (1, 2, 4; weights 1/f) times a rotated ellipse falloff."""
+    size = 2 * radius + 1
+    noise = np.zeros((size, size), dtype=np.float64)
+    for f in (1, 2, 4):
+        coarse = rng.random((f + 1, f + 1))
+        noise += ndi.zoom(coarse, size / (f + 1), order=3, mode="nearest")[:size, :size] / f
+    noise = (noise - noise.min()) / max(1e-9, float(noise.max() - noise.min()))
+    a, b = radius * rng.uniform(0.5, 1.5), radius * rng.uniform(0.5, 1.5)
+    theta = rng.uniform(0, math.pi)
+    yy, xx = np.mgrid[-radius : radius + 1, -radius : radius + 1].astype(np.float64)
+    u = xx * math.cos(theta) + yy * math.sin(theta)
+    v = -xx * math.sin(theta) + yy * math.cos(theta)
+    falloff = np.clip(1.0 - (u / a) ** 2 - (v / b) ** 2, 0.0, 1.0)
+    return noise * falloff
+
+
+class Sam3Deformer:
+    name = "sam3"
+
+    def __init__(self, checkpoint: str | Any, device: str | None = None, dtype: str = "float32"):
+        try:
+            import torch
+            from transformers import Sam3TrackerModel
+        except ImportError as e:  # pragma: no cover - depends on the install
+            raise ImportError(
+                "the sam3 deformer needs torch and transformers>=5: pip install 'chexpercept[sam3]'"
+            ) from e
+        self.torch = torch
+        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        if isinstance(checkpoint, Sam3TrackerModel):
+            model = checkpoint
+        else:
+            model = Sam3TrackerModel.from_pretrained(checkpoint, dtype=getattr(torch, dtype))
+        self.model = model.to(self.device).eval()
+        encoder = self.model.prompt_encoder
+        self.input_size = int(encoder.input_image_size)
+        self.mask_size = tuple(int(s) for s in encoder.mask_input_size)
+        self.embeddings: list[Any] | None = None
+        self.image_shape: tuple[int, int] | None = None
+
+    # ------------------------------------------------------------------------------ pre-processing
+    def pixel_values(self, image: np.ndarray) -> Any:
+        """(1, 3, S, S) float tensor: bilinear resize to S, x / 255, (x - 0.5) / 0.5."""
+        torch = self.torch
+        x = torch.from_numpy(np.array(image, dtype=np.float32)).permute(2, 0, 1)[None]
+        x = torch.nn.functional.interpolate(
+            x, size=(self.input_size, self.input_size), mode="bilinear", align_corners=False, antialias=True
+        )
+        x = x / 255.0
+        return ((x - 0.5) / 0.5).to(self.device, dtype=next(self.model.parameters()).dtype)
+
+    def begin_case(self, image: np.ndarray) -> None:
+        with self.torch.inference_mode():
+            self.embeddings = self.model.get_image_embeddings(self.pixel_values(image))
+        self.image_shape = image.shape[:2]
+
+    def _to_mask_frame(self, mask: np.ndarray) -> np.ndarray:
+        torch = self.torch
+        t = torch.from_numpy(mask.astype(np.float32))[None, None]
+        t = torch.nn.functional.interpolate(
+            t, size=self.mask_size, mode="bilinear", align_corners=False, antialias=True
+        )
+        return t[0, 0].numpy()
+
+    def mask_input(self, request: DeformRequest, rng: np.random.Generator) -> np.ndarray:
+        """The edited low-resolution mask prompt (spec 5.4.6 step 3), shape mask_size."""
+        h, w = request.base.shape
+        logits = np.where(self._to_mask_frame(request.base.mask) >= 0.5, LOGIT, -LOGIT)
+        lungs = self._to_mask_frame(request.lungs) >= 0.5
+        hi, lo_ = float(logits.max()), float(logits.min())
+        low = lo_ - 2.0 * (hi - lo_)
+        mh, mw = self.mask_size
+        for prompt in request.prompts:
+            for x, y in prompt.points:
+                k = organic_kernel(rng)
+                r = k.shape[0] // 2
+                cx, cy = round(x * mw / w), round(y * mh / h)
+                y0, y1, x0, x1 = cy - r, cy + r + 1, cx - r, cx + r + 1
+                sy0, sx0 = max(0, y0), max(0, x0)
+                sy1, sx1 = min(mh, y1), min(mw, x1)
+                if sy0 >= sy1 or sx0 >= sx1:
+                    continue
+                kk = k[sy0 - y0 : sy1 - y0, sx0 - x0 : sx1 - x0]
+                sub = logits[sy0:sy1, sx0:sx1]
+                where = kk > KERNEL_MIN
+                if prompt.positive:
+                    if not request.fake:
+                        where &= lungs[sy0:sy1, sx0:sx1]
+                    sub[where] = np.maximum(sub[where], hi * kk[where])
+                else:
+                    sub[where] = np.minimum(sub[where], low + (hi - low) * (1.0 - kk[where]))
+        return logits.astype(np.float32)
+
+    def point_prompts(self, request: DeformRequest, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(points (N, 2) in the image frame, labels (N,)): grid positives, expansion (1), contraction (0)."""
+        mask = request.base.mask
+        h, w = mask.shape
+        negatives = [p for q in request.prompts if not q.positive for p in q.points]
+        keep_away = max((q.reach + 15 for q in request.prompts if not q.positive), default=0)
+        points: list[tuple[int, int]] = []
+        labels: list[int] = []
+        for y in range(0, h, GRID):
+            for x in range(0, w, GRID):
+                if mask[y, x] and all((x - a) ** 2 + (y - b) ** 2 > keep_away**2 for a, b in negatives):
+                    points.append((x, y))
+                    labels.append(1)
+        for prompt in request.prompts:
+            for p in prompt.points:
+                points.append(p)
+                labels.append(1 if prompt.positive else 0)
+        mh, mw = logits.shape
+        kept_p, kept_l = [], []
+        for (x, y), label in zip(points, labels):
+            if label == 1 and logits[min(mh - 1, y * mh // h), min(mw - 1, x * mw // w)] <= 0:
+                continue  # the reference drops positives the mask input calls outside
+            kept_p.append((x, y))
+            kept_l.append(label)
+        return np.asarray(kept_p, dtype=np.float32).reshape(-1, 2), np.asarray(kept_l, dtype=np.int64)
+
+    def deform(self, request: DeformRequest, rng: np.random.Generator) -> np.ndarray:
+        if self.embeddings is None or self.image_shape != request.base.shape:
+            raise RuntimeError("begin_case(image) must be called with the case's CXR first")
+        torch = self.torch
+        h, w = request.base.shape
+        logits = self.mask_input(request, rng)
+        points, labels = self.point_prompts(request, logits)
+        scale = np.asarray([self.input_size / w, self.input_size / h], dtype=np.float32)
+        dtype = next(self.model.parameters()).dtype
+        with torch.inference_mode():
+            out = self.model(
+                image_embeddings=self.embeddings,
+                input_points=torch.from_numpy(points * scale)[None, None].to(self.device, dtype=dtype),
+                input_labels=torch.from_numpy(labels)[None, None].to(self.device),
+                input_masks=torch.from_numpy(logits)[None, None].to(self.device, dtype=dtype),
+                multimask_output=True,
+            )
+            best = int(out.iou_scores[0, 0].argmax())
+            low_res = out.pred_masks[0, 0, best][None, None].float()
+            full = torch.nn.functional.interpolate(low_res, size=(h, w), mode="bilinear", align_corners=False)
+            mask = (full[0, 0] > 0).cpu().numpy()
+        return remove_small_components(mask, MIN_COMPONENT)

@@ -1,0 +1,91 @@
+"""Writing the release bundle: per-case image folders and records, atomically, then chexpercept.json.
+
+A case's images are written into a hidden temporary folder and renamed into
+``chexpercept/<key_id>/`` in one step; its record (entry or rejection reason) is then written to the
+work folder with an atomic replace. A crash therefore leaves either a finished case or nothing, and a
+rerun skips every case that has a record.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from chexpercept.bundle import IMAGES_DIR, JSON_NAME
+
+WORK_DIR = ".chexpercept-work"
+CASES_DIR = "cases"
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def write_case_folder(root: Path, key_id: str, files: dict[str, bytes]) -> None:
+    """Write ``files`` (relative path -> bytes) as ``chexpercept/<key_id>/`` in one rename."""
+    images = root / IMAGES_DIR
+    images.mkdir(parents=True, exist_ok=True)
+    tmp = images / f".{key_id}.tmp-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    for rel, data in files.items():
+        path = tmp / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    final = images / key_id
+    if final.exists():
+        shutil.rmtree(final)
+    os.rename(tmp, final)
+
+
+def record_path(root: Path, key_id: str) -> Path:
+    return root / WORK_DIR / CASES_DIR / f"{key_id}.json"
+
+
+def write_record(root: Path, key_id: str, record: dict[str, Any]) -> None:
+    write_atomic(record_path(root, key_id), json.dumps(record, ensure_ascii=False).encode("utf-8"))
+
+
+def read_record(root: Path, key_id: str) -> dict[str, Any] | None:
+    """The finished record of a case, or None (also when the record or its images are incomplete)."""
+    path = record_path(root, key_id)
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    if record.get("status") == "ok" and not (root / IMAGES_DIR / key_id).is_dir():
+        return None
+    return record
+
+
+def bundle_json(entries: dict[str, dict[str, Any]]) -> bytes:
+    """chexpercept.json as the reference writes it: one object, indent 2, non-ASCII kept."""
+    return json.dumps(entries, indent=2, ensure_ascii=False).encode("utf-8")
+
+
+def write_bundle_json(root: Path, entries: dict[str, dict[str, Any]]) -> Path:
+    path = root / JSON_NAME
+    write_atomic(path, bundle_json(entries))
+    return path
+
+
+def remove_stale_case_folders(root: Path, keep: set[str]) -> list[str]:
+    """Delete case folders (and leftover temporaries) that are not part of the final bundle."""
+    images = root / IMAGES_DIR
+    removed = []
+    if not images.is_dir():
+        return removed
+    for child in images.iterdir():
+        if child.is_dir() and child.name not in keep:
+            shutil.rmtree(child)
+            removed.append(child.name)
+    return removed

@@ -1,0 +1,346 @@
+"""Readers for the generation inputs: CXR images, MIMIC-ILS, anatomy masks (folders, CheXmask CSV, CXAS),
+ROSALIA predictions and expert review sheets (reference spec 5.1, 5.2).
+
+Every mask is brought to the 1024 x 1024 frame the reference works in by nearest-neighbour scaling of
+x and y independently; CXR images are scaled the same way (see ``load_cxr``), so masks drawn on the
+original image, on a 512 x 512 copy (MIMIC-ILS) or on the 1024 x 1024 copy stay aligned.
+
+Missing global inputs raise ``SourceError`` before any work starts; a missing or unreadable file of one
+case raises ``CaseInputError`` naming the file, and only that case fails.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import json
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+
+IMAGE_SIZE = 1024
+ILS_JSON = "mimic_ils_instruction_answer.json"
+ILS_MASK_DIR = "lesion_mask"
+CHEX_FILES = {"right": "right_lung.png", "left": "left_lung.png"}
+CXAS_FILES = {"right": "right lung.png", "left": "left lung.png"}
+CHEXMASK_COLUMNS = {"right": "Right Lung", "left": "Left Lung"}
+PHANTOM_MARKER = "PHANTOM_DATA.txt"
+
+
+class SourceError(Exception):
+    """A generation input as a whole is missing or malformed (reported before any case runs)."""
+
+
+class CaseInputError(Exception):
+    """A file one case needs is missing or unreadable; the message names the file."""
+
+
+def _open_image(path: Path) -> Image.Image:
+    try:
+        im = Image.open(path)
+        im.load()
+        return im
+    except FileNotFoundError as e:
+        raise CaseInputError(f"missing file {path}") from e
+    except (UnidentifiedImageError, OSError, SyntaxError) as e:
+        raise CaseInputError(f"unreadable image {path}: {e}") from e
+
+
+def load_mask(path: str | os.PathLike[str], size: int = IMAGE_SIZE) -> np.ndarray:
+    """A binary mask (any non-zero pixel) scaled to size x size by nearest neighbour."""
+    im = _open_image(Path(path)).convert("L")
+    if im.size != (size, size):
+        im = im.resize((size, size), Image.Resampling.NEAREST)
+    return np.asarray(im) > 0
+
+
+def resize_mask(mask: np.ndarray, size: int = IMAGE_SIZE) -> np.ndarray:
+    if mask.shape == (size, size):
+        return mask.astype(bool)
+    im = Image.fromarray(mask.astype(np.uint8) * 255).resize((size, size), Image.Resampling.NEAREST)
+    return np.asarray(im) > 0
+
+
+@dataclass
+class Cxr:
+    """A CXR in the 1024 x 1024 frame: RGB pixels (None when not decoded), the PNG bytes to copy when
+    the file passes through unchanged, and the size of the file it came from."""
+
+    rgb: np.ndarray | None
+    png_bytes: bytes | None
+    original_size: tuple[int, int]  # (width, height)
+
+
+def load_cxr(path: str | os.PathLike[str], size: int = IMAGE_SIZE, *, decode: bool = True) -> Cxr:
+    """Read a CXR. A size x size PNG passes through byte for byte (and is not decoded unless ``decode``;
+    its header and end marker are checked); anything else (MIMIC-CXR-JPG) is converted once: 8-bit
+    grey, scaled to size x size with Lanczos (x and y independently, no padding), RGB, as the
+    reference's flat folder of 1024 x 1024 PNGs holds."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError as e:
+        raise CaseInputError(f"missing CXR image {path}") from e
+    except OSError as e:
+        raise CaseInputError(f"unreadable CXR image {path}: {e}") from e
+    try:
+        im = Image.open(io.BytesIO(raw))
+        original = im.size
+        passthrough = im.format == "PNG" and im.size == (size, size)
+        if passthrough and b"IEND\xaeB`\x82" not in raw[-64:]:
+            raise CaseInputError(f"truncated CXR image {path} (no PNG end marker)")
+        if passthrough and not decode:
+            return Cxr(rgb=None, png_bytes=raw, original_size=original)
+        im.load()
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
+        raise CaseInputError(f"unreadable CXR image {path}: {e}") from e
+    if im.mode not in ("L", "RGB"):
+        if im.mode.startswith("I"):  # 16-bit grey: stretch to 8 bit
+            arr = np.asarray(im, dtype=np.float64)
+            arr = (arr - arr.min()) / max(1.0, float(arr.max() - arr.min())) * 255.0
+            im = Image.fromarray(arr.round().astype(np.uint8))
+        else:
+            im = im.convert("L")
+    if im.size != (size, size):
+        im = im.resize((size, size), Image.Resampling.LANCZOS)
+    rgb = np.asarray(im.convert("RGB"))
+    return Cxr(rgb=rgb, png_bytes=raw if passthrough else None, original_size=original)
+
+
+# ---------------------------------------------------------------------------------------------- CXR
+@dataclass(frozen=True)
+class CxrTree:
+    """MIMIC-CXR-JPG (``files/pXX/pXXXXXXXX/sXXXXXXXX/<dicom_id>.jpg``) or a flat ``<dicom_id>.png`` folder."""
+
+    root: str
+    flat: bool
+
+    @classmethod
+    def jpg_tree(cls, root: str | os.PathLike[str]) -> CxrTree:
+        r = Path(root)
+        if not r.is_dir():
+            raise SourceError(f"--mimic-cxr-jpg: folder {r} does not exist")
+        if not (r / "files").is_dir():
+            raise SourceError(
+                f"--mimic-cxr-jpg: {r} has no files/ folder (expected files/pXX/pXXXXXXXX/sXXXXXXXX/*.jpg)"
+            )
+        return cls(str(r), flat=False)
+
+    @classmethod
+    def png_folder(cls, root: str | os.PathLike[str]) -> CxrTree:
+        r = Path(root)
+        if not r.is_dir():
+            raise SourceError(f"--cxr-png: folder {r} does not exist")
+        return cls(str(r), flat=True)
+
+    def path(self, dicom_id: str, subject_id: str, study_id: str, image_path: str | None) -> Path:
+        root = Path(self.root)
+        if self.flat:
+            return root / f"{dicom_id}.png"
+        if image_path:
+            rel = image_path.lstrip("/")
+            if rel.startswith("files/"):
+                rel = rel[len("files/") :]
+            return root / "files" / rel
+        subject = subject_id if subject_id.startswith("p") else f"p{subject_id}"
+        study = study_id if study_id.startswith("s") else f"s{study_id}"
+        return root / "files" / subject[:3] / subject / study / f"{dicom_id}.jpg"
+
+
+# ---------------------------------------------------------------------------------------- MIMIC-ILS
+def load_ils(root: str | os.PathLike[str]) -> dict:
+    """The MIMIC-ILS instruction/answer JSON (``{"train": {study: {...}}, "val": ..., "test": ...}``)."""
+    r = Path(root)
+    path = r if r.is_file() else r / ILS_JSON
+    if not path.is_file():
+        raise SourceError(f"--mimic-ils: {path} does not exist (expected {ILS_JSON} in the MIMIC-ILS folder)")
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except json.JSONDecodeError as e:
+        raise SourceError(f"--mimic-ils: {path} is not valid JSON: {e}") from e
+    if not isinstance(data, dict) or not isinstance(data.get("train"), dict):
+        raise SourceError(f"--mimic-ils: {path} has no 'train' object of studies")
+    return data
+
+
+# -------------------------------------------------------------------------------------- anatomy masks
+def rle_decode(rle: str, height: int, width: int) -> np.ndarray:
+    """CheXmask run-length encoding: 'start length ...' pairs, starts 1-based, row-major."""
+    values = np.array(rle.split(), dtype=np.int64)
+    if values.size % 2:
+        raise ValueError("odd number of run-length values")
+    starts = values[0::2] - 1
+    ends = starts + values[1::2]
+    if values.size and (starts.min() < 0 or ends.max() > height * width):
+        raise ValueError(f"runs fall outside a {height} x {width} mask")
+    delta = np.zeros(height * width + 1, dtype=np.int32)
+    np.add.at(delta, starts, 1)
+    np.add.at(delta, ends, -1)
+    return (np.cumsum(delta[:-1]) > 0).reshape(height, width)
+
+
+def rle_encode(mask: np.ndarray) -> str:
+    """Inverse of ``rle_decode`` (for tests and phantom CheXmask tables)."""
+    flat = np.concatenate([[0], mask.astype(np.int8).ravel(), [0]])
+    runs = np.flatnonzero(flat[1:] != flat[:-1]) + 1
+    runs[1::2] -= runs[0::2]
+    return " ".join(str(int(v)) for v in runs)
+
+
+def _open_text(path: Path) -> io.TextIOBase:
+    if path.suffix == ".gz":
+        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", newline="")
+    return open(path, encoding="utf-8", newline="")
+
+
+def find_chexmask_csv(path: str | os.PathLike[str]) -> Path | None:
+    """The CheXmask table given as a file, or the MIMIC-CXR-JPG table inside a CheXmask download folder."""
+    p = Path(path)
+    if p.is_file():
+        return p
+    if p.is_dir():
+        for name in ("MIMIC-CXR-JPG.csv", "MIMIC-CXR-JPG.csv.gz"):
+            for cand in (p / name, p / "OriginalResolution" / name):
+                if cand.is_file():
+                    return cand
+    return None
+
+
+def extract_chexmask_rows(csv_path: Path, dicom_ids: Iterable[str], out_path: Path) -> dict[str, int]:
+    """Copy the rows of the needed images from the (huge) CheXmask table into a JSON-lines file.
+
+    Returns dicom_id -> byte offset of its line, so workers read one line each instead of the table.
+    """
+    csv.field_size_limit(1 << 30)
+    wanted = set(dicom_ids)
+    offsets: dict[str, int] = {}
+    tmp = out_path.with_suffix(out_path.suffix + ".tmp")
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    with _open_text(csv_path) as f, open(tmp, "wb") as out:
+        reader = csv.reader(f)
+        try:
+            header = next(reader)
+        except StopIteration as e:
+            raise SourceError(f"CheXmask table {csv_path} is empty") from e
+        id_col = "dicom_id" if "dicom_id" in header else header[0]
+        need = [id_col, "Height", "Width", *CHEXMASK_COLUMNS.values()]
+        missing = [c for c in need if c not in header]
+        if missing:
+            raise SourceError(f"CheXmask table {csv_path} lacks column(s) {', '.join(missing)}")
+        idx = {c: header.index(c) for c in need}
+        for row in reader:
+            if not row:
+                continue
+            dicom = row[idx[id_col]]
+            if dicom not in wanted or dicom in offsets:
+                continue
+            record = {c: row[idx[c]] for c in need}
+            record["dicom_id"] = dicom
+            offsets[dicom] = out.tell()
+            out.write(json.dumps(record).encode("utf-8") + b"\n")
+    os.replace(tmp, out_path)
+    return offsets
+
+
+@dataclass(frozen=True)
+class Anatomy:
+    """Where a case's lung masks come from: per-image folders, or rows extracted from the CheXmask table."""
+
+    folder: str | None = None
+    chexmask_rows: str | None = None
+    chexmask_offsets: dict[str, int] | None = None
+    cxas: str | None = None
+
+    def chex_lungs(
+        self, dicom_id: str, original_size: tuple[int, int] | None = None
+    ) -> dict[str, np.ndarray]:
+        """{'right': mask, 'left': mask} from CheXmask(-U), in the 1024 frame."""
+        if self.folder is not None:
+            base = Path(self.folder) / dicom_id
+            return {side: load_mask(base / name) for side, name in CHEX_FILES.items()}
+        assert self.chexmask_rows is not None and self.chexmask_offsets is not None
+        if dicom_id not in self.chexmask_offsets:
+            raise CaseInputError(f"image {dicom_id} has no row in the CheXmask table")
+        with open(self.chexmask_rows, "rb") as f:
+            f.seek(self.chexmask_offsets[dicom_id])
+            record = json.loads(f.readline())
+        try:
+            h, w = int(float(record["Height"])), int(float(record["Width"]))
+        except ValueError as e:
+            raise CaseInputError(f"CheXmask row of {dicom_id}: bad Height/Width") from e
+        if (
+            original_size is not None
+            and (w, h) != tuple(original_size)
+            and original_size != (IMAGE_SIZE, IMAGE_SIZE)
+        ):
+            raise CaseInputError(
+                f"CheXmask masks of {dicom_id} are {w}x{h} but its image is {original_size[0]}x{original_size[1]}; "
+                "use the OriginalResolution table (OriginalResolution/MIMIC-CXR-JPG.csv)"
+            )
+        out = {}
+        for side, col in CHEXMASK_COLUMNS.items():
+            try:
+                out[side] = resize_mask(rle_decode(record[col], h, w))
+            except ValueError as e:
+                raise CaseInputError(f"CheXmask row of {dicom_id}, column {col!r}: {e}") from e
+        return out
+
+    def cxas_lungs(self, dicom_id: str) -> dict[str, np.ndarray] | None:
+        if self.cxas is None:
+            return None
+        base = Path(self.cxas) / dicom_id
+        return {side: load_mask(base / name) for side, name in CXAS_FILES.items()}
+
+
+def check_anatomy_folder(path: str | os.PathLike[str], what: str) -> None:
+    if not Path(path).is_dir():
+        raise SourceError(f"{what}: folder {path} does not exist")
+
+
+# ------------------------------------------------------------------------------------ review sheets
+def read_review_sheets(paths: Iterable[str | os.PathLike[str]]) -> dict[str, bool]:
+    """key_id -> accepted, from expert sheets with ``key_id`` and ``optimal?`` (or ``optimal``) columns.
+
+    Any non-empty value accepts (spec 5.2); a key accepted by any sheet is accepted.
+    """
+    verdicts: dict[str, bool] = {}
+    for p in paths:
+        path = Path(p)
+        if not path.is_file():
+            raise SourceError(f"--review: sheet {path} does not exist")
+        with _open_text(path) as f:
+            reader = csv.DictReader(f)
+            fields = reader.fieldnames or []
+            column = "optimal" if "optimal" in fields else "optimal?" if "optimal?" in fields else None
+            if "key_id" not in fields or column is None:
+                raise SourceError(
+                    f"--review: sheet {path} needs columns key_id and optimal? (has {', '.join(fields)})"
+                )
+            for row in reader:
+                key = (row.get("key_id") or "").strip()
+                if not key:
+                    continue
+                ok = bool((row.get(column) or "").strip())
+                verdicts[key] = verdicts.get(key, False) or ok
+    return verdicts
+
+
+def iter_studies(ils: dict) -> Iterator[tuple[str, dict]]:
+    """(study_id, study) of the train split, in file order (only train is used, as in the reference)."""
+    yield from ils["train"].items()
+
+
+def is_phantom(*folders: str | os.PathLike[str] | None) -> bool:
+    """Whether any source folder carries the phantom-data marker written by ``synth-sources``."""
+    for folder in folders:
+        if folder is None:
+            continue
+        if (Path(folder) / PHANTOM_MARKER).is_file():
+            return True
+    return False
