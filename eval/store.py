@@ -95,7 +95,7 @@ class RunLock:
         try:
             for _ in range(2):
                 try:
-                    os.link(tmp, self.path)  # atomic: fails if the lock exists, never half-written
+                    self._create(tmp)
                     self.held = True
                     return
                 except FileExistsError:
@@ -109,6 +109,17 @@ class RunLock:
         finally:
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
+
+    def _create(self, prepared: FsPath) -> None:
+        """Create the lock file with its content, failing with FileExistsError if it exists."""
+        try:
+            os.link(prepared, self.path)  # atomic, and never visible half-written
+        except FileExistsError:
+            raise
+        except OSError:  # a filesystem without hard links
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(prepared.read_text(encoding="utf-8"))
 
     def _locked_message(self, info: Mapping[str, Any] | None) -> str:
         folder = self.path.parent
