@@ -3,7 +3,10 @@
 A step's conversations are sorted by length and cut into left-padded micro-batches of similar
 length (within a padded-token budget), each rendered by the processor's chat template and decoded
 together by ``model.generate``. Each image file is decoded once while its conversation is
-live (later turns re-send the same images) and dropped when no live conversation uses it.
+live (later turns re-send the same images) and dropped when no live conversation uses it. When the
+processor resizes every image to one fixed size, the image is kept already resized (with the
+processor's own filter, checked at setup to give identical model inputs), so the processor does not
+resize the same X-ray again on every turn (see image_resize.py).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from typing import Any
 
 from PIL import Image
 
+from .image_resize import FixedResize, fixed_resize_of
 from .protocol import BackendError, Request, Response, RunContext, Sampling
 from .registry import ModelSpec
 
@@ -51,6 +55,7 @@ class TransformersBackend:
         attn_implementation: str | None = None,
         trust_remote_code: bool | None = None,
         max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
+        resize_once: bool = True,
     ):
         targs = spec.transformers_args
         self.spec = spec
@@ -67,6 +72,10 @@ class TransformersBackend:
         if max_batch_tokens < 1:
             raise ValueError(f"max_batch_tokens must be at least 1, got {max_batch_tokens}")
         self.max_batch_tokens = max_batch_tokens
+        #: keep images pre-resized to the processor's fixed size (when it has one and the check passes)
+        self.resize_once = resize_once
+        self.resize: FixedResize | None = None
+        self.resize_note = "not set up"
         self.seed = 0
         self.root = ""
         self._images: dict[str, Image.Image] = {}
@@ -111,13 +120,57 @@ class TransformersBackend:
         gen = self.model.generation_config
         pad = gen.pad_token_id if gen.pad_token_id is not None else tokenizer.pad_token_id
         self.pad_token_id = pad if pad is not None else tokenizer.eos_token_id
+        self.resize, self.resize_note = self._plan_resize(context)
+
+    def _plan_resize(self, context: RunContext) -> tuple[FixedResize | None, str]:
+        """The processor's fixed resize if it leaves the model inputs bit for bit the same, and a note.
+
+        The check runs one real image of the run through the processor twice, as decoded and
+        pre-resized; any difference in any model input (pixel values, token ids, masks) keeps the
+        original images.
+        """
+        if not self.resize_once:
+            return None, "images kept at their own size (resize_once off)"
+        plan, why_not = fixed_resize_of(self.processor)
+        if plan is None:
+            return None, f"images kept at their own size: {why_not}"
+        sample = next((p for case in context.cases for turn in case.turns for p in turn.images), None)
+        if sample is None:
+            return None, "images kept at their own size: no image in the run to check the resize on"
+        original = self._decode(sample)
+
+        def inputs(image: Image.Image) -> dict[str, Any]:
+            content = [{"type": "text", "text": "Check."}, {"type": "image", "image": image}]
+            return dict(self._encode([[{"role": "user", "content": content}]]))
+
+        try:
+            plain, resized = inputs(original), inputs(plan.apply(original))
+        except Exception as e:  # a processor that cannot take the check keeps the safe path
+            return None, f"images kept at their own size: the check on {sample} failed ({e})"
+        torch = self._torch
+        same = plain.keys() == resized.keys() and all(
+            torch.equal(v, resized[k]) if isinstance(v, torch.Tensor) else v == resized[k]
+            for k, v in plain.items()
+        )
+        if not same:
+            return None, (
+                f"images kept at their own size: resizing {sample} to {plan.describe()} first "
+                "changed the processor's output"
+            )
+        return plan, f"images resized once to {plan.describe()} (the processor's size and filter)"
 
     # ------------------------------------------------------------------ requests
+    def _decode(self, relative: str) -> Image.Image:
+        with Image.open(os.path.join(self.root, relative)) as f:
+            return f.convert("RGB")
+
     def image(self, relative: str) -> Image.Image:
+        """The image as the processor gets it: decoded once per live conversation, pre-resized if planned."""
         im = self._images.get(relative)
         if im is None:
-            with Image.open(os.path.join(self.root, relative)) as f:
-                im = f.convert("RGB")
+            im = self._decode(relative)
+            if self.resize is not None:
+                im = self.resize.apply(im)
             self._images[relative] = im
         return im
 
@@ -161,10 +214,9 @@ class TransformersBackend:
         self._images = {p: im for p, im in self._images.items() if p in used}
         return [r for r in responses if r is not None]
 
-    def _generate(self, requests: Sequence[Request]) -> list[Response]:
-        torch = self._torch
-        conversations = [self.build_conversation(r) for r in requests]
-        inputs = self.processor.apply_chat_template(
+    def _encode(self, conversations: list[list[dict[str, Any]]]) -> Any:
+        """Chat template, tokenizer and image processor: the model inputs of a left-padded batch."""
+        return self.processor.apply_chat_template(
             conversations,
             add_generation_prompt=True,
             tokenize=True,
@@ -173,6 +225,10 @@ class TransformersBackend:
             processor_kwargs={"padding": True},
             **self.chat_template_kwargs,
         )
+
+    def _generate(self, requests: Sequence[Request]) -> list[Response]:
+        torch = self._torch
+        inputs = self._encode([self.build_conversation(r) for r in requests])
         device = self.model.device
         dtype = self.model.dtype
         batch = {
@@ -210,6 +266,7 @@ class TransformersBackend:
             "attn_implementation": self.attn_implementation,
             "trust_remote_code": self.trust_remote_code,
             "max_batch_tokens": self.max_batch_tokens,
+            "images": self.resize_note,
             "chat_template_kwargs": self.chat_template_kwargs,
         }
 

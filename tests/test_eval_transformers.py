@@ -11,6 +11,8 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+import torch
+
 from chexpercept.bundle import read_bundle
 from chexpercept.cli import main as cli
 from chexpercept.eval.backend_transformers import TransformersBackend
@@ -146,3 +148,88 @@ def test_micro_batches_sort_by_length_within_the_token_budget(fixture_bundle):
         TransformersBackend(
             resolve("any", backend="transformers"), sampling=Sampling(0, 1, 2, True), max_batch_tokens=0
         )
+
+
+def walk_to_last_turn(case, answer="Answer: 1"):
+    """A case's conversation up to its last turn (the request carrying every image of the case)."""
+    conv = Conversation(case, oracle="none")
+    requests = [conv.pending]
+    while True:
+        conv.answer(Response(answer))
+        if conv.done:
+            return requests
+        requests.append(conv.pending)
+
+
+def tiny_backend(model, bundle, **options):
+    backend = TransformersBackend(
+        resolve(str(model), backend="transformers"), sampling=Sampling(0.0, 1.0, 3, True), **options
+    )
+    backend.setup(RunContext(root=bundle.root, cases=bundle.cases))
+    return backend
+
+
+@pytest.fixture(scope="module")
+def large_image_bundle(tmp_path_factory):
+    """RR cases with 200x200 images, so the tiny model's processor has to shrink them to 56x56."""
+    from chexpercept.testing import write_fixture_bundle
+
+    root = write_fixture_bundle(
+        tmp_path_factory.mktemp("large") / "bundle", per_cell=2, image_size=200, lesions=("effusion",)
+    )
+    return read_bundle(root, paths=["RR"])
+
+
+def test_images_resized_once_give_identical_inputs_and_tokens(tiny_model, large_image_bundle):
+    bundle = large_image_bundle
+    plain = tiny_backend(tiny_model, bundle, resize_once=False)
+    once = tiny_backend(tiny_model, bundle)
+    assert (
+        once.describe()["images"]
+        == "images resized once to 56x56, bilinear (the processor's size and filter)"
+    )
+    assert "resize_once off" in plain.describe()["images"]
+    requests = [r for case in bundle.cases for r in walk_to_last_turn(case)]
+    last = requests[-1]
+    assert len(last.images) == 7
+    assert {once.image(p).size for p in last.images} == {(56, 56)}
+    assert {plain.image(p).size for p in last.images} == {(200, 200)}
+    a = plain._encode([plain.build_conversation(last)])
+    b = once._encode([once.build_conversation(last)])
+    assert a.keys() == b.keys() and a["pixel_values"].shape[0] == 7
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    # the same answers, token for token, over every turn of both cases, batched
+    assert [r.text for r in plain.generate(requests)] == [r.text for r in once.generate(requests)]
+    # images are kept only while a live conversation uses them
+    once.generate(requests[:1])
+    assert set(once._images) == set(requests[0].images)
+
+
+def test_a_resize_that_changes_the_processors_output_is_not_used(tiny_model, large_image_bundle, monkeypatch):
+    """The setup check: a wrong filter (nearest instead of the processor's bilinear) is caught."""
+    from chexpercept.eval import backend_transformers
+    from chexpercept.eval.image_resize import FixedResize
+
+    wrong = FixedResize(width=56, height=56, resample=0)
+    monkeypatch.setattr(backend_transformers, "fixed_resize_of", lambda processor: (wrong, ""))
+    backend = tiny_backend(tiny_model, large_image_bundle)
+    assert backend.resize is None
+    assert "changed the processor's output" in backend.describe()["images"]
+    path = large_image_bundle.cases[0].turns[0].images[0]
+    assert backend.image(path).size == (200, 200)
+
+
+def test_a_dynamic_size_processor_keeps_the_original_images(tiny_model, large_image_bundle, monkeypatch):
+    from transformers import AutoProcessor
+
+    real = AutoProcessor.from_pretrained
+
+    def dynamic(*args, **kwargs):
+        processor = real(*args, **kwargs)
+        processor.image_processor.size = {"shortest_edge": 56, "longest_edge": 112}
+        return processor
+
+    monkeypatch.setattr(AutoProcessor, "from_pretrained", dynamic)
+    backend = tiny_backend(tiny_model, large_image_bundle)
+    assert backend.resize is None
+    assert "not a fixed height and width" in backend.describe()["images"]
