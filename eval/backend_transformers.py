@@ -3,21 +3,28 @@
 A step's conversations are sorted by length and cut into left-padded micro-batches of similar
 length (within a padded-token budget), each rendered by the processor's chat template and decoded
 together by ``model.generate``. Each image file is decoded once while its conversation is
-live (later turns re-send the same images) and dropped when no live conversation uses it. When the
-processor resizes every image to one fixed size, the image is kept already resized (with the
-processor's own filter, checked at setup to give identical model inputs), so the processor does not
-resize the same X-ray again on every turn (see image_resize.py).
+live (later turns re-send the same images) and dropped when no live conversation uses it.
+
+Preparing the inputs of a turn repeats work for every earlier image of the conversation. Three
+shortcuts, each turned on at setup only where a check on real images of the run shows the model
+inputs stay bit for bit the same (``describe()`` says which are on and why not): the processor
+returns numpy arrays (its per-row token checks are slow on torch tensors); a fixed-size processor
+gets each image already resized with its own filter (image_resize.py); and its pixel values are
+computed once per image while the image is live (pixel_cache.py).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 from PIL import Image
 
+from .conversation import Conversation
 from .image_resize import FixedResize, fixed_resize_of
+from .pixel_cache import PixelCache
 from .protocol import BackendError, Request, Response, RunContext, Sampling
 from .registry import ModelSpec
 
@@ -38,6 +45,21 @@ def pick_device(device: str, process_index: int) -> str:
     return "cpu"
 
 
+def _check_requests(context: RunContext) -> list[Request]:
+    """The first and the last turn of the run's case with the most images (answered "Answer: 1")."""
+    cases = [c for c in context.cases if any(t.images for t in c.turns)]
+    if not cases:
+        return []
+    case = max(cases, key=lambda c: sum(len(t.images) for t in c.turns))
+    conversation = Conversation(case, oracle="none")
+    requests = [conversation.pending]
+    while True:
+        conversation.answer(Response("Answer: 1"))
+        if conversation.done:
+            return requests[:1] + requests[-1:] if len(requests) > 1 else requests
+        requests.append(conversation.pending)
+
+
 class TransformersBackend:
     name = "transformers"
     max_batch_size = None
@@ -55,7 +77,7 @@ class TransformersBackend:
         attn_implementation: str | None = None,
         trust_remote_code: bool | None = None,
         max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
-        resize_once: bool = True,
+        fast_inputs: bool = True,
     ):
         targs = spec.transformers_args
         self.spec = spec
@@ -72,10 +94,13 @@ class TransformersBackend:
         if max_batch_tokens < 1:
             raise ValueError(f"max_batch_tokens must be at least 1, got {max_batch_tokens}")
         self.max_batch_tokens = max_batch_tokens
-        #: keep images pre-resized to the processor's fixed size (when it has one and the check passes)
-        self.resize_once = resize_once
+        #: the checked shortcuts in preparing model inputs (see _plan_inputs); False: the plain path
+        self.fast_inputs = fast_inputs
+        #: what the processor is asked to return ("np" where checked to give the same inputs)
+        self.tensors = "pt"
         self.resize: FixedResize | None = None
-        self.resize_note = "not set up"
+        self.pixel_cache: PixelCache | None = None
+        self.notes: dict[str, str] = {}
         self.seed = 0
         self.root = ""
         self._images: dict[str, Image.Image] = {}
@@ -120,44 +145,81 @@ class TransformersBackend:
         gen = self.model.generation_config
         pad = gen.pad_token_id if gen.pad_token_id is not None else tokenizer.pad_token_id
         self.pad_token_id = pad if pad is not None else tokenizer.eos_token_id
-        self.resize, self.resize_note = self._plan_resize(context)
+        self._plan_inputs(context)
 
-    def _plan_resize(self, context: RunContext) -> tuple[FixedResize | None, str]:
-        """The processor's fixed resize if it leaves the model inputs bit for bit the same, and a note.
+    def _plan_inputs(self, context: RunContext) -> None:
+        """Turn on each shortcut in preparing model inputs only where it changes none of them.
 
-        The check runs one real image of the run through the processor twice, as decoded and
-        pre-resized; any difference in any model input (pixel values, token ids, masks) keeps the
-        original images.
+        Checked on a real two-row batch of the run (the first and the last turn of the case with the
+        most images, so padding and several images are covered), against the processor asked for
+        torch tensors with the images as decoded: numpy outputs (converted once), images resized
+        once, pixel values once per image. Any difference in any input (token ids, masks, pixel
+        values) or any error keeps the plain path for that shortcut, and describe() says why.
         """
-        if not self.resize_once:
-            return None, "images kept at their own size (resize_once off)"
+        self.notes = {
+            key: "off (fast_inputs=False)" for key in ("processor_outputs", "images", "pixel_values")
+        }
+        if not self.fast_inputs:
+            return
+        requests = _check_requests(context)
+        if not requests:
+            self.notes = {key: "plain: no image in the run to check on" for key in self.notes}
+            return
+        paths = sorted({p for r in requests for p in r.images})
+        originals = {p: self._decode(p) for p in paths}
+        where = f"(checked on {paths[0]}{' and others' if len(paths) > 1 else ''})"
+
+        def encode(images: dict[str, Image.Image], tensors: str) -> dict[str, Any] | str:
+            try:
+                batch = [self._messages(r, images.__getitem__) for r in requests]
+                return {k: v for k, v in self._encode(batch, tensors).items() if hasattr(v, "shape")}
+            except Exception as e:  # a processor that cannot take a shortcut keeps the plain path
+                return f"failed: {type(e).__name__}: {e}"
+
+        reference = encode(originals, "pt")
+        if isinstance(reference, str):
+            raise BackendError(f"{self.spec.model_id}: the processor {reference} {where}")
+
+        def differs(candidate: dict[str, Any] | str) -> str:
+            if isinstance(candidate, str):
+                return candidate
+            torch = self._torch
+            same = candidate.keys() == reference.keys() and all(
+                torch.equal(reference[k], candidate[k]) for k in reference
+            )
+            return "" if same else "changed the model inputs"
+
+        problem = differs(encode(originals, "np"))
+        if problem:
+            self.notes["processor_outputs"] = f"torch tensors: numpy outputs {problem} {where}"
+        else:
+            self.tensors = "np"
+            self.notes["processor_outputs"] = "numpy arrays, converted to torch once per batch"
         plan, why_not = fixed_resize_of(self.processor)
         if plan is None:
-            return None, f"images kept at their own size: {why_not}"
-        sample = next((p for case in context.cases for turn in case.turns for p in turn.images), None)
-        if sample is None:
-            return None, "images kept at their own size: no image in the run to check the resize on"
-        original = self._decode(sample)
-
-        def inputs(image: Image.Image) -> dict[str, Any]:
-            content = [{"type": "text", "text": "Check."}, {"type": "image", "image": image}]
-            return dict(self._encode([[{"role": "user", "content": content}]]))
-
-        try:
-            plain, resized = inputs(original), inputs(plan.apply(original))
-        except Exception as e:  # a processor that cannot take the check keeps the safe path
-            return None, f"images kept at their own size: the check on {sample} failed ({e})"
-        torch = self._torch
-        same = plain.keys() == resized.keys() and all(
-            torch.equal(v, resized[k]) if isinstance(v, torch.Tensor) else v == resized[k]
-            for k, v in plain.items()
-        )
-        if not same:
-            return None, (
-                f"images kept at their own size: resizing {sample} to {plan.describe()} first "
-                "changed the processor's output"
+            self.notes["images"] = f"kept at their own size: {why_not}"
+            self.notes["pixel_values"] = "computed per turn (the processor is not fixed-size)"
+            return
+        resized = {p: plan.apply(im) for p, im in originals.items()}
+        problem = differs(encode(resized, self.tensors))
+        if problem:
+            self.notes["images"] = (
+                f"kept at their own size: resizing to {plan.describe()} first {problem} {where}"
             )
-        return plan, f"images resized once to {plan.describe()} (the processor's size and filter)"
+            self.notes["pixel_values"] = "computed per turn (images not resized once)"
+            return
+        self.resize = plan
+        self.notes["images"] = f"resized once to {plan.describe()} (the processor's size and filter)"
+        cache = PixelCache(self.processor.image_processor)
+        self.processor.image_processor = cache
+        problem = differs(encode(resized, self.tensors)) or differs(encode(resized, self.tensors))
+        cache.keep_only(())
+        if problem:
+            self.processor.image_processor = cache.wrapped
+            self.notes["pixel_values"] = f"computed per turn: computing them once per image {problem} {where}"
+        else:
+            self.pixel_cache = cache
+            self.notes["pixel_values"] = "computed once per image while its conversation is live"
 
     # ------------------------------------------------------------------ requests
     def _decode(self, relative: str) -> Image.Image:
@@ -176,10 +238,14 @@ class TransformersBackend:
 
     def build_conversation(self, request: Request) -> list[dict[str, Any]]:
         """Chat-template messages: user text first, then that turn's images (as the reference)."""
+        return self._messages(request, self.image)
+
+    @staticmethod
+    def _messages(request: Request, image: Callable[[str], Image.Image]) -> list[dict[str, Any]]:
         conversation: list[dict[str, Any]] = []
         for m in request.messages:
             content: list[dict[str, Any]] = [{"type": "text", "text": m.text}]
-            content += [{"type": "image", "image": self.image(p)} for p in m.images]
+            content += [{"type": "image", "image": image(p)} for p in m.images]
             conversation.append({"role": m.role, "content": content})
         return conversation
 
@@ -212,19 +278,29 @@ class TransformersBackend:
         # keep decoded images only for conversations still running (they re-send them next turn)
         used = {p for r in requests for p in r.images}
         self._images = {p: im for p, im in self._images.items() if p in used}
+        if self.pixel_cache is not None:
+            self.pixel_cache.keep_only(self._images.values())
         return [r for r in responses if r is not None]
 
-    def _encode(self, conversations: list[list[dict[str, Any]]]) -> Any:
-        """Chat template, tokenizer and image processor: the model inputs of a left-padded batch."""
-        return self.processor.apply_chat_template(
+    def _encode(
+        self, conversations: list[list[dict[str, Any]]], tensors: str | None = None
+    ) -> dict[str, Any]:
+        """Chat template, tokenizer and image processor: the model inputs of a left-padded batch.
+
+        With numpy outputs (the default where checked) the processor's per-row token checks run on
+        numpy rows instead of torch scalars, several times faster; the arrays become tensors here.
+        """
+        inputs = self.processor.apply_chat_template(
             conversations,
             add_generation_prompt=True,
             tokenize=True,
             return_dict=True,
-            return_tensors="pt",
+            return_tensors=tensors or self.tensors,
             processor_kwargs={"padding": True},
             **self.chat_template_kwargs,
         )
+        torch = self._torch
+        return {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in inputs.items()}
 
     def _generate(self, requests: Sequence[Request]) -> list[Response]:
         torch = self._torch
@@ -266,7 +342,7 @@ class TransformersBackend:
             "attn_implementation": self.attn_implementation,
             "trust_remote_code": self.trust_remote_code,
             "max_batch_tokens": self.max_batch_tokens,
-            "images": self.resize_note,
+            **{f"inputs_{k}": v for k, v in self.notes.items()},
             "chat_template_kwargs": self.chat_template_kwargs,
         }
 

@@ -51,3 +51,34 @@ def test_the_real_gemma3_image_processor_is_fixed_size():
     image_processor = transformers.Gemma3ImageProcessorPil(size={"height": 64, "width": 48})
     plan, _ = fixed_resize_of(SimpleNamespace(image_processor=image_processor, images_kwargs={}))
     assert plan == FixedResize(width=48, height=64, resample=int(Image.Resampling.BILINEAR))
+
+
+def test_the_pixel_cache_stacks_each_images_own_output_computed_once():
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    from chexpercept.eval.pixel_cache import PixelCache
+
+    real = transformers.Gemma3ImageProcessorPil(size={"height": 32, "width": 32})
+    calls = []
+
+    class Counting:
+        def __call__(self, images, **kwargs):
+            calls.append(len(images))
+            return real(images, **kwargs)
+
+        size = real.size
+
+    rng = np.random.default_rng(1)
+    a, b, c = (Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)) for _ in range(3))
+    cache = PixelCache(Counting())
+    got = cache([[a, b], [c]], return_tensors="pt")
+    want = real([[a, b], [c]], return_tensors="pt")
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+    assert calls == [1, 1, 1] and cache.cached == 3 and cache.size is real.size
+    again = cache([c, a], return_tensors="pt")
+    assert calls == [1, 1, 1]
+    assert torch.equal(again["pixel_values"], want["pixel_values"][[2, 0]])
+    cache([a], return_tensors="pt", do_normalize=False)  # other settings: computed again
+    assert calls == [1, 1, 1, 1]
+    cache.keep_only([a])
+    assert cache.cached == 1

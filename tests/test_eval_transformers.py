@@ -180,32 +180,38 @@ def large_image_bundle(tmp_path_factory):
     return read_bundle(root, paths=["RR"])
 
 
-def test_images_resized_once_give_identical_inputs_and_tokens(tiny_model, large_image_bundle):
+def test_fast_inputs_give_identical_inputs_and_tokens(tiny_model, large_image_bundle):
+    """numpy outputs, images resized once and pixel values once per image change nothing the model sees."""
+    from chexpercept.eval.pixel_cache import PixelCache
+
     bundle = large_image_bundle
-    plain = tiny_backend(tiny_model, bundle, resize_once=False)
-    once = tiny_backend(tiny_model, bundle)
-    assert (
-        once.describe()["images"]
-        == "images resized once to 56x56, bilinear (the processor's size and filter)"
-    )
-    assert "resize_once off" in plain.describe()["images"]
+    plain = tiny_backend(tiny_model, bundle, fast_inputs=False)
+    fast = tiny_backend(tiny_model, bundle)
+    notes = fast.describe()
+    assert notes["inputs_processor_outputs"] == "numpy arrays, converted to torch once per batch"
+    assert notes["inputs_images"] == "resized once to 56x56, bilinear (the processor's size and filter)"
+    assert notes["inputs_pixel_values"] == "computed once per image while its conversation is live"
+    assert isinstance(fast.processor.image_processor, PixelCache) and fast.tensors == "np"
+    assert plain.describe()["inputs_images"] == "off (fast_inputs=False)" and plain.pixel_cache is None
     requests = [r for case in bundle.cases for r in walk_to_last_turn(case)]
-    last = requests[-1]
+    first, last = requests[0], requests[-1]
     assert len(last.images) == 7
-    assert {once.image(p).size for p in last.images} == {(56, 56)}
+    assert {fast.image(p).size for p in last.images} == {(56, 56)}
     assert {plain.image(p).size for p in last.images} == {(200, 200)}
-    a = plain._encode([plain.build_conversation(last)])
-    b = once._encode([once.build_conversation(last)])
-    assert a.keys() == b.keys() and a["pixel_values"].shape[0] == 7
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    for _ in range(2):  # the second time from the pixel cache
+        a = plain._encode([plain.build_conversation(r) for r in (first, last)])
+        b = fast._encode([fast.build_conversation(r) for r in (first, last)])
+        assert a.keys() == b.keys() and a["pixel_values"].shape[0] == 8
+        assert all(torch.equal(a[k], b[k]) for k in a)
+    assert fast.pixel_cache.cached == len({*first.images, *last.images}) == 8
     # the same answers, token for token, over every turn of both cases, batched
-    assert [r.text for r in plain.generate(requests)] == [r.text for r in once.generate(requests)]
-    # images are kept only while a live conversation uses them
-    once.generate(requests[:1])
-    assert set(once._images) == set(requests[0].images)
+    assert [r.text for r in plain.generate(requests)] == [r.text for r in fast.generate(requests)]
+    # images and their pixel values are kept only while a live conversation uses them
+    fast.generate(requests[:1])
+    assert set(fast._images) == set(first.images) and fast.pixel_cache.cached == len(first.images)
 
 
-def test_a_resize_that_changes_the_processors_output_is_not_used(tiny_model, large_image_bundle, monkeypatch):
+def test_a_resize_that_changes_the_inputs_is_not_used(tiny_model, large_image_bundle, monkeypatch):
     """The setup check: a wrong filter (nearest instead of the processor's bilinear) is caught."""
     from chexpercept.eval import backend_transformers
     from chexpercept.eval.image_resize import FixedResize
@@ -213,23 +219,74 @@ def test_a_resize_that_changes_the_processors_output_is_not_used(tiny_model, lar
     wrong = FixedResize(width=56, height=56, resample=0)
     monkeypatch.setattr(backend_transformers, "fixed_resize_of", lambda processor: (wrong, ""))
     backend = tiny_backend(tiny_model, large_image_bundle)
-    assert backend.resize is None
-    assert "changed the processor's output" in backend.describe()["images"]
+    assert backend.resize is None and backend.pixel_cache is None
+    notes = backend.describe()
+    assert notes["inputs_images"].startswith("kept at their own size: resizing to 56x56, nearest first")
+    assert "changed the model inputs (checked on" in notes["inputs_images"]
+    assert notes["inputs_processor_outputs"].startswith("numpy")
     path = large_image_bundle.cases[0].turns[0].images[0]
     assert backend.image(path).size == (200, 200)
 
 
-def test_a_dynamic_size_processor_keeps_the_original_images(tiny_model, large_image_bundle, monkeypatch):
+def test_pixel_values_that_differ_from_the_processors_are_not_used(
+    tiny_model, large_image_bundle, monkeypatch
+):
+    from chexpercept.eval import backend_transformers
+    from chexpercept.eval.pixel_cache import PixelCache
+
+    class Off(PixelCache):
+        def _output(self, image, kwargs):
+            out = dict(super()._output(image, kwargs))
+            out["pixel_values"] = out["pixel_values"] + 1e-6
+            return out
+
+    monkeypatch.setattr(backend_transformers, "PixelCache", Off)
+    backend = tiny_backend(tiny_model, large_image_bundle)
+    assert backend.resize is not None and backend.pixel_cache is None
+    assert not isinstance(backend.processor.image_processor, PixelCache)
+    assert "per turn: computing them once per image changed" in backend.describe()["inputs_pixel_values"]
+
+
+def patched_processor(monkeypatch, change):
     from transformers import AutoProcessor
 
     real = AutoProcessor.from_pretrained
 
-    def dynamic(*args, **kwargs):
+    def load(*args, **kwargs):
         processor = real(*args, **kwargs)
-        processor.image_processor.size = {"shortest_edge": 56, "longest_edge": 112}
+        change(processor)
         return processor
 
-    monkeypatch.setattr(AutoProcessor, "from_pretrained", dynamic)
+    monkeypatch.setattr(AutoProcessor, "from_pretrained", load)
+
+
+def test_a_dynamic_size_processor_keeps_the_original_images(tiny_model, large_image_bundle, monkeypatch):
+    def dynamic(processor):
+        processor.image_processor.size = {"shortest_edge": 56, "longest_edge": 112}
+
+    patched_processor(monkeypatch, dynamic)
     backend = tiny_backend(tiny_model, large_image_bundle)
-    assert backend.resize is None
-    assert "not a fixed height and width" in backend.describe()["images"]
+    assert backend.resize is None and backend.pixel_cache is None
+    notes = backend.describe()
+    assert "not a fixed height and width" in notes["inputs_images"]
+    assert notes["inputs_pixel_values"] == "computed per turn (the processor is not fixed-size)"
+
+
+def test_a_processor_that_cannot_give_numpy_keeps_torch_tensors(tiny_model, large_image_bundle, monkeypatch):
+    def torch_only(processor):
+        real = processor.apply_chat_template
+
+        def apply(*args, return_tensors=None, **kwargs):
+            if return_tensors != "pt":
+                raise ValueError("only torch here")
+            return real(*args, return_tensors=return_tensors, **kwargs)
+
+        processor.apply_chat_template = apply
+
+    patched_processor(monkeypatch, torch_only)
+    backend = tiny_backend(tiny_model, large_image_bundle)
+    assert backend.tensors == "pt" and backend.pixel_cache is not None
+    note = backend.describe()["inputs_processor_outputs"]
+    assert note.startswith("torch tensors: numpy outputs failed: ValueError: only torch here (checked on")
+    request = walk_to_last_turn(large_image_bundle.cases[0])[-1]
+    assert len(backend.generate([request])) == 1
