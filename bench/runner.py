@@ -46,7 +46,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from chexpercept.bundle import read_bundle
-from chexpercept.eval.backend_transformers import TransformersBackend
+from chexpercept.eval.backend_transformers import DEFAULT_MAX_BATCH_TOKENS, TransformersBackend
 from chexpercept.eval.conversation import Conversation
 from chexpercept.eval.engine import run_conversations
 from chexpercept.eval.protocol import RunContext, Sampling
@@ -120,6 +120,12 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--repeat", type=int, default=2, help="timings per mode (the fastest is compared)")
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's own choice)")
+    parser.add_argument(
+        "--max-batch-tokens",
+        type=int,
+        default=DEFAULT_MAX_BATCH_TOKENS,
+        help="the transformers backend's padded-token budget per generate call (eval/run.py's option)",
+    )
     parser.add_argument("--json", help="also write the numbers to this file")
     args = parser.parse_args(argv)
 
@@ -137,6 +143,7 @@ def main(argv=None) -> int:
         backend = TransformersBackend(
             resolve(str(model), backend="transformers"),
             sampling=Sampling(temperature=0.0, top_p=1.0, max_tokens=length, greedy=True),
+            max_batch_tokens=args.max_batch_tokens,
         )
         backend.setup(RunContext(root=bundle.root, cases=cases))
         return backend, CountingBackend(backend)
@@ -170,6 +177,7 @@ def main(argv=None) -> int:
         if args.synth
         else f"fixture, {args.image_size}x{args.image_size} noise PNGs, per cell {args.per_cell}",
         "threads": torch.get_num_threads(),
+        "max_batch_tokens": args.max_batch_tokens,
         "repeats": args.repeat,
         "backend_inputs": backend.notes,
         "lengths": {},
