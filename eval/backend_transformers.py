@@ -3,7 +3,8 @@
 A step's conversations are sorted by length and cut into left-padded micro-batches of similar
 length (within a padded-token budget), each rendered by the processor's chat template and decoded
 together by ``model.generate``. Each image file is decoded once while its conversation is
-live (later turns re-send the same images) and dropped when no live conversation uses it.
+live (later turns re-send the same images) and dropped when no live conversation uses it; a
+step's new images are decoded on ``image_workers`` threads.
 
 Preparing the inputs of a turn repeats work for every earlier image of the conversation. Three
 shortcuts, each turned on at setup only where a check on real images of the run shows the model
@@ -16,7 +17,8 @@ computed once per image while the image is live (pixel_cache.py).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -78,6 +80,7 @@ class TransformersBackend:
         trust_remote_code: bool | None = None,
         max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
         fast_inputs: bool = True,
+        image_workers: int | None = None,
     ):
         targs = spec.transformers_args
         self.spec = spec
@@ -104,6 +107,11 @@ class TransformersBackend:
         self.seed = 0
         self.root = ""
         self._images: dict[str, Image.Image] = {}
+        #: threads that decode a step's new images (default: the CPU count, at most 8)
+        self.image_workers = image_workers if image_workers is not None else min(8, os.cpu_count() or 1)
+        if self.image_workers < 1:
+            raise ValueError(f"image_workers must be at least 1, got {image_workers}")
+        self._pool: ThreadPoolExecutor | None = None
         self.model: Any = None
         self.processor: Any = None
 
@@ -226,15 +234,31 @@ class TransformersBackend:
         with Image.open(os.path.join(self.root, relative)) as f:
             return f.convert("RGB")
 
+    def _prepare(self, relative: str) -> Image.Image:
+        im = self._decode(relative)
+        return self.resize.apply(im) if self.resize is not None else im
+
     def image(self, relative: str) -> Image.Image:
         """The image as the processor gets it: decoded once per live conversation, pre-resized if planned."""
         im = self._images.get(relative)
         if im is None:
-            im = self._decode(relative)
-            if self.resize is not None:
-                im = self.resize.apply(im)
-            self._images[relative] = im
+            im = self._images[relative] = self._prepare(relative)
         return im
+
+    def load_images(self, paths: Iterable[str]) -> None:
+        """Decode (and resize) the images not held yet on ``image_workers`` threads.
+
+        Pillow releases the GIL while it decodes and resizes, so a step's new images (64 X-rays
+        when 64 conversations start) are prepared on all cores instead of one after the other.
+        """
+        new = [p for p in dict.fromkeys(paths) if p not in self._images]
+        if len(new) > 1 and self.image_workers > 1:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.image_workers, thread_name_prefix="chexpercept-images")
+            self._images.update(zip(new, self._pool.map(self._prepare, new)))
+        else:
+            for p in new:
+                self.image(p)
 
     def build_conversation(self, request: Request) -> list[dict[str, Any]]:
         """Chat-template messages: user text first, then that turn's images (as the reference)."""
@@ -271,6 +295,7 @@ class TransformersBackend:
         return groups
 
     def generate(self, requests: Sequence[Request]) -> list[Response]:
+        self.load_images(p for r in requests for p in r.images)
         responses: list[Response | None] = [None] * len(requests)
         for group in self.micro_batches(requests):
             for i, response in zip(group, self._generate([requests[i] for i in group])):
@@ -342,6 +367,7 @@ class TransformersBackend:
             "attn_implementation": self.attn_implementation,
             "trust_remote_code": self.trust_remote_code,
             "max_batch_tokens": self.max_batch_tokens,
+            "image_workers": self.image_workers,
             **{f"inputs_{k}": v for k, v in self.notes.items()},
             "chat_template_kwargs": self.chat_template_kwargs,
         }
@@ -349,3 +375,6 @@ class TransformersBackend:
     def close(self) -> None:
         self.model = None
         self._images.clear()
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None

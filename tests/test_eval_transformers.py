@@ -185,8 +185,8 @@ def test_fast_inputs_give_identical_inputs_and_tokens(tiny_model, large_image_bu
     from chexpercept.eval.pixel_cache import PixelCache
 
     bundle = large_image_bundle
-    plain = tiny_backend(tiny_model, bundle, fast_inputs=False)
-    fast = tiny_backend(tiny_model, bundle)
+    plain = tiny_backend(tiny_model, bundle, fast_inputs=False, image_workers=1)
+    fast = tiny_backend(tiny_model, bundle, image_workers=3)  # a step's new images on 3 threads
     notes = fast.describe()
     assert notes["inputs_processor_outputs"] == "numpy arrays, converted to torch once per batch"
     assert notes["inputs_images"] == "resized once to 56x56, bilinear (the processor's size and filter)"
@@ -206,9 +206,16 @@ def test_fast_inputs_give_identical_inputs_and_tokens(tiny_model, large_image_bu
     assert fast.pixel_cache.cached == len({*first.images, *last.images}) == 8
     # the same answers, token for token, over every turn of both cases, batched
     assert [r.text for r in plain.generate(requests)] == [r.text for r in fast.generate(requests)]
+    assert fast._pool is not None and plain._pool is None
     # images and their pixel values are kept only while a live conversation uses them
     fast.generate(requests[:1])
     assert set(fast._images) == set(first.images) and fast.pixel_cache.cached == len(first.images)
+    fast.close()
+    assert fast._pool is None and not fast._images
+    with pytest.raises(ValueError, match="image_workers"):
+        TransformersBackend(
+            resolve("any", backend="transformers"), sampling=Sampling(0, 1, 2, True), image_workers=0
+        )
 
 
 def test_a_resize_that_changes_the_inputs_is_not_used(tiny_model, large_image_bundle, monkeypatch):
