@@ -14,7 +14,10 @@ import json
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path as FsPath
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .case import Turn
 
 RESULTS_NAME = "results.jsonl"
 RUN_NAME = "run.json"
@@ -47,6 +50,40 @@ class TurnResult:
     usage: dict[str, Any] = field(default_factory=dict)
     #: why the backend gave no answer (only with the runner's --on-error record); scored as unparsed
     error: str | None = None
+
+
+def judge_turn(
+    turn: Turn,
+    response: str | None,
+    *,
+    mode: str = "reference",
+    model: str = "",
+    correct: bool | None = None,
+    **fields: Any,
+) -> TurnResult:
+    """Parse a response to ``turn``, judge it against the gold answer and record both.
+
+    ``correct`` overrides the verdict (e.g. a stored one); ``fields`` fill the optional fields
+    (oracle_text, patched_to, usage, error).
+    """
+    from .answers import is_correct, parse_answer
+
+    parsed = parse_answer(response, mode=mode, none_index=turn.none_index, model=model)
+    if correct is None:
+        correct = is_correct(parsed, turn.answer_index, multi_select=turn.multi_select, mode=mode)
+    return TurnResult(
+        task=turn.task,
+        stage=turn.stage,
+        response=response or "",
+        parsed=list(parsed.indices),
+        parse_status=parsed.status,
+        gold=list(turn.answer_index),
+        correct=correct,
+        n_options=len(turn.options),
+        multi_select=turn.multi_select,
+        none_index=turn.none_index,
+        **fields,
+    )
 
 
 @dataclass

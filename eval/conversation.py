@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from chexpercept.answers import ParseMode, is_correct, parse_answer
+from chexpercept.answers import ParseMode
 from chexpercept.case import Case, Turn
-from chexpercept.results import CaseResult, TurnResult
+from chexpercept.results import CaseResult, TurnResult, judge_turn
 from chexpercept.templates import SYSTEM_MESSAGE
 
 from .oracle import ORACLE_SEPARATOR, check_setting, intervention
@@ -92,29 +92,19 @@ class Conversation:
         """Record the model's answer to the pending request and move to the next turn."""
         request = self.pending
         turn = request.turn
-        parsed = parse_answer(
-            response.text, mode=self.parse_mode, none_index=turn.none_index, model=self.model
-        )
-        correct = is_correct(parsed, turn.answer_index, multi_select=turn.multi_select, mode=self.parse_mode)
         self.messages.append(Message("assistant", response.text))
         self._answer_at[turn.task] = len(self.messages) - 1
-        record = TurnResult(
-            task=turn.task,
-            stage=turn.stage,
-            response=response.text,
-            parsed=list(parsed.indices),
-            parse_status=parsed.status,
-            gold=list(turn.answer_index),
-            correct=correct,
-            n_options=len(turn.options),
-            multi_select=turn.multi_select,
-            none_index=turn.none_index,
+        record = judge_turn(
+            turn,
+            response.text,
+            mode=self.parse_mode,
+            model=self.model,
             oracle_text=self._pending_oracle_text,
             usage=dict(response.usage),
             error=response.error,
         )
         self.records.append(record)
-        self._correct[turn.task] = correct
+        self._correct[turn.task] = record.correct
         self._position += 1
         self._prepare_next()
         return record

@@ -120,6 +120,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--output-dir", default="runs", help="results go to OUTPUT_DIR/<model>/oracle_<setting>/")
     g.add_argument("--run-name", help="folder name instead of the model's")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    g.add_argument(
+        "--no-score",
+        action="store_true",
+        help="do not score the run at the end (by default the model's Table 2 row is printed)",
+    )
 
     g = parser.add_argument_group("decoding")
     g.add_argument(
@@ -489,7 +494,24 @@ def _run_locked(
         f"{len(cases)} cases of {spec.name} (oracle {args.oracle}) in {folder.path} "
         f"({len(remaining)} run now, {len(cases) - len(remaining)} from before)"
     )
+    if not args.no_score:
+        print_scores(folder.path.parent, spec.display or spec.name, args.parse_mode)
     return 0
+
+
+def print_scores(model_dir: FsPath, name: str, parse_mode: str) -> None:
+    """Score every run of this model folder (e.g. oracle_none and oracle_implicit) and print Table 2."""
+    from chexpercept.metrics import render_table, score_path
+
+    report = score_path(model_dir, mode=parse_mode)
+    print()
+    print(render_table(2, {name: report}))
+    for kind, source in report.sources.items():
+        where = source.description if source is not None else "no run measures it yet (N/A)"
+        print(f"{kind.upper()} from: {where}")
+    for note in report.notes:
+        print(f"note: {note}", file=sys.stderr)
+    print(f"all numbers: chexpercept score {model_dir} --details")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -12,9 +12,9 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path as FsPath
 from typing import Any
 
-from chexpercept.answers import PARSE_MODES, is_correct, parse_answer
+from chexpercept.answers import PARSE_MODES
 from chexpercept.case import Case, Turn
-from chexpercept.results import CaseResult, TurnResult
+from chexpercept.results import CaseResult, judge_turn
 from chexpercept.vocab import LESIONS, MULTI_SELECT_TASKS, PATHS, TASK_STAGE
 
 METRIC_NAME = "chexpercept_metric"
@@ -80,22 +80,8 @@ def records_from_inputs(
             gold = t.get("answer_index")
             gold = [int(g) for g in (gold if isinstance(gold, (list, tuple)) else [gold])]
             multi = bool(t.get("multi_select", task in MULTI_SELECT_TASKS))
-            none_index = Turn(TASK_STAGE[task], task, "", (), options, tuple(gold), "", multi).none_index
-            parsed = parse_answer(response, mode=mode, none_index=none_index, model=model)
-            turns.append(
-                TurnResult(
-                    task=task,
-                    stage=TASK_STAGE[task],
-                    response=response or "",
-                    parsed=list(parsed.indices),
-                    parse_status=parsed.status,
-                    gold=gold,
-                    correct=is_correct(parsed, gold, multi_select=multi, mode=mode),
-                    n_options=len(options),
-                    multi_select=multi,
-                    none_index=none_index,
-                )
-            )
+            turn = Turn(TASK_STAGE[task], task, "", (), options, tuple(gold), "", multi)
+            turns.append(judge_turn(turn, response, mode=mode, model=model))
         records.append(
             CaseResult(
                 key_id=key,

@@ -20,7 +20,7 @@ from typing import Any
 from chexpercept.answers import is_correct, parse_answer
 from chexpercept.bundle import Bundle, read_bundle
 from chexpercept.case import Case, Turn
-from chexpercept.results import CaseResult, TurnResult
+from chexpercept.results import CaseResult, TurnResult, judge_turn
 from chexpercept.vocab import ATTRIBUTE_KEYS, STAGE3_TASKS, parse_path
 
 from .runs import MISSING_POLICIES, Run, _oracle_from_folder, check_oracle
@@ -191,19 +191,7 @@ def read_reference_results(
 
 
 def _turn_result(turn: Turn, response: str, stored_correct: bool, model: str) -> TurnResult:
-    parsed = parse_answer(response, none_index=turn.none_index, model=model)
-    return TurnResult(
-        task=turn.task,
-        stage=turn.stage,
-        response=response,
-        parsed=list(parsed.indices),
-        parse_status=parsed.status,
-        gold=list(turn.answer_index),
-        correct=stored_correct,
-        n_options=len(turn.options),
-        multi_select=turn.multi_select,
-        none_index=turn.none_index,
-    )
+    return judge_turn(turn, response, model=model, correct=stored_correct)
 
 
 def write_reference_results(

@@ -16,10 +16,10 @@ from pathlib import Path as FsPath
 from typing import Any
 
 from chexpercept import templates
-from chexpercept.answers import is_correct, oracle_answer_text, parse_answer
+from chexpercept.answers import oracle_answer_text
 from chexpercept.bundle import Bundle
 from chexpercept.case import Case
-from chexpercept.results import RESULTS_NAME, RUN_NAME, CaseResult, TurnResult
+from chexpercept.results import RESULTS_NAME, RUN_NAME, CaseResult, TurnResult, judge_turn
 
 from .simulate import wrong_indices
 
@@ -39,7 +39,6 @@ def simulate_case(
     for turn in case.turns:
         p = accuracy if isinstance(accuracy, (int, float)) else accuracy.get(turn.task, 0.5)
         gold = list(turn.answer_index)
-        n = len(turn.options)
         roll = rnd.random()
         if roll < p:
             response = f"Answer: {','.join(map(str, gold))}"
@@ -47,27 +46,12 @@ def simulate_case(
             response = "I cannot determine this from the image."
         else:
             response = "Answer: " + ",".join(map(str, wrong_indices(turn, rnd)))
-        parsed = parse_answer(response, none_index=turn.none_index)
-        correct = is_correct(parsed, gold, multi_select=turn.multi_select)
-        patched = oracle_answer_text(gold) if (oracle == "implicit" and not correct) else None
+        record = judge_turn(turn, response, usage={"input_tokens": 100 * len(turns), "output_tokens": 4})
+        if oracle == "implicit" and not record.correct:
+            record.patched_to = oracle_answer_text(gold)
         conversation.append({"role": "user", "text": turn.text, "images": list(turn.images)})
-        conversation.append({"role": "assistant", "text": patched or response, "images": []})
-        turns.append(
-            TurnResult(
-                task=turn.task,
-                stage=turn.stage,
-                response=response,
-                parsed=list(parsed.indices),
-                parse_status=parsed.status,
-                gold=gold,
-                correct=correct,
-                n_options=n,
-                multi_select=turn.multi_select,
-                none_index=turn.none_index,
-                patched_to=patched,
-                usage={"input_tokens": 100 * len(turns), "output_tokens": 4},
-            )
-        )
+        conversation.append({"role": "assistant", "text": record.patched_to or response, "images": []})
+        turns.append(record)
     return CaseResult(
         key_id=case.key_id,
         lesion=case.lesion,

@@ -11,9 +11,8 @@ import random
 import zlib
 from collections.abc import Callable, Sequence
 
-from chexpercept.answers import is_correct, parse_answer
 from chexpercept.case import Case, Turn
-from chexpercept.results import CaseResult, TurnResult
+from chexpercept.results import CaseResult, judge_turn
 from chexpercept.testing import fixture_entry
 from chexpercept.vocab import LESIONS, PATHS, Path
 
@@ -84,21 +83,7 @@ def simulate_records(
             else:
                 picked = list(turn.answer_index) if answer else wrong_indices(turn, rnd)
                 text = answer_text(picked, style=rnd.randrange(3))
-            parsed = parse_answer(text, mode=mode, none_index=turn.none_index)
-            turns.append(
-                TurnResult(
-                    task=turn.task,
-                    stage=turn.stage,
-                    response=text,
-                    parsed=list(parsed.indices),
-                    parse_status=parsed.status,
-                    gold=list(turn.answer_index),
-                    correct=is_correct(parsed, turn.answer_index, multi_select=turn.multi_select, mode=mode),
-                    n_options=len(turn.options),
-                    multi_select=turn.multi_select,
-                    none_index=turn.none_index,
-                )
-            )
+            turns.append(judge_turn(turn, text, mode=mode))
         records.append(
             CaseResult(
                 key_id=case.key_id, lesion=case.lesion, path=case.path.value, oracle=oracle, turns=turns
@@ -171,19 +156,5 @@ def hand_record(
             text = answer
         else:
             text = answer_text(list(g) if answer else wrong_indices(turn, rnd))
-        parsed = parse_answer(text, none_index=turn.none_index)
-        turns.append(
-            TurnResult(
-                task=task,
-                stage=turn.stage,
-                response=text,
-                parsed=list(parsed.indices),
-                parse_status=parsed.status,
-                gold=list(g),
-                correct=is_correct(parsed, g, multi_select=multi),
-                n_options=len(options),
-                multi_select=multi,
-                none_index=turn.none_index,
-            )
-        )
+        turns.append(judge_turn(turn, text))
     return CaseResult(key_id=key_id, lesion=lesion, path=p.value, oracle=oracle, turns=turns)

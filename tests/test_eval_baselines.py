@@ -178,3 +178,31 @@ def test_baseline_run_imports_no_torch(fixture_bundle, tmp_path):
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip().splitlines()[-1] == "[]"
+
+
+def test_run_ends_with_the_models_table2_row(fixture_bundle, tmp_path, capsys):
+    """Item 7: the finished run is scored with the metric library; both oracle runs of a model combine."""
+    run_baseline(fixture_bundle, tmp_path, "baseline:oracle", "--oracle", "none")
+    first = capsys.readouterr().out
+    assert "| baseline-oracle | 100.0 | 100.0 | 100.0 | 100.0 | – | – | – | 4.00 | 3.00 | 1.00 |" in first
+    assert "E2E from: oracle none run" in first and "OP from: no run measures it yet (N/A)" in first
+    run_baseline(fixture_bundle, tmp_path, "baseline:oracle", "--oracle", "implicit")
+    second = capsys.readouterr().out
+    assert (
+        "| baseline-oracle | 100.0 | 100.0 | 100.0 | 100.0 | 100.0 (+0.0) | 100.0 (+0.0) | 100.0 (+0.0) |"
+        in second
+    )
+    assert "OP from: oracle implicit run" in second
+    rc = main(
+        [
+            "--data-dir",
+            str(fixture_bundle),
+            "--model",
+            "baseline:prior",
+            "--output-dir",
+            str(tmp_path),
+            "--no-progress",
+            "--no-score",
+        ]
+    )
+    assert rc == 0 and "Table 2" not in capsys.readouterr().out
