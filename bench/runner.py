@@ -28,6 +28,7 @@ can be read off the implicit run).
     python bench/runner.py                                   # 84 cases; 8, 32, 128 tokens; batch 8 and 64
     python bench/runner.py --lengths 8 --batch-sizes 64 --repeat 1     # a quick subset
     python bench/runner.py --synth --lengths 8 32 --reference-way      # 1024x1024 phantom X-rays
+    python bench/runner.py --reference-way --max-batch-tokens 8192 32768  # what bench/RESULTS.md shows
 """
 
 from __future__ import annotations
@@ -123,8 +124,10 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--max-batch-tokens",
         type=int,
-        default=DEFAULT_MAX_BATCH_TOKENS,
-        help="the transformers backend's padded-token budget per generate call (eval/run.py's option)",
+        nargs="+",
+        default=[DEFAULT_MAX_BATCH_TOKENS],
+        help="the transformers backend's padded-token budgets per generate call (eval/run.py's option); "
+        "each batch size is timed with each",
     )
     parser.add_argument("--json", help="also write the numbers to this file")
     args = parser.parse_args(argv)
@@ -143,7 +146,6 @@ def main(argv=None) -> int:
         backend = TransformersBackend(
             resolve(str(model), backend="transformers"),
             sampling=Sampling(temperature=0.0, top_p=1.0, max_tokens=length, greedy=True),
-            max_batch_tokens=args.max_batch_tokens,
         )
         backend.setup(RunContext(root=bundle.root, cases=cases))
         return backend, CountingBackend(backend)
@@ -155,7 +157,13 @@ def main(argv=None) -> int:
         file=sys.stderr,
     )
     load_before = os.getloadavg()
-    modes = ["one_at_a_time", *[f"batch_{bs}" for bs in args.batch_sizes]]
+    budgets = {}  # mode -> padded-token budget
+    for budget in args.max_batch_tokens:
+        for bs in args.batch_sizes:
+            budgets[
+                f"batch_{bs}" if budget == DEFAULT_MAX_BATCH_TOKENS else f"batch_{bs}_tokens_{budget}"
+            ] = budget
+    modes = ["one_at_a_time", *budgets]
     if args.reference_way:
         modes.insert(0, "reference_way")
 
@@ -165,6 +173,7 @@ def main(argv=None) -> int:
         if mode == "one_at_a_time":
             return one_at_a_time(cases, backend, "implicit")[0], None
         results = []
+        backend.max_batch_tokens = budgets[mode]
         stats = run_conversations(
             cases, backend, oracle="implicit", batch_size=int(mode.split("_")[1]), on_finished=results.extend
         )
@@ -177,7 +186,7 @@ def main(argv=None) -> int:
         if args.synth
         else f"fixture, {args.image_size}x{args.image_size} noise PNGs, per cell {args.per_cell}",
         "threads": torch.get_num_threads(),
-        "max_batch_tokens": args.max_batch_tokens,
+        "max_batch_tokens": budgets,
         "repeats": args.repeat,
         "backend_inputs": backend.notes,
         "lengths": {},
@@ -185,7 +194,7 @@ def main(argv=None) -> int:
     implicit_at_shortest = stats_at_shortest = None
     for length in sorted(args.lengths):
         backend, counter = make_backend(length)
-        run(f"batch_{max(args.batch_sizes)}")  # warm-up: the largest tensors of this length
+        run(max(budgets, key=lambda m: (int(m.split("_")[1]), budgets[m])))  # warm-up: the largest tensors
         times: dict[str, list[float]] = {}
         outputs: dict[str, dict] = {}
         calls: dict[str, int] = {}
@@ -205,7 +214,7 @@ def main(argv=None) -> int:
                 new_tokens[mode] = sum(t.usage["output_tokens"] for t in turns) / len(turns)
                 if stats is not None:
                     steps[mode] = stats.steps
-                    if length == min(args.lengths) and mode == f"batch_{max(args.batch_sizes)}":
+                    if length == min(args.lengths) and implicit_at_shortest is None:
                         implicit_at_shortest, stats_at_shortest = results, stats
         base = min(times["one_at_a_time"])
         entry = {}
