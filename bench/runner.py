@@ -6,7 +6,8 @@ one request per model call, before starting the next (what the reference runner 
 engine, which advances up to --batch-size conversations together and sends each step as one batched
 generate call. It checks that every mode gives the same answers token for token, and reports cases
 per second and the speed-up. --reference-way adds the loop that also decodes and prepares every
-image of the history again on every turn, as the reference does (spec 7.1 item 4).
+image of the history again on every turn, as the reference does (spec 7.1 item 4); --plain-inputs
+adds the engine with the transformers backend's input shortcuts turned off (see its docstring).
 
 Why answer length matters. A turn costs a prefill (the whole history, ~130 to ~1,000 tokens here,
 and its images) plus one forward pass per new token. On a CPU the prefill's cost grows with its
@@ -79,11 +80,13 @@ def answers(results):
     return {r.key_id: [t.response for t in r.turns] for r in results}
 
 
-class CountingBackend:
-    """Counts the generate calls the backend makes to the model (its micro-batches)."""
+class CallCounter:
+    """Counts the generate calls backends make to the model (their micro-batches)."""
 
-    def __init__(self, backend: TransformersBackend):
+    def __init__(self):
         self.calls = 0
+
+    def wrap(self, backend: TransformersBackend) -> TransformersBackend:
         inner = backend._generate
 
         def counted(requests):
@@ -91,6 +94,7 @@ class CountingBackend:
             return inner(requests)
 
         backend._generate = counted
+        return backend
 
 
 def make_bundle(work: Path, args) -> Path:
@@ -112,6 +116,12 @@ def main(argv=None) -> int:
         "--reference-way",
         action="store_true",
         help="also time the loop that prepares every history image again on every turn",
+    )
+    parser.add_argument(
+        "--plain-inputs",
+        action="store_true",
+        help="also time the largest batch with the backend's input shortcuts off (fast_inputs=False, "
+        "image_workers=1), to show what they save",
     )
     parser.add_argument("--image-size", type=int, default=256, help="side of the fixture bundle's noise PNGs")
     parser.add_argument(
@@ -142,15 +152,19 @@ def main(argv=None) -> int:
     cases = bundle.cases
     n_turns = sum(len(c.turns) for c in cases)
 
-    def make_backend(length: int) -> tuple[TransformersBackend, CountingBackend]:
+    counter = CallCounter()
+
+    def make_backend(length: int, **options) -> TransformersBackend:
         backend = TransformersBackend(
             resolve(str(model), backend="transformers"),
             sampling=Sampling(temperature=0.0, top_p=1.0, max_tokens=length, greedy=True),
+            **options,
         )
         backend.setup(RunContext(root=bundle.root, cases=cases))
-        return backend, CountingBackend(backend)
+        return counter.wrap(backend)
 
-    backend, counter = make_backend(min(args.lengths))
+    backend = make_backend(min(args.lengths))
+    plain = None
     print(
         f"{len(cases)} cases, {n_turns} turns; tiny Gemma3 on CPU ({torch.get_num_threads()} threads); "
         f"answer lengths {args.lengths}; inputs: {backend.notes}",
@@ -163,6 +177,8 @@ def main(argv=None) -> int:
             budgets[
                 f"batch_{bs}" if budget == DEFAULT_MAX_BATCH_TOKENS else f"batch_{bs}_tokens_{budget}"
             ] = budget
+    if args.plain_inputs:
+        budgets[f"batch_{max(args.batch_sizes)}_plain_inputs"] = DEFAULT_MAX_BATCH_TOKENS
     modes = ["one_at_a_time", *budgets]
     if args.reference_way:
         modes.insert(0, "reference_way")
@@ -173,9 +189,14 @@ def main(argv=None) -> int:
         if mode == "one_at_a_time":
             return one_at_a_time(cases, backend, "implicit")[0], None
         results = []
-        backend.max_batch_tokens = budgets[mode]
+        engine_backend = plain if mode.endswith("_plain_inputs") else backend
+        engine_backend.max_batch_tokens = budgets[mode]
         stats = run_conversations(
-            cases, backend, oracle="implicit", batch_size=int(mode.split("_")[1]), on_finished=results.extend
+            cases,
+            engine_backend,
+            oracle="implicit",
+            batch_size=int(mode.split("_")[1]),
+            on_finished=results.extend,
         )
         return results, stats
 
@@ -193,7 +214,9 @@ def main(argv=None) -> int:
     }
     implicit_at_shortest = stats_at_shortest = None
     for length in sorted(args.lengths):
-        backend, counter = make_backend(length)
+        backend = make_backend(length)
+        if args.plain_inputs:
+            plain = make_backend(length, fast_inputs=False, image_workers=1)
         run(max(budgets, key=lambda m: (int(m.split("_")[1]), budgets[m])))  # warm-up: the largest tensors
         times: dict[str, list[float]] = {}
         outputs: dict[str, dict] = {}
@@ -237,7 +260,7 @@ def main(argv=None) -> int:
         print(f"max_new_tokens {length}: {json.dumps(entry)}", file=sys.stderr, flush=True)
 
     # model calls: one implicit run vs the none + implicit pair (at the shortest length)
-    backend, counter = make_backend(min(args.lengths))
+    backend = make_backend(min(args.lengths))
     none_results = []
     none_stats = run_conversations(
         cases, backend, oracle="none", batch_size=max(args.batch_sizes), on_finished=none_results.extend
