@@ -31,8 +31,10 @@ from .protocol import BackendError, Request, Response, RunContext, Sampling
 from .registry import ModelSpec
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-#: padded prompt tokens per generate call (rows x longest row), estimated
-DEFAULT_MAX_BATCH_TOKENS = 8192
+#: padded prompt tokens per generate call (rows x longest row), estimated. Each micro-batch pays
+#: its own decode loop, so fewer, larger ones win as answers get longer (bench/RESULTS.md); the
+#: budget bounds memory: lower it if a batch runs out of GPU memory.
+DEFAULT_MAX_BATCH_TOKENS = 32768
 
 
 def pick_device(device: str, process_index: int) -> str:

@@ -32,6 +32,7 @@ from chexpercept.answers import PARSE_MODES
 from chexpercept.bundle import Bundle, read_bundle
 from chexpercept.case import Case
 from chexpercept.errors import BundleValidationError, ReleaseNotFoundError
+from chexpercept.eval.backend_transformers import DEFAULT_MAX_BATCH_TOKENS
 from chexpercept.eval.distributed import Distributed
 from chexpercept.eval.engine import EngineStats, run_conversations
 from chexpercept.eval.protocol import Backend, BackendError, RunContext, Sampling
@@ -159,8 +160,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--max-batch-tokens",
         type=int,
-        default=8192,
-        help="padded prompt tokens per generate call; a step is split by length within it (default 8192)",
+        default=DEFAULT_MAX_BATCH_TOKENS,
+        help="padded prompt tokens per generate call; a step is split by length within it; lower it if "
+        f"a batch runs out of memory (default {DEFAULT_MAX_BATCH_TOKENS})",
     )
 
     g = parser.add_argument_group("openai backend")
