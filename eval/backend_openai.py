@@ -174,14 +174,7 @@ class OpenAIBackend:
         return url
 
     def build_payload(self, request: Request) -> dict[str, Any]:
-        messages: list[dict[str, Any]] = []
-        for m in request.messages:
-            if m.role == "system":
-                messages.append({"role": "system", "content": m.text})
-                continue
-            content: list[dict[str, Any]] = [{"type": "text", "text": m.text}]
-            content += [{"type": "image_url", "image_url": {"url": self.data_url(p)}} for p in m.images]
-            messages.append({"role": m.role, "content": content})
+        messages = request.openai_messages(self.data_url)
         s = self._sampling
         payload: dict[str, Any] = {
             "model": self.spec.model_id,

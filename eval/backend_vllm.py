@@ -164,16 +164,8 @@ class VLLMBackend:
         return FsPath(self.root, relative).as_uri()
 
     def build_messages(self, request: Request) -> list[dict[str, Any]]:
-        """OpenAI-style messages: system text; user text then its images; assistant text."""
-        messages: list[dict[str, Any]] = []
-        for m in request.messages:
-            if m.role == "system":
-                messages.append({"role": "system", "content": m.text})
-                continue
-            content: list[dict[str, Any]] = [{"type": "text", "text": m.text}]
-            content += [{"type": "image_url", "image_url": {"url": self.image_url(p)}} for p in m.images]
-            messages.append({"role": m.role, "content": content})
-        return messages
+        """OpenAI-style messages with images as file:// URLs inside the bundle."""
+        return request.openai_messages(self.image_url)
 
     def generate(self, requests: Sequence[Request]) -> list[Response]:
         conversations = [self.build_messages(r) for r in requests]

@@ -9,7 +9,7 @@ and never re-encodes an image that it has already prepared for a live conversati
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path as FsPath
 from typing import Any, Protocol
@@ -44,6 +44,19 @@ class Request:
     @property
     def images(self) -> list[str]:
         return [p for m in self.messages for p in m.images]
+
+    def openai_messages(self, image_url: Callable[[str], str]) -> list[dict[str, Any]]:
+        """OpenAI-style chat messages (vLLM's LLM.chat and /chat/completions take the same shape):
+        system text; user text then its images, each as ``image_url(relative path)``; assistant text."""
+        messages: list[dict[str, Any]] = []
+        for m in self.messages:
+            if m.role == "system":
+                messages.append({"role": "system", "content": m.text})
+                continue
+            content: list[dict[str, Any]] = [{"type": "text", "text": m.text}]
+            content += [{"type": "image_url", "image_url": {"url": image_url(p)}} for p in m.images]
+            messages.append({"role": m.role, "content": content})
+        return messages
 
 
 @dataclass

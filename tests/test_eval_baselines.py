@@ -15,6 +15,7 @@ from chexpercept.eval.backend_baselines import BaselineBackend, random_answer
 from chexpercept.eval.run import main
 from chexpercept.results import iter_results
 from chexpercept.testing import write_fixture_bundle
+from chexpercept.vocab import TASKS
 
 
 @pytest.fixture(scope="module")
@@ -63,17 +64,7 @@ def test_random_baseline_lands_within_chance_intervals(big_bundle, tmp_path):
             n_real = t.n_options - (1 if t.none_index else 0)
             chance = 1 / 2**n_real if t.multi_select else 1 / t.n_options
             by_task.setdefault(t.task, []).append((chance, t.correct))
-    assert set(by_task) == {
-        "detection",
-        "contour_eval",
-        "expansion",
-        "contraction",
-        "revision_result",
-        "distribution",
-        "location",
-        "severity",
-        "comparison",
-    }
+    assert set(by_task) == set(TASKS)
     for task, rows in by_task.items():
         expected = sum(p for p, _ in rows)
         sd = math.sqrt(sum(p * (1 - p) for p, _ in rows))
