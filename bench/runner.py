@@ -29,7 +29,7 @@ can be read off the implicit run).
     python bench/runner.py                                   # 84 cases; 8, 32, 128 tokens; batch 8 and 64
     python bench/runner.py --lengths 8 --batch-sizes 64 --repeat 1     # a quick subset
     python bench/runner.py --synth --lengths 8 32 --reference-way      # 1024x1024 phantom X-rays
-    python bench/runner.py --reference-way --max-batch-tokens 8192 32768  # what bench/RESULTS.md shows
+    python bench/runner.py --reference-way --plain-inputs --max-batch-tokens 8192 32768  # bench/RESULTS.md
 """
 
 from __future__ import annotations
