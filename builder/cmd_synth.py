@@ -5,19 +5,16 @@ from __future__ import annotations
 import argparse
 import sys
 
-from chexpercept.vocab import LESIONS
-
+from .cmd_synth_sources import add_phantom_arguments
 from .regions import PARTITION_MODES
 from .sources import SourceError
 from .synth import synthesize_report
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", required=True, metavar="DIR", help="bundle folder to write")
-    parser.add_argument("--per-cell", type=int, default=1, help="cases per (lesion, path) cell (21 cells)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--num-proc", type=int, default=1, help="worker processes")
-    parser.add_argument("--lesions", nargs="+", default=list(LESIONS), metavar="LESION")
+    add_phantom_arguments(
+        parser, out_help="bundle folder to write", per_cell_help="cases per (lesion, path) cell (21 cells)"
+    )
     parser.add_argument("--partition", choices=PARTITION_MODES, default="reference")
     parser.add_argument(
         "--overwrite", action="store_true", help="discard an earlier bundle with other settings"

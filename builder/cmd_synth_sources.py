@@ -10,16 +10,21 @@ from chexpercept.vocab import LESIONS
 from .synth_sources import ANATOMY_FORMATS, synthesize_sources
 
 
-def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--out", required=True, metavar="DIR", help="folder to write the three source folders into"
-    )
-    parser.add_argument(
-        "--per-cell", type=int, default=1, help="cases per (lesion, path) cell to provide for"
-    )
+def add_phantom_arguments(parser: argparse.ArgumentParser, *, out_help: str, per_cell_help: str) -> None:
+    """The options `synth` and `synth-sources` share (synth passes them on to synth-sources)."""
+    parser.add_argument("--out", required=True, metavar="DIR", help=out_help)
+    parser.add_argument("--per-cell", type=int, default=1, help=per_cell_help)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--num-proc", type=int, default=1, help="worker processes")
     parser.add_argument("--lesions", nargs="+", default=list(LESIONS), metavar="LESION")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    add_phantom_arguments(
+        parser,
+        out_help="folder to write the three source folders into",
+        per_cell_help="cases per (lesion, path) cell to provide for",
+    )
     parser.add_argument(
         "--anatomy-format",
         choices=ANATOMY_FORMATS,
