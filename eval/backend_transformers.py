@@ -233,8 +233,14 @@ class TransformersBackend:
 
     # ------------------------------------------------------------------ requests
     def _decode(self, relative: str) -> Image.Image:
-        with Image.open(os.path.join(self.root, relative)) as f:
-            return f.convert("RGB")
+        path = os.path.join(self.root, relative)
+        try:
+            with Image.open(path) as f:
+                return f.convert("RGB")
+        except OSError as e:  # missing, truncated or not an image: name the file (its folder is the case)
+            raise BackendError(
+                f"cannot decode image {path}: {e} (validate the bundle with --check-images full)"
+            ) from e
 
     def _prepare(self, relative: str) -> Image.Image:
         im = self._decode(relative)

@@ -297,3 +297,17 @@ def test_a_processor_that_cannot_give_numpy_keeps_torch_tensors(tiny_model, larg
     assert note.startswith("torch tensors: numpy outputs failed: ValueError: only torch here (checked on")
     request = walk_to_last_turn(large_image_bundle.cases[0])[-1]
     assert len(backend.generate([request])) == 1
+
+
+def test_an_image_that_breaks_after_validation_stops_the_run_naming_the_file(tmp_path, tiny_model, capsys):
+    """--check-images exists lets a truncated PNG through; decoding it must stop the run, naming it."""
+    from chexpercept.testing import write_fixture_bundle
+
+    bundle = write_fixture_bundle(tmp_path / "bundle", per_cell=1, seed=0)
+    case = next(c for c in read_bundle(bundle).cases if c.lesion == "effusion")
+    broken = bundle / case.turns[0].images[0]
+    broken.write_bytes(broken.read_bytes()[:40])
+    code = run_tiny(bundle, tmp_path / "runs", tiny_model, "--check-images", "exists", "--no-score")
+    err = capsys.readouterr().err
+    assert code == 2
+    assert f"cannot decode image {broken}" in err and case.key_id in err
