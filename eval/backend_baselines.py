@@ -56,7 +56,6 @@ class BaselineBackend:
     """The four baselines behind the Backend interface."""
 
     name = "baseline"
-    max_batch_size = None
     default_batch_size = 256
 
     def __init__(self, model: str):

@@ -123,7 +123,6 @@ class RetryPolicy:
 
 class OpenAIBackend:
     name = "openai"
-    max_batch_size = None
     default_batch_size = 64
 
     def __init__(

@@ -66,7 +66,6 @@ def _check_requests(context: RunContext) -> list[Request]:
 
 class TransformersBackend:
     name = "transformers"
-    max_batch_size = None
     default_batch_size = 64
 
     def __init__(
@@ -292,10 +291,10 @@ class TransformersBackend:
         One padded batch costs (rows x longest row); mixing a first turn with a ninth wastes most of
         it, so a step's requests are sorted by length and cut where the budget would be exceeded.
         """
-        order = sorted(range(len(requests)), key=lambda i: self.estimated_tokens(requests[i]))
+        sizes = [self.estimated_tokens(r) for r in requests]
         groups: list[list[int]] = []
-        for i in order:
-            longest = self.estimated_tokens(requests[i])  # sorted: the newest row is the longest
+        for i in sorted(range(len(requests)), key=sizes.__getitem__):
+            longest = sizes[i]  # sorted: the newest row is the longest
             if groups and (len(groups[-1]) + 1) * longest <= self.max_batch_tokens:
                 groups[-1].append(i)
             else:
@@ -303,13 +302,13 @@ class TransformersBackend:
         return groups
 
     def generate(self, requests: Sequence[Request]) -> list[Response]:
-        self.load_images(p for r in requests for p in r.images)
+        used = dict.fromkeys(p for r in requests for p in r.images)  # in order, without repeats
+        self.load_images(used)
         responses: list[Response | None] = [None] * len(requests)
         for group in self.micro_batches(requests):
             for i, response in zip(group, self._generate([requests[i] for i in group])):
                 responses[i] = response
         # keep decoded images only for conversations still running (they re-send them next turn)
-        used = {p for r in requests for p in r.images}
         self._images = {p: im for p, im in self._images.items() if p in used}
         if self.pixel_cache is not None:
             self.pixel_cache.keep_only(self._images.values())

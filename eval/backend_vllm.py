@@ -81,7 +81,6 @@ def plan_gpus(
 
 class VLLMBackend:
     name = "vllm"
-    max_batch_size = None
     default_batch_size = 256
 
     def __init__(

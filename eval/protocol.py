@@ -114,8 +114,6 @@ class BackendError(RuntimeError):
 class Backend(Protocol):
     #: the name recorded in run.json ("vllm", "transformers", "openai", "baseline")
     name: str
-    #: how many requests one generate() call takes at most (None: no limit of its own)
-    max_batch_size: int | None
     #: the batch size used when --batch-size is not given
     default_batch_size: int
 

@@ -32,7 +32,8 @@ from chexpercept.answers import PARSE_MODES
 from chexpercept.bundle import Bundle, read_bundle
 from chexpercept.case import Case
 from chexpercept.errors import BundleValidationError, ReleaseNotFoundError
-from chexpercept.eval.backend_transformers import DEFAULT_MAX_BATCH_TOKENS
+from chexpercept.eval.backend_transformers import DEFAULT_MAX_BATCH_TOKENS, DTYPES
+from chexpercept.eval.backend_vllm import DEFAULT_GPU_MEMORY_UTILIZATION
 from chexpercept.eval.distributed import Distributed
 from chexpercept.eval.engine import EngineStats, run_conversations
 from chexpercept.eval.protocol import Backend, BackendError, RunContext, Sampling
@@ -144,13 +145,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
     g = parser.add_argument_group("vllm backend")
     g.add_argument("--tensor-parallel-size", type=int, help="GPUs per engine (default: the process's share)")
-    g.add_argument("--gpu-memory-utilization", type=float, default=0.85)
+    g.add_argument("--gpu-memory-utilization", type=float, default=DEFAULT_GPU_MEMORY_UTILIZATION)
     g.add_argument(
         "--engine-args", type=_json_arg, help="extra vLLM engine arguments as JSON (override registry)"
     )
 
     g = parser.add_argument_group("transformers backend")
-    g.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), help="default auto")
+    g.add_argument("--dtype", choices=DTYPES, help="default auto")
     g.add_argument(
         "--device", default="auto", help="cpu, cuda, cuda:1 ... (default: this process's GPU or cpu)"
     )
@@ -480,7 +481,7 @@ def _run_locked(
     missing = [c.key_id for c in cases if c.key_id not in records]
     if missing:
         raise StoreError(f"{len(missing)} selected case(s) have no result after the run, e.g. {missing[:5]}")
-    rewrite_in_order(folder.results, {c.key_id: i for i, c in enumerate(bundle.cases)})
+    rewrite_in_order(folder.results, records, {c.key_id: i for i, c in enumerate(bundle.cases)})
     info = dict(outcome["info"])
     info["finished"] = now()
     info["backend_settings"] = backend.describe()
@@ -488,7 +489,7 @@ def _run_locked(
     info["last_session"] = {
         "cases": len(remaining),
         "model_calls_main_process": stats.requests,
-        "batches_main_process": stats.batches,
+        "batches_main_process": stats.steps,  # one generate call per step
         "seconds_main_process": round(stats.seconds, 3),
     }
     write_json_atomic(folder.run_json, info)

@@ -15,12 +15,13 @@ import fcntl
 import json
 import os
 import socket
-import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path as FsPath
 from typing import Any
 
 from chexpercept.results import RESULTS_NAME, RUN_NAME, CaseResult
+
+from .provenance import now
 
 LOCK_NAME = "run.lock"
 
@@ -67,7 +68,7 @@ class RunLock:
             "pid": pid,
             "host": socket.gethostname(),
             "process_start": _process_start(pid),
-            "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "since": now(),
         }
 
     def _read(self) -> dict[str, Any] | None:
@@ -230,10 +231,12 @@ def append_results(results: str | os.PathLike[str], cases: Iterable[CaseResult])
         os.close(fd)
 
 
-def rewrite_in_order(results: str | os.PathLike[str], order: Mapping[str, int]) -> int:
-    """Rewrite results.jsonl sorted by bundle order (cases outside ``order`` last); atomic."""
+def rewrite_in_order(
+    results: str | os.PathLike[str], records: Mapping[str, Mapping[str, Any]], order: Mapping[str, int]
+) -> None:
+    """Rewrite results.jsonl from its ``records`` (read_records) sorted by bundle order (cases
+    outside ``order`` last); atomic."""
     path = FsPath(results)
-    records = read_records(path)
     keys = sorted(records, key=lambda k: (order.get(k, len(order)), k))
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w", encoding="utf-8") as f:
@@ -242,7 +245,6 @@ def rewrite_in_order(results: str | os.PathLike[str], order: Mapping[str, int]) 
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    return len(keys)
 
 
 # ------------------------------------------------------------------------------------- run.json

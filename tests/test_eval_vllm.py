@@ -111,7 +111,7 @@ def test_each_step_is_one_chat_call_with_a_list_of_conversations(fixture_bundle)
     )
     assert len(results) == 6
     longest = max(len(c.turns) for c in bundle.cases)
-    assert len(llm.calls) == stats.batches == longest  # one call per step, all live cases together
+    assert len(llm.calls) == stats.steps == longest  # one call per step, all live cases together
     assert len(llm.calls[0]["messages"]) == 6
     first = llm.calls[0]
     assert first["sampling_params"] is backend.params and first["use_tqdm"] is False
