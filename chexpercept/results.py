@@ -25,6 +25,16 @@ ORACLE_SETTINGS: tuple[str, ...] = ("none", "implicit", "explicit")
 SCHEMA_VERSION = 1
 
 
+def check_oracle(value: str, where: str = "") -> str:
+    """``value`` if it is an oracle setting; else a ValueError naming ``where`` it came from."""
+    if value not in ORACLE_SETTINGS:
+        prefix = f"{where}: " if where else ""
+        raise ValueError(
+            f"{prefix}unknown oracle setting {value!r}; expected one of {', '.join(ORACLE_SETTINGS)}"
+        )
+    return value
+
+
 @dataclass
 class TurnResult:
     """One asked turn of one case."""

@@ -105,7 +105,6 @@ class TransformersBackend:
         self.resize: FixedResize | None = None
         self.pixel_cache: PixelCache | None = None
         self.notes: dict[str, str] = {}
-        self.seed = 0
         self.root = ""
         self._images: dict[str, Image.Image] = {}
         #: threads that decode a step's new images (default: the CPU count, at most 8)
@@ -125,9 +124,8 @@ class TransformersBackend:
                 f"the transformers backend needs torch and transformers: pip install -e '.[hf]' ({e})"
             ) from e
         self.root = str(context.root)
-        self.seed = context.seed
         self._torch = torch
-        torch.manual_seed(self.seed)
+        torch.manual_seed(context.seed)
         if context.process_index != 0:  # one progress display per run: the main process's
             transformers.utils.logging.disable_progress_bar()
         self.resolved_device = pick_device(self.device, context.process_index)
@@ -138,7 +136,6 @@ class TransformersBackend:
         if tokenizer is None:
             raise BackendError(f"{self.spec.model_id}: its processor has no tokenizer")
         tokenizer.padding_side = "left"
-        self.tokenizer = tokenizer
         model_cls = getattr(transformers, self.model_class)
         kwargs: dict[str, Any] = {
             "dtype": "auto" if self.dtype == "auto" else getattr(torch, self.dtype),

@@ -13,10 +13,10 @@ from typing import Any
 
 from chexpercept.answers import ParseMode
 from chexpercept.case import Case, Turn
-from chexpercept.results import CaseResult, TurnResult, judge_turn
+from chexpercept.results import CaseResult, TurnResult, check_oracle, judge_turn
 from chexpercept.templates import SYSTEM_MESSAGE
 
-from .oracle import ORACLE_SEPARATOR, check_setting, intervention
+from .oracle import ORACLE_SEPARATOR, intervention
 from .protocol import Message, Request, Response
 
 #: usage keys summed over a case's turns
@@ -35,7 +35,7 @@ class Conversation:
 
     def __init__(self, case: Case, *, oracle: str, parse_mode: ParseMode = "reference", model: str = ""):
         self.case = case
-        self.oracle = check_setting(oracle)
+        self.oracle = check_oracle(oracle)
         self.parse_mode = parse_mode
         #: model name given to the parser (GLM answer boxes are unwrapped for GLM models only)
         self.model = model

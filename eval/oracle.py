@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 
 from chexpercept.answers import oracle_answer_text
 from chexpercept.case import Case
-from chexpercept.results import ORACLE_SETTINGS
 from chexpercept.templates import ordinal
 from chexpercept.vocab import Path
 
@@ -138,9 +137,3 @@ def intervention(case: Case, task: str, correct: Mapping[str, bool]) -> Interven
                 return Intervention(revised_mask_text(case), _patch(case, "revision_result"))
             return None
     return None
-
-
-def check_setting(setting: str) -> str:
-    if setting not in ORACLE_SETTINGS:
-        raise ValueError(f"unknown oracle setting {setting!r}; expected one of {', '.join(ORACLE_SETTINGS)}")
-    return setting

@@ -333,22 +333,19 @@ def execute(args: argparse.Namespace, dist: Distributed) -> int:
     chat_kwargs, note = chat_kwargs_for(spec, args)
     if note and dist.is_main:
         print(f"note: {note}", file=sys.stderr)
-    bundle = read_bundle(
-        args.data_dir,
-        lesions=_list_arg(args.lesions),
-        paths=_list_arg(args.paths),
-        check_images=args.check_images,
-    )
-    cases = select_cases(bundle.cases, per_cell=args.per_cell, limit=args.limit)
-    if not cases:
-        raise ValueError(
-            f"no case of {bundle.root} matches the selection (--lesions/--paths/--per-cell/--limit)"
-        )
+    # arguments first: a wrong one fails before the bundle's images are checked
     backend = make_backend(spec, args, sampling, chat_kwargs)
     sampling = backend.sampling()
     batch_size = args.batch_size or backend.default_batch_size
     if batch_size < 1:
         raise ValueError(f"--batch-size must be at least 1, got {batch_size}")
+    lesions, paths = _list_arg(args.lesions), _list_arg(args.paths)
+    bundle = read_bundle(args.data_dir, lesions=lesions, paths=paths, check_images=args.check_images)
+    cases = select_cases(bundle.cases, per_cell=args.per_cell, limit=args.limit)
+    if not cases:
+        raise ValueError(
+            f"no case of {bundle.root} matches the selection (--lesions/--paths/--per-cell/--limit)"
+        )
     folder = RunFolder(FsPath(args.output_dir) / (args.run_name or spec.name) / f"oracle_{args.oracle}")
     settings = {
         "model_id": spec.model_id,
@@ -362,14 +359,8 @@ def execute(args: argparse.Namespace, dist: Distributed) -> int:
     }
     header = {
         "model": spec.name,
-        "model_id": spec.model_id,
         "display_name": spec.display or spec.name,
-        "backend": spec.backend,
-        "oracle": args.oracle,
-        "parse_mode": args.parse_mode,
-        "sampling": sampling.as_dict(),
-        "seed": args.seed,
-        "chat_template_kwargs": chat_kwargs,
+        **{k: v for k, v in settings.items() if k != "bundle_fingerprint"},
         "bundle": {
             "path": str(bundle.root),
             "fingerprint": settings["bundle_fingerprint"],
@@ -377,8 +368,8 @@ def execute(args: argparse.Namespace, dist: Distributed) -> int:
             "n_cases": len(bundle.cases),
         },
         "selection": {
-            "lesions": _list_arg(args.lesions),
-            "paths": _list_arg(args.paths),
+            "lesions": lesions,
+            "paths": paths,
             "per_cell": args.per_cell,
             "limit": args.limit,
             "n_selected": len(cases),

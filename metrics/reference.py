@@ -20,10 +20,10 @@ from typing import Any
 from chexpercept.answers import is_correct, parse_answer
 from chexpercept.bundle import Bundle, read_bundle
 from chexpercept.case import Case, Turn
-from chexpercept.results import CaseResult, TurnResult, judge_turn
+from chexpercept.results import CaseResult, TurnResult, check_oracle, judge_turn
 from chexpercept.vocab import ATTRIBUTE_KEYS, STAGE3_TASKS, parse_path
 
-from .runs import MISSING_POLICIES, Run, _oracle_from_folder, check_oracle
+from .runs import MISSING_POLICIES, Run, _oracle_from_folder
 
 
 def _step(task: str) -> tuple[str, str]:

@@ -17,7 +17,14 @@ from dataclasses import dataclass, field
 from pathlib import Path as FsPath
 from typing import Any
 
-from chexpercept.results import ORACLE_SETTINGS, RESULTS_NAME, RUN_NAME, CaseResult, iter_results
+from chexpercept.results import (
+    ORACLE_SETTINGS,
+    RESULTS_NAME,
+    RUN_NAME,
+    CaseResult,
+    check_oracle,
+    iter_results,
+)
 
 REFERENCE_RESULTS_NAME = "all_results.json"
 MISSING_POLICIES: tuple[str, ...] = ("wrong", "skip")
@@ -54,12 +61,6 @@ class Run:
     def label(self) -> str:
         where = f" ({self.path})" if self.path else ""
         return f"oracle {self.oracle} run{where}"
-
-
-def check_oracle(value: str, where: str) -> str:
-    if value not in ORACLE_SETTINGS:
-        raise ValueError(f"{where}: unknown oracle setting {value!r}; expected one of {ORACLE_SETTINGS}")
-    return value
 
 
 def greedy_from_meta(meta: dict[str, Any]) -> tuple[bool | None, str | None]:

@@ -165,7 +165,7 @@ def test_implicit_patch_sorts_multi_select_gold():
 
 def test_unknown_setting_is_refused():
     with pytest.raises(ValueError, match="unknown oracle setting"):
-        oracle.check_setting("sometimes")
+        Conversation(make_case(), oracle="sometimes")
 
 
 # ------------------------------------------------------------------------------ conversations
