@@ -163,7 +163,8 @@ def main(argv=None) -> int:
         backend.setup(RunContext(root=bundle.root, cases=cases))
         return counter.wrap(backend)
 
-    backend = make_backend(min(args.lengths))
+    shortest = min(args.lengths)
+    backend = first = make_backend(shortest)  # reused for the shortest length and the model calls
     plain = None
     print(
         f"{len(cases)} cases, {n_turns} turns; tiny Gemma3 on CPU ({torch.get_num_threads()} threads); "
@@ -214,7 +215,7 @@ def main(argv=None) -> int:
     }
     implicit_at_shortest = stats_at_shortest = None
     for length in sorted(args.lengths):
-        backend = make_backend(length)
+        backend = first if length == shortest else make_backend(length)
         if args.plain_inputs:
             plain = make_backend(length, fast_inputs=False, image_workers=1)
         run(max(budgets, key=lambda m: (int(m.split("_")[1]), budgets[m])))  # warm-up: the largest tensors
@@ -237,7 +238,7 @@ def main(argv=None) -> int:
                 new_tokens[mode] = sum(t.usage["output_tokens"] for t in turns) / len(turns)
                 if stats is not None:
                     steps[mode] = stats.steps
-                    if length == min(args.lengths) and implicit_at_shortest is None:
+                    if length == shortest and implicit_at_shortest is None:
                         implicit_at_shortest, stats_at_shortest = results, stats
         base = min(times["one_at_a_time"])
         entry = {}
@@ -260,7 +261,8 @@ def main(argv=None) -> int:
         print(f"max_new_tokens {length}: {json.dumps(entry)}", file=sys.stderr, flush=True)
 
     # model calls: one implicit run vs the none + implicit pair (at the shortest length)
-    backend = make_backend(min(args.lengths))
+    backend = first
+    backend.max_batch_tokens = DEFAULT_MAX_BATCH_TOKENS
     none_results = []
     none_stats = run_conversations(
         cases, backend, oracle="none", batch_size=max(args.batch_sizes), on_finished=none_results.extend
