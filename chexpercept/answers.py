@@ -57,15 +57,14 @@ _DIGIT_LINE = re.compile(r"[\d,\s]+")
 _DIGITS = re.compile(r"\d+")
 _SIGNED_INT = re.compile(r"-?\d+")
 
-# strict mode: "Answer" (any case, optional markdown), a separator, then the answer text on that line
-_STRICT = re.compile(
-    r"(?:\*\*|__)?\banswer\b(?:\*\*|__)?[ \t]*(?::|-|=|\bis\b)[ \t]*(?:\*\*|__)?[ \t]*([^\n]*)",
-    re.IGNORECASE,
-)
-#: the same, anchored at the word "answer" (markdown before it does not matter)
+# strict mode: "answer" (any case, optional markdown), a separator, then the answer text on that
+# line; matched at each place the word starts (markdown before it does not matter)
 _STRICT_FROM = re.compile(
     r"answer(?:\*\*|__)?[ \t]*(?::|-|=|\bis\b)[ \t]*(?:\*\*|__)?[ \t]*([^\n]*)", re.IGNORECASE
 )
+#: the same as one search, for text whose case mapping changes its length: "answer" not preceded
+#: by a letter or digit, as _strict_statements checks on the fast path
+_STRICT = re.compile(r"(?<![^\W_])" + _STRICT_FROM.pattern, re.IGNORECASE)
 _STRICT_ITEM = r"[\[\(]?[ \t]*\d+[ \t]*[\]\)]?"
 _STRICT_LIST = re.compile(
     r"(?:options?[ \t]*)?[\[\(]?[ \t]*"

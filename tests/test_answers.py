@@ -155,6 +155,16 @@ def test_strict_mode_more_forms(text, indices, status):
     assert (parsed.indices, parsed.status) == (indices, status)
 
 
+@pytest.mark.parametrize(
+    "text", ["__Answer__: 2", "x_answer: 2", "Final Answer: 2", "banswer: 2", "**Answer**: 3 and 4"]
+)
+def test_strict_mode_reads_the_same_when_case_mapping_changes_the_length(text):
+    """'İ'.lower() is two characters: the whole-text search must agree with the per-word path."""
+    plain = parse_answer(text, mode="strict", none_index=5)
+    shifted = parse_answer("İ " + text, mode="strict", none_index=5)
+    assert (shifted.indices, shifted.status) == (plain.indices, plain.status)
+
+
 def test_non_string_responses_and_memoisation():
     assert parse_answer(2).indices == (2,)  # a bare number from a JSON file
     first = parse_answer("Answer: 3", mode="strict")
