@@ -145,7 +145,7 @@ class Chexpercept(datasets.GeneratorBasedBuilder):
         root_path = FsPath(root)
         for shard in shards:
             with open(root_path / JSON_NAME, "rb") as f:
-                cases = [read_case(root_path, ref, f) for ref in shard]
+                cases = [read_case(f, ref) for ref in shard]
             for case in cases:
                 head = {"key_id": case.key_id, "lesion": case.lesion, "path": case.path.value}
                 turns = case.turns

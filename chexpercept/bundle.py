@@ -10,11 +10,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path as FsPath
-from typing import Any, BinaryIO, Literal
+from typing import Any, BinaryIO, Literal, get_args
 
 from PIL import Image
 
@@ -28,7 +28,7 @@ JSON_NAME = "chexpercept.json"
 IMAGES_DIR = "chexpercept"
 CHECKSUMS_NAME = "SHA256SUMS.txt"
 ImageCheck = Literal["none", "exists", "basic", "full"]
-IMAGE_CHECKS: tuple[str, ...] = ("none", "exists", "basic", "full")
+IMAGE_CHECKS: tuple[str, ...] = get_args(ImageCheck)
 
 _PNG_TRAILER = b"\x00\x00\x00\x00IEND\xaeB`\x82"
 _JPEG_TRAILER = b"\xff\xd9"
@@ -86,11 +86,6 @@ def check_release_dir(data_dir: str | os.PathLike[str] | None) -> FsPath:
     return root
 
 
-def load_entries(root: FsPath) -> dict[str, Any]:
-    """Parse the whole chexpercept.json (small bundles, tools); the loader streams it instead."""
-    return {key: entry for key, entry, _ in iter_entries(root)}
-
-
 def iter_entries(root: FsPath) -> Iterator[tuple[str, Any, Span]]:
     """Stream (key_id, entry, byte span) from chexpercept.json, with errors naming the file."""
     path = root / JSON_NAME
@@ -107,20 +102,15 @@ def iter_entries(root: FsPath) -> Iterator[tuple[str, Any, Span]]:
 
 @dataclass(frozen=True)
 class CaseRef:
-    """A validated case as a few bytes: enough to filter, shard and re-read it later."""
+    """A validated case as a few bytes: enough to shard it and re-read it later."""
 
     key_id: str
-    lesion: str
-    path: Path
     span: Span
 
 
-def read_case(root: FsPath, ref: CaseRef, f: BinaryIO | None = None) -> Case:
-    """Re-read one case from chexpercept.json by its byte span."""
-    if f is not None:
-        return Case.from_entry(ref.key_id, read_span(f, ref.span), copy=False)
-    with open(root / JSON_NAME, "rb") as fh:
-        return Case.from_entry(ref.key_id, read_span(fh, ref.span), copy=False)
+def read_case(f: BinaryIO, ref: CaseRef) -> Case:
+    """Re-read one case by its byte span from ``f``, the bundle's chexpercept.json opened in binary."""
+    return Case.from_entry(ref.key_id, read_span(f, ref.span), copy=False)
 
 
 def read_bundle(
@@ -188,7 +178,7 @@ def scan_bundle(
         case = Case.from_entry(key_id, entry, copy=False)
         if case.lesion not in lesion_set or case.path not in path_set:
             continue
-        refs.append(CaseRef(key_id, case.lesion, case.path, span))
+        refs.append(CaseRef(key_id, span))
         if keep is not None:
             keep.append(case)
         pending.append(case)
@@ -200,14 +190,6 @@ def scan_bundle(
     if problems:
         raise BundleValidationError(root, problems)
     return refs
-
-
-def filter_cases(
-    cases: Iterable[Case], *, lesions: Sequence[str] | None = None, paths: Sequence[str | Path] | None = None
-) -> list[Case]:
-    lesion_set = set(LESIONS) if not lesions else {parse_lesion(x) for x in lesions}
-    path_set = set(Path) if not paths else {parse_path(p) for p in paths}
-    return [c for c in cases if c.lesion in lesion_set and c.path in path_set]
 
 
 def check_case_images(

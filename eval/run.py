@@ -29,7 +29,7 @@ if (
     sys.path.pop(0)
 
 from chexpercept.answers import PARSE_MODES
-from chexpercept.bundle import Bundle, read_bundle
+from chexpercept.bundle import IMAGE_CHECKS, Bundle, read_bundle
 from chexpercept.case import Case
 from chexpercept.errors import BundleValidationError, ReleaseNotFoundError
 from chexpercept.eval.backend_transformers import DEFAULT_MAX_BATCH_TOKENS, DTYPES
@@ -113,7 +113,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--limit", type=int, help="only the first N selected cases")
     g.add_argument(
         "--check-images",
-        choices=("exists", "basic", "full"),
+        choices=[c for c in IMAGE_CHECKS if c != "none"],
         default="basic",
         help="image check before the run (default: basic: exists, parses, not truncated)",
     )
