@@ -125,15 +125,20 @@ class CaseResult:
         return cls(**{**d, "turns": turns})
 
 
+def complete_lines(path: str | FsPath) -> Iterator[tuple[int, str]]:
+    """(line number, line) of every non-blank line of a results.jsonl that ends in a newline:
+    anything after the last newline is a line torn by a crash mid-write, and is not a result."""
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().split("\n")
+    for n, line in enumerate(lines[:-1], start=1):
+        if line.strip():
+            yield n, line
+
+
 def iter_results(path: str | FsPath) -> Iterator[CaseResult]:
     """Read a results.jsonl; a torn last line (crash mid-write) is ignored, any other bad line raises."""
     path = FsPath(path)
-    with open(path, encoding="utf-8") as f:
-        lines = f.read().split("\n")
-    complete = lines[:-1] if lines and lines[-1] != "" else lines
-    for n, line in enumerate(complete, start=1):
-        if not line.strip():
-            continue
+    for n, line in complete_lines(path):
         try:
             yield CaseResult.from_dict(json.loads(line))
         except (json.JSONDecodeError, TypeError, KeyError) as e:

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path as FsPath
 from typing import Any
 
-from chexpercept.results import RESULTS_NAME, RUN_NAME, CaseResult
+from chexpercept.results import RESULTS_NAME, RUN_NAME, CaseResult, complete_lines
 
 from .provenance import now
 
@@ -189,13 +189,7 @@ def read_records(results: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
     first_line: dict[str, int] = {}
     if not path.exists():
         return out
-    with open(path, encoding="utf-8") as f:
-        data = f.read()
-    lines = data.split("\n")
-    complete = lines[:-1]  # anything after the last newline is a torn line (repair_tail removes it)
-    for n, line in enumerate(complete, start=1):
-        if not line.strip():
-            continue
+    for n, line in complete_lines(path):  # a torn last line is left out (repair_tail removes it)
         try:
             record = json.loads(line)
             key = record["key_id"]
