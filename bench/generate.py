@@ -24,14 +24,9 @@ import time
 from pathlib import Path
 
 import numpy as np
+from shared import write_section
 
 SECTION = "## Generation"
-
-
-def _lungs(anatomy: Path, dicom: str) -> tuple[np.ndarray, np.ndarray]:
-    from chexpercept.builder.sources import load_mask
-
-    return load_mask(anatomy / dicom / "right_lung.png"), load_mask(anatomy / dicom / "left_lung.png")
 
 
 def bench_generate(sources: Path, work: Path, per_cell: int, num_proc: int) -> dict:
@@ -90,10 +85,11 @@ def bench_partition(sources: Path, n_images: int, n_plain: int) -> dict:
 
     from chexpercept.builder.morph import square_erosion
     from chexpercept.builder.regions import footprint_side, partition
+    from chexpercept.builder.sources import Anatomy
 
     anatomy = sources / "anatomy"
     dicoms = sorted(p.name for p in anatomy.iterdir() if p.is_dir())[:n_images]
-    lungs = [_lungs(anatomy, d) for d in dicoms]
+    lungs = [(m["right"], m["left"]) for m in map(Anatomy(folder=str(anatomy)).chex_lungs, dicoms)]
     partition(*lungs[0])  # warm up
     t0 = time.perf_counter()
     for right, left in lungs:
@@ -182,18 +178,6 @@ def markdown(
     return "\n".join(lines)
 
 
-def write_section(results: Path, text: str) -> None:
-    header = "# Benchmark results (numbers measured by the scripts in bench/)\n"
-    current = results.read_text(encoding="utf-8") if results.is_file() else header
-    start = current.find(SECTION + "\n")
-    if start == -1:
-        new = current.rstrip("\n") + "\n\n" + text
-    else:
-        nxt = current.find("\n## ", start + len(SECTION))
-        new = current[:start] + text + (current[nxt + 1 :] if nxt != -1 else "")
-    results.write_text(new.rstrip("\n") + "\n", encoding="utf-8")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--per-cell", type=int, default=2)
@@ -229,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     text = markdown(gen, part, args.per_cell, load, sources_seconds, capacity)
     print(text)
     if args.write:
-        write_section(Path(__file__).with_name("RESULTS.md"), text)
+        write_section(SECTION, text)
     return 0
 
 

@@ -1,7 +1,7 @@
 """Benchmark: building the ``sequences`` config vs a baseline that decodes and re-encodes every image.
 
 Each measurement runs in a fresh subprocess (own datasets cache) so that wall time and peak RSS
-(ru_maxrss of the child) are those of one build. The bundle has the release's format and 1024x1024
+(VmHWM of the child, see shared.PEAK) are those of one build. The bundle has the release's format and 1024x1024
 radiograph-like PNGs (hard-linked from a small pool so a large bundle is quick to write; each file
 is still opened, and by the baseline decoded and re-encoded, on its own).
 
@@ -13,22 +13,11 @@ is still opened, and by the baseline decoded and re-encoded, on its own).
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
-import sys
 import tempfile
 import textwrap
 from pathlib import Path
 
-# Peak RSS is read from /proc/self/status (VmHWM, the high-water mark of this process image).
-# ru_maxrss is not used: Linux keeps it across fork+exec, so a child would report the parent's size.
-PEAK = (
-    "def peak_mib():\n"
-    "    for line in open('/proc/self/status'):\n"
-    "        if line.startswith('VmHWM:'):\n"
-    "            return int(line.split()[1]) / 1024\n"
-)
+from shared import PEAK, run_child
 
 OURS = PEAK + textwrap.dedent(
     """
@@ -77,19 +66,6 @@ BASELINE = PEAK + textwrap.dedent(
 )
 
 
-def _run(script: str, *args: str) -> dict:
-    env = {
-        **os.environ,
-        "HF_HUB_OFFLINE": "1",
-        "HF_DATASETS_OFFLINE": "1",
-        "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
-    }
-    out = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, env=env)
-    if out.returncode != 0:
-        raise RuntimeError(out.stderr[-3000:])
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
 def _make_bundle(root: Path, per_cell: int) -> Path:
     from chexpercept.testing import write_fixture_bundle
 
@@ -115,8 +91,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="chexpercept-bench-") as tmp:
         tmp = Path(tmp)
         bundle = args.bundle or _make_bundle(tmp / "bundle", args.per_cell)
-        ours = _run(OURS, str(bundle), str(tmp / "cache_ours"))
-        base = _run(BASELINE, str(bundle), str(tmp / "cache_base"), str(args.baseline_cases))
+        ours = run_child(OURS, str(bundle), str(tmp / "cache_ours"))
+        base = run_child(BASELINE, str(bundle), str(tmp / "cache_base"), str(args.baseline_cases))
         per_case_base = base["seconds"] / base["rows"]
         base_full = per_case_base * ours["rows"]
         print(f"bundle: {bundle} ({ours['rows']} cases, {ours['images']} images)")
@@ -129,7 +105,7 @@ def main() -> None:
         if not args.bundle:
             for per_cell in (int(x) for x in args.rss_sizes.split(",") if x):
                 b = _make_bundle(tmp / f"bundle_{per_cell}", per_cell)
-                r = _run(OURS, str(b), str(tmp / f"cache_{per_cell}"))
+                r = run_child(OURS, str(b), str(tmp / f"cache_{per_cell}"))
                 print(
                     f"scaling: {r['rows']:>5} cases -> {r['seconds']:.2f} s, peak RSS {r['peak_rss_mib']:.0f} MiB"
                 )

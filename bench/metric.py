@@ -25,16 +25,15 @@ import platform
 import random
 import statistics
 import time
-from pathlib import Path
 
 import numpy as np
+from shared import write_section
 
 from chexpercept.answers import _parse_cached
 from chexpercept.metrics import build_report, compare_reports, run_from_records
 from chexpercept.metrics.bootstrap import bootstrap_intervals, stratified_weights
 from chexpercept.metrics.simulate import answer_text, fixture_cases, simulate_records, wrong_indices
 
-RESULTS = Path(__file__).with_name("RESULTS.md")
 SECTION = "## Metrics"
 
 
@@ -185,22 +184,7 @@ def main() -> None:
     text = "\n".join([SECTION, "", "`python bench/metric.py` (bench/metric.py).", "", header, "", *table, ""])
     print(text)
     if args.write:
-        _write_section(text)
-
-
-def _write_section(text: str) -> None:
-    if RESULTS.exists():
-        content = RESULTS.read_text(encoding="utf-8")
-    else:
-        content = "# Benchmark results (numbers measured by the scripts in bench/)\n"
-    start = content.find(SECTION + "\n")
-    if start >= 0:
-        end = content.find("\n## ", start + len(SECTION))
-        content = content[:start] + text + (content[end + 1 :] if end >= 0 else "")
-    else:
-        content = content.rstrip("\n") + "\n\n" + text
-    RESULTS.write_text(content, encoding="utf-8")
-    print(f"wrote {RESULTS}")
+        write_section(SECTION, text)
 
 
 if __name__ == "__main__":

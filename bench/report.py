@@ -15,49 +15,33 @@ The bundle has the release's format and 1024x1024 radiograph-like PNGs hard-link
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
-import sys
 import tempfile
 import textwrap
 import time
 from pathlib import Path
 
-REPORT = textwrap.dedent(
+from shared import PEAK, run_child
+
+REPORT = PEAK + textwrap.dedent(
     """
-    import json, resource, sys, time
+    import json, sys, time
     t0 = time.perf_counter()
     from chexpercept.metrics.report_build import write_report
     out = write_report(sys.argv[1], sys.argv[2], n_resamples=int(sys.argv[3]), embed_images=sys.argv[4] == "1")
     print(json.dumps({"seconds": time.perf_counter() - t0, "inside": out.seconds, "timings": out.timings,
-                      "cases": out.cases, "files": len(out.files),
-                      "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+                      "cases": out.cases, "files": len(out.files), "peak_rss_mib": peak_mib()}))
     """
 )
 
-FLOOR = textwrap.dedent(
+FLOOR = PEAK + textwrap.dedent(
     """
-    import json, pathlib, resource, sys, time
+    import json, pathlib, sys, time
     t0 = time.perf_counter()
     from chexpercept.results import iter_results
     n = sum(1 for p in sorted(pathlib.Path(sys.argv[1]).rglob("results.jsonl")) for _ in iter_results(p))
-    print(json.dumps({"seconds": time.perf_counter() - t0, "records": n,
-                      "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+    print(json.dumps({"seconds": time.perf_counter() - t0, "records": n, "peak_rss_mib": peak_mib()}))
     """
 )
-
-
-def _child(code: str, *args: str) -> dict:
-    env = {**os.environ, "MPLBACKEND": "Agg", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env)
-    if proc.returncode:
-        sys.stderr.write(proc.stderr)
-        raise SystemExit(f"benchmark child failed ({proc.returncode})")
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
-    result["wall"] = time.perf_counter() - start
-    return result
 
 
 def _size_mib(folder: Path) -> float:
@@ -94,10 +78,10 @@ def main() -> None:
     t2 = time.perf_counter()
     print(f"bundle: {len(bundle.cases)} cases in {t1 - t0:.1f} s; 3 simulated runs in {t2 - t1:.1f} s")
 
-    floor = _child(FLOOR, str(work / "runs"))
-    report = _child(REPORT, str(work / "runs"), str(work / "report"), str(args.bootstrap), "0")
-    no_ci = _child(REPORT, str(work / "runs"), str(work / "report_no_ci"), "0", "0")
-    embedded = _child(REPORT, str(work / "runs"), str(work / "report_embedded"), "0", "1")
+    floor = run_child(FLOOR, str(work / "runs"))
+    report = run_child(REPORT, str(work / "runs"), str(work / "report"), str(args.bootstrap), "0")
+    no_ci = run_child(REPORT, str(work / "runs"), str(work / "report_no_ci"), "0", "0")
+    embedded = run_child(REPORT, str(work / "runs"), str(work / "report_embedded"), "0", "1")
 
     phases = ", ".join(f"{k} {v:.2f}" for k, v in report["timings"].items())
     lines = [
