@@ -15,7 +15,7 @@ inputs (``notes``): unfinished runs, missing run.json fields, cases missing from
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -162,8 +162,19 @@ def _agreement(cs: CaseScores) -> float | None:
     return sum(a == b for a, b in verdicts) / len(verdicts)
 
 
-def build_report(runs: Sequence[Run], *, mode: ParseMode = "reference", name: str | None = None) -> Report:
-    """Score the runs of one model and assemble its report (see the module docstring)."""
+def build_report(
+    runs: Sequence[Run],
+    *,
+    mode: ParseMode = "reference",
+    name: str | None = None,
+    scores: Mapping[str, CaseScores] | None = None,
+) -> Report:
+    """Score the runs of one model and assemble its report (see the module docstring).
+
+    scores: per oracle setting, scores already computed for that run under ``mode`` (for example a
+    per-run report's ``scores``); those runs are not scored again.
+    """
+    known = scores or {}
     if not runs:
         raise ValueError("no runs to score")
     by_setting: dict[str, Run] = {}
@@ -179,7 +190,9 @@ def build_report(runs: Sequence[Run], *, mode: ParseMode = "reference", name: st
         raise ValueError("the runs were made on different bundles (run.json bundle fingerprints differ)")
     notes: list[str] = [n for r in runs for n in r.notes]
     scores = {
-        s: score_records(r.records, mode=mode, model=r.model, allow_missing=r.allow_missing)
+        s: known[s]
+        if s in known
+        else score_records(r.records, mode=mode, model=r.model, allow_missing=r.allow_missing)
         for s, r in by_setting.items()
     }
 

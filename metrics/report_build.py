@@ -264,15 +264,16 @@ def write_report(
     files: list[FsPath] = []
 
     # --- scores: per model (headline numbers) and per run (the reference's per-run view)
-    models = sorted({rf.model for rf in folders})
-    reports = {}
-    for name in models:
-        runs = [run for rf, run in zip(folders, loaded) if rf.model == name]
-        reports[name] = m.build_report(runs, mode=mode, name=name)
     per_run = {
         (rf.model, rf.oracle): m.build_report([run], mode=mode, name=rf.model)
         for rf, run in zip(folders, loaded)
     }
+    models = sorted({rf.model for rf in folders})
+    reports = {}
+    for name in models:
+        runs = [run for rf, run in zip(folders, loaded) if rf.model == name]
+        scored = {run.oracle: per_run[(name, run.oracle)].scores[run.oracle] for run in runs}
+        reports[name] = m.build_report(runs, mode=mode, name=name, scores=scored)
     clock.lap("score")
     if n_resamples > 0:
         for rep in reports.values():
