@@ -23,7 +23,7 @@ from chexpercept.case import Case, Turn
 from chexpercept.results import CaseResult, TurnResult, check_oracle, judge_turn
 from chexpercept.vocab import ATTRIBUTE_KEYS, STAGE3_TASKS, parse_path
 
-from .runs import MISSING_POLICIES, Run, _oracle_from_folder
+from .runs import MISSING_POLICIES, Run, _oracle_from_folder, read_json_object
 
 
 def _step(task: str) -> tuple[str, str]:
@@ -110,12 +110,7 @@ def read_reference_results(
     check_oracle(setting, str(path))
     b = _as_bundle(bundle)
     cases: dict[str, Case] = {c.key_id: c for c in b.cases}
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON: {e}") from e
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected an object keyed by key_id (the reference's all_results.json)")
+    data = read_json_object(path, "an object keyed by key_id (the reference's all_results.json)")
     model_name = model or folder.parent.name
     records: list[CaseResult] = []
     n_from_stored = n_missing = 0

@@ -242,18 +242,7 @@ def write_report(
     clock = _Clock()
     m = _metrics()
     roots = [results] if isinstance(results, (str, os.PathLike)) else list(results)
-    folders = sorted(
-        (rf for root in roots for rf in discover_runs(root)),
-        key=lambda r: (r.model, ORACLE_SETTINGS.index(r.oracle)),
-    )
-    seen: dict[tuple[str, str], RunFolder] = {}
-    for rf in folders:
-        if (rf.model, rf.oracle) in seen:
-            raise ValueError(
-                f"two runs of model {rf.model!r} with oracle {rf.oracle!r}: {seen[(rf.model, rf.oracle)].folder} "
-                f"and {rf.folder}"
-            )
-        seen[(rf.model, rf.oracle)] = rf
+    folders = discover_runs(*roots)
     bundle_obj, notes = resolve_bundle(bundle, folders)
     loaded = _load(folders, bundle_obj)
     clock.lap("load")

@@ -8,7 +8,6 @@ its model name is the folder name after the first underscore, as the reference's
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path as FsPath
@@ -16,7 +15,7 @@ from typing import Any, Literal
 
 from chexpercept.results import ORACLE_SETTINGS, RESULTS_NAME, RUN_NAME
 
-from .runs import REFERENCE_RESULTS_NAME
+from .runs import REFERENCE_RESULTS_NAME, _oracle_from_folder, read_json_object
 
 Layout = Literal["chexpercept", "reference"]
 
@@ -43,22 +42,12 @@ class RunFolder:
         return self.folder / name
 
 
-def _oracle_from_folder(folder: FsPath) -> str | None:
-    name = folder.name
-    if name.startswith("oracle_") and name[len("oracle_") :] in ORACLE_SETTINGS:
-        return name[len("oracle_") :]
-    return None
-
-
 def _read_run(folder: FsPath) -> RunFolder | None:
     if (folder / RESULTS_NAME).is_file():
         notes: list[str] = []
         meta: dict[str, Any] = {}
         if (folder / RUN_NAME).is_file():
-            try:
-                meta = json.loads((folder / RUN_NAME).read_text(encoding="utf-8"))
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{folder / RUN_NAME}: not valid JSON ({e})") from e
+            meta = read_json_object(folder / RUN_NAME)
         else:
             notes.append(f"{RUN_NAME} is missing: model and oracle taken from the folder names")
         model = str(meta.get("model") or folder.parent.name)
@@ -79,9 +68,7 @@ def _read_run(folder: FsPath) -> RunFolder | None:
     return None
 
 
-def discover_runs(results: str | os.PathLike[str]) -> list[RunFolder]:
-    """Every run folder at or below ``results`` (sorted by model, then oracle setting)."""
-    root = FsPath(results)
+def _runs_under(root: FsPath) -> list[RunFolder]:
     if not root.is_dir():
         raise FileNotFoundError(f"results folder {root} does not exist")
     runs: list[RunFolder] = []
@@ -96,6 +83,13 @@ def discover_runs(results: str | os.PathLike[str]) -> list[RunFolder]:
             f"no runs found under {root}: expected <model>/oracle_<setting>/{RESULTS_NAME} (this toolkit) "
             f"or <provider>_<model>/oracle_<setting>/{REFERENCE_RESULTS_NAME} (reference)"
         )
+    return runs
+
+
+def discover_runs(*results: str | os.PathLike[str]) -> list[RunFolder]:
+    """Every run folder at or below each of ``results`` (sorted by model, then oracle setting);
+    two runs of one model and oracle setting are an error."""
+    runs = [run for root in results for run in _runs_under(FsPath(root))]
     seen: dict[tuple[str, str], RunFolder] = {}
     for run in runs:
         key = (run.model, run.oracle)

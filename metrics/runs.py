@@ -79,6 +79,17 @@ def greedy_from_meta(meta: dict[str, Any]) -> tuple[bool | None, str | None]:
     return None, "run.json has no sampling.greedy or temperature: decoding unknown"
 
 
+def read_json_object(path: FsPath, expected: str = "a JSON object") -> dict[str, Any]:
+    """A JSON file whose top level must be an object; errors name the file."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON: {e}") from e
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected {expected}")
+    return data
+
+
 def _oracle_from_folder(folder: FsPath) -> str | None:
     name = folder.name
     if name.startswith("oracle_") and name[len("oracle_") :] in ORACLE_SETTINGS:
@@ -165,12 +176,7 @@ def _load_chexpercept_run(
     meta: dict[str, Any] = {}
     run_json = folder / RUN_NAME
     if run_json.is_file():
-        try:
-            meta = json.loads(run_json.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{run_json}: not valid JSON: {e}") from e
-        if not isinstance(meta, dict):
-            raise ValueError(f"{run_json}: expected a JSON object")
+        meta = read_json_object(run_json)
     else:
         notes.append(f"{folder}: no {RUN_NAME}; oracle setting taken from the records, decoding unknown")
     records = list(iter_results(folder / RESULTS_NAME))
