@@ -176,19 +176,18 @@ def write_viewer_data(
     bundle: Bundle | None,
     *,
     embed_images: bool = False,
-    bundle_root: str | os.PathLike[str] | None = None,
 ) -> dict[str, Any]:
     """Write ``data/index.js`` and ``data/cases/*.js``; return a summary of what was written.
 
     bundle: the bundle the runs were made on (questions, gold texts, images); without it the viewer
-    shows the conversations the records carry, and images are linked under ``bundle_root`` if given.
+    shows the conversations the records carry, without images.
     """
     out = FsPath(out)
     cases_dir = out / CASES_DIR
     if cases_dir.exists():
         shutil.rmtree(cases_dir)
     cases_dir.mkdir(parents=True)
-    root = FsPath(bundle.root) if bundle is not None else (FsPath(bundle_root) if bundle_root else None)
+    root = FsPath(bundle.root) if bundle is not None else None
     link = _ImageLinker(root, out, embed_images)
     by_key = {c.key_id: c for c in bundle.cases} if bundle is not None else {}
 
@@ -225,7 +224,7 @@ def write_viewer_data(
         (cases_dir / file_name).write_text(_js_call("CHX.case", key, payload), encoding="utf-8")
         index_cases.append([key, lesion, path, file_name])
         for rid, rec in recs.items():
-            fail[rid].append(None if rec is None else first_failing_stage(rec, judged[rid]))
+            fail[rid].append(None if rec is None else payload["runs"][rid]["first_fail"])
 
     index = {
         "runs": [{"id": r.run_id, "label": r.label, "model": r.model, "oracle": r.oracle} for r in runs],

@@ -172,7 +172,6 @@ def write_index_html(
     sections: Sequence[Section],
     banners: Sequence[str] = (),
     subtitle: str = "",
-    with_viewer: bool = True,
 ) -> FsPath:
     """Write ``index.html`` and its assets into ``out``; return the page's path."""
     out = FsPath(out)
@@ -183,20 +182,13 @@ def write_index_html(
         f'<section class="block" id="{html.escape(s.id)}"><h2>{html.escape(s.title)}</h2>{s.body_html}</section>'
         for s in sections
     )
-    viewer = ""
-    data_script = ""
-    if with_viewer:
-        viewer = _VIEWER
-        data_script = '<script src="data/index.js"></script>'
     page = _PAGE.format(
         title=html.escape(title),
         subtitle=html.escape(subtitle),
         palette=css_variables(),
         banners=banner_html,
         blocks=blocks,
-        viewer=viewer,
-        cases_tab='<a href="#" data-tab="cases">Cases</a>' if with_viewer else "",
-        data_script=data_script,
+        viewer=_VIEWER,
     )
     path = out / "index.html"
     path.write_text(page, encoding="utf-8")
@@ -231,10 +223,10 @@ _PAGE = """<!DOCTYPE html>
 {palette}</style>
 <link rel="stylesheet" href="assets/report.css">
 <script src="assets/report.js"></script>
-{data_script}
+<script src="data/index.js"></script>
 </head>
 <body>
-<header class="top"><h1>{title}</h1><nav class="tabs"><a href="#" data-tab="summary" class="active">Summary</a>{cases_tab}</nav>
+<header class="top"><h1>{title}</h1><nav class="tabs"><a href="#" data-tab="summary" class="active">Summary</a><a href="#" data-tab="cases">Cases</a></nav>
 <span class="meta" style="color:#ddd">{subtitle}</span></header>
 <main>
 {banners}

@@ -9,11 +9,12 @@ oracle run) is listed below the ranked ones as N/A.
 
 from __future__ import annotations
 
-import csv
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path as FsPath
 from typing import Any
+
+from .report_csv import write_csv
 
 SETTING_KEYS: dict[str, tuple[str, ...]] = {
     "e2e": ("e2e/stage1/all", "e2e/stage2/all", "e2e/stage3/all", "e2e/stage4/all"),
@@ -114,10 +115,4 @@ def render_leaderboard(rows: Sequence[Mapping[str, Any]]) -> str:
 
 def write_leaderboard_csv(path: str | os.PathLike[str], rows: Sequence[Mapping[str, Any]]) -> FsPath:
     """Both boards as one CSV (fractions; empty where N/A)."""
-    path = FsPath(path)
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        writer = csv.writer(f, lineterminator="\n")
-        writer.writerow(CSV_COLUMNS)
-        for r in rows:
-            writer.writerow(["" if r.get(c) is None else r.get(c) for c in CSV_COLUMNS])
-    return path
+    return write_csv(path, CSV_COLUMNS, rows)

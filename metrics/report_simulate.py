@@ -21,7 +21,7 @@ from chexpercept.bundle import Bundle
 from chexpercept.case import Case
 from chexpercept.results import RESULTS_NAME, RUN_NAME, CaseResult, TurnResult, judge_turn
 
-from .simulate import wrong_indices
+from .simulate import answer_text, wrong_indices
 
 
 def simulate_case(
@@ -41,11 +41,11 @@ def simulate_case(
         gold = list(turn.answer_index)
         roll = rnd.random()
         if roll < p:
-            response = f"Answer: {','.join(map(str, gold))}"
+            response = answer_text(gold)
         elif roll < p + unparsed_rate * (1 - p):
             response = "I cannot determine this from the image."
         else:
-            response = "Answer: " + ",".join(map(str, wrong_indices(turn, rnd)))
+            response = answer_text(wrong_indices(turn, rnd))
         record = judge_turn(turn, response, usage={"input_tokens": 100 * len(turns), "output_tokens": 4})
         if oracle == "implicit" and not record.correct:
             record.patched_to = oracle_answer_text(gold)
