@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import os
-from typing import Any
 
 from chexpercept.answers import ParseMode
-from chexpercept.bundle import Bundle, read_bundle
+from chexpercept.bundle import Bundle
 
 from .report import Report, build_report
-from .runs import Run, load_runs
+from .runs import Run, load_runs, open_bundle
 
 
 def score_path(
@@ -28,19 +27,13 @@ def score_path(
     With ``bundle``, our runs are also checked against it: a gold answer that differs is an error
     (the run was made on another release) and cases of the bundle without a result are noted.
     """
-    b = _bundle(bundle)
+    b = open_bundle(bundle)
     runs = load_runs(path, bundle=b, oracle=oracle, greedy=greedy, model=model, missing=missing)
     if b is not None:
         for run in runs:
             if run.kind == "chexpercept":
                 run.notes.extend(check_against_bundle(run, b))
     return build_report(runs, mode=mode, name=name)
-
-
-def _bundle(bundle: Any) -> Bundle | None:
-    if bundle is None or isinstance(bundle, Bundle):
-        return bundle
-    return read_bundle(bundle, check_images="none")
 
 
 def check_against_bundle(run: Run, bundle: Bundle) -> list[str]:

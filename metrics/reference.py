@@ -18,12 +18,12 @@ from pathlib import Path as FsPath
 from typing import Any
 
 from chexpercept.answers import is_correct, parse_answer
-from chexpercept.bundle import Bundle, read_bundle
+from chexpercept.bundle import Bundle
 from chexpercept.case import Case, Turn
 from chexpercept.results import CaseResult, TurnResult, check_oracle, judge_turn
 from chexpercept.vocab import ATTRIBUTE_KEYS, STAGE3_TASKS, parse_path
 
-from .runs import MISSING_POLICIES, Run, _oracle_from_folder, read_json_object
+from .runs import MISSING_POLICIES, Run, _oracle_from_folder, open_bundle, read_json_object
 
 
 def _step(task: str) -> tuple[str, str]:
@@ -74,14 +74,13 @@ def _gold_list(value: Any) -> list[int] | None:
 
 
 def _as_bundle(bundle: Bundle | str | os.PathLike[str] | None) -> Bundle:
-    if bundle is None:
+    found = open_bundle(bundle)
+    if found is None:
         raise ValueError(
             "re-scoring the reference's all_results.json needs the release bundle it was run on "
             "(--bundle DIR): the file stores neither the options nor the None option of the point questions"
         )
-    if isinstance(bundle, Bundle):
-        return bundle
-    return read_bundle(bundle, check_images="none")
+    return found
 
 
 def read_reference_results(

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path as FsPath
 from typing import Any
 
-from chexpercept.bundle import Bundle, read_bundle
+from chexpercept.bundle import Bundle
 from chexpercept.results import ORACLE_SETTINGS
 from chexpercept.vocab import LESIONS, PATHS
 
@@ -36,6 +36,7 @@ from .report_cases import ViewerRun, write_viewer_data
 from .report_html import Figure, Section, figures_html, markdown_to_html, write_index_html
 from .report_leaderboard import leaderboard_rows, render_leaderboard, write_leaderboard_csv
 from .report_runs import RunFolder, discover_runs
+from .runs import open_bundle
 
 TABLE_IDS: tuple[str, ...] = ("2", "3", "8", "9", "10", "11")
 FIGURES_DIR = "figures"
@@ -80,11 +81,8 @@ def resolve_bundle(
 ) -> tuple[Bundle | None, list[str]]:
     """The bundle the runs were made on: the one given, else the one run.json names, if it is on disk."""
     notes: list[str] = []
-    if isinstance(bundle, Bundle):
-        found = bundle
-    elif bundle is not None:
-        found = read_bundle(bundle, check_images="none")
-    else:
+    found = open_bundle(bundle)
+    if found is None:
         recorded = [
             (r, (r.meta.get("bundle") or {}).get("path"))
             for r in runs
@@ -98,7 +96,7 @@ def resolve_bundle(
                 "without images; pass --bundle DIR to show them"
             )
             return None, notes
-        found = read_bundle(existing[0][1], check_images="none")
+        found = open_bundle(existing[0][1])
     fingerprint = found.fingerprint()
     for run in runs:
         recorded_fp = (run.meta.get("bundle") or {}).get("fingerprint")

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path as FsPath
 from typing import Any
 
+from chexpercept.bundle import Bundle, read_bundle
 from chexpercept.results import (
     ORACLE_SETTINGS,
     RESULTS_NAME,
@@ -77,6 +78,13 @@ def greedy_from_meta(meta: dict[str, Any]) -> tuple[bool | None, str | None]:
             f"run.json has no sampling.greedy; taken from temperature={temperature}",
         )
     return None, "run.json has no sampling.greedy or temperature: decoding unknown"
+
+
+def open_bundle(bundle: Bundle | str | os.PathLike[str] | None) -> Bundle | None:
+    """A Bundle, or the one in a folder (read for its questions: images are not checked), or None."""
+    if bundle is None or isinstance(bundle, Bundle):
+        return bundle
+    return read_bundle(bundle, check_images="none")
 
 
 def read_json_object(path: FsPath, expected: str = "a JSON object") -> dict[str, Any]:
