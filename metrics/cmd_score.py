@@ -17,7 +17,7 @@ from chexpercept.answers import PARSE_MODES
 from chexpercept.errors import BundleValidationError, ReleaseNotFoundError
 from chexpercept.results import ORACLE_SETTINGS
 
-TABLE_IDS = ("2", "3", "8", "9", "10", "11")
+from .tables import TABLE_IDS
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

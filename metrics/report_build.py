@@ -37,8 +37,8 @@ from .report_html import Figure, Section, figures_html, markdown_to_html, write_
 from .report_leaderboard import leaderboard_rows, render_leaderboard, write_leaderboard_csv
 from .report_runs import RunFolder, discover_runs
 from .runs import open_bundle
+from .tables import TABLE_IDS
 
-TABLE_IDS: tuple[str, ...] = ("2", "3", "8", "9", "10", "11")
 FIGURES_DIR = "figures"
 PHANTOM_BANNER = (
     "**Phantom data.** These runs were made on a synthetic bundle: the numbers test the software and "

@@ -238,7 +238,7 @@ def score_records(
         turns_out.append(case_turns)
 
     stage_asked, stage_pass, e2e, depth_native, depth = _gate(asked, correct, detection_missing, lesion, path)
-    _, stored_pass, _, _, _ = _gate(asked, stored, detection_missing, lesion, path)
+    _, stored_pass = _stage_matrix(asked, stored)
     e2e_exact = _first_break(stage_asked, stored_pass, detection_missing) >= _first_break(
         stage_asked, stage_pass, detection_missing
     )

@@ -128,6 +128,8 @@ TABLES: dict[str, Table] = {
         ),
     ),
 }
+#: the paper's tables this toolkit renders, in paper order
+TABLE_IDS: tuple[str, ...] = tuple(TABLES)
 
 
 def _fmt(value: float | None, kind: str, na: str = NA) -> str:
