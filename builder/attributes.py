@@ -29,16 +29,6 @@ def positive_regions(overlaps: list[ComponentOverlap]) -> list[str]:
     return [name for name in REGION_NAMES if any(o.regions[name].has_overlap for o in overlaps)]
 
 
-def _qa(question: str, options: list[str], answer: str, answer_index: int | list[int], **extra: Any) -> dict:
-    return {
-        "question": question,
-        "answer_options": options,
-        "answer": answer,
-        "answer_index": answer_index,
-        **extra,
-    }
-
-
 def distribution_qa(lesion: str, pos_zones: list[str]) -> dict[str, Any]:
     """Number of positive zones: 1, 2, 3 or "4 zones or more"; zero zones is refused."""
     n = len(pos_zones)
@@ -46,7 +36,7 @@ def distribution_qa(lesion: str, pos_zones: list[str]) -> dict[str, Any]:
         raise NoLungOverlap("the lesion covers no lung region, so it is present in no zone")
     index = min(n, 4)
     options = list(templates.DISTRIBUTION_OPTIONS)
-    return _qa(
+    return templates.qa(
         templates.distribution_question(lesion),
         options,
         options[index - 1],
@@ -75,7 +65,9 @@ def location_qa(
     if not gold:
         gold = [len(options)]
     answer = ", ".join(options[i - 1] for i in gold)
-    return _qa(templates.location_question(lesion, options), options, answer, gold, answer_zones=answer_zones)
+    return templates.qa(
+        templates.location_question(lesion, options), options, answer, gold, answer_zones=answer_zones
+    )
 
 
 def severity_qa(
@@ -109,7 +101,7 @@ def severity_qa(
         index = 3
     options = templates.severity_options(lung)
     ratio = covered / area if area else 0.0
-    return _qa(
+    return templates.qa(
         templates.severity_question(lesion, lung),
         options,
         options[index - 1],
@@ -143,7 +135,7 @@ def comparison_qa(overlaps: list[ComponentOverlap]) -> dict[str, Any]:
     right_has = any(o.lungs["right lung"].has_overlap for o in overlaps)
     index = comparison_answer(left_size, right_size, left_has, right_has)
     options = list(templates.COMPARISON_OPTIONS)
-    return _qa(
+    return templates.qa(
         templates.comparison_question(),
         options,
         options[index - 1],

@@ -65,17 +65,8 @@ class Outcome:
     resumed: bool = False
 
 
-def _qa(question: str, options: list, answer: str, index: Any) -> dict[str, Any]:
-    return {"question": question, "answer_options": options, "answer": answer, "answer_index": index}
-
-
 def detection_qa(lesion: str, positive: bool) -> dict[str, Any]:
-    return _qa(
-        templates.detection_question(lesion),
-        list(templates.YES_NO),
-        "Yes" if positive else "No",
-        1 if positive else 2,
-    )
+    return templates.yes_no_qa(templates.detection_question(lesion), positive)
 
 
 class CaseBuilder:

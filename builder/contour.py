@@ -84,7 +84,7 @@ def _point_qa(
     if not gold:
         gold = [len(options)]
     answer = ", ".join(labels[i - 1] for i in gold)
-    return {"question": question(labels), "answer_options": options, "answer": answer, "answer_index": gold}
+    return templates.qa(question(labels), options, answer, gold)
 
 
 @dataclass
@@ -189,12 +189,9 @@ def revision_options(
         options.append({"type": kind, "masks": list(names), "relative_path": rel})
     answer_index = next(i for i, o in enumerate(options, start=1) if o["type"] == "true")
     labels = templates.mask_option_labels(len(options))
-    qa = {
-        "question": templates.revision_result_question(len(options)),
-        "answer_options": options,
-        "answer": labels[answer_index - 1],
-        "answer_index": answer_index,
-    }
+    qa = templates.qa(
+        templates.revision_result_question(len(options)), options, labels[answer_index - 1], answer_index
+    )
     return qa, fake_masks, chosen
 
 
@@ -226,7 +223,6 @@ def contour_qa(
     revision, fake_masks, fake_combos = revision_options(
         deformation, lesion, resolver, rng, neutral_names=neutral_names
     )
-    yes_no = list(templates.YES_NO)
     return {
         "no_deformation": not revision_required,
         "initial_context": templates.initial_context(lesion),
@@ -236,13 +232,9 @@ def contour_qa(
         "fake_masks": fake_masks,
         "true_combination": [p.after_name for p in sorted(plans, key=lambda p: p.component)],
         "fake_combinations": fake_combos,
-        "contour_eval_qa": {
-            "question": templates.contour_eval_question(lesion),
-            "answer_options": yes_no,
-            "answer": "Yes" if revision_required else "No",
-            "answer_index": 1 if revision_required else 2,
-            "relative_path": CONTOUR_EVAL_PATH,
-        },
+        "contour_eval_qa": templates.yes_no_qa(
+            templates.contour_eval_question(lesion), revision_required, relative_path=CONTOUR_EVAL_PATH
+        ),
         "contour_revision_qa_expansion": _point_qa(
             lambda labels: templates.expansion_question(lesion, labels), options, exp_idx
         ),

@@ -7,6 +7,7 @@ generator, the validator, the conversation engine and the tests.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from .vocab import CARDIOMEGALY, ORDINALS
 
@@ -18,6 +19,24 @@ SYSTEM_MESSAGE = (
 )
 
 YES_NO: tuple[str, str] = ("Yes", "No")
+
+
+def qa(question: str, options: list[Any], answer: str, answer_index: Any, **extra: Any) -> dict[str, Any]:
+    """One question of a bundle entry, its fields in the release's order (spec 1.3)."""
+    return {
+        "question": question,
+        "answer_options": options,
+        "answer": answer,
+        "answer_index": answer_index,
+        **extra,
+    }
+
+
+def yes_no_qa(question: str, yes: bool, **extra: Any) -> dict[str, Any]:
+    """A Yes/No question whose gold is ``yes`` (option 1 "Yes", option 2 "No")."""
+    return qa(question, list(YES_NO), "Yes" if yes else "No", 1 if yes else 2, **extra)
+
+
 HEART_NOTE = " Note that lesions overlapping with the heart do not need to be considered."
 
 INITIAL_CONTEXT_BASE = (

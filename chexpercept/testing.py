@@ -18,6 +18,7 @@ import numpy as np
 from PIL import Image
 
 from . import templates
+from .templates import qa, yes_no_qa
 from .vocab import CARDIOMEGALY, LESIONS, PATHS, POINT_COLORS, Path
 
 _REGIONS = (
@@ -69,28 +70,11 @@ class _ImageWriter:
             shutil.copyfile(source, path)
 
 
-def _qa(question: str, options: list[Any], answer: str, answer_index: Any, **extra: Any) -> dict[str, Any]:
-    return {
-        "question": question,
-        "answer_options": options,
-        "answer": answer,
-        "answer_index": answer_index,
-        **extra,
-    }
-
-
 def fixture_entry(key_id: str, path: Path, rnd: random.Random) -> dict[str, Any]:
     """One entry in the release format with random (but in-range) gold answers."""
     lesion, pair_id = key_id.split("_", 1)
     positive = path is not Path.LF
-    entry: dict[str, Any] = {
-        "detection_qa": _qa(
-            templates.detection_question(lesion),
-            ["Yes", "No"],
-            "Yes" if positive else "No",
-            1 if positive else 2,
-        )
-    }
+    entry: dict[str, Any] = {"detection_qa": yes_no_qa(templates.detection_question(lesion), positive)}
     if positive:
         n_points = rnd.randint(1, 8)
         colors = list(POINT_COLORS[:n_points])
@@ -123,20 +107,18 @@ def fixture_entry(key_id: str, path: Path, rnd: random.Random) -> dict[str, Any]
             "initial_context": templates.initial_context(lesion),
             "revision_before_masks": ["suboptimal_component_0_exp1"],
             "revision_after_masks": ["optimal_component_0"],
-            "contour_eval_qa": _qa(
+            "contour_eval_qa": yes_no_qa(
                 templates.contour_eval_question(lesion),
-                ["Yes", "No"],
-                "Yes" if rr else "No",
-                1 if rr else 2,
+                rr,
                 relative_path="contour_eval_qa/xray_with_mask.png",
             ),
-            "contour_revision_qa_expansion": _qa(
+            "contour_revision_qa_expansion": qa(
                 templates.expansion_question(lesion, labels), point_opts, exp_answer, exp_idx
             ),
-            "contour_revision_qa_contraction": _qa(
+            "contour_revision_qa_contraction": qa(
                 templates.contraction_question(lesion, labels), point_opts, con_answer, con_idx
             ),
-            "contour_revision_qa_revision_result": _qa(
+            "contour_revision_qa_revision_result": qa(
                 templates.revision_result_question(n_masks),
                 mask_opts,
                 templates.mask_option_labels(n_masks)[true_pos - 1],
@@ -158,25 +140,25 @@ def _attributes(lesion: str, rnd: random.Random) -> dict[str, Any]:
     sev = rnd.randint(1, 3)
     comp = rnd.randint(1, 4)
     return {
-        "distribution": _qa(
+        "distribution": qa(
             templates.distribution_question(lesion),
             list(templates.DISTRIBUTION_OPTIONS),
             templates.DISTRIBUTION_OPTIONS[dist - 1],
             dist,
         ),
-        "location": _qa(
+        "location": qa(
             templates.location_question(lesion, loc_opts),
             loc_opts,
             ", ".join(loc_opts[i - 1] for i in loc_idx),
             loc_idx,
         ),
-        "severity/measurement": _qa(
+        "severity/measurement": qa(
             templates.severity_question(lesion, lung),
             templates.severity_options(lung),
             templates.severity_options(lung)[sev - 1],
             sev,
         ),
-        "comparison": _qa(
+        "comparison": qa(
             templates.comparison_question(),
             list(templates.COMPARISON_OPTIONS),
             templates.COMPARISON_OPTIONS[comp - 1],
