@@ -65,7 +65,6 @@ class Step:
     name: str
     mask: np.ndarray = field(repr=False)
     center: Point = (0, 0)
-    previous: str = ""
     fake_masks: list[tuple[str, np.ndarray]] = field(default_factory=list, repr=False)
     fake_points_expansion: list[Point] = field(default_factory=list)
     fake_points_contraction: list[Point] = field(default_factory=list)
@@ -271,7 +270,6 @@ def _sequence(
         cons = [a for a in order if prompts[a].operation == "contraction" and a in selected]
         used_points = [p for a in exps + cons for p in prompts[a].points]
         accumulated: list[Prompt] = []
-        previous = plan.optimal_name
         counters = {"expansion": 0, "contraction": 0}
         for anatomy in exps + cons:
             prompt = prompts[anatomy]
@@ -292,7 +290,6 @@ def _sequence(
                 name=f"{plan.component}_{tag}{counters[prompt.operation]}",
                 mask=mask,
                 center=prompt.center,
-                previous=previous,
             )
             step_geom = MaskGeometry(mask)
             region = None if anatomies.cardiomegaly else anatomies.lungs
@@ -309,7 +306,6 @@ def _sequence(
                     _fake_masks(step, step_geom, operation, used, anatomies, deformer, rng)
                 )
             plan.steps.append(step)
-            previous = step.name
             selected.discard(anatomy)
     return True
 
@@ -333,7 +329,7 @@ def _gold_consistent(plans: list[ComponentPlan]) -> bool:
     return len(set(centers)) == len(centers)
 
 
-def side_anatomy(overlap: ComponentOverlap, recorded: dict[str, Prompt], steps: list[Step]) -> str:
+def side_anatomy(overlap: ComponentOverlap, steps: list[Step]) -> str:
     """The anatomy string that decides a component's lung-side distractors (spec 2.6 step 2)."""
     if steps:
         return steps[0].anatomy
@@ -375,7 +371,7 @@ def deform_case(
         raise Rejected(f"sequential deformation failed {SEQUENCE_ATTEMPTS} times")
     masks: dict[str, np.ndarray] = {}
     for plan, overlap in zip(plans, overlaps):
-        plan.anatomy = side_anatomy(overlap, recorded[plan.component], plan.steps)
+        plan.anatomy = side_anatomy(overlap, plan.steps)
         masks[plan.optimal_name] = plan.optimal
         if not plan.steps:
             masks[f"{plan.component}_no_contraction"] = plan.optimal

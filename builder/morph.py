@@ -216,9 +216,3 @@ def disks(points: list[tuple[int, int]], radius: float, shape: tuple[int, int]) 
             continue
         out[cy0:cy1, cx0:cx1] |= disk[cy0 - y0 : cy1 - y0, cx0 - x0 : cx1 - x0]
     return out
-
-
-def points_of(mask: np.ndarray) -> np.ndarray:
-    """(N, 2) int array of (x, y) coordinates of True pixels, in row-major order."""
-    ys, xs = np.nonzero(mask)
-    return np.stack([xs, ys], axis=1).astype(np.int64)

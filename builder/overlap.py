@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any
 
 import numpy as np
 
@@ -32,10 +31,6 @@ class Coverage:
     def fraction(self) -> Fraction:
         return Fraction(self.covered, self.area) if self.area else Fraction(0)
 
-    @property
-    def ratio(self) -> float:
-        return self.covered / self.area if self.area else 0.0
-
     def at_least(self, threshold: Fraction) -> bool:
         return self.area > 0 and self.covered * threshold.denominator >= threshold.numerator * self.area
 
@@ -56,25 +51,6 @@ class ComponentOverlap:
         """Pixels of the component in that lung, counted only when it covers >= 1 % of it (reference)."""
         cov = self.lungs[lung]
         return cov.covered if cov.has_overlap else 0
-
-    def to_json(self) -> dict[str, Any]:
-        """The reference's ``geometrical_mask_infos`` item."""
-        overlap: dict[str, Any] = {}
-        for name in ("left lung", "right lung"):
-            cov = self.lungs[name]
-            overlap[name] = {
-                "has_overlap": cov.has_overlap,
-                "overlap_ratio": cov.ratio,
-                "size": self.lung_size(name),
-            }
-        overlap["zones"] = {
-            k: {"has_overlap": v.has_overlap, "overlap_ratio": v.ratio} for k, v in self.zones.items()
-        }
-        if self.regions:
-            overlap["lung_regions"] = {
-                k: {"has_overlap": v.has_overlap, "overlap_ratio": v.ratio} for k, v in self.regions.items()
-            }
-        return {"mask_component_id": self.component_id, "overlap": overlap}
 
 
 def _count(component: np.ndarray, box: tuple[int, int, int, int] | None, ref: np.ndarray) -> int:

@@ -28,7 +28,6 @@ class PhantomAnatomy:
     right_lung: np.ndarray  # patient right = image left
     left_lung: np.ndarray
     heart: np.ndarray
-    params: dict
 
 
 def _lung(cx: float, top: float, base: float, half_w: float, dome: float, lateral_sign: int) -> np.ndarray:
@@ -69,7 +68,7 @@ def draw_anatomy(rng: np.random.Generator, *, enlarged_heart: bool = False) -> P
     # keep the lungs apart at the mediastinum
     right &= _X < 500
     left &= _X > 524
-    return PhantomAnatomy(right, left, heart, {"heart": (hx, hy, ha, hb)})
+    return PhantomAnatomy(right, left, heart)
 
 
 def _downsample(mask: np.ndarray) -> np.ndarray:

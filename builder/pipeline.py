@@ -395,7 +395,7 @@ def generate(config: GenerateConfig) -> Report:
     report = Report(out=str(root), synthetic=synthetic, reviewed=review is not None)
     report.notes = selection_notes(positives, negatives, cells, review=review, has_mask=has_mask)
     selected = _run_rounds(cells, config, settings, root, report)
-    _finish(root, cells, selected, config, report, lesions)
+    _finish(root, selected, config, report, lesions)
     write_atomic(work / REPORT_FILE, json.dumps(asdict(report), indent=1).encode("utf-8"))
     return report
 
@@ -489,7 +489,6 @@ def _resumed(queued: Queued, record: dict[str, Any]) -> Outcome:
 
 def _finish(
     root: FsPath,
-    cells: dict[tuple[str, Path], list[Queued]],
     selected: dict[tuple[str, Path], list[Outcome]],
     config: GenerateConfig,
     report: Report,

@@ -12,11 +12,9 @@ are hard-edged (the reference's matplotlib figure is anti-aliased), and the imag
 
 from __future__ import annotations
 
-import os
 import struct
 import zlib
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 
@@ -109,8 +107,3 @@ def encode_png(image: np.ndarray) -> bytes:
             _chunk(b"IEND", b""),
         )
     )
-
-
-def save_png(image: np.ndarray, path: str | os.PathLike[str]) -> None:
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_bytes(encode_png(image))

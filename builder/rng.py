@@ -19,8 +19,3 @@ def derive(seed: int, *labels: str) -> np.random.Generator:
     digest = hashlib.sha256("\0".join(labels).encode("utf-8")).digest()
     words = [int.from_bytes(digest[i : i + 4], "little") for i in range(0, 16, 4)]
     return np.random.default_rng(np.random.SeedSequence([seed & 0xFFFFFFFF, seed >> 32, *words]))
-
-
-def shuffled(items: list, rng: np.random.Generator) -> list:
-    """A shuffled copy of ``items``."""
-    return [items[i] for i in rng.permutation(len(items))]

@@ -88,7 +88,6 @@ def _case():
         name="suboptimal_component_0_exp1",
         mask=grown,
         center=(162, 105),
-        previous="optimal_component_0",
         fake_masks=[
             ("suboptimal_component_0_exp1_fake_contraction_1", fake_b),
             ("suboptimal_component_0_exp1_fake_expansion_1", fake_a),
