@@ -96,9 +96,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--no-progress", action="store_true", default=None, help="no progress bar")
 
 
-_DEFAULTS = {"seed": 0, "deformer": "morphology", "partition": "reference", "num_proc": 1}
-
-
 def build_config(args: argparse.Namespace) -> GenerateConfig:
     values: dict = {}
     if args.config:
@@ -107,8 +104,6 @@ def build_config(args: argparse.Namespace) -> GenerateConfig:
         if key == "config" or value is None or value == []:
             continue
         values[key] = value
-    for key, value in _DEFAULTS.items():
-        values.setdefault(key, value)
     if isinstance(values.get("review"), str):
         values["review"] = [values["review"]]
     no_progress = values.pop("no_progress", False)

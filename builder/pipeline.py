@@ -210,8 +210,8 @@ def _clear(root: FsPath) -> None:
 
 
 def _anatomy(config: GenerateConfig, dicom_ids: list[str], work: FsPath) -> Anatomy:
-    if not config.anatomy:
-        raise SourceError("--anatomy is required: per-image mask folders or the CheXmask table")
+    """Where the lung masks come from (generate has checked that --anatomy is given)."""
+    assert config.anatomy
     cxas = config.cxas
     if cxas:
         check_anatomy_folder(cxas, "--cxas")
