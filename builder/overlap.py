@@ -19,6 +19,11 @@ LUNG_MIN = Fraction(1, 100)
 REGION_MIN = Fraction(1, 5)
 
 
+def _at_least(covered: int, area: int, threshold: Fraction) -> bool:
+    """covered / area >= threshold, in integers (no rounding at the boundary); False for no area."""
+    return area > 0 and covered * threshold.denominator >= threshold.numerator * area
+
+
 @dataclass(frozen=True)
 class Coverage:
     """Pixels of a reference area covered by a lesion component, and whether that counts."""
@@ -31,8 +36,13 @@ class Coverage:
     def fraction(self) -> Fraction:
         return Fraction(self.covered, self.area) if self.area else Fraction(0)
 
+    @classmethod
+    def counted_at(cls, covered: int, area: int, threshold: Fraction) -> Coverage:
+        """A coverage that counts as overlap when at least ``threshold`` of the area is covered."""
+        return cls(covered, area, _at_least(covered, area, threshold))
+
     def at_least(self, threshold: Fraction) -> bool:
-        return self.area > 0 and self.covered * threshold.denominator >= threshold.numerator * self.area
+        return _at_least(self.covered, self.area, threshold)
 
     def at_most(self, threshold: Fraction) -> bool:
         return self.covered * threshold.denominator <= threshold.numerator * self.area
@@ -62,10 +72,7 @@ def _count(component: np.ndarray, box: tuple[int, int, int, int] | None, ref: np
 
 def _with_promotion(counts: dict[str, tuple[int, int]]) -> dict[str, Coverage]:
     """Coverage >= 20 %; else the best-covered entry (first on ties) if it is covered at all."""
-    out = {
-        name: Coverage(c, a, a > 0 and c * REGION_MIN.denominator >= REGION_MIN.numerator * a)
-        for name, (c, a) in counts.items()
-    }
+    out = {name: Coverage.counted_at(c, a, REGION_MIN) for name, (c, a) in counts.items()}
     if out and not any(v.has_overlap for v in out.values()):
         best = max(out, key=lambda n: out[n].fraction)  # max keeps the first of equal fractions
         if out[best].covered > 0:
@@ -97,7 +104,7 @@ def component_overlap(
     lung_cov = {}
     for name in ("left lung", "right lung"):
         c, a = _count(component, box, lungs[name]), area(name, lungs[name])
-        lung_cov[name] = Coverage(c, a, a > 0 and c * LUNG_MIN.denominator >= LUNG_MIN.numerator * a)
+        lung_cov[name] = Coverage.counted_at(c, a, LUNG_MIN)
     zone_cov = _with_promotion({n: (_count(component, box, m), area(n, m)) for n, m in zone_masks.items()})
     region_cov = (
         _with_promotion({n: (_count(component, box, m), area(n, m)) for n, m in region_masks.items()})
