@@ -24,10 +24,9 @@ from chexpercept import templates
 from chexpercept.vocab import CARDIOMEGALY, POINT_COLORS
 
 from .deformation import CaseDeformation
-from .points import Point
+from .points import FAKE_POINT_DISTANCE, Point, far_from
 
 MAX_POINTS = len(POINT_COLORS)
-FAKE_POINT_DISTANCE = 100
 MAX_FAKE_COMBINATIONS = 3
 MAX_COMBINATIONS = 200_000
 CARDIOMEGALY_DEFAULTS = ("default_keep", "default_dilated", "default_eroded")
@@ -36,10 +35,6 @@ CONTOUR_EVAL_PATH = "contour_eval_qa/xray_with_mask.png"
 
 class ContourError(ValueError):
     """The case's masks do not allow well-posed Stage 3 questions."""
-
-
-def _far(p: Point, others: list[Point], distance: int = FAKE_POINT_DISTANCE) -> bool:
-    return all((p[0] - q[0]) ** 2 + (p[1] - q[1]) ** 2 >= distance * distance for q in others)
 
 
 def point_options(
@@ -62,7 +57,7 @@ def point_options(
         raise ContourError(f"{len(gold)} gold points; at most {MAX_POINTS} can be coloured")
     fakes: list[Point] = []
     for p in fake_candidates:
-        if neutral(p) and _far(p, gold) and _far(p, fakes):
+        if neutral(p) and len(far_from(np.asarray([p]), [*gold, *fakes], FAKE_POINT_DISTANCE)):
             fakes.append(p)
     room = MAX_POINTS - len(gold)
     if len(fakes) > room:

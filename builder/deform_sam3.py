@@ -26,13 +26,12 @@ import numpy as np
 from scipy import ndimage as ndi
 
 from .deformer import DeformRequest
-from .morph import remove_small_components
+from .morph import MIN_COMPONENT, remove_small_components
 
 LOGIT = math.log(1e8)  # 18.42: "certainly inside" in the reference's mask input
 KERNEL_RADIUS = 15  # in the 288 x 288 mask-input frame
 KERNEL_MIN = 0.1
 GRID = 64
-MIN_COMPONENT = 1000
 
 
 def organic_kernel(rng: np.random.Generator, radius: int = KERNEL_RADIUS) -> np.ndarray:

@@ -66,7 +66,11 @@ def padded_window(box: tuple[int, int, int, int], margin: int, shape: tuple[int,
     )
 
 
-def components(mask: np.ndarray, min_size: int = 1000) -> list[np.ndarray]:
+#: px; smaller lesion components are dropped, from the source masks and from SAM 3's (reference)
+MIN_COMPONENT = 1000
+
+
+def components(mask: np.ndarray, min_size: int = MIN_COMPONENT) -> list[np.ndarray]:
     """Connected components (4-connectivity) with at least ``min_size`` pixels, largest first.
 
     Ties in size keep label order (top-left first), so the order is deterministic.
