@@ -126,9 +126,8 @@ class CaseBuilder:
     # ----------------------------------------------------------------------------------- negatives
     def _negative(self, queued: Queued) -> tuple[dict[str, Any], dict[str, bytes]]:
         cxr = load_cxr(self._cxr_path(queued), decode=False)
-        png = cxr.png_bytes if cxr.png_bytes is not None else render.encode_png(cxr.rgb)
         entry = {"detection_qa": detection_qa(queued.candidate.lesion, False), **self._entry_tail(queued)}
-        return entry, {DETECTION_IMAGE: png}
+        return entry, {DETECTION_IMAGE: cxr.png()}
 
     # ----------------------------------------------------------------------------------- positives
     def _positive(self, queued: Queued) -> tuple[dict[str, Any], dict[str, bytes]]:
@@ -218,7 +217,7 @@ class CaseBuilder:
         self, cxr: Any, contour: dict[str, Any], resolver: MaskResolver, revision_required: bool
     ) -> dict[str, bytes]:
         image = cxr.rgb
-        files = {DETECTION_IMAGE: cxr.png_bytes if cxr.png_bytes is not None else render.encode_png(image)}
+        files = {DETECTION_IMAGE: cxr.png()}
         overlayer = render.Overlayer(image)
         shown = contour["revision_before_masks"] if revision_required else contour["revision_after_masks"]
         shown_image = overlayer.apply(resolver.union(shown))

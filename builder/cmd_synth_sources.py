@@ -7,7 +7,7 @@ import sys
 
 from chexpercept.vocab import LESIONS
 
-from .synth_sources import ANATOMY_FORMATS, synthesize_sources
+from .synth_sources import ANATOMY_FORMATS, CHEXMASK_NAME, synthesize_sources
 
 
 def add_phantom_arguments(parser: argparse.ArgumentParser, *, out_help: str, per_cell_help: str) -> None:
@@ -49,9 +49,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"chexpercept synth-sources: {e}", file=sys.stderr)
         return 2
-    anatomy = (
-        root / "anatomy" / "MIMIC-CXR-JPG.csv" if args.anatomy_format == "chexmask-csv" else root / "anatomy"
-    )
+    anatomy = root / "anatomy" / CHEXMASK_NAME if args.anatomy_format == "chexmask-csv" else root / "anatomy"
     print(f"phantom sources (testing only) written to {root}")
     print(
         f"next: chexpercept generate --mimic-cxr-jpg {root / 'mimic-cxr-jpg'} --mimic-ils {root / 'mimic-ils'} "

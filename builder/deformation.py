@@ -124,6 +124,11 @@ class Anatomies:
     lungs: np.ndarray  # lung union (where distractor edits may go)
     cardiomegaly: bool
 
+    @property
+    def depth(self) -> int:
+        """Contour levels a prompt starts at: 1 for the heart, 2 for a lung lesion (reference)."""
+        return 1 if self.cardiomegaly else 2
+
 
 def choose_anatomies(
     overlap: ComponentOverlap, cardiomegaly: bool, rng: np.random.Generator
@@ -186,7 +191,7 @@ def plan_component(
     rng: np.random.Generator,
 ) -> dict[str, Prompt]:
     """Plausible deformations of one component keyed by anatomy, or {} when none was found."""
-    depth = 1 if anatomies.cardiomegaly else 2
+    depth = anatomies.depth
     for _ in range(PLAN_ATTEMPTS):
         prompts: list[Prompt] = []
         for anatomy, op in choose_anatomies(overlap, anatomies.cardiomegaly, rng):
@@ -213,7 +218,7 @@ def _fake_masks(
 ) -> list[tuple[str, np.ndarray]]:
     """Up to 4 distractor masks: the step mask deformed by ``operation`` elsewhere (spec 5.4.8)."""
     out: list[tuple[str, np.ndarray]] = []
-    depth = 1 if anatomies.cardiomegaly else 2
+    depth = anatomies.depth
     failures = 0
     increases = 0
     while len(out) < FAKE_MASKS_PER_OPERATION and failures < FAKE_MASK_MAX_FAILURES:
@@ -293,12 +298,11 @@ def _sequence(
             )
             step_geom = MaskGeometry(mask)
             region = None if anatomies.cardiomegaly else anatomies.lungs
-            depth = 1 if anatomies.cardiomegaly else 2
             step.fake_points_expansion = fake_points(
-                step_geom, "expansion", region, depth, step.center, used_points, rng
+                step_geom, "expansion", region, anatomies.depth, step.center, used_points, rng
             )
             step.fake_points_contraction = fake_points(
-                step_geom, "contraction", region, depth, step.center, used_points, rng
+                step_geom, "contraction", region, anatomies.depth, step.center, used_points, rng
             )
             used = [*used_points]
             for operation in (step.revision, step.kind):

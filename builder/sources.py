@@ -23,6 +23,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
+from .render import encode_png
+
 IMAGE_SIZE = 1024
 ILS_JSON = "mimic_ils_instruction_answer.json"
 ILS_MASK_DIR = "lesion_mask"
@@ -74,6 +76,13 @@ class Cxr:
     rgb: np.ndarray | None
     png_bytes: bytes | None
     original_size: tuple[int, int]  # (width, height)
+
+    def png(self) -> bytes:
+        """The CXR as the bundle stores it: the file's own bytes when it passes through, else encoded."""
+        if self.png_bytes is not None:
+            return self.png_bytes
+        assert self.rgb is not None
+        return encode_png(self.rgb)
 
 
 def load_cxr(path: str | os.PathLike[str], size: int = IMAGE_SIZE, *, decode: bool = True) -> Cxr:
