@@ -26,7 +26,7 @@ import numpy as np
 from scipy import ndimage as ndi
 
 from .deformer import DeformRequest
-from .morph import MIN_COMPONENT, remove_small_components
+from .morph import MIN_COMPONENT, clipped_stamp, remove_small_components
 
 LOGIT = math.log(1e8)  # 18.42: "certainly inside" in the reference's mask input
 KERNEL_RADIUS = 15  # in the 288 x 288 mask-input frame
@@ -111,18 +111,15 @@ class Sam3Deformer:
             for x, y in prompt.points:
                 k = organic_kernel(rng)
                 r = k.shape[0] // 2
-                cx, cy = round(x * mw / w), round(y * mh / h)
-                y0, y1, x0, x1 = cy - r, cy + r + 1, cx - r, cx + r + 1
-                sy0, sx0 = max(0, y0), max(0, x0)
-                sy1, sx1 = min(mh, y1), min(mw, x1)
-                if sy0 >= sy1 or sx0 >= sx1:
+                windows = clipped_stamp(round(x * mw / w), round(y * mh / h), r, (mh, mw))
+                if windows is None:
                     continue
-                kk = k[sy0 - y0 : sy1 - y0, sx0 - x0 : sx1 - x0]
-                sub = logits[sy0:sy1, sx0:sx1]
+                kk = k[windows[1]]
+                sub = logits[windows[0]]
                 where = kk > KERNEL_MIN
                 if prompt.positive:
                     if not request.fake:
-                        where &= lungs[sy0:sy1, sx0:sx1]
+                        where &= lungs[windows[0]]
                     sub[where] = np.maximum(sub[where], hi * kk[where])
                 else:
                     sub[where] = np.minimum(sub[where], low + (hi - low) * (1.0 - kk[where]))

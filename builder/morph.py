@@ -205,18 +205,28 @@ class MaskGeometry:
         return out
 
 
+Window = tuple[slice, slice]
+
+
+def clipped_stamp(x: int, y: int, r: int, shape: tuple[int, ...]) -> tuple[Window, Window] | None:
+    """Where a (2r+1)-square stamp centred at (x, y) lands in an image of ``shape``: (image window,
+    stamp window), both cut at the image's edges; None when it lies wholly outside."""
+    h, w = shape[:2]
+    y0, x0 = y - r, x - r
+    cy0, cx0, cy1, cx1 = max(0, y0), max(0, x0), min(h, y + r + 1), min(w, x + r + 1)
+    if cy0 >= cy1 or cx0 >= cx1:
+        return None
+    return (slice(cy0, cy1), slice(cx0, cx1)), (slice(cy0 - y0, cy1 - y0), slice(cx0 - x0, cx1 - x0))
+
+
 def disks(points: list[tuple[int, int]], radius: float, shape: tuple[int, int]) -> np.ndarray:
     """Union of filled disks of ``radius`` around (x, y) points."""
     out = np.zeros(shape, dtype=bool)
     r = int(np.ceil(radius))
     yy, xx = np.mgrid[-r : r + 1, -r : r + 1]
     disk = xx * xx + yy * yy <= radius * radius
-    h, w = shape
     for x, y in points:
-        y0, y1, x0, x1 = y - r, y + r + 1, x - r, x + r + 1
-        cy0, cx0 = max(0, y0), max(0, x0)
-        cy1, cx1 = min(h, y1), min(w, x1)
-        if cy0 >= cy1 or cx0 >= cx1:
-            continue
-        out[cy0:cy1, cx0:cx1] |= disk[cy0 - y0 : cy1 - y0, cx0 - x0 : cx1 - x0]
+        windows = clipped_stamp(x, y, r, shape)
+        if windows is not None:
+            out[windows[0]] |= disk[windows[1]]
     return out

@@ -20,6 +20,8 @@ import numpy as np
 
 from chexpercept.vocab import COLOR_RGB
 
+from .morph import clipped_stamp
+
 POINT_RADIUS = 15
 RING_WIDTH = 2 * 100 / 72  # 2 pt at 100 dpi, in px
 OVERLAY_COLOR = "cyan"
@@ -56,7 +58,6 @@ class Overlayer:
 def draw_points(image: np.ndarray, points: Sequence[tuple[tuple[int, int], str]]) -> np.ndarray:
     """Coloured discs with a white ring at each (x, y), in order (later points are drawn on top)."""
     out = image.copy()
-    h, w = out.shape[:2]
     reach = int(np.ceil(POINT_RADIUS + RING_WIDTH / 2))
     yy, xx = np.mgrid[-reach : reach + 1, -reach : reach + 1]
     dist = np.sqrt(xx * xx + yy * yy)
@@ -64,13 +65,11 @@ def draw_points(image: np.ndarray, points: Sequence[tuple[tuple[int, int], str]]
     ring = np.abs(dist - POINT_RADIUS) <= RING_WIDTH / 2
     white = np.array([255, 255, 255], dtype=np.uint8)
     for (x, y), color in points:
-        y0, x0 = y - reach, x - reach
-        cy0, cx0, cy1, cx1 = max(0, y0), max(0, x0), min(h, y + reach + 1), min(w, x + reach + 1)
-        if cy0 >= cy1 or cx0 >= cx1:
+        windows = clipped_stamp(x, y, reach, out.shape)
+        if windows is None:
             continue
-        sub = out[cy0:cy1, cx0:cx1]
-        d = disc[cy0 - y0 : cy1 - y0, cx0 - x0 : cx1 - x0]
-        r = ring[cy0 - y0 : cy1 - y0, cx0 - x0 : cx1 - x0]
+        sub = out[windows[0]]
+        d, r = disc[windows[1]], ring[windows[1]]
         sub[d] = np.asarray(rgb255(color), dtype=np.uint8)
         sub[r] = white
     return out
