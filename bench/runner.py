@@ -1,25 +1,32 @@
 """Benchmark: the batched conversation engine against one conversation at a time (the reference's way).
 
 Same tiny random Gemma3 VLM (`chexpercept make-tiny-model`, transformers backend, CPU), same bundle,
-same process. For each answer length it times: a plain loop that runs one conversation to its end,
-one request per model call, before starting the next (what the reference runner does); and the
-engine, which advances up to --batch-size conversations together and sends each step as one batched
-generate call. It checks that every mode gives the same answers token for token, and reports cases
-per second and the speed-up. --reference-way adds the loop that also decodes and prepares every
-image of the history again on every turn, as the reference does (spec 7.1 item 4); --plain-inputs
-adds the engine with the transformers backend's input shortcuts turned off (see its docstring).
+same process, same answers token for token in every mode (checked). For each answer length it
+times these modes and reports cases per second and the speed-ups:
 
-Why answer length matters. A turn costs a prefill (the whole history, ~130 to ~1,000 tokens here,
-and its images) plus one forward pass per new token. On a CPU the prefill's cost grows with its
-tokens whether rows are batched or not, so batching saves little of it; what batching saves is the
-fixed cost of each forward pass (Python, the generate loop, mask building, kernel launches), which
-the one-at-a-time loop pays for every request and every new token, and the engine once per
-micro-batch and new token. The longer the answers, the larger that share, and the larger the
-speed-up. The tiny random model never stops early, so --max-new-tokens is the answer length.
-Real models: non-thinking VLMs answer these questions in a few to a few hundred tokens ("Answer: 2"
-with or without a sentence of reasoning); thinking models in thousands; the paper allowed 8192 new
-tokens. On a GPU a batch costs little more than one request, which a CPU cannot show (see
-bench/gpu_smoke.sh).
+* reference_way: what the reference runner does (spec 3.3, 3.9, 7.1 item 4): one conversation to
+  its end before the next, one request per model call, every turn's whole conversation computed
+  from scratch, every image of the history read, decoded and prepared again on every turn, the
+  processor asked for torch tensors (the transformers backend with turn_cache=False,
+  fast_inputs=False, image_workers=1).
+* one_at_a_time: the same loop through our backend as the engine uses it (turn cache, images
+  decoded once per conversation, input shortcuts): what batching adds is the rest.
+* batch_N: the engine: up to N live conversations, each step one batch (cut into micro-batches
+  within --max-batch-tokens padded tokens), each conversation's keys and values kept for its next
+  turn (the turn cache), so a turn computes only its new tokens.
+* batch_N_no_turn_cache: the engine computing every turn's whole conversation (what the turn
+  cache adds).
+* batch_N_plain_inputs (--plain-inputs): the engine with the backend's input shortcuts off.
+
+Why answer length matters. A turn costs a prefill (its new tokens with the turn cache, the whole
+history of ~130 to ~1,000 tokens without) plus one forward pass per new token. On a CPU a prefill
+costs about the same per token batched or not; what batching saves is the fixed cost of each
+forward pass (Python, the generate loop, kernel launches), paid per request and new token one at a
+time and per micro-batch and new token in the engine. The tiny random model never stops early, so
+the answer length is --lengths. Real models: non-thinking VLMs answer these questions in a few to
+a few hundred tokens ("Answer: 2", with or without a sentence of reasoning); thinking models in
+thousands; the paper allowed 8192 new tokens. On a GPU a batch costs little more than one request,
+which a CPU cannot show (see bench/gpu_smoke.sh).
 
 It also counts model calls: one implicit (Oracle-Passed) run against the none + implicit pair the
 reference needs for End-to-End and Oracle-Passed numbers, and checks that under greedy decoding the
@@ -28,8 +35,8 @@ can be read off the implicit run).
 
     python bench/runner.py                                   # 84 cases; 8, 32, 128 tokens; batch 8 and 64
     python bench/runner.py --lengths 8 --batch-sizes 64 --repeat 1     # a quick subset
-    python bench/runner.py --synth --lengths 8 32 --reference-way      # 1024x1024 phantom X-rays
-    python bench/runner.py --reference-way --plain-inputs --max-batch-tokens 8192 32768  # bench/RESULTS.md
+    python bench/runner.py --synth --lengths 8 32                      # 1024x1024 phantom X-rays
+    python bench/runner.py --plain-inputs --max-batch-tokens 8192 32768 --json runner.json  # bench/RESULTS.md
 """
 
 from __future__ import annotations
@@ -113,11 +120,6 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[8, 64])
     parser.add_argument(
-        "--reference-way",
-        action="store_true",
-        help="also time the loop that prepares every history image again on every turn",
-    )
-    parser.add_argument(
         "--plain-inputs",
         action="store_true",
         help="also time the largest batch with the backend's input shortcuts off (fast_inputs=False, "
@@ -164,34 +166,53 @@ def main(argv=None) -> int:
         return counter.wrap(backend)
 
     shortest = min(args.lengths)
-    backend = first = make_backend(shortest)  # reused for the shortest length and the model calls
-    plain = None
-    print(
-        f"{len(cases)} cases, {n_turns} turns; tiny Gemma3 on CPU ({torch.get_num_threads()} threads); "
-        f"answer lengths {args.lengths}; inputs: {backend.notes}",
-        file=sys.stderr,
-    )
+    largest = max(args.batch_sizes)
     load_before = os.getloadavg()
-    budgets = {}  # mode -> padded-token budget
+    budgets = {}  # engine mode -> padded-token budget
     for budget in args.max_batch_tokens:
         for bs in args.batch_sizes:
             budgets[
                 f"batch_{bs}" if budget == DEFAULT_MAX_BATCH_TOKENS else f"batch_{bs}_tokens_{budget}"
             ] = budget
+    budgets[f"batch_{largest}_no_turn_cache"] = DEFAULT_MAX_BATCH_TOKENS
     if args.plain_inputs:
-        budgets[f"batch_{max(args.batch_sizes)}_plain_inputs"] = DEFAULT_MAX_BATCH_TOKENS
-    modes = ["one_at_a_time", *budgets]
-    if args.reference_way:
-        modes.insert(0, "reference_way")
+        budgets[f"batch_{largest}_plain_inputs"] = DEFAULT_MAX_BATCH_TOKENS
+    modes = ["reference_way", "one_at_a_time", *budgets]
+
+    def make_backends(length: int) -> dict[str, TransformersBackend]:
+        """The backend each mode uses: ours; ours without the turn cache; the reference's way (no
+        turn cache, no input shortcuts); ours with the input shortcuts off."""
+        backends = {
+            "ours": make_backend(length),
+            "fresh": make_backend(length, turn_cache=False),
+            "reference": make_backend(length, turn_cache=False, fast_inputs=False, image_workers=1),
+        }
+        if args.plain_inputs:
+            backends["plain"] = make_backend(length, fast_inputs=False, image_workers=1)
+        return backends
+
+    backends = first = make_backends(shortest)  # reused for the shortest length and the model calls
+    print(
+        f"{len(cases)} cases, {n_turns} turns; tiny Gemma3 on CPU ({torch.get_num_threads()} threads); "
+        f"answer lengths {args.lengths}; inputs: {backends['ours'].notes}",
+        file=sys.stderr,
+    )
 
     def run(mode: str):
         if mode == "reference_way":
-            return one_at_a_time(cases, backend, "implicit", reread_images=True)[0], None
+            return one_at_a_time(cases, backends["reference"], "implicit", reread_images=True)[0], None, None
         if mode == "one_at_a_time":
-            return one_at_a_time(cases, backend, "implicit")[0], None
+            return one_at_a_time(cases, backends["ours"], "implicit")[0], None, None
         results = []
-        engine_backend = plain if mode.endswith("_plain_inputs") else backend
+        if mode.endswith("_plain_inputs"):
+            engine_backend = backends["plain"]
+        elif mode.endswith("_no_turn_cache"):
+            engine_backend = backends["fresh"]
+        else:
+            engine_backend = backends["ours"]
         engine_backend.max_batch_tokens = budgets[mode]
+        cache = engine_backend.turn_cache
+        before = (cache.stats.prompt_tokens, cache.stats.reused_tokens) if cache else (0, 0)
         stats = run_conversations(
             cases,
             engine_backend,
@@ -199,7 +220,11 @@ def main(argv=None) -> int:
             batch_size=int(mode.split("_")[1]),
             on_finished=results.extend,
         )
-        return results, stats
+        reused = None
+        if cache is not None:  # the share of prompt tokens taken from the turn cache
+            prompt, taken = cache.stats.prompt_tokens - before[0], cache.stats.reused_tokens - before[1]
+            reused = f"{taken}/{prompt}"
+        return results, stats, reused
 
     report = {
         "cases": len(cases),
@@ -210,27 +235,26 @@ def main(argv=None) -> int:
         "threads": torch.get_num_threads(),
         "max_batch_tokens": budgets,
         "repeats": args.repeat,
-        "backend_inputs": backend.notes,
+        "backend_inputs": backends["ours"].notes,
         "lengths": {},
     }
     implicit_at_shortest = stats_at_shortest = None
     for length in sorted(args.lengths):
-        backend = first if length == shortest else make_backend(length)
-        if args.plain_inputs:
-            plain = make_backend(length, fast_inputs=False, image_workers=1)
+        backends = first if length == shortest else make_backends(length)
         run(max(budgets, key=lambda m: (int(m.split("_")[1]), budgets[m])))  # warm-up: the largest tensors
         times: dict[str, list[float]] = {}
         outputs: dict[str, dict] = {}
         calls: dict[str, int] = {}
         new_tokens: dict[str, float] = {}
         steps: dict[str, int] = {}
+        reused: dict[str, str] = {}
         # modes alternate, --repeat timings each; the fastest is compared (the least disturbed by
         # other load on the machine), medians are reported too
         for _ in range(args.repeat):
             for mode in modes:
                 counter.calls = 0
                 start = time.perf_counter()
-                results, stats = run(mode)
+                results, stats, reused[mode] = run(mode)
                 times.setdefault(mode, []).append(time.perf_counter() - start)
                 outputs[mode] = answers(results)
                 calls[mode] = counter.calls
@@ -240,7 +264,8 @@ def main(argv=None) -> int:
                     steps[mode] = stats.steps
                     if length == shortest and implicit_at_shortest is None:
                         implicit_at_shortest, stats_at_shortest = results, stats
-        base = min(times["one_at_a_time"])
+        base = min(times["reference_way"])
+        ours = min(times["one_at_a_time"])
         entry = {}
         for mode in modes:
             best = min(times[mode])
@@ -248,20 +273,21 @@ def main(argv=None) -> int:
                 "best_seconds": round(best, 2),
                 "median_seconds": round(statistics.median(times[mode]), 2),
                 "cases_per_s": round(len(cases) / best, 3),
-                "speedup_vs_one_at_a_time": round(base / best, 2),
+                "speedup_vs_reference_way": round(base / best, 2),
+                "speedup_vs_one_at_a_time": round(ours / best, 2),
                 "generate_calls": calls[mode],
                 "mean_new_tokens": round(new_tokens[mode], 2),
-                "same_answers_as_one_at_a_time": outputs[mode] == outputs["one_at_a_time"],
+                "same_answers_as_reference_way": outputs[mode] == outputs["reference_way"],
             }
             if mode in steps:
                 entry[mode]["steps"] = steps[mode]
-            if "reference_way" in times:
-                entry[mode]["speedup_vs_reference_way"] = round(min(times["reference_way"]) / best, 2)
+            if reused[mode]:
+                entry[mode]["prompt_tokens_from_turn_cache"] = reused[mode]
         report["lengths"][length] = entry
         print(f"max_new_tokens {length}: {json.dumps(entry)}", file=sys.stderr, flush=True)
 
     # model calls: one implicit run vs the none + implicit pair (at the shortest length)
-    backend = first
+    backend = first["ours"]
     backend.max_batch_tokens = DEFAULT_MAX_BATCH_TOKENS
     none_results = []
     none_stats = run_conversations(

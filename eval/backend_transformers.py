@@ -6,6 +6,13 @@ together by ``model.generate``. Each image file is decoded once while its conver
 live (later turns re-send the same images) and dropped when no live conversation uses it; a
 step's new images are decoded on ``image_workers`` threads.
 
+Every turn re-sends the whole conversation; the turn cache (turn_cache.py) keeps each live
+conversation's keys and values from its last turn so that only the new part of the prompt is
+computed, turned on at setup only where a check on two real cases of the run gives the same
+answers as computing every turn from scratch. For a model whose image tokens attend to one another
+in both directions (Gemma 3) that prefill runs with masks built by broadcasting
+(prefill_masks.py), checked against the model's own.
+
 Preparing the inputs of a turn repeats work for every earlier image of the conversation. Three
 shortcuts, each turned on at setup only where a check on real images of the run shows the model
 inputs stay bit for bit the same (``describe()`` says which are on and why not): the processor
@@ -27,8 +34,10 @@ from PIL import Image
 from .conversation import Conversation
 from .image_resize import FixedResize, fixed_resize_of
 from .pixel_cache import PixelCache
+from .prefill_masks import FULL, SLIDING, prefill_masks, same_as_model, window_start
 from .protocol import BackendError, Request, Response, RunContext, Sampling
 from .registry import ModelSpec
+from .turn_cache import TurnCache, TurnCacheStats
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 #: padded prompt tokens per generate call (rows x longest row), estimated. Each micro-batch pays
@@ -82,6 +91,7 @@ class TransformersBackend:
         max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
         fast_inputs: bool = True,
         image_workers: int | None = None,
+        turn_cache: bool = True,
     ):
         targs = spec.transformers_args
         self.spec = spec
@@ -104,6 +114,11 @@ class TransformersBackend:
         self.tensors = "pt"
         self.resize: FixedResize | None = None
         self.pixel_cache: PixelCache | None = None
+        #: reuse each conversation's keys and values on its next turn (see _plan_turn_cache)
+        self.use_turn_cache = turn_cache
+        self.turn_cache: TurnCache | None = None
+        #: the turn cache's prefill runs with masks built by prefill_masks.py (checked at setup)
+        self.own_masks = False
         self.notes: dict[str, str] = {}
         self.root = ""
         self._images: dict[str, Image.Image] = {}
@@ -152,6 +167,7 @@ class TransformersBackend:
         pad = gen.pad_token_id if gen.pad_token_id is not None else tokenizer.pad_token_id
         self.pad_token_id = pad if pad is not None else tokenizer.eos_token_id
         self._plan_inputs(context)
+        self._plan_turn_cache(context)
 
     def _plan_inputs(self, context: RunContext) -> None:
         """Turn on each shortcut in preparing model inputs only where it changes none of them.
@@ -227,6 +243,79 @@ class TransformersBackend:
             self.pixel_cache = cache
             self.notes["pixel_values"] = "computed once per image while its conversation is live"
 
+    def _plan_turn_cache(self, context: RunContext) -> None:
+        """Keep each conversation's keys and values for its next turn, where a check shows it safe.
+
+        Checked on two real cases of the run: the second turn of one (reusing its first turn) in
+        a batch with the first turn of another (reusing the shared start of the conversation), with
+        up to 16 new tokens, against the same batch computed from scratch. Different answers, an
+        error, or nothing reused (a model whose inputs do not map one image per token run) keep
+        the plain path, and describe() says why. Where the model marks its image tokens for
+        attention in both directions, the masks of the reused turns' prefill are built here
+        (prefill_masks.py) when they equal the model's own on the check batch.
+        """
+        if not self.use_turn_cache:
+            self.notes["turn_cache"] = "off (turn_cache=False)"
+            return
+        stop = self.model.generation_config.eos_token_id
+        stop_ids = [stop] if isinstance(stop, int) else list(stop or [])
+        self.turn_cache = TurnCache(getattr(self.model.config, "image_token_id", None), stop_ids)
+        cases = sorted(
+            (c for c in context.cases if len(c.turns) > 1),
+            key=lambda c: -sum(len(t.images) for t in c.turns),
+        )[:2]
+        if not cases:
+            self.turn_cache = None
+            self.notes["turn_cache"] = "off: no case of the run has two turns to check on"
+            return
+        sampling = self._sampling
+        self._sampling = Sampling(0.0, 1.0, min(16, sampling.max_tokens), True)
+        try:
+            problem = self._check_turn_cache(cases)
+        except Exception as e:  # a model or transformers version that cannot continue from a cache
+            problem = f"the check failed: {type(e).__name__}: {e}"
+        finally:
+            self._sampling = sampling
+        if problem:
+            self.turn_cache = None
+            self.own_masks = False
+            self.notes["turn_cache"] = f"off: {problem} (checked on {cases[0].key_id})"
+            return
+        self.turn_cache.clear()
+        self.turn_cache.stats = TurnCacheStats()
+        how = "prefill masks built by broadcasting" if self.own_masks else "the model's own prefill masks"
+        self.notes["turn_cache"] = (
+            f"on: each conversation's keys and values reused on its next turn ({how}; "
+            f"checked on {cases[0].key_id})"
+        )
+
+    def _check_turn_cache(self, cases: Sequence[Any]) -> str:
+        first = Conversation(cases[0], oracle="none")
+        requests = [first.pending]
+        (response,) = self._generate(requests)
+        first.answer(response)
+        requests = [first.pending] + [Conversation(c, oracle="none").pending for c in cases[1:]]
+        self.load_images(p for r in requests for p in r.images)
+        inputs = self._encode([self.build_conversation(r) for r in requests])
+        self.own_masks = "token_type_ids" in inputs and self.attn_implementation in (None, "sdpa")
+        if self.own_masks:
+            width = inputs["input_ids"].shape[1]
+            for start in sorted({1, width // 2, width - 2}):
+                if same_as_model(
+                    self.model, inputs["attention_mask"], inputs["token_type_ids"], start, width - 1
+                ):
+                    self.own_masks = False
+                    break
+        assert self.turn_cache is not None
+        before = self.turn_cache.stats.reused_tokens
+        reused = [r.text for r in self._generate(requests)]
+        if self.turn_cache.stats.reused_tokens == before:
+            return "nothing was reused on the check turns"
+        fresh = [r.text for r in self._generate(requests, reuse=False)]
+        if reused != fresh:
+            return "reusing the cache changed the answers"
+        return ""
+
     # ------------------------------------------------------------------ requests
     def _decode(self, relative: str) -> Image.Image:
         path = os.path.join(self.root, relative)
@@ -301,6 +390,8 @@ class TransformersBackend:
     def generate(self, requests: Sequence[Request]) -> list[Response]:
         used = dict.fromkeys(p for r in requests for p in r.images)  # in order, without repeats
         self.load_images(used)
+        if self.turn_cache is not None:  # conversations not asked again have finished
+            self.turn_cache.keep_only([r.key_id for r in requests])
         responses: list[Response | None] = [None] * len(requests)
         for group in self.micro_batches(requests):
             for i, response in zip(group, self._generate([requests[i] for i in group])):
@@ -331,9 +422,28 @@ class TransformersBackend:
         torch = self._torch
         return {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in inputs.items()}
 
-    def _generate(self, requests: Sequence[Request]) -> list[Response]:
+    def _generate(self, requests: Sequence[Request], *, reuse: bool = True) -> list[Response]:
         torch = self._torch
         inputs = self._encode([self.build_conversation(r) for r in requests])
+        cache = plan = None
+        if reuse and self.turn_cache is not None:
+            plan = self.turn_cache.plan(
+                [r.key_id for r in requests],
+                inputs["input_ids"].numpy(),
+                inputs["attention_mask"].numpy(),
+                [r.images for r in requests],
+            )
+            pixels = inputs.get("pixel_values")
+            if plan is not None and pixels is not None and len(pixels) != len(plan.new_images):
+                plan = None  # not one row of pixel values per image: compute the batch from scratch
+            if plan is not None:
+                if pixels is not None:  # only the images whose tokens are computed in this call
+                    keep = torch.tensor(plan.new_images, dtype=torch.bool)
+                    if keep.any():
+                        inputs["pixel_values"] = pixels[keep]
+                    else:
+                        del inputs["pixel_values"]
+                cache = self.turn_cache.cache_for(plan)
         device = self.model.device
         dtype = self.model.dtype
         batch = {
@@ -347,8 +457,14 @@ class TransformersBackend:
             options.update(do_sample=True, temperature=s.temperature, top_p=s.top_p)
         else:
             options["do_sample"] = False
+        if cache is not None:
+            options["cache"] = cache
         with torch.inference_mode():
+            if cache is not None and self.own_masks:
+                batch = self._prefill(batch, cache, plan.past if plan is not None else 0)
             out = self.model.generate(**batch, **options)
+        if plan is not None and self.turn_cache is not None:
+            self.turn_cache.store(plan, out, cache)
         prompt_len = batch["input_ids"].shape[1]
         new = out[:, prompt_len:]
         texts = self.processor.batch_decode(new, skip_special_tokens=True)
@@ -358,6 +474,55 @@ class TransformersBackend:
             Response(text, {"input_tokens": int(i), "output_tokens": int(o)})
             for text, i, o in zip(texts, prompt_tokens, output_tokens)
         ]
+
+    def _prefill(self, batch: dict[str, Any], cache: Any, start: int) -> dict[str, Any]:
+        """Run slots ``start`` to the last but one through the model with our own masks, filling
+        ``cache``; returns what generate still needs (it computes the last token and decodes).
+
+        A sliding-window layer is shown only the cached keys inside some query's window (a
+        turn's history is much longer than the window of a small model); the rest is put back
+        after the call, so generate and the turn cache see every layer whole.
+        """
+        torch = self._torch
+        ids, mask = batch["input_ids"], batch["attention_mask"]
+        end = ids.shape[1] - 1
+        if end <= start or "token_type_ids" not in batch:
+            return batch
+        text = self.model.config.get_text_config()
+        window = getattr(text, "sliding_window", None)
+        sliding_from = window_start(start, window)
+        layer_types = getattr(text, "layer_types", None) or []
+        aside = {}
+        if sliding_from:
+            for index, layer in enumerate(cache.layers):
+                if index < len(layer_types) and layer_types[index] == SLIDING:
+                    aside[index] = (layer.keys[:, :, :sliding_from], layer.values[:, :, :sliding_from])
+                    layer.keys, layer.values = (
+                        layer.keys[:, :, sliding_from:],
+                        layer.values[:, :, sliding_from:],
+                    )
+        self.model(
+            input_ids=ids[:, start:end],
+            pixel_values=batch.get("pixel_values"),
+            attention_mask=prefill_masks(
+                mask,
+                batch["token_type_ids"],
+                start,
+                end,
+                window,
+                sliding_from if aside else 0,
+                kinds=set(layer_types) or (FULL, SLIDING),
+            ),
+            position_ids=(mask.long().cumsum(-1) - 1).clamp(min=0)[:, start:end],
+            cache=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        for index, (keys, values) in aside.items():
+            layer = cache.layers[index]
+            layer.keys = torch.cat([keys, layer.keys], dim=2)
+            layer.values = torch.cat([values, layer.values], dim=2)
+        return {"input_ids": ids, "attention_mask": mask}
 
     def sampling(self) -> Sampling:
         return self._sampling
@@ -372,12 +537,26 @@ class TransformersBackend:
             "trust_remote_code": self.trust_remote_code,
             "max_batch_tokens": self.max_batch_tokens,
             "image_workers": self.image_workers,
-            **{f"inputs_{k}": v for k, v in self.notes.items()},
+            **{f"inputs_{k}": v for k, v in self.notes.items() if k != "turn_cache"},
+            "turn_cache": self.notes.get("turn_cache", ""),
+            **self._turn_cache_counts(),
             "chat_template_kwargs": self.chat_template_kwargs,
+        }
+
+    def _turn_cache_counts(self) -> dict[str, int]:
+        """Prompt tokens sent so far, and how many of them came from the turn cache."""
+        if self.turn_cache is None:
+            return {}
+        stats = self.turn_cache.stats
+        return {
+            "turn_cache_prompt_tokens": stats.prompt_tokens,
+            "turn_cache_reused_tokens": stats.reused_tokens,
         }
 
     def close(self) -> None:
         self.model = None
+        if self.turn_cache is not None:
+            self.turn_cache.clear()
         self._images.clear()
         if self._pool is not None:
             self._pool.shutdown()

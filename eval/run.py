@@ -165,6 +165,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="padded prompt tokens per generate call; a step is split by length within it; lower it if "
         f"a batch runs out of memory (default {DEFAULT_MAX_BATCH_TOKENS})",
     )
+    g.add_argument(
+        "--no-turn-cache",
+        action="store_true",
+        help="compute every turn's whole conversation again instead of keeping each live "
+        "conversation's keys and values for its next turn (saves their memory)",
+    )
 
     g = parser.add_argument_group("openai backend")
     g.add_argument("--base-url", help="endpoint, e.g. http://127.0.0.1:8000/v1 (vllm serve)")
@@ -246,6 +252,7 @@ def make_backend(
             attn_implementation=args.attn_implementation,
             trust_remote_code=True if args.trust_remote_code else None,
             max_batch_tokens=args.max_batch_tokens,
+            turn_cache=not args.no_turn_cache,
         )
     from chexpercept.eval.backend_openai import OpenAIBackend, RetryPolicy
 

@@ -44,3 +44,13 @@ def phantom_bundle(tmp_path_factory: pytest.TempPathFactory):
 def fresh_bundle(tmp_path):
     """A writable fixture bundle for tests that damage it."""
     return write_fixture_bundle(tmp_path / "bundle", per_cell=1, seed=1)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory):
+    """``chexpercept make-tiny-model``: the tiny random Gemma3 VLM (read-only!)."""
+    from chexpercept.cli import main as cli
+
+    out = tmp_path_factory.mktemp("tiny") / "tiny-vlm"
+    assert cli(["make-tiny-model", "--out", str(out)]) == 0
+    return out

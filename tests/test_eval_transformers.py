@@ -14,7 +14,6 @@ pytest.importorskip("transformers")
 import torch
 
 from chexpercept.bundle import read_bundle
-from chexpercept.cli import main as cli
 from chexpercept.eval.backend_transformers import TransformersBackend
 from chexpercept.eval.conversation import Conversation
 from chexpercept.eval.protocol import Response, RunContext, Sampling
@@ -24,13 +23,6 @@ from chexpercept.results import iter_results
 
 sys.path.insert(0, str(Path(__file__).parent))
 SELECT = ["--lesions", "effusion", "cardiomegaly", "--max-tokens", "4"]
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    out = tmp_path_factory.mktemp("tiny") / "tiny-vlm"
-    assert cli(["make-tiny-model", "--out", str(out)]) == 0
-    return out
 
 
 def run_tiny(bundle, out, model, *extra):
