@@ -58,6 +58,20 @@ def pick_device(device: str, process_index: int) -> str:
     return "cpu"
 
 
+def turn_cache_budget(device: Any) -> int:
+    """Bytes the turn cache may hold by default: half the GPU memory free once the model is
+    loaded (the other half is for the batches), or a quarter of the machine's memory on a CPU."""
+    import torch
+
+    if getattr(device, "type", str(device)) == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return free // 2
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
+    except (ValueError, OSError, AttributeError):  # no sysconf (Windows): 4 GiB
+        return 4 * 2**30
+
+
 def _check_requests(context: RunContext) -> list[Request]:
     """The first and the last turn of the run's case with the most images (answered "Answer: 1")."""
     cases = [c for c in context.cases if any(t.images for t in c.turns)]
@@ -92,6 +106,7 @@ class TransformersBackend:
         fast_inputs: bool = True,
         image_workers: int | None = None,
         turn_cache: bool = True,
+        turn_cache_gib: float | None = None,
     ):
         targs = spec.transformers_args
         self.spec = spec
@@ -116,6 +131,10 @@ class TransformersBackend:
         self.pixel_cache: PixelCache | None = None
         #: reuse each conversation's keys and values on its next turn (see _plan_turn_cache)
         self.use_turn_cache = turn_cache
+        if turn_cache_gib is not None and turn_cache_gib <= 0:
+            raise ValueError(f"turn_cache_gib must be positive, got {turn_cache_gib}")
+        #: memory the turn cache may hold (None: chosen at setup, see turn_cache_budget)
+        self.turn_cache_gib = turn_cache_gib
         self.turn_cache: TurnCache | None = None
         #: the turn cache's prefill runs with masks built by prefill_masks.py (checked at setup)
         self.own_masks = False
@@ -259,7 +278,13 @@ class TransformersBackend:
             return
         stop = self.model.generation_config.eos_token_id
         stop_ids = [stop] if isinstance(stop, int) else list(stop or [])
-        self.turn_cache = TurnCache(getattr(self.model.config, "image_token_id", None), stop_ids)
+        if self.turn_cache_gib is None:
+            self.turn_cache_gib = round(turn_cache_budget(self.model.device) / 2**30, 2)
+        self.turn_cache = TurnCache(
+            getattr(self.model.config, "image_token_id", None),
+            stop_ids,
+            max_bytes=int(self.turn_cache_gib * 2**30),
+        )
         cases = sorted(
             (c for c in context.cases if len(c.turns) > 1),
             key=lambda c: -sum(len(t.images) for t in c.turns),
@@ -268,14 +293,17 @@ class TransformersBackend:
             self.turn_cache = None
             self.notes["turn_cache"] = "off: no case of the run has two turns to check on"
             return
-        sampling = self._sampling
+        sampling, budget = self._sampling, self.turn_cache.max_bytes
         self._sampling = Sampling(0.0, 1.0, min(16, sampling.max_tokens), True)
+        self.turn_cache.max_bytes = None  # the check keeps its turns whatever the budget
         try:
             problem = self._check_turn_cache(cases)
         except Exception as e:  # a model or transformers version that cannot continue from a cache
             problem = f"the check failed: {type(e).__name__}: {e}"
         finally:
             self._sampling = sampling
+            if self.turn_cache is not None:
+                self.turn_cache.max_bytes = budget
         if problem:
             self.turn_cache = None
             self.own_masks = False
@@ -549,8 +577,10 @@ class TransformersBackend:
             return {}
         stats = self.turn_cache.stats
         return {
+            "turn_cache_gib": self.turn_cache_gib,
             "turn_cache_prompt_tokens": stats.prompt_tokens,
             "turn_cache_reused_tokens": stats.reused_tokens,
+            "turn_cache_turns_not_kept": stats.not_kept,
         }
 
     def close(self) -> None:

@@ -171,6 +171,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="compute every turn's whole conversation again instead of keeping each live "
         "conversation's keys and values for its next turn (saves their memory)",
     )
+    g.add_argument(
+        "--turn-cache-gib",
+        type=float,
+        help="memory the turn cache may hold; a turn that does not fit is computed from scratch next "
+        "time (default: half the GPU memory free after loading the model, a quarter of RAM on CPU)",
+    )
 
     g = parser.add_argument_group("openai backend")
     g.add_argument("--base-url", help="endpoint, e.g. http://127.0.0.1:8000/v1 (vllm serve)")
@@ -253,6 +259,7 @@ def make_backend(
             trust_remote_code=True if args.trust_remote_code else None,
             max_batch_tokens=args.max_batch_tokens,
             turn_cache=not args.no_turn_cache,
+            turn_cache_gib=args.turn_cache_gib,
         )
     from chexpercept.eval.backend_openai import OpenAIBackend, RetryPolicy
 

@@ -61,6 +61,10 @@ class Stored:
     #: per layer (keys, values), each [heads, len(ids), head_dim]
     layers: list[tuple[Any, Any]]
 
+    @property
+    def nbytes(self) -> int:
+        return sum(k.nbytes + v.nbytes for k, v in self.layers)
+
 
 @dataclass
 class Row:
@@ -95,16 +99,26 @@ class Plan:
 class TurnCacheStats:
     prompt_tokens: int = 0
     reused_tokens: int = 0
+    #: turns whose keys and values were not kept because the memory budget was full
+    not_kept: int = 0
 
 
 class TurnCache:
     """Keys and values of each live conversation's last turn, and batch plans that reuse them."""
 
-    def __init__(self, image_token_id: int | None, stop_ids: Sequence[int]):
+    def __init__(self, image_token_id: int | None, stop_ids: Sequence[int], max_bytes: int | None = None):
         self.image_token_id = -1 if image_token_id is None else int(image_token_id)
         self.stop_ids = np.asarray(sorted(set(stop_ids)), dtype=np.int64)
+        #: memory the kept keys and values may take; a turn that does not fit is not kept (its
+        #: conversation's next turn is computed from scratch)
+        self.max_bytes = max_bytes
         self._stored: dict[str, Stored] = {}
         self.stats = TurnCacheStats()
+
+    @property
+    def nbytes(self) -> int:
+        """Memory the kept keys and values take."""
+        return sum(stored.nbytes for stored in self._stored.values())
 
     def __len__(self) -> int:
         return len(self._stored)
@@ -213,13 +227,21 @@ class TurnCache:
         # tokens up to and including each row's first stop token (all of them where none)
         kept = np.where(stopped.any(axis=1), stopped.argmax(axis=1) + 1, fed.shape[1])
         layers = [(layer.keys, layer.values) for layer in cache.layers]
+        per_token = sum(k[0, :, :1].nbytes + v[0, :, :1].nbytes for k, v in layers)
+        used = self.nbytes
         for b, row in enumerate(plan.rows):
+            old = self._stored.pop(row.key_id, None)
+            used -= old.nbytes if old is not None else 0
             answer = fed[b, : kept[b]]
             start = plan.width - len(row.ids)
             end = plan.width + len(answer)
-            self._stored[row.key_id] = Stored(
+            if self.max_bytes is not None and used + per_token * (end - start) > self.max_bytes:
+                self.stats.not_kept += 1
+                continue
+            self._stored[row.key_id] = stored = Stored(
                 ids=np.concatenate([row.ids, answer]),
                 runs=row.runs,
                 images=row.images,
                 layers=[(k[b, :, start:end].clone(), v[b, :, start:end].clone()) for k, v in layers],
             )
+            used += stored.nbytes

@@ -95,6 +95,22 @@ def test_a_turn_reuses_its_history_and_a_first_turn_the_shared_start():
     assert len(cache) == 1
 
 
+def test_turns_beyond_the_memory_budget_are_not_kept():
+    # each token's keys and values: 2 layers x (keys + values) x 1 head x 1 value x 4 bytes
+    cache = TurnCache(IMAGE, [STOP], max_bytes=170)
+    ids, mask = left_padded([[5, 6, 7, 8, 8, 8], [5, 6, 7]])
+    plan = cache.plan(["a", "b"], ids, mask, [[], []])
+    cache.store(plan, *fake_generate(plan, ids, [[11, 12, 13], [12, 13, 14]]))
+    # a keeps 8 tokens (128 bytes); b's 5 (80 bytes) would pass the budget
+    assert len(cache) == 1 and cache.nbytes == 128 and cache.stats.not_kept == 1
+    ids, mask = left_padded([[5, 6, 7, 8, 8, 8, 11, 12, 20], [5, 6, 7, 12, 13, 20]])
+    plan = cache.plan(["a", "b"], ids, mask, [[], []])
+    assert plan.rows[0].source is cache._stored["a"] and plan.rows[1].source is cache._stored["a"]
+    # a's next turn replaces its own (its old entry no longer counts against the budget)
+    cache.store(plan, *fake_generate(plan, ids, [[STOP, PAD], [STOP, PAD]]))
+    assert set(cache._stored) == {"a"} and cache.nbytes == 160 and cache.stats.not_kept == 2
+
+
 def test_the_common_cut_never_splits_an_image():
     cache = TurnCache(IMAGE, [STOP])
     a1, b1 = [5, 6, 7, 8, 8], [5, 6, 7, 8, 8]
@@ -180,6 +196,25 @@ def test_reused_turns_answer_as_fresh_ones(tiny_model, fixture_bundle, oracle):
     assert on["turn_cache"].startswith("on: ") and "masks built by broadcasting" in on["turn_cache"]
     assert off["turn_cache"] == "off (turn_cache=False)" and "turn_cache_reused_tokens" not in off
     assert on["turn_cache_reused_tokens"] > 0.5 * on["turn_cache_prompt_tokens"]
+    assert on["turn_cache_turns_not_kept"] == 0 and on["turn_cache_gib"] > 0
+
+
+def test_a_full_memory_budget_computes_turns_from_scratch(tiny_model, fixture_bundle):
+    bundle = read_bundle(fixture_bundle)
+    results = {}
+    for gib in (1e-4, None):  # 105 KiB: one or two conversations of the tiny model (512 bytes a token)
+        backend = tiny_backend(tiny_model, bundle, max_tokens=4, turn_cache_gib=gib)
+        found = []
+        run_conversations(bundle.cases, backend, oracle="implicit", batch_size=8, on_finished=found.extend)
+        results[gib] = (answers(found), backend.describe())
+    (small, tight), (_, roomy) = results[1e-4], results[None]
+    assert small == results[None][0]
+    assert tight["turn_cache"].startswith("on: ") and tight["turn_cache_turns_not_kept"] > 0
+    assert 0 < tight["turn_cache_reused_tokens"] < roomy["turn_cache_reused_tokens"]
+    with pytest.raises(ValueError, match="turn_cache_gib"):
+        TransformersBackend(
+            resolve("any", backend="transformers"), sampling=Sampling(0, 1, 2, True), turn_cache_gib=0
+        )
 
 
 def test_a_cache_that_would_change_the_answers_is_not_used(tiny_model, effusion, monkeypatch):
