@@ -280,10 +280,15 @@ class TransformersBackend:
         stop_ids = [stop] if isinstance(stop, int) else list(stop or [])
         if self.turn_cache_gib is None:
             self.turn_cache_gib = round(turn_cache_budget(self.model.device) / 2**30, 2)
+        text = self.model.config.get_text_config()
+        window = getattr(text, "sliding_window", None)
         self.turn_cache = TurnCache(
             getattr(self.model.config, "image_token_id", None),
             stop_ids,
             max_bytes=int(self.turn_cache_gib * 2**30),
+            windows=[
+                window if kind == SLIDING else None for kind in getattr(text, "layer_types", None) or []
+            ],
         )
         cases = sorted(
             (c for c in context.cases if len(c.turns) > 1),
@@ -507,28 +512,15 @@ class TransformersBackend:
         """Run slots ``start`` to the last but one through the model with our own masks, filling
         ``cache``; returns what generate still needs (it computes the last token and decodes).
 
-        A sliding-window layer is shown only the cached keys inside some query's window (a
-        turn's history is much longer than the window of a small model); the rest is put back
-        after the call, so generate and the turn cache see every layer whole.
+        The cache's sliding-window layers show attention only the keys inside some query's
+        window (see TurnCache.cache_for), so their masks start there too.
         """
-        torch = self._torch
         ids, mask = batch["input_ids"], batch["attention_mask"]
         end = ids.shape[1] - 1
         if end <= start or "token_type_ids" not in batch:
             return batch
         text = self.model.config.get_text_config()
         window = getattr(text, "sliding_window", None)
-        sliding_from = window_start(start, window)
-        layer_types = getattr(text, "layer_types", None) or []
-        aside = {}
-        if sliding_from:
-            for index, layer in enumerate(cache.layers):
-                if index < len(layer_types) and layer_types[index] == SLIDING:
-                    aside[index] = (layer.keys[:, :, :sliding_from], layer.values[:, :, :sliding_from])
-                    layer.keys, layer.values = (
-                        layer.keys[:, :, sliding_from:],
-                        layer.values[:, :, sliding_from:],
-                    )
         self.model(
             input_ids=ids[:, start:end],
             pixel_values=batch.get("pixel_values"),
@@ -538,18 +530,17 @@ class TransformersBackend:
                 start,
                 end,
                 window,
-                sliding_from if aside else 0,
-                kinds=set(layer_types) or (FULL, SLIDING),
+                # the cache's sliding-window layers show only the window (TurnCache.cache_for)
+                sliding_from=window_start(start, window)
+                if self.turn_cache and any(self.turn_cache.windows)
+                else 0,
+                kinds=set(getattr(text, "layer_types", None) or (FULL, SLIDING)),
             ),
             position_ids=(mask.long().cumsum(-1) - 1).clamp(min=0)[:, start:end],
             cache=cache,
             use_cache=True,
             logits_to_keep=1,
         )
-        for index, (keys, values) in aside.items():
-            layer = cache.layers[index]
-            layer.keys = torch.cat([keys, layer.keys], dim=2)
-            layer.values = torch.cat([values, layer.values], dim=2)
         return {"input_ids": ids, "attention_mask": mask}
 
     def sampling(self) -> Sampling:

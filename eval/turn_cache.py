@@ -106,8 +106,16 @@ class TurnCacheStats:
 class TurnCache:
     """Keys and values of each live conversation's last turn, and batch plans that reuse them."""
 
-    def __init__(self, image_token_id: int | None, stop_ids: Sequence[int], max_bytes: int | None = None):
+    def __init__(
+        self,
+        image_token_id: int | None,
+        stop_ids: Sequence[int],
+        max_bytes: int | None = None,
+        windows: Sequence[int | None] = (),
+    ):
         self.image_token_id = -1 if image_token_id is None else int(image_token_id)
+        #: per layer, its sliding window (None: full attention); empty: every layer full
+        self.windows = list(windows)
         self.stop_ids = np.asarray(sorted(set(stop_ids)), dtype=np.int64)
         #: memory the kept keys and values may take; a turn that does not fit is not kept (its
         #: conversation's next turn is computed from scratch)
@@ -196,11 +204,39 @@ class TurnCache:
         return outside_runs(min(shared, len(row.ids) - 1), row.runs)
 
     def cache_for(self, plan: Plan) -> Any:
-        """A DynamicCache holding each row's reused keys and values, left-padded to ``plan.past`` slots."""
-        from transformers import DynamicCache
+        """A DynamicCache holding each row's reused keys and values, left-padded to ``plan.past`` slots.
 
-        if plan.past == 0:
+        A sliding-window layer (``windows``) keeps every slot but shows attention only its window
+        (transformers' DynamicSlidingWindowLayer recording its past): the prefill and the decoding
+        of a long conversation attend over the window, not the whole history, and the turn cache
+        still gets every slot back.
+        """
+        from transformers import DynamicCache
+        from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+
+        past = self._past(plan)
+        count = len(past) if past else len(self.windows)
+        if not count:
             return DynamicCache()
+        layers = []
+        for index in range(count):
+            window = self.windows[index] if index < len(self.windows) else None
+            if window:
+                layer = DynamicSlidingWindowLayer(sliding_window=window)
+                layer.activate_past_recording()
+            else:
+                layer = DynamicLayer()
+            if past:
+                layer.update(*past[index])
+            layers.append(layer)
+        cache = DynamicCache()
+        cache.layers = layers
+        return cache
+
+    def _past(self, plan: Plan) -> list[tuple[Any, Any]]:
+        """Per layer, the batch's reused keys and values [rows, heads, plan.past, head_dim]."""
+        if plan.past == 0:
+            return []
         first = next(r.source for r in plan.rows if r.reused and r.source is not None)
         layers = []
         for index, (k0, v0) in enumerate(first.layers):
@@ -212,7 +248,7 @@ class TurnCache:
                     keys[b, :, plan.past - row.reused :] = k[:, : row.reused]
                     values[b, :, plan.past - row.reused :] = v[:, : row.reused]
             layers.append((keys, values))
-        return DynamicCache(ddp_cache_data=layers)
+        return layers
 
     def store(self, plan: Plan, sequences: Any, cache: Any) -> None:
         """Keep each row's prompt and answer tokens with their keys and values for its next turn.

@@ -95,6 +95,29 @@ def test_a_turn_reuses_its_history_and_a_first_turn_the_shared_start():
     assert len(cache) == 1
 
 
+def test_sliding_window_layers_keep_every_slot_but_attend_over_their_window():
+    from transformers.cache_utils import DynamicSlidingWindowLayer
+
+    cache = TurnCache(IMAGE, [STOP], windows=[4, None])
+    ids, mask = left_padded([[5, 6, 7, 8, 8, 8, 8, 8]])
+    plan = cache.plan(["a"], ids, mask, [[]])
+    assert cache.cache_for(plan).get_seq_length() == 0
+    cache.store(plan, *fake_generate(plan, ids, [[11, 12]]))
+    ids, mask = left_padded([[5, 6, 7, 8, 8, 8, 8, 8, 11, 20, 21]])
+    plan = cache.plan(["a"], ids, mask, [[]])
+    assert plan.past == 9
+    kv = cache.cache_for(plan)
+    sliding, full = kv.layers
+    assert isinstance(sliding, DynamicSlidingWindowLayer) and not full.is_sliding
+    assert kv.get_seq_length() == 9 and sliding.get_mask_sizes(2) == (5, 6)
+    new = torch.full((1, 1, 2, 1), -7.0)
+    keys, _ = sliding.update(new, new)
+    assert keys[0, 0, :, 0].tolist() == [6, 7, 8, -7, -7]  # the window (3 slots) and the new ones
+    assert sliding.keys.shape[2] == 11  # every slot kept for the turn cache
+    keys, _ = full.update(new, new)
+    assert keys.shape[2] == 11
+
+
 def test_turns_beyond_the_memory_budget_are_not_kept():
     # each token's keys and values: 2 layers x (keys + values) x 1 head x 1 value x 4 bytes
     cache = TurnCache(IMAGE, [STOP], max_bytes=170)
@@ -182,18 +205,25 @@ def answers(results):
     return {r.key_id: [(t.response, t.usage) for t in r.turns] for r in results}
 
 
-@pytest.mark.parametrize("oracle", ["implicit", "explicit"])
-def test_reused_turns_answer_as_fresh_ones(tiny_model, fixture_bundle, oracle):
+@pytest.mark.parametrize(
+    ("oracle", "attention"), [("implicit", None), ("explicit", None), ("implicit", "eager")]
+)
+def test_reused_turns_answer_as_fresh_ones(tiny_model, fixture_bundle, oracle, attention):
+    """Same responses with and without the turn cache; with eager attention the prefill of a
+    reused turn runs inside generate with the model's own masks."""
     bundle = read_bundle(fixture_bundle)
     runs = {}
     for turn_cache in (True, False):
-        backend = tiny_backend(tiny_model, bundle, max_tokens=6, turn_cache=turn_cache)
+        backend = tiny_backend(
+            tiny_model, bundle, max_tokens=6, turn_cache=turn_cache, attn_implementation=attention
+        )
         results = []
         run_conversations(bundle.cases, backend, oracle=oracle, batch_size=8, on_finished=results.extend)
         runs[turn_cache] = (answers(results), backend.describe())
     (cached, on), (fresh, off) = runs[True], runs[False]
     assert cached == fresh  # every response and its token counts
-    assert on["turn_cache"].startswith("on: ") and "masks built by broadcasting" in on["turn_cache"]
+    how = "the model's own prefill masks" if attention == "eager" else "masks built by broadcasting"
+    assert on["turn_cache"].startswith("on: ") and how in on["turn_cache"]
     assert off["turn_cache"] == "off (turn_cache=False)" and "turn_cache_reused_tokens" not in off
     assert on["turn_cache_reused_tokens"] > 0.5 * on["turn_cache_prompt_tokens"]
     assert on["turn_cache_turns_not_kept"] == 0 and on["turn_cache_gib"] > 0
@@ -223,7 +253,8 @@ def test_a_cache_that_would_change_the_answers_is_not_used(tiny_model, effusion,
     def corrupted(self, plan):
         cache = real(self, plan)
         for layer in cache.layers:
-            layer.keys = torch.randn_like(layer.keys) * 100
+            if layer.is_initialized:  # a reused turn's keys
+                layer.keys = torch.randn_like(layer.keys) * 100
         return cache
 
     monkeypatch.setattr(TurnCache, "cache_for", corrupted)
