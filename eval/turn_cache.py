@@ -13,9 +13,10 @@ the model sees each image's tokens together (Gemma 3 attends among them in both 
 
 Rows of a batch are left-padded as usual: each row's cached tokens end where the batch's new
 (uncached) tokens start, and that point is the same for every row, so a row whose new part is
-shorter than the longest one recomputes a little of its history. Layers are kept whole (a
-sliding-window layer masks what it must not see instead of dropping it), so a later turn can
-reuse any prefix. The transformers backend turns this on only after a check at setup shows that
+shorter than the longest one recomputes a little of its history. Every layer keeps every slot,
+so a later turn can reuse any prefix; a sliding-window layer still attends over its window only.
+A conversation's first turn reuses the start it shares with any other (the system message). The
+kept keys and values stay within a memory budget. The transformers backend turns this on only after a check at setup shows that
 a reused turn gives the same answer as computing it from scratch (see backend_transformers.py).
 """
 
