@@ -194,7 +194,8 @@ def main(argv=None) -> int:
     backends = first = make_backends(shortest)  # reused for the shortest length and the model calls
     print(
         f"{len(cases)} cases, {n_turns} turns; tiny Gemma3 on CPU ({torch.get_num_threads()} threads); "
-        f"answer lengths {args.lengths}; inputs: {backends['ours'].notes}",
+        f"answer lengths {args.lengths}; inputs: {backends['ours'].notes}; "
+        f"turn cache: {backends['ours'].turn_cache_note}",
         file=sys.stderr,
     )
 
@@ -236,6 +237,7 @@ def main(argv=None) -> int:
         "max_batch_tokens": budgets,
         "repeats": args.repeat,
         "backend_inputs": backends["ours"].notes,
+        "turn_cache": backends["ours"].turn_cache_note,
         "lengths": {},
     }
     implicit_at_shortest = stats_at_shortest = None

@@ -31,10 +31,12 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from chexpercept.case import Case
+
 from .conversation import Conversation
 from .image_resize import FixedResize, fixed_resize_of
 from .pixel_cache import PixelCache
-from .prefill_masks import FULL, SLIDING, prefill_masks, same_as_model, window_start
+from .prefill_masks import FULL, SLIDING, positions, prefill_masks, same_as_model, window_start
 from .protocol import BackendError, Request, Response, RunContext, Sampling
 from .registry import ModelSpec
 from .turn_cache import TurnCache, TurnCacheStats
@@ -72,12 +74,18 @@ def turn_cache_budget(device: Any) -> int:
         return 4 * 2**30
 
 
+def _most_images_first(cases: Iterable[Case]) -> list[Case]:
+    """The cases ordered by how many images their turns carry, most first (ties in run order):
+    the setup checks run on the richest ones."""
+    return sorted(cases, key=lambda c: -sum(len(t.images) for t in c.turns))
+
+
 def _check_requests(context: RunContext) -> list[Request]:
     """The first and the last turn of the run's case with the most images (answered "Answer: 1")."""
-    cases = [c for c in context.cases if any(t.images for t in c.turns)]
+    cases = [c for c in _most_images_first(context.cases) if any(t.images for t in c.turns)]
     if not cases:
         return []
-    case = max(cases, key=lambda c: sum(len(t.images) for t in c.turns))
+    case = cases[0]
     conversation = Conversation(case, oracle="none")
     requests = [conversation.pending]
     while True:
@@ -139,6 +147,8 @@ class TransformersBackend:
         #: the turn cache's prefill runs with masks built by prefill_masks.py (checked at setup)
         self.own_masks = False
         self.notes: dict[str, str] = {}
+        #: whether the turn cache is on, or why not (describe()'s "turn_cache")
+        self.turn_cache_note = ""
         self.root = ""
         self._images: dict[str, Image.Image] = {}
         #: threads that decode a step's new images (default: the CPU count, at most 8)
@@ -274,7 +284,7 @@ class TransformersBackend:
         (prefill_masks.py) when they equal the model's own on the check batch.
         """
         if not self.use_turn_cache:
-            self.notes["turn_cache"] = "off (turn_cache=False)"
+            self.turn_cache_note = "off (turn_cache=False)"
             return
         stop = self.model.generation_config.eos_token_id
         stop_ids = [stop] if isinstance(stop, int) else list(stop or [])
@@ -290,13 +300,10 @@ class TransformersBackend:
                 window if kind == SLIDING else None for kind in getattr(text, "layer_types", None) or []
             ],
         )
-        cases = sorted(
-            (c for c in context.cases if len(c.turns) > 1),
-            key=lambda c: -sum(len(t.images) for t in c.turns),
-        )[:2]
+        cases = [c for c in _most_images_first(context.cases) if len(c.turns) > 1][:2]
         if not cases:
             self.turn_cache = None
-            self.notes["turn_cache"] = "off: no case of the run has two turns to check on"
+            self.turn_cache_note = "off: no case of the run has two turns to check on"
             return
         sampling, budget = self._sampling, self.turn_cache.max_bytes
         self._sampling = Sampling(0.0, 1.0, min(16, sampling.max_tokens), True)
@@ -312,12 +319,12 @@ class TransformersBackend:
         if problem:
             self.turn_cache = None
             self.own_masks = False
-            self.notes["turn_cache"] = f"off: {problem} (checked on {cases[0].key_id})"
+            self.turn_cache_note = f"off: {problem} (checked on {cases[0].key_id})"
             return
         self.turn_cache.clear()
         self.turn_cache.stats = TurnCacheStats()
         how = "prefill masks built by broadcasting" if self.own_masks else "the model's own prefill masks"
-        self.notes["turn_cache"] = (
+        self.turn_cache_note = (
             f"on: each conversation's keys and values reused on its next turn ({how}; "
             f"checked on {cases[0].key_id})"
         )
@@ -490,11 +497,11 @@ class TransformersBackend:
             options.update(do_sample=True, temperature=s.temperature, top_p=s.top_p)
         else:
             options["do_sample"] = False
-        if cache is not None:
+        if plan is not None:
             options["cache"] = cache
         with torch.inference_mode():
-            if cache is not None and self.own_masks:
-                batch = self._prefill(batch, cache, plan.past if plan is not None else 0)
+            if plan is not None and self.own_masks:
+                batch = self._prefill(batch, cache, plan.past)
             out = self.model.generate(**batch, **options)
         if plan is not None and self.turn_cache is not None:
             self.turn_cache.store(plan, out, cache)
@@ -536,7 +543,7 @@ class TransformersBackend:
                 else 0,
                 kinds=set(getattr(text, "layer_types", None) or (FULL, SLIDING)),
             ),
-            position_ids=(mask.long().cumsum(-1) - 1).clamp(min=0)[:, start:end],
+            position_ids=positions(mask, start, end),
             cache=cache,
             use_cache=True,
             logits_to_keep=1,
@@ -556,8 +563,8 @@ class TransformersBackend:
             "trust_remote_code": self.trust_remote_code,
             "max_batch_tokens": self.max_batch_tokens,
             "image_workers": self.image_workers,
-            **{f"inputs_{k}": v for k, v in self.notes.items() if k != "turn_cache"},
-            "turn_cache": self.notes.get("turn_cache", ""),
+            **{f"inputs_{k}": v for k, v in self.notes.items()},
+            "turn_cache": self.turn_cache_note,
             **self._turn_cache_counts(),
             "chat_template_kwargs": self.chat_template_kwargs,
         }

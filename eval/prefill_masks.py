@@ -28,6 +28,11 @@ def block_ids(token_type_ids: Any) -> Any:
     return torch.where(is_image, starts.long().cumsum(dim=1) - 1, -1)
 
 
+def positions(attention_mask: Any, start: int, end: int) -> Any:
+    """Each slot's position in its left-padded row (as generate counts them: padding at 0)."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, start:end]
+
+
 def window_start(start: int, sliding_window: int | None) -> int:
     """The first key slot any query from ``start`` on sees in a sliding-window layer."""
     return max(0, start - sliding_window + 1) if sliding_window else 0
@@ -90,13 +95,12 @@ def same_as_model(model: Any, attention_mask: Any, token_type_ids: Any, start: i
         heads = getattr(text, "num_key_value_heads", 1)
         empty = torch.zeros((batch, heads, start, 1), device=attention_mask.device)
         cache = DynamicCache(ddp_cache_data=[(empty, empty)] * text.num_hidden_layers)
-    positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, start:end]
     theirs = create(
         config=config,
         inputs_embeds=torch.empty((batch, end - start, 0), dtype=model.dtype, device=attention_mask.device),
         attention_mask=attention_mask[:, :end],
         cache=cache,
-        position_ids=positions,
+        position_ids=positions(attention_mask, start, end),
         token_type_ids=token_type_ids[:, :end],
         is_first_iteration=True,
     )
