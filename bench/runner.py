@@ -37,6 +37,7 @@ can be read off the implicit run).
     python bench/runner.py --lengths 8 --batch-sizes 64 --repeat 1     # a quick subset
     python bench/runner.py --synth --lengths 8 32                      # 1024x1024 phantom X-rays
     python bench/runner.py --plain-inputs --max-batch-tokens 8192 32768 --json runner.json  # bench/RESULTS.md
+    .venv-vllm/bin/python bench/runner.py --vllm --synth --per-cell 4 --lengths 8 32 128   # vLLM's engine
 """
 
 from __future__ import annotations
@@ -142,7 +143,27 @@ def main(argv=None) -> int:
         "each batch size is timed with each",
     )
     parser.add_argument("--json", help="also write the numbers to this file")
+    parser.add_argument(
+        "--vllm",
+        action="store_true",
+        help="time vLLM's real engine instead (needs vLLM): (a) our engine over the vllm backend, (b) the "
+        "same requests replayed straight into LLM.chat, (c) the transformers backend with its turn "
+        "cache; see bench/runner_vllm.py",
+    )
+    parser.add_argument(
+        "--arch", default="gemma3", choices=("gemma3", "qwen2.5-vl"), help="--vllm: tiny model architecture"
+    )
+    parser.add_argument(
+        "--vllm-batch-size",
+        type=int,
+        default=256,
+        help="--vllm: live conversations (the vllm backend's default)",
+    )
     args = parser.parse_args(argv)
+    if args.vllm:
+        import runner_vllm
+
+        return runner_vllm.main(args)
 
     import torch
 

@@ -6,13 +6,22 @@ Two modes:
 numbers match the paper: pass 1 extracts ``Answer: ...``-style digits from the raw text, pass 2
 normalises what is left and, as a last resort, takes every digit run in the text.
 
-``strict`` counts only the last valid ``Answer ...`` statement outside any thinking block; it
+``strict`` counts only the last valid answer statement outside reasoning: ``Answer ...`` or an
+answer box (``\\boxed{2}``, GLM's ``<|begin_of_box|>2<|end_of_box|>``, ``<answer>2</answer>``). It
 understands ``Answer: [2]``, ``**Answer:** 2``, ``Answer - 2``, ``Answer: (1), (3)``,
-``Answer: 1 and 3``, ``Answer: (2) No`` and maps ``Answer: None`` to the question's None option.
-Reasoning is ignored: complete ``<think>`` blocks, everything after an unclosed ``<think>`` and
-everything before a lone ``</think>`` (templates that open the block in the prompt). Digits
+``Answer: 1 and 3``, ``Answer: $2$``, ``Answer: \\(2\\)``, ``Answer：２`` (full-width), an index
+echoed with its option (``Answer: (2) No``, ``Answer: 2. No``, ``Answer: 2 - No``) and maps
+``Answer: None`` to the question's None option. Reasoning is ignored for every model family of
+``chexpercept.reasoning`` (``<think>``, MedGemma's ``<unused94>``, Gemma 4's channels...): complete
+blocks, everything after a block that was never closed (a reply cut off by the token limit) and
+everything before a lone close marker (templates that open the block in the prompt). Digits
 elsewhere in the text never count. Anything else is unparsed (and wrong), and a single-choice
 question answered with several numbers is wrong.
+
+In reference mode an answer that the reference's parser reads from inside reasoning it does not
+recognise or that never finished (MedGemma's thoughts, a cut-off ``<think>``) keeps the reference's
+value, so that numbers match the paper, but gets the status ``reasoning``, so that such answers
+can be counted.
 
 Neither mode raises on odd input (None, an unterminated ``<think>``, "1.5", markdown); each result
 carries a parse status so that parse failures can be counted per task.
@@ -21,10 +30,13 @@ carries a parse status so that parse failures can be counted per task.
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Literal
+
+from .reasoning import ALL_BOXES, BOXED, has_reasoning_markup, remove_reasoning
 
 ParseMode = Literal["reference", "strict"]
 PARSE_MODES: tuple[str, ...] = ("reference", "strict")
@@ -35,6 +47,7 @@ STATUS_FINAL = "final_answer"  # "final answer ... n"
 STATUS_BARE = "bare"  # the whole reply is numbers
 STATUS_LOOSE = "loose"  # reference pass-2 fallbacks ("answer is n", last digit line, any digits)
 STATUS_NONE_TEXT = "none_text"  # strict: "Answer: None" mapped to the None option
+STATUS_REASONING = "reasoning"  # reference: read from inside unfinished or unrecognised reasoning
 STATUS_UNPARSED = "unparsed"  # nothing usable: scored as -1 (wrong)
 PARSE_STATUSES: tuple[str, ...] = (
     STATUS_ANSWER,
@@ -42,10 +55,11 @@ PARSE_STATUSES: tuple[str, ...] = (
     STATUS_BARE,
     STATUS_LOOSE,
     STATUS_NONE_TEXT,
+    STATUS_REASONING,
     STATUS_UNPARSED,
 )
 
-_THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
+_THINK = re.compile(r"<think>.*?</think>", re.DOTALL)  # the reference's own reasoning rule
 _UNUSED = re.compile(r"<unused\d+>")
 _BOXED = re.compile(r"\\boxed\{([\d,\s]*)\}")
 _GLM_BOX = re.compile(r"<\|begin_of_box\|>(.*?)<\|end_of_box\|>", re.DOTALL)
@@ -74,8 +88,15 @@ _STRICT_LIST = re.compile(
     + r")*[ \t]*[\]\)]?(?:[ \t]*\([^\d()]*\))?",
     re.IGNORECASE,
 )
-#: "(2) No": one bracketed index echoed with its option text (no digits in the text)
-_STRICT_ECHO = re.compile(r"\([ \t]*(\d+)[ \t]*\)[ \t]+[^\d\n]+")
+#: an index echoed with its option text (no digits in the text): "(2) No", "2. No", "2 - No",
+#: "2: No", "2) No", "Option 2 - No"
+_STRICT_ECHO = re.compile(
+    r"(?:options?[ \t]*)?(?:\([ \t]*(\d+)[ \t]*\)|(\d+)[ \t]*(?:[.:)\-\u2013\u2014]))[ \t]+[^\d\n]+",
+    re.IGNORECASE,
+)
+#: maths and markup around an answer: $2$, \(2\), \[2\], \text{2}, \mathbf{2}
+_STRICT_MATH = re.compile(r"\\(?:text|mathrm|mathbf|textbf)\{([^{}]*)\}")
+_STRICT_MATH_DELIMS = re.compile(r"\$+|\\[()\[\]]")
 _STRICT_NONE = re.compile(r"[\[\(]?[ \t]*none\b", re.IGNORECASE)
 _STRICT_TRIM = " \t*_`.;"
 
@@ -94,12 +115,10 @@ class ParsedAnswer:
         return self.status != STATUS_UNPARSED
 
 
-def strip_thinking(text: str, *, unterminated: bool = False) -> str:
-    """Remove <think>...</think> blocks; with unterminated=True also a trailing unclosed block."""
+def strip_thinking(text: str) -> str:
+    """The reference's rule: remove complete <think>...</think> blocks and <unusedNN> tokens."""
     if "<think>" in text:
         text = _THINK.sub("", text)
-        if unterminated and "<think>" in text:
-            text = text.split("<think>", 1)[0]
     return _UNUSED.sub("", text) if "<unused" in text else text
 
 
@@ -178,21 +197,35 @@ def parse_answer(
 
 @lru_cache(maxsize=1 << 16)
 def _parse_cached(response: str, mode: str, none_index: int | None, glm: bool) -> ParsedAnswer:
-    pass1, status = reference_pass1(response, model="glm" if glm else "")
+    model = "glm" if glm else ""
+    pass1, status = reference_pass1(response, model=model)
     if mode == "reference":
         ints, found = reference_pass2(pass1)
         if not found:
             return ParsedAnswer((-1,), STATUS_UNPARSED, pass1)
+        if has_reasoning_markup(response) and _reference_ints(remove_reasoning(response), model) != ints:
+            status = STATUS_REASONING  # the reference's answer depends on text inside reasoning
         return ParsedAnswer(tuple(ints), status, pass1)
     return _parse_strict(response, none_index=none_index, pass1=pass1)
 
 
+def _reference_ints(text: str, model: str) -> list[int]:
+    """The reference's reading of a text ([-1] when it finds nothing)."""
+    return reference_pass2(reference_pass1(text, model=model)[0])[0]
+
+
 def strict_visible_text(response: str) -> str:
-    """The part of a response strict mode reads: reasoning and GLM/boxed wrappers removed."""
-    text = strip_thinking(_unwrap_glm(response), unterminated=True)
-    if "</think>" in text:  # the template opened the block in the prompt: the answer follows the close
-        text = text.rsplit("</think>", 1)[1]
-    return _unbox(text)
+    """The part of a response strict mode reads: every family's reasoning removed (see
+    ``chexpercept.reasoning``), full-width forms folded (NFKC), each answer box turned into an
+    ``Answer:`` statement of its own."""
+    text = remove_reasoning(response)
+    if not text.isascii():
+        text = unicodedata.normalize("NFKC", text)
+    if "\\boxed{" in text or "<" in text:
+        for open_marker, close_marker in ALL_BOXES:
+            text = text.replace(open_marker, "\nAnswer: ").replace(close_marker, "\n")
+        text = BOXED.sub(lambda m: "\nAnswer: " + m.group(1) + "\n", text)
+    return _UNUSED.sub("", text) if "<unused" in text else text
 
 
 def _parse_strict(response: str, *, none_index: int | None, pass1: str) -> ParsedAnswer:
@@ -232,6 +265,8 @@ def _strict_statements(text: str) -> list[re.Match[str]]:
 
 def _strict_body(body: str, none_index: int | None) -> tuple[int, ...] | None:
     """Indices named by one answer statement, or None when it is not a valid answer."""
+    if "\\" in body or "$" in body:
+        body = _STRICT_MATH_DELIMS.sub("", _STRICT_MATH.sub(lambda m: m.group(1), body)).strip(_STRICT_TRIM)
     if _STRICT_NONE.match(body):
         return None if none_index is None else (none_index,)
     if _STRICT_LIST.fullmatch(body):
@@ -239,7 +274,7 @@ def _strict_body(body: str, none_index: int | None) -> tuple[int, ...] | None:
         return tuple(int(d) for d in _DIGITS.findall(without_echo))
     m = _STRICT_ECHO.fullmatch(body)
     if m:
-        return (int(m.group(1)),)
+        return (int(m.group(1) or m.group(2)),)
     return None
 
 

@@ -21,8 +21,10 @@ if TYPE_CHECKING:
 
 RESULTS_NAME = "results.jsonl"
 RUN_NAME = "run.json"
+#: cases a run could not finish because a request failed (one line per failure; never scored)
+FAILURES_NAME = "failures.jsonl"
 ORACLE_SETTINGS: tuple[str, ...] = ("none", "implicit", "explicit")
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: full_response and refusal per turn; failed requests kept apart
 
 
 def check_oracle(value: str, where: str = "") -> str:
@@ -58,8 +60,19 @@ class TurnResult:
     #: the text that replaced this turn's answer in the history (implicit setting), if it was patched
     patched_to: str | None = None
     usage: dict[str, Any] = field(default_factory=dict)
-    #: why the backend gave no answer (only with the runner's --on-error record); scored as unparsed
+    #: the whole reply as parsed, where ``response`` (the reply as the reference records it) lost
+    #: part of it: reasoning markers that are special tokens, an API's separate reasoning field
+    full_response: str | None = None
+    #: the model or the service declined to answer (refusal, content filter); scored as unparsed
+    refusal: str | None = None
+    #: results written before failed requests were kept apart (schema 1) could hold a turn whose
+    #: request failed; it is read, and counted, as such
     error: str | None = None
+
+    @property
+    def parsed_text(self) -> str:
+        """What the parser reads: the whole reply where it was kept, else the recorded one."""
+        return self.full_response if self.full_response is not None else self.response
 
 
 def judge_turn(
@@ -74,11 +87,15 @@ def judge_turn(
     """Parse a response to ``turn``, judge it against the gold answer and record both.
 
     ``correct`` overrides the verdict (e.g. a stored one); ``fields`` fill the optional fields
-    (oracle_text, patched_to, usage, error).
+    (oracle_text, patched_to, usage, full_response, refusal). The parser reads ``full_response``
+    where it is given.
     """
     from .answers import is_correct, parse_answer
 
-    parsed = parse_answer(response, mode=mode, none_index=turn.none_index, model=model)
+    full = fields.get("full_response")
+    parsed = parse_answer(
+        full if full is not None else response, mode=mode, none_index=turn.none_index, model=model
+    )
     if correct is None:
         correct = is_correct(parsed, turn.answer_index, multi_select=turn.multi_select, mode=mode)
     return TurnResult(
@@ -123,6 +140,43 @@ class CaseResult:
     def from_dict(cls, d: dict[str, Any]) -> CaseResult:
         turns = [TurnResult(**t) for t in d["turns"]]
         return cls(**{**d, "turns": turns})
+
+
+@dataclass
+class CaseFailure:
+    """A case whose conversation stopped because a request failed (transport, a rejected request).
+
+    There is no answer to score: the case has no line in results.jsonl, the run is incomplete and
+    a rerun retries it. Kept in failures.jsonl so that the run's end, ``score`` and the report can
+    say how many cases that is, and why.
+    """
+
+    key_id: str
+    lesion: str
+    path: str
+    #: the turn whose request failed, and its position in the case's conversation (0-based)
+    task: str
+    turn_index: int
+    error: str
+    time: str = ""
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), ensure_ascii=False, separators=(",", ":"))
+
+
+def read_failures(path: str | FsPath) -> list[CaseFailure]:
+    """The failures of a run folder's failures.jsonl (empty when there is none); a torn last
+    line is left out."""
+    path = FsPath(path)
+    if not path.is_file():
+        return []
+    out = []
+    for n, line in complete_lines(path):
+        try:
+            out.append(CaseFailure(**json.loads(line)))
+        except (json.JSONDecodeError, TypeError) as e:
+            raise ValueError(f"{path}:{n}: not a CheXpercept case failure: {e}") from e
+    return out
 
 
 def complete_lines(path: str | FsPath) -> Iterator[tuple[int, str]]:

@@ -1,10 +1,25 @@
 """Any OpenAI-compatible chat endpoint (vLLM serve, Azure OpenAI v1, Gemini's OpenAI endpoint).
 
 Requests of a step run concurrently (asyncio, at most ``concurrency`` in flight) over the standard
-library's HTTP client, with retries and exponential backoff on 429, 5xx, timeouts and dropped
-connections (honouring Retry-After). Token usage is read from each reply and priced with the
-paper's price table (spec 3.10). Images go as data URLs, encoded once per file while a conversation
-that shows it is live.
+library's HTTP client, with retries and exponential backoff on 408, 409, 429, 5xx, timeouts and
+dropped connections, waiting as long as the server's back-off hint says where it gives one (every
+form the supported APIs send: ``retry-after-ms``, ``Retry-After`` in seconds or as an HTTP date,
+Google's ``RetryInfo.retryDelay`` in the error body, OpenAI's ``x-ratelimit-reset-*`` durations).
+Token usage is read from each reply and priced with the paper's price table (spec 3.10). Images go
+as data URLs, encoded once per file while a conversation that shows it is live.
+
+What a reply can be, and what becomes of it:
+
+* an answer: ``message.content`` (text or text parts), with the model's reasoning put back in front
+  of it where the server returns it apart (``reasoning``, or ``reasoning_content`` before vLLM 0.16;
+  eval/replies.py), so the parser reads it by the model family's rules;
+* the model or the service declining: ``message.refusal``, ``finish_reason: content_filter``, or a
+  request rejected by a content filter (Azure's HTTP 400 ``content_filter``, with
+  ``--on-error record``): an answer that is no option, scored as unparsed and counted as a refusal;
+* a failed request (transport errors and 5xx after the retries, any other rejected request such as
+  a 400 for a setting the model does not accept): no answer. ``--on-error stop`` (default) stops the
+  run; ``--on-error record`` leaves that case unfinished (failures.jsonl) and goes on with the
+  others. Either way it is never scored, and rerunning the command retries it.
 
 Data protection: the PhysioNet credentialed data use agreement forbids sending the data to ordinary
 public APIs, so any endpoint that is not on this machine (loopback) is refused unless the user
@@ -16,11 +31,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import datetime
+import email.utils
 import ipaddress
 import json
 import mimetypes
 import os
 import random
+import re
 import time
 import urllib.error
 import urllib.request
@@ -31,6 +49,7 @@ from urllib.parse import urlsplit
 
 from .protocol import BackendError, Request, Response, RunContext, Sampling
 from .registry import ModelSpec
+from .replies import join_reasoning
 
 #: USD per 1M tokens: input, cached input, output (spec 3.10)
 PRICES: dict[str, tuple[float, float, float]] = {
@@ -105,6 +124,101 @@ class _Retryable(Exception):
     def __init__(self, message: str, retry_after: float | None = None):
         super().__init__(message)
         self.retry_after = retry_after
+
+
+class _Filtered(Exception):
+    """The service rejected the request with a content filter: its verdict on the content."""
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
+_UNIT_SECONDS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
+
+
+def parse_duration(text: str) -> float | None:
+    """Seconds of a duration as APIs write them: ``"37s"``, ``"1.5s"``, ``"6m0s"``, ``"20ms"``,
+    ``"1h2m3s"``, or a bare number of seconds; None when it is not one."""
+    text = text.strip()
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    parts = _DURATION.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        return None
+    return sum(float(n) * _UNIT_SECONDS[u] for n, u in parts)
+
+
+def _retry_info(body: str) -> float | None:
+    """Google's ``RetryInfo.retryDelay`` in a JSON error body (Gemini, Vertex; its OpenAI-compatible
+    endpoint wraps the error in a list)."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return None
+    for item in data if isinstance(data, list) else [data]:
+        error = item.get("error") if isinstance(item, dict) else None
+        if not isinstance(error, dict):
+            continue
+        for detail in error.get("details") or []:
+            if isinstance(detail, dict) and "retryDelay" in detail:
+                delay = parse_duration(str(detail["retryDelay"]))
+                if delay is not None:
+                    return delay
+    return None
+
+
+def retry_hint(headers: Any, body: str = "", *, now: float | None = None) -> float | None:
+    """Seconds the server asks to wait before retrying, from every form the supported APIs send
+    (OpenAI, Azure OpenAI, Gemini, vLLM serve), or None without a hint.
+
+    In order: ``retry-after-ms`` (milliseconds; OpenAI, Azure), ``Retry-After`` (seconds, or an HTTP
+    date), ``RetryInfo.retryDelay`` in the JSON error body (Google), then the longest of OpenAI's
+    ``x-ratelimit-reset-requests`` / ``x-ratelimit-reset-tokens`` (durations such as ``6m0s``).
+    """
+    get = (lambda name: headers.get(name)) if headers is not None else (lambda name: None)
+    value = get("retry-after-ms")
+    if value is not None:
+        try:
+            return max(float(value) / 1000.0, 0.0)
+        except ValueError:
+            pass
+    value = get("Retry-After")
+    if value is not None:
+        try:
+            return max(float(value), 0.0)
+        except ValueError:
+            try:
+                when = email.utils.parsedate_to_datetime(value)
+            except (TypeError, ValueError):
+                when = None
+            if when is not None:
+                if when.tzinfo is None:
+                    when = when.replace(tzinfo=datetime.timezone.utc)
+                current = time.time() if now is None else now
+                return max(when.timestamp() - current, 0.0)
+    delay = _retry_info(body) if body else None
+    if delay is not None:
+        return delay
+    resets = [
+        parse_duration(get(h) or "") for h in ("x-ratelimit-reset-requests", "x-ratelimit-reset-tokens")
+    ]
+    resets = [r for r in resets if r is not None and r > 0]
+    return max(resets) if resets else None
+
+
+def _is_content_filter(body: str) -> bool:
+    """An error body saying a content filter rejected the request (Azure OpenAI's 400)."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return False
+    for item in data if isinstance(data, list) else [data]:
+        error = item.get("error") if isinstance(item, dict) else None
+        if isinstance(error, dict):
+            codes = {str(error.get("code") or ""), str((error.get("innererror") or {}).get("code") or "")}
+            if codes & {"content_filter", "ResponsibleAIPolicyViolation"}:
+                return True
+    return False
 
 
 @dataclass
@@ -184,7 +298,8 @@ class OpenAIBackend:
         if s.top_p != 1.0:  # reasoning models reject top_p; 1.0 is every API's default anyway
             payload["top_p"] = s.top_p
         payload.update(self.extra_body)
-        return payload
+        # a null in --request-extra removes the field (servers that reject one of ours)
+        return {k: v for k, v in payload.items() if v is not None}
 
     # ------------------------------------------------------------------ HTTP
     def _post(self, body: bytes) -> dict[str, Any]:
@@ -199,14 +314,12 @@ class OpenAIBackend:
             with urllib.request.urlopen(req, timeout=self.timeout) as reply:
                 return json.loads(reply.read().decode("utf-8"))
         except urllib.error.HTTPError as e:
-            detail = e.read().decode("utf-8", "replace")[:500]
+            body = e.read().decode("utf-8", "replace")
+            detail = body[:500]
             if e.code in RETRY_STATUS:
-                after = e.headers.get("Retry-After") if e.headers else None
-                try:
-                    retry_after = float(after) if after is not None else None
-                except ValueError:
-                    retry_after = None
-                raise _Retryable(f"HTTP {e.code}: {detail}", retry_after) from e
+                raise _Retryable(f"HTTP {e.code}: {detail}", retry_hint(e.headers, body)) from e
+            if e.code == 400 and _is_content_filter(body):
+                raise _Filtered(f"HTTP {e.code}: {detail}") from e
             raise BackendError(f"HTTP {e.code} from {self.url}: {detail}") from e
         except (TimeoutError, ConnectionError) as e:
             raise _Retryable(f"{type(e).__name__}: {e}") from e
@@ -231,6 +344,14 @@ class OpenAIBackend:
                 await asyncio.sleep(self.retry.delay(attempt, e.retry_after))
                 attempt += 1
                 self.retries += 1
+            except _Filtered as e:
+                if self.on_error == "stop":
+                    raise BackendError(
+                        f"{where}: a content filter rejected the request ({e}). Finished cases are "
+                        "saved. Rerun with --on-error record to record such rejections as the model's "
+                        "answers (scored as refusals) and go on."
+                    ) from e
+                return Response("", {"finish_reason": "content_filter"}, refusal=f"content filter: {e}")
             except BackendError as e:
                 return self._failed(where, str(e))
         return self._response(where, reply, attempts=attempt + 1, seconds=time.perf_counter() - started)
@@ -239,7 +360,8 @@ class OpenAIBackend:
         if self.on_error == "stop":
             raise BackendError(
                 f"{where}: {message}. Finished cases are saved; rerun the same command to resume "
-                "(or pass --on-error record to score failed turns as unanswered and go on)."
+                "(or pass --on-error record to leave the cases whose requests fail unfinished and go "
+                "on with the others)."
             )
         return Response("", {}, error=message)
 
@@ -251,16 +373,30 @@ class OpenAIBackend:
         text = message.get("content")
         if isinstance(text, list):  # some servers return content parts
             text = "".join(p.get("text", "") for p in text if isinstance(p, dict))
+        # vLLM serve with a reasoning parser: "reasoning" (vLLM >= 0.16), "reasoning_content" before
+        reasoning = message.get("reasoning") or message.get("reasoning_content")
+        refusal = message.get("refusal")
         usage: dict[str, Any] = read_usage(reply.get("usage"))
         usage["cost_usd"] = call_cost(
             self.spec.model_id, usage["input_tokens"], usage["cached_input_tokens"], usage["output_tokens"]
         )
         usage["attempts"] = attempts
         usage["seconds"] = round(seconds, 3)
-        if choices[0].get("finish_reason"):
-            usage["finish_reason"] = choices[0]["finish_reason"]
-        # a refusal or an empty reply (safety filter, token cap) is an answer: unparsed, so wrong
-        return Response(text if isinstance(text, str) else "", usage)
+        finish = choices[0].get("finish_reason")
+        if finish:
+            usage["finish_reason"] = finish
+        if not refusal and finish == "content_filter":
+            refusal = "content filter (finish_reason content_filter)"
+        # a refusal or an empty reply (content filter, token cap) is an answer: unparsed, so wrong
+        content = text if isinstance(text, str) else None
+        return Response(
+            content or "",
+            usage,
+            full_text=join_reasoning(
+                reasoning if isinstance(reasoning, str) else None, content, self.spec.model_id
+            ),
+            refusal=refusal if isinstance(refusal, str) and refusal else None,
+        )
 
     async def _all(self, requests: Sequence[Request]) -> list[Response]:
         gate = asyncio.Semaphore(self.concurrency)

@@ -39,6 +39,7 @@ from .pixel_cache import PixelCache
 from .prefill_masks import FULL, SLIDING, positions, prefill_masks, same_as_model, window_start
 from .protocol import BackendError, Request, Response, RunContext, Sampling
 from .registry import ModelSpec
+from .replies import MarkerDecoder
 from .turn_cache import TurnCache, TurnCacheStats
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -48,15 +49,15 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEFAULT_MAX_BATCH_TOKENS = 32768
 
 
-def pick_device(device: str, process_index: int) -> str:
-    """``auto``: this process's GPU (LOCAL_RANK under accelerate) when CUDA is there, else cpu."""
+def pick_device(device: str, local_process_index: int) -> str:
+    """``auto``: this process's GPU (its index among the processes of its machine) when CUDA is
+    there, else cpu."""
     if device != "auto":
         return device
     import torch
 
     if torch.cuda.is_available():
-        local = int(os.environ.get("LOCAL_RANK", process_index))
-        return f"cuda:{local % torch.cuda.device_count()}"
+        return f"cuda:{local_process_index % torch.cuda.device_count()}"
     return "cpu"
 
 
@@ -158,6 +159,7 @@ class TransformersBackend:
         self._pool: ThreadPoolExecutor | None = None
         self.model: Any = None
         self.processor: Any = None
+        self.markers: MarkerDecoder | None = None
 
     def setup(self, context: RunContext) -> None:
         try:
@@ -172,7 +174,7 @@ class TransformersBackend:
         torch.manual_seed(context.seed)
         if context.process_index != 0:  # one progress display per run: the main process's
             transformers.utils.logging.disable_progress_bar()
-        self.resolved_device = pick_device(self.device, context.process_index)
+        self.resolved_device = pick_device(self.device, context.local_index)
         self.processor = transformers.AutoProcessor.from_pretrained(
             self.spec.model_id, trust_remote_code=self.trust_remote_code
         )
@@ -180,6 +182,7 @@ class TransformersBackend:
         if tokenizer is None:
             raise BackendError(f"{self.spec.model_id}: its processor has no tokenizer")
         tokenizer.padding_side = "left"
+        self.markers = MarkerDecoder(tokenizer)
         model_cls = getattr(transformers, self.model_class)
         kwargs: dict[str, Any] = {
             "dtype": "auto" if self.dtype == "auto" else getattr(torch, self.dtype),
@@ -510,9 +513,15 @@ class TransformersBackend:
         texts = self.processor.batch_decode(new, skip_special_tokens=True)
         prompt_tokens = batch["attention_mask"].sum(dim=1).tolist()
         output_tokens = (new != self.pad_token_id).sum(dim=1).tolist()
+        markers = self.markers
+        rows = new.tolist() if markers is not None and markers.active else [()] * len(texts)
         return [
-            Response(text, {"input_tokens": int(i), "output_tokens": int(o)})
-            for text, i, o in zip(texts, prompt_tokens, output_tokens)
+            Response(
+                text,
+                {"input_tokens": int(i), "output_tokens": int(o)},
+                full_text=markers.full_text(r, text) if markers else None,
+            )
+            for text, i, o, r in zip(texts, prompt_tokens, output_tokens, rows)
         ]
 
     def _prefill(self, batch: dict[str, Any], cache: Any, start: int) -> dict[str, Any]:

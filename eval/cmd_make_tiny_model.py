@@ -1,4 +1,5 @@
-"""``chexpercept make-tiny-model --out DIR``: a tiny random VLM that ``--backend transformers`` runs."""
+"""``chexpercept make-tiny-model --out DIR [--arch gemma3|qwen2.5-vl]``: a tiny random VLM that the
+transformers and vllm backends load (for tests, benchmarks and demos; its answers are noise)."""
 
 from __future__ import annotations
 
@@ -6,21 +7,22 @@ import argparse
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    from chexpercept.eval.tiny_model import ARCHITECTURES
+
     parser.add_argument("--out", required=True, help="folder to write the model and processor to")
-    parser.add_argument("--seed", type=int, default=0, help="weight seed (same seed, same weights)")
     parser.add_argument(
-        "--profile",
-        choices=("cpu", "gpu"),
-        default="cpu",
-        help="cpu: smallest (tests, transformers); gpu: head size 64 for vLLM's GPU kernels",
+        "--arch",
+        choices=ARCHITECTURES,
+        default="gemma3",
+        help="gemma3 (Gemma 3 / MedGemma) or qwen2.5-vl (the Qwen-VL family); default gemma3",
     )
+    parser.add_argument("--seed", type=int, default=0, help="weight seed (same seed, same weights)")
 
 
 def run(args: argparse.Namespace) -> int:
     from chexpercept.eval.tiny_model import build_tiny_model
 
-    out = build_tiny_model(args.out, seed=args.seed, profile=args.profile)
-    print(f"tiny random Gemma3 VLM written to {out} (random weights: for testing software only)")
-    backend = "transformers" if args.profile == "cpu" else "vllm"
-    print(f"use it with: chexpercept run --data-dir DIR --model {out} --backend {backend}")
+    out = build_tiny_model(args.out, arch=args.arch, seed=args.seed)
+    print(f"tiny random {args.arch} VLM written to {out} (random weights: for testing software only)")
+    print(f"use it with: chexpercept run --data-dir DIR --model {out} --backend transformers|vllm")
     return 0

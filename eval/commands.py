@@ -7,6 +7,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "make-tiny-model": (
         "chexpercept.eval.cmd_make_tiny_model",
-        "Build, offline, a tiny random Gemma3 vision-language model for tests and demos",
+        "Build, offline, a tiny random vision-language model (Gemma 3 or Qwen2.5-VL) for tests and demos",
     ),
 }

@@ -13,11 +13,12 @@ from typing import Any
 
 from chexpercept.answers import ParseMode
 from chexpercept.case import Case, Turn
-from chexpercept.results import CaseResult, TurnResult, check_oracle, judge_turn
+from chexpercept.results import CaseFailure, CaseResult, TurnResult, check_oracle, judge_turn
 from chexpercept.templates import SYSTEM_MESSAGE
 
 from .oracle import ORACLE_SEPARATOR, intervention
 from .protocol import Message, Request, Response
+from .provenance import now
 
 #: usage keys summed over a case's turns
 _SUMMED = (
@@ -49,10 +50,13 @@ class Conversation:
         self._pending: Request | None = None
         #: the explicit oracle text prepended to the pending turn, if any
         self._pending_oracle_text: str | None = None
+        #: set when a request failed: the conversation stops there, unfinished
+        self.failure: CaseFailure | None = None
         self._prepare_next()
 
     @property
     def done(self) -> bool:
+        """No more requests: every turn answered, or a request failed (see ``failure``)."""
         return self._pending is None
 
     @property
@@ -88,10 +92,26 @@ class Conversation:
         self._pending_oracle_text = oracle_text
         self._pending = Request(key_id=self.case.key_id, messages=tuple(self.messages), turn=turn)
 
-    def answer(self, response: Response) -> TurnResult:
-        """Record the model's answer to the pending request and move to the next turn."""
+    def answer(self, response: Response) -> TurnResult | None:
+        """Record the model's answer to the pending request and move to the next turn.
+
+        A response with an ``error`` is no answer: the conversation stops, ``failure`` says why,
+        and None is returned.
+        """
         request = self.pending
         turn = request.turn
+        if response.error is not None:
+            self.failure = CaseFailure(
+                key_id=self.case.key_id,
+                lesion=self.case.lesion,
+                path=self.case.path.value,
+                task=turn.task,
+                turn_index=self._position,
+                error=response.error,
+                time=now(),
+            )
+            self._pending = None
+            return None
         self.messages.append(Message("assistant", response.text))
         self._answer_at[turn.task] = len(self.messages) - 1
         record = judge_turn(
@@ -101,7 +121,8 @@ class Conversation:
             model=self.model,
             oracle_text=self._pending_oracle_text,
             usage=dict(response.usage),
-            error=response.error,
+            full_response=response.full_text,
+            refusal=response.refusal,
         )
         self.records.append(record)
         self._correct[turn.task] = record.correct
@@ -110,7 +131,7 @@ class Conversation:
         return record
 
     def result(self) -> CaseResult:
-        if not self.done:
+        if not self.done or self.failure is not None:
             raise RuntimeError(f"{self.case.key_id}: conversation is not finished")
         return CaseResult(
             key_id=self.case.key_id,

@@ -25,12 +25,17 @@ class Distributed:
         self.state: Any = None
         self.index = 0
         self.count = 1
+        #: this process's index among the processes of its machine, and their number
+        self.local_index = 0
+        self.local_count = 1
         if launched_world_size() > 1:
             from accelerate import PartialState
 
             self.state = PartialState(cpu=True)
             self.index = self.state.process_index
             self.count = self.state.num_processes
+            self.local_index = self.state.local_process_index
+            self.local_count = int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0) or self.count
 
     @property
     def is_main(self) -> bool:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from chexpercept.answers import ParseMode
 from chexpercept.case import Case
-from chexpercept.results import CaseResult
+from chexpercept.results import CaseFailure, CaseResult
 
 from .conversation import Conversation
 from .protocol import Backend, BackendError
@@ -34,6 +34,10 @@ class EngineStats:
     #: steps, each one backend.generate call with the next turn of every live conversation
     steps: int = 0
     seconds: float = 0.0
+    #: cases stopped by a failed request (left unfinished)
+    failed: int = 0
+    #: answers that came back empty (no text, no reasoning, no refusal)
+    empty: int = 0
 
 
 def run_conversations(
@@ -45,8 +49,16 @@ def run_conversations(
     model: str = "",
     batch_size: int,
     on_finished: Callable[[list[CaseResult]], None],
+    on_failed: Callable[[list[CaseFailure]], None] | None = None,
+    on_empty: Callable[[int, int], None] | None = None,
 ) -> EngineStats:
-    """Run every case to the end of its route; returns counts of what was sent."""
+    """Run every case to the end of its route; returns counts of what was sent.
+
+    on_failed: gets the cases whose conversation stopped at a failed request (a response with an
+    ``error``); without it such a failure raises BackendError. on_empty(empty, answered) gets the
+    running counts after each step that had empty answers (many of them point at a setting, e.g. a
+    server whose replies land outside the fields the backend reads).
+    """
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
     delay = float(os.environ.get(_STEP_DELAY_ENV, "0") or 0)
@@ -66,12 +78,24 @@ def run_conversations(
             )
         for conversation, response in zip(live, responses):
             conversation.answer(response)
+        empty = sum(1 for r in responses if not r.error and not r.text and not r.full_text and not r.refusal)
+        stats.empty += empty
+        if on_empty is not None and empty:
+            on_empty(stats.empty, stats.requests + len(requests))
         stats.requests += len(requests)
         stats.steps += 1
         finished = [c for c in live if c.done]
         if finished:
             live = [c for c in live if not c.done]
-            on_finished([c.result() for c in finished])
+            failed = [c.failure for c in finished if c.failure is not None]
+            if failed:
+                if on_failed is None:
+                    raise BackendError(f"{failed[0].key_id} ({failed[0].task}): {failed[0].error}")
+                stats.failed += len(failed)
+                on_failed(failed)
+            done = [c.result() for c in finished if c.failure is None]
+            if done:
+                on_finished(done)
         if delay:
             time.sleep(delay)
     stats.seconds = time.perf_counter() - start

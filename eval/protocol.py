@@ -63,9 +63,17 @@ class Request:
 class Response:
     """A model's raw answer to one request, with token usage where the backend reports it."""
 
+    #: the reply as the reference records it (and as it goes back into the history)
     text: str
     usage: dict[str, Any] = field(default_factory=dict)
-    #: set when the request failed and --on-error record kept the case (scored as unparsed)
+    #: the whole reply as the parser reads it, where ``text`` lost part of it (special-token
+    #: reasoning markers, an API's separate reasoning field); see eval/replies.py
+    full_text: str | None = None
+    #: the model or the service declined to answer (an API's refusal, a content filter): an answer,
+    #: scored as unparsed, and counted
+    refusal: str | None = None
+    #: the request failed (transport, a rejected request): there is no answer. The conversation
+    #: stops there and its case stays unfinished (never scored); a rerun retries it
     error: str | None = None
 
 
@@ -100,6 +108,17 @@ class RunContext:
     #: process index and count under accelerate (one backend per process)
     process_index: int = 0
     num_processes: int = 1
+    #: the same among the processes of this machine (multi-node runs): devices are split by these
+    local_process_index: int | None = None
+    local_num_processes: int | None = None
+
+    @property
+    def local_index(self) -> int:
+        return self.process_index if self.local_process_index is None else self.local_process_index
+
+    @property
+    def local_count(self) -> int:
+        return self.num_processes if self.local_num_processes is None else self.local_num_processes
 
     @property
     def max_images_per_case(self) -> int:

@@ -211,6 +211,21 @@ def folder_name(model: str) -> str:
     return name
 
 
+#: API model families that accept no temperature but 1 (OpenAI's reasoning models reject 0 with
+#: HTTP 400), and Gemini, which the paper also ran at 1: models of these families outside the
+#: registry get the paper's API sampling by default
+_API_TEMPERATURE_ONE = re.compile(r"(?:gpt-5|o[134])(?:\b|-|$)|gemini")
+
+
+def default_sampling(model_id: str, backend: str) -> dict[str, Any]:
+    """Decoding for a model outside the registry: greedy, except API models of families that
+    reject temperature 0 (or that the paper ran at temperature 1)."""
+    last = model_id.strip().lower().rstrip("/").rsplit("/", 1)[-1]
+    if backend == "openai" and _API_TEMPERATURE_ONE.match(last):
+        return dict(API_SAMPLING)
+    return dict(OPEN_SAMPLING)
+
+
 def resolve(model: str, *, backend: str | None = None, model_id: str | None = None) -> ModelSpec:
     """The spec to run ``model`` with: a registry entry, a baseline, or any id with --backend."""
     if backend is not None and backend not in BACKENDS:
@@ -228,7 +243,13 @@ def resolve(model: str, *, backend: str | None = None, model_id: str | None = No
                 f"{model!r} is not in the model registry ({', '.join(REGISTRY)}); to run another "
                 "Hugging Face id or local folder, say how with --backend vllm|transformers|openai"
             )
-        spec = ModelSpec(name=folder_name(model), model_id=model, backend=backend, in_registry=False)
+        spec = ModelSpec(
+            name=folder_name(model),
+            model_id=model_id or model,
+            backend=backend,
+            sampling=default_sampling(model_id or model, backend),
+            in_registry=False,
+        )
     elif backend is not None and backend != spec.backend:
         spec = replace(spec, backend=backend)
     if model_id:

@@ -33,7 +33,7 @@ from chexpercept.bundle import IMAGE_CHECKS, Bundle, read_bundle
 from chexpercept.case import Case
 from chexpercept.errors import BundleValidationError, ReleaseNotFoundError
 from chexpercept.eval.backend_transformers import DEFAULT_MAX_BATCH_TOKENS, DTYPES
-from chexpercept.eval.backend_vllm import DEFAULT_GPU_MEMORY_UTILIZATION
+from chexpercept.eval.backend_vllm import DEFAULT_GPU_MEMORY_UTILIZATION, EXECUTOR_BACKENDS
 from chexpercept.eval.distributed import Distributed
 from chexpercept.eval.engine import EngineStats, run_conversations
 from chexpercept.eval.protocol import Backend, BackendError, RunContext, Sampling
@@ -50,9 +50,11 @@ from chexpercept.eval.store import (
     rewrite_in_order,
     write_json_atomic,
 )
-from chexpercept.results import ORACLE_SETTINGS, CaseResult
+from chexpercept.results import ORACLE_SETTINGS, CaseFailure, CaseResult, read_failures
 from chexpercept.vocab import LESIONS
 
+#: exit status of a run that ended with cases left unfinished by failed requests (rerun to retry)
+EXIT_UNFINISHED = 3
 EXPECTED_ERRORS = (
     ValueError,
     PermissionError,
@@ -145,7 +147,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
     g = parser.add_argument_group("vllm backend")
     g.add_argument("--tensor-parallel-size", type=int, help="GPUs per engine (default: the process's share)")
-    g.add_argument("--gpu-memory-utilization", type=float, default=DEFAULT_GPU_MEMORY_UTILIZATION)
+    g.add_argument(
+        "--pipeline-parallel-size", type=int, default=1, help="pipeline stages per engine (default 1)"
+    )
+    g.add_argument(
+        "--distributed-executor-backend",
+        choices=EXECUTOR_BACKENDS,
+        help="ray: one engine over a Ray cluster (models larger than a node); default: vLLM's choice",
+    )
+    g.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        help=f"fraction of GPU memory for the engine (default {DEFAULT_GPU_MEMORY_UTILIZATION}); on the CPU a "
+        "fraction of the NUMA node's memory, by default replaced by an explicit KV-cache size",
+    )
     g.add_argument(
         "--engine-args", type=_json_arg, help="extra vLLM engine arguments as JSON (override registry)"
     )
@@ -243,6 +258,8 @@ def make_backend(
             chat_template_kwargs=chat_kwargs,
             engine_overrides=args.engine_args,
             tensor_parallel_size=args.tensor_parallel_size,
+            pipeline_parallel_size=args.pipeline_parallel_size,
+            distributed_executor_backend=args.distributed_executor_backend,
             gpu_memory_utilization=args.gpu_memory_utilization,
         )
     if spec.backend == "transformers":
@@ -326,6 +343,7 @@ def _prepare_folder(folder: RunFolder, settings: dict[str, Any], header: dict[st
     try:
         previous = folder.check_settings(settings)
         dropped = repair_tail(folder.results)
+        repair_tail(folder.failures)
         size = folder.results.stat().st_size if folder.results.exists() else 0
         finished = sorted(read_records(folder.results))
         info = dict(header)
@@ -455,6 +473,8 @@ def _run_locked(
                     seed=args.seed,
                     process_index=dist.index,
                     num_processes=dist.count,
+                    local_process_index=dist.local_index,
+                    local_num_processes=dist.local_count,
                 )
             )
         enabled = dist.is_main and not args.no_progress
@@ -465,6 +485,11 @@ def _run_locked(
                 append_results(folder.results, results)
                 progress.refresh()
 
+            def on_failed(failures: list[CaseFailure]) -> None:
+                append_results(folder.failures, failures)
+                for f in failures:
+                    print(f"warning: {f.key_id} ({f.task}) left unfinished: {f.error}", file=sys.stderr)
+
             stats = run_conversations(
                 mine,
                 backend,
@@ -473,6 +498,8 @@ def _run_locked(
                 model=spec.model_id,
                 batch_size=batch_size,
                 on_finished=on_finished,
+                on_failed=on_failed,
+                on_empty=EmptyAnswerWarning(spec.model_id),
             )
     finally:
         backend.close()
@@ -483,12 +510,14 @@ def _run_locked(
     if not dist.is_main:
         return 0
     records = read_records(folder.results)
-    missing = [c.key_id for c in cases if c.key_id not in records]
+    failed = {f.key_id: f for f in read_failures(folder.failures) if f.key_id not in records}
+    missing = [c.key_id for c in cases if c.key_id not in records and c.key_id not in failed]
     if missing:
         raise StoreError(f"{len(missing)} selected case(s) have no result after the run, e.g. {missing[:5]}")
     rewrite_in_order(folder.results, records, {c.key_id: i for i, c in enumerate(bundle.cases)})
     info = dict(outcome["info"])
-    info["finished"] = now()
+    info["finished"] = None if failed else now()
+    info["unfinished_cases"] = len(failed)
     info["backend_settings"] = backend.describe()
     info["n_results"] = len(records)
     info["last_session"] = {
@@ -498,6 +527,16 @@ def _run_locked(
         "seconds_main_process": round(stats.seconds, 3),
     }
     write_json_atomic(folder.run_json, info)
+    if failed:
+        first = next(iter(failed.values()))
+        print(
+            f"chexpercept run: {len(failed)} of {len(cases)} cases are unfinished because a request "
+            f"failed (e.g. {first.key_id} ({first.task}): {first.error}); they are listed in "
+            f"{folder.failures} and are not scored. Fix the cause and rerun the same command: it "
+            "retries them.",
+            file=sys.stderr,
+        )
+        return EXIT_UNFINISHED
     print(
         f"{len(cases)} cases of {spec.name} (oracle {args.oracle}) in {folder.path} "
         f"({len(remaining)} run now, {len(cases) - len(remaining)} from before)"
@@ -505,6 +544,32 @@ def _run_locked(
     if not args.no_score:
         print_scores(folder.path.parent, spec.display or spec.name, args.parse_mode)
     return 0
+
+
+class EmptyAnswerWarning:
+    """Warns once when most answers so far came back empty: a model that says nothing is usually
+    a setting (a reasoning parser whose replies land outside ``message.content``, a stop string,
+    a chat template), not a model's answer."""
+
+    #: answers seen before judging, and the empty share that warns
+    MIN_ANSWERS = 16
+    SHARE = 0.5
+
+    def __init__(self, model: str):
+        self.model = model
+        self.warned = False
+
+    def __call__(self, empty: int, answered: int) -> None:
+        if self.warned or answered < self.MIN_ANSWERS or empty < self.SHARE * answered:
+            return
+        self.warned = True
+        print(
+            f"warning: {empty} of the {answered} answers of {self.model} so far came back empty "
+            "(no text, no reasoning, no refusal); they are scored as unparsed. Check the backend's "
+            "settings (for vllm serve: where its reasoning parser puts the reply; --max-tokens; the "
+            "chat template) before spending more on this run.",
+            file=sys.stderr,
+        )
 
 
 def print_scores(model_dir: FsPath, name: str, parse_mode: str) -> None:

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path as FsPath
 from typing import Any
 
-from chexpercept.results import RESULTS_NAME, RUN_NAME, CaseResult, complete_lines
+from chexpercept.results import FAILURES_NAME, RESULTS_NAME, RUN_NAME, CaseFailure, CaseResult, complete_lines
 
 from .provenance import now
 
@@ -205,8 +205,9 @@ def read_records(results: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def append_results(results: str | os.PathLike[str], cases: Iterable[CaseResult]) -> None:
-    """Append finished cases as whole lines in one locked write, then flush them to disk."""
+def append_results(results: str | os.PathLike[str], cases: Iterable[CaseResult | CaseFailure]) -> None:
+    """Append finished cases (or failures, to failures.jsonl) as whole lines in one locked write,
+    then flush them to disk."""
     payload = "".join(c.to_json() + "\n" for c in cases).encode("utf-8")
     if not payload:
         return
@@ -265,6 +266,7 @@ class RunFolder:
     def __init__(self, path: str | os.PathLike[str]):
         self.path = FsPath(path)
         self.results = self.path / RESULTS_NAME
+        self.failures = self.path / FAILURES_NAME
         self.run_json = self.path / RUN_NAME
         self.lock = RunLock(self.path)
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from chexpercept.answers import PARSE_STATUSES, STATUS_UNPARSED, ParseMode
+from chexpercept.answers import PARSE_STATUSES, STATUS_REASONING, STATUS_UNPARSED, ParseMode
 from chexpercept.vocab import LESIONS, PATHS, TASKS
 
 from .columns import FLAT_KEYS, Column, add_derived, column_mean, e2e_columns, op_columns
@@ -150,8 +150,32 @@ def _parse_stats(cs: CaseScores) -> dict[str, Any]:
             "n": n,
             "unparsed": float(counts[PARSE_STATUSES.index(STATUS_UNPARSED)] / n),
             "statuses": {s: float(c / n) for s, c in zip(PARSE_STATUSES, counts) if c},
+            # counts, not shares: how many answers came from reasoning, how many were refused
+            "from_reasoning": int(counts[PARSE_STATUSES.index(STATUS_REASONING)]),
+            "refused": int(cs.task_refused[asked, j].sum()),
         }
     return out
+
+
+def _answer_notes(parse: Mapping[str, dict[str, Any]], mode: str) -> list[str]:
+    """Notes counting, per run, the answers read from inside reasoning and the refusals."""
+    notes = []
+    for setting, stats in parse.items():
+        for key, what in (
+            (
+                "from_reasoning",
+                "answers were read from inside reasoning that never finished or that the reference's "
+                "parser does not recognise (reference parsing keeps its value; strict parsing refuses them)",
+            ),
+            ("refused", "answers were refusals or content-filter rejections (scored as unparsed)"),
+        ):
+            per_task = {task: v[key] for task, v in stats.items() if v.get(key)}
+            if per_task:
+                detail = ", ".join(f"{task} {n}" for task, n in per_task.items())
+                notes.append(
+                    f"oracle {setting} run ({mode} parsing): {sum(per_task.values())} {what}: {detail}"
+                )
+    return notes
 
 
 def _agreement(cs: CaseScores) -> float | None:
@@ -254,6 +278,9 @@ def build_report(
             )
 
     counts = _counts(matrix, e2e_scores, op_scores)
+    counts["unfinished_cases"] = {r.oracle: len(r.failed) for r in runs if r.failed}
+    parse = {s: _parse_stats(cs) for s, cs in scores.items()}
+    notes += _answer_notes(parse, mode)
     run_rows = [
         {
             "oracle": r.oracle,
@@ -276,7 +303,7 @@ def build_report(
         notes=notes,
         counts=counts,
         runs=run_rows,
-        parse={s: _parse_stats(cs) for s, cs in scores.items()},
+        parse=parse,
         matrix=matrix,
         scores=scores,
         fingerprint=next(iter(fingerprints), None),

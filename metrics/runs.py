@@ -19,12 +19,15 @@ from typing import Any
 
 from chexpercept.bundle import Bundle, read_bundle
 from chexpercept.results import (
+    FAILURES_NAME,
     ORACLE_SETTINGS,
     RESULTS_NAME,
     RUN_NAME,
+    CaseFailure,
     CaseResult,
     check_oracle,
     iter_results,
+    read_failures,
 )
 
 REFERENCE_RESULTS_NAME = "all_results.json"
@@ -48,6 +51,9 @@ class Run:
     notes: list[str] = field(default_factory=list)
     #: reference results read with the reference's policy for unscored turns (see score_records)
     allow_missing: bool = False
+    #: cases left unfinished by failed requests (failures.jsonl, for cases without a result):
+    #: never scored
+    failed: list[CaseFailure] = field(default_factory=list)
 
     @property
     def parse_mode(self) -> str | None:
@@ -206,6 +212,22 @@ def _load_chexpercept_run(
             notes.append(f"{run_json}: {note}")
     if meta and not meta.get("finished"):
         notes.append(f"{run_json}: the run has not finished ({len(records)} cases so far)")
+    finished = {r.key_id for r in records}
+    failed = {f.key_id: f for f in read_failures(folder / FAILURES_NAME) if f.key_id not in finished}
+    if failed:
+        listed = "; ".join(f"{f.key_id} ({f.task}): {f.error[:160]}" for f in list(failed.values())[:5])
+        more = f"; and {len(failed) - 5} more" if len(failed) > 5 else ""
+        notes.append(
+            f"{folder / FAILURES_NAME}: {len(failed)} cases have no result because a request failed "
+            f"(no answer, never scored; rerun the command to retry them): {listed}{more}"
+        )
+    errored = [(r.key_id, t.task) for r in records for t in r.turns if t.error]
+    if errored:
+        notes.append(
+            f"{folder / RESULTS_NAME}: {len(errored)} turns hold a failed request recorded as unanswered "
+            f"(written by an older version of the runner), scored as wrong answers, e.g. "
+            f"{errored[0][0]} ({errored[0][1]}); rerun those cases for a model's answer"
+        )
     for key in ("model", "parse_mode", "bundle"):
         if meta and key not in meta:
             notes.append(f"{run_json}: no '{key}' field")
@@ -218,6 +240,7 @@ def _load_chexpercept_run(
         model=model or str(meta.get("model") or folder.parent.name),
         path=folder,
         notes=notes,
+        failed=list(failed.values()),
     )
 
 

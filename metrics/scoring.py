@@ -74,6 +74,7 @@ class CaseScores:
     task_asked: np.ndarray  # (n, 9) bool
     task_correct: np.ndarray  # (n, 9) bool
     task_status: np.ndarray  # (n, 9) index into PARSE_STATUSES, -1 when not asked
+    task_refused: np.ndarray  # (n, 9) bool: the model or the service declined (refusal, content filter)
     stage_asked: np.ndarray  # (n, 4) bool
     stage_pass: np.ndarray  # (n, 4) bool, each stage on its own (Oracle-Passed)
     e2e: np.ndarray  # (n, 4) bool, gated (End-to-End)
@@ -151,6 +152,7 @@ def score_records(
     correct = np.zeros((n, len(TASKS)), bool)
     stored = np.zeros((n, len(TASKS)), bool)
     status = np.full((n, len(TASKS)), -1, np.int8)
+    refused = np.zeros((n, len(TASKS)), bool)
     stage2_class = np.full(n, -1, np.int8)
     point_none = np.zeros((n, 2), bool)
     point_count = np.zeros((n, 2), np.int16)
@@ -211,7 +213,8 @@ def score_records(
                     continue
                 if not turn.gold:
                     raise ValueError(f"case {key}: task {task!r} has no gold answer")
-                parsed = parse_answer(turn.response, mode=mode, none_index=turn.none_index, model=model)
+                parsed = parse_answer(turn.parsed_text, mode=mode, none_index=turn.none_index, model=model)
+                refused[i, j] = bool(turn.refusal)
                 ok = is_correct(parsed, turn.gold, multi_select=turn.multi_select, mode=mode)
                 correct[i, j] = ok
                 stored[i, j] = bool(turn.correct)
@@ -250,6 +253,7 @@ def score_records(
         task_asked=asked,
         task_correct=correct,
         task_status=status,
+        task_refused=refused,
         stage_asked=stage_asked,
         stage_pass=stage_pass,
         e2e=e2e,

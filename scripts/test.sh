@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
-# One command for the tests on a fresh machine: venv, package with test extras, ruff, pytest (offline).
+# One command for the tests on a fresh machine: venv, package with test extras, ruff, pytest (offline),
+# then the real-engine tests (marker `vllm`) with vLLM: in this venv where vLLM is installed (a CUDA
+# machine with the vllm extra), else in the CPU environment of scripts/setup_vllm_cpu.sh (.venv-vllm,
+# built on first use). CHEXPERCEPT_SKIP_VLLM=1 leaves them out, and says so.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -7,4 +10,21 @@ cd "$ROOT"
 . "$ROOT/scripts/setup_env.sh" "hf,test"
 ruff check .
 ruff format --check .
-python -m pytest -n "${PYTEST_WORKERS:-2}" "$@"
+python -m pytest -n "${PYTEST_WORKERS:-2}" -m "not vllm" "$@"
+
+if [ "${CHEXPERCEPT_SKIP_VLLM:-0}" = "1" ]; then
+  echo "test.sh: REAL-ENGINE TESTS NOT RUN (CHEXPERCEPT_SKIP_VLLM=1): the vllm backend was not tested" >&2
+  exit 0
+fi
+if python -c "import vllm" >/dev/null 2>&1; then
+  VLLM_PYTHON="python"
+else
+  bash "$ROOT/scripts/setup_vllm_cpu.sh" "${CHEXPERCEPT_VLLM_VENV:-$ROOT/.venv-vllm}"
+  VLLM_PYTHON="${CHEXPERCEPT_VLLM_VENV:-$ROOT/.venv-vllm}/bin/python"
+fi
+# one engine at a time (each binds the machine's cores); exit status 5 = the arguments selected none
+status=0
+"$VLLM_PYTHON" -m pytest -p no:xdist -m vllm "$@" || status=$?
+if [ "$status" != "0" ] && [ "$status" != "5" ]; then
+  exit "$status"
+fi

@@ -8,6 +8,7 @@ from chexpercept.answers import (
     STATUS_FINAL,
     STATUS_LOOSE,
     STATUS_NONE_TEXT,
+    STATUS_REASONING,
     STATUS_UNPARSED,
     is_correct,
     oracle_answer_text,
@@ -34,7 +35,8 @@ from chexpercept.answers import (
         ("Answer: None", (-1,), STATUS_UNPARSED),
         ("", (-1,), STATUS_UNPARSED),
         (None, (-1,), STATUS_UNPARSED),
-        ("<think>unterminated reasoning about option 2", (2,), STATUS_LOOSE),
+        # the reference reads it; the status says it came from reasoning that never finished
+        ("<think>unterminated reasoning about option 2", (2,), STATUS_REASONING),
         ("Answer: 1<unused94>", (1,), STATUS_ANSWER),
     ],
 )
@@ -112,7 +114,7 @@ def test_unknown_mode():
         ("Answer - 2", ((2,), STATUS_LOOSE), ((2,), STATUS_ANSWER)),
         ("Answer: (1), (3)", ((1,), STATUS_ANSWER), ((1, 3), STATUS_ANSWER)),  # reference: first only
         ("Answer: None", ((-1,), STATUS_UNPARSED), ((5,), STATUS_NONE_TEXT)),
-        ("<think>zone 3, maybe 4 ... (max tokens)", ((3, 4), STATUS_LOOSE), ((-1,), STATUS_UNPARSED)),
+        ("<think>zone 3, maybe 4 ... (max tokens)", ((3, 4), STATUS_REASONING), ((-1,), STATUS_UNPARSED)),
         ("1.5", ((1, 5), STATUS_BARE), ((-1,), STATUS_UNPARSED)),
         ("Zone 3 is clear; 1/3 of the lung. Answer: 2", ((2,), STATUS_ANSWER), ((2,), STATUS_ANSWER)),
         ("Zone 3 is clear; 1/3 of the lung, so 2", ((3, 1, 3, 2), STATUS_LOOSE), ((-1,), STATUS_UNPARSED)),

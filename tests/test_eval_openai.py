@@ -4,110 +4,24 @@ from __future__ import annotations
 
 import base64
 import json
-import threading
-import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import sys
+from pathlib import Path
 
 import pytest
 
 from chexpercept.bundle import read_bundle
 from chexpercept.eval.backend_openai import (
-    OpenAIBackend,
-    RetryPolicy,
     call_cost,
     check_endpoint,
     price_for,
 )
 from chexpercept.eval.engine import run_conversations
-from chexpercept.eval.protocol import BackendError, RunContext, Sampling
-from chexpercept.eval.registry import resolve
+from chexpercept.eval.protocol import BackendError, RunContext
 from chexpercept.eval.run import main
 from chexpercept.results import iter_results
 
-USAGE = {
-    "prompt_tokens": 1000,
-    "completion_tokens": 50,
-    "total_tokens": 1050,
-    "prompt_tokens_details": {"cached_tokens": 200},
-    "completion_tokens_details": {"reasoning_tokens": 30},
-}
-FAST = RetryPolicy(max_retries=3, base_delay=0.01, max_delay=0.05)
-
-
-class FakeServer:
-    """Answers chat completions; ``failures`` is a list of what to do to the next requests first."""
-
-    def __init__(self, failures=(), delay=0.0):
-        self.failures = list(failures)
-        self.delay = delay
-        self.requests: list[dict] = []
-        self.in_flight = 0
-        self.max_in_flight = 0
-        self.lock = threading.Lock()
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                with server.lock:
-                    server.requests.append({"path": self.path, "headers": dict(self.headers), "body": body})
-                    action = server.failures.pop(0) if server.failures else "ok"
-                    server.in_flight += 1
-                    server.max_in_flight = max(server.max_in_flight, server.in_flight)
-                try:
-                    time.sleep(server.delay)
-                    if action == "sleep":
-                        time.sleep(1.0)
-                    if isinstance(action, int):
-                        self.send_response(action)
-                        self.send_header("Retry-After", "0")
-                        self.end_headers()
-                        self.wfile.write(b'{"error": "try later"}')
-                        return
-                    reply = {
-                        "choices": [{"message": {"content": "Answer: 1"}, "finish_reason": "stop"}],
-                        "usage": USAGE,
-                    }
-                    data = json.dumps(reply).encode()
-                    self.send_response(200)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data)
-                finally:
-                    with server.lock:
-                        server.in_flight -= 1
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
-def backend_for(server, model="gpt-5.4", **kwargs):
-    spec = resolve(model)
-    sampling = Sampling(**spec.sampling, greedy=spec.sampling["temperature"] == 0)
-    kwargs.setdefault("retry", FAST)
-    return OpenAIBackend(spec, sampling=sampling, base_url=server.url, **kwargs)
-
-
-def run_cases(backend, bundle, batch_size=64):
-    backend.setup(RunContext(root=bundle.root, cases=bundle.cases))
-    results = []
-    run_conversations(
-        bundle.cases, backend, oracle="implicit", batch_size=batch_size, on_finished=results.extend
-    )
-    return results
+sys.path.insert(0, str(Path(__file__).parent))
+from fake_openai import FakeServer, backend_for, run_cases
 
 
 def test_payload_retries_and_usage(fixture_bundle):
@@ -153,7 +67,7 @@ def test_timeouts_are_retried(fixture_bundle):
     )
 
 
-def test_giving_up_stops_the_run_or_records_the_failure(fixture_bundle):
+def test_giving_up_stops_the_run_or_leaves_the_case_unfinished(fixture_bundle):
     bundle = read_bundle(fixture_bundle, lesions=["effusion"], paths=["LF"])
     with (
         FakeServer(failures=[500] * 10) as server,
@@ -161,10 +75,22 @@ def test_giving_up_stops_the_run_or_records_the_failure(fixture_bundle):
     ):
         run_cases(backend_for(server), bundle)
     with FakeServer(failures=[500] * 4 + [400]) as server:
-        (record,) = run_cases(backend_for(server, on_error="record"), bundle)
-    turn = record.turns[0]
-    assert turn.error.startswith("gave up after 4 attempts: HTTP 500") and turn.response == ""
-    assert turn.parse_status == "unparsed" and not turn.correct
+        backend = backend_for(server, on_error="record")
+        backend.setup(RunContext(root=bundle.root, cases=bundle.cases))
+        results, failures = [], []
+        run_conversations(
+            bundle.cases,
+            backend,
+            oracle="implicit",
+            batch_size=8,
+            on_finished=results.extend,
+            on_failed=failures.extend,
+        )
+    # a failed request is no answer: the case is not a result, it is a failure to retry
+    assert results == [] and len(failures) == 1
+    assert failures[0].task == "detection" and failures[0].error.startswith(
+        "gave up after 4 attempts: HTTP 500"
+    )
 
 
 def test_client_errors_are_not_retried(fixture_bundle):

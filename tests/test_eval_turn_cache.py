@@ -232,12 +232,12 @@ def test_reused_turns_answer_as_fresh_ones(tiny_model, fixture_bundle, oracle, a
 def test_a_full_memory_budget_computes_turns_from_scratch(tiny_model, fixture_bundle):
     bundle = read_bundle(fixture_bundle)
     results = {}
-    for gib in (1e-4, None):  # 105 KiB: one or two conversations of the tiny model (512 bytes a token)
+    for gib in (4e-4, None):  # 420 KiB: one or two conversations of the tiny model (2 KiB a token)
         backend = tiny_backend(tiny_model, bundle, max_tokens=4, turn_cache_gib=gib)
         found = []
         run_conversations(bundle.cases, backend, oracle="implicit", batch_size=8, on_finished=found.extend)
         results[gib] = (answers(found), backend.describe())
-    (small, tight), (_, roomy) = results[1e-4], results[None]
+    (small, tight), (_, roomy) = results[4e-4], results[None]
     assert small == results[None][0]
     assert tight["turn_cache"].startswith("on: ") and tight["turn_cache_turns_not_kept"] > 0
     assert 0 < tight["turn_cache_reused_tokens"] < roomy["turn_cache_reused_tokens"]

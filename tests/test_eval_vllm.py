@@ -1,14 +1,19 @@
-"""vLLM backend request construction, with a fake LLM class (vLLM cannot be installed on CPU machines)."""
+"""vLLM backend: engine arguments, placement and request construction, with a fake LLM class.
+
+The real engine (vLLM's CPU build) runs in tests/test_vllm_engine.py."""
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from chexpercept.bundle import read_bundle
-from chexpercept.eval.backend_vllm import VLLMBackend, plan_gpus
+from chexpercept.eval import backend_vllm
+from chexpercept.eval.backend_vllm import VLLMBackend, plan_cpus, plan_gpus
 from chexpercept.eval.engine import run_conversations
 from chexpercept.eval.protocol import BackendError, RunContext, Sampling
 from chexpercept.eval.registry import resolve
@@ -42,7 +47,7 @@ class FakeLLM:
         ]
 
 
-def make_backend(model="qwen3.6-27b", gpus=("0",), **kwargs):
+def make_backend(model="qwen3.6-27b", gpus=("0",), platform="cuda", **kwargs):
     spec = resolve(model)
     return VLLMBackend(
         spec,
@@ -50,6 +55,7 @@ def make_backend(model="qwen3.6-27b", gpus=("0",), **kwargs):
         llm_class=FakeLLM,
         sampling_params_class=FakeSamplingParams,
         gpus=list(gpus),
+        platform=platform,
         **kwargs,
     )
 
@@ -92,6 +98,9 @@ def test_plan_gpus_for_data_parallel_processes():
     assert plan_gpus(gpus, process_index=3, num_processes=8, requested_tp=1) == (1, ["3"])
     assert plan_gpus(gpus, process_index=1, num_processes=2, requested_tp=2) == (2, ["4", "5"])
     assert plan_gpus(["0", "1", "2"], process_index=0, num_processes=1, tp_divisor=4) == (2, ["0", "1"])
+    assert plan_gpus(gpus, process_index=0, num_processes=1, pipeline_parallel_size=2) == (4, gpus)
+    with pytest.raises(BackendError, match="x pipeline_parallel_size 2 needs 8 GPUs"):
+        plan_gpus(gpus, process_index=0, num_processes=2, requested_tp=4, pipeline_parallel_size=2)
     with pytest.raises(BackendError, match="only 2 visible GPU"):
         plan_gpus(["0", "1"], process_index=0, num_processes=4)
     with pytest.raises(BackendError, match="needs 4 GPUs per process"):
@@ -158,13 +167,102 @@ def test_no_thinking_only_where_the_model_has_the_switch(fixture_bundle, tmp_pat
     assert chat_kwargs_for(resolve("medgemma1.5"), args) == ({"foo": 1}, None)
 
 
-def test_without_a_gpu_the_vllm_backend_says_so(fixture_bundle, tmp_path, capsys, monkeypatch):
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+def test_without_vllm_the_backend_says_how_to_install_it(fixture_bundle, tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", None)  # as if vLLM were not installed
+    monkeypatch.setitem(sys.modules, "vllm.platforms", None)
     rc = main(
         ["--data-dir", str(fixture_bundle), "--model", "medgemma-1.5-4b", "--output-dir", str(tmp_path)]
     )
     assert rc == 2
-    assert "needs a CUDA GPU" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "pip install -e '.[vllm]'" in err and "scripts/setup_vllm_cpu.sh" in err
+
+
+def test_without_a_gpu_on_cuda_the_backend_says_so(fixture_bundle):
+    bundle = read_bundle(fixture_bundle)
+    backend = make_backend(gpus=[])
+    with pytest.raises(BackendError, match="needs a CUDA GPU"):
+        backend.setup(RunContext(root=bundle.root, cases=bundle.cases))
+
+
+def test_cpu_engines_run_eagerly_with_an_explicit_kv_cache(fixture_bundle, monkeypatch):
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    monkeypatch.setattr(backend_vllm, "_available_memory", lambda: 8 << 30)
+    bundle = read_bundle(fixture_bundle)
+    backend = make_backend("medgemma-1.5-4b", gpus=[], platform="cpu")
+    backend.setup(RunContext(root=bundle.root, cases=bundle.cases))
+    args = FakeLLM.instances[-1].kwargs
+    assert args["enforce_eager"] is True and args["kv_cache_memory_bytes"] == 2 << 30  # a quarter of 8 GiB
+    assert args["tensor_parallel_size"] == 1 and "gpu_memory_utilization" not in args
+    described = backend.describe()
+    assert described["platform"] == "cpu"
+    assert described["platform_defaults"] == {"enforce_eager": True, "kv_cache_memory_bytes": 2 << 30}
+    assert described["environment"] == {}  # one process: vLLM binds its own threads
+    # at most 4 GiB however much memory is free
+    assert backend_vllm.cpu_kv_cache_bytes(100 << 30) == 4 << 30
+    # the user's settings win, and the record says which defaults were left
+    mine = make_backend(
+        "medgemma-1.5-4b",
+        gpus=[],
+        platform="cpu",
+        gpu_memory_utilization=0.3,
+        engine_overrides={"enforce_eager": False},
+    )
+    mine.setup(RunContext(root=bundle.root, cases=bundle.cases))
+    args = FakeLLM.instances[-1].kwargs
+    assert args["enforce_eager"] is False and args["gpu_memory_utilization"] == 0.3
+    assert "kv_cache_memory_bytes" not in args and mine.describe()["platform_defaults"] == {}
+    # VLLM_CPU_KVCACHE_SPACE (vLLM's own variable) sizes the cache instead
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "3")
+    env = make_backend("medgemma-1.5-4b", gpus=[], platform="cpu")
+    env.setup(RunContext(root=bundle.root, cases=bundle.cases))
+    assert "kv_cache_memory_bytes" not in FakeLLM.instances[-1].kwargs
+
+
+def test_cpu_processes_split_the_cores(fixture_bundle, monkeypatch):
+    for var in ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU"):
+        monkeypatch.setenv(var, "")  # recorded, so that what setup() sets is undone after the test
+        monkeypatch.delenv(var)
+    monkeypatch.setattr(backend_vllm, "allowed_cpus", lambda: [0, 1, 2, 3, 4, 5, 6, 7])
+    bundle = read_bundle(fixture_bundle)
+    backend = make_backend("medgemma-1.5-4b", gpus=[], platform="cpu")
+    backend.setup(RunContext(root=bundle.root, cases=bundle.cases, process_index=1, num_processes=2))
+    assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "4-7"
+    assert os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
+    assert backend.describe()["devices"] == ["cpu:4-7"]
+    assert plan_cpus([0, 2, 4, 6], process_index=0, num_processes=2) == "0,2"
+    assert plan_cpus([3], process_index=0, num_processes=1) == "3"
+    with pytest.raises(BackendError, match="only 2 CPU"):
+        plan_cpus([0, 1], process_index=0, num_processes=3)
+
+
+def test_ray_and_pipeline_parallel_arguments(fixture_bundle):
+    bundle = read_bundle(fixture_bundle)
+    # GLM-4.6V over two 8-GPU nodes: tensor parallel within a node, a pipeline stage per node
+    ray = make_backend(
+        "glm-4.6v",
+        gpus=["0"],  # this node's GPUs do not limit an engine that spans the cluster
+        tensor_parallel_size=8,
+        pipeline_parallel_size=2,
+        distributed_executor_backend="ray",
+    )
+    ray.setup(RunContext(root=bundle.root, cases=bundle.cases))
+    args = FakeLLM.instances[-1].kwargs
+    assert args["tensor_parallel_size"] == 8 and args["pipeline_parallel_size"] == 2
+    assert args["distributed_executor_backend"] == "ray" and args["trust_remote_code"] is True
+    with pytest.raises(BackendError, match="one engine over the Ray cluster"):
+        make_backend("glm-4.6v", distributed_executor_backend="ray").setup(
+            RunContext(root=bundle.root, cases=bundle.cases, process_index=0, num_processes=2)
+        )
+    # on one node: each pipeline stage takes tensor_parallel_size GPUs of the process's share
+    local = make_backend(gpus=[str(i) for i in range(8)], tensor_parallel_size=2, pipeline_parallel_size=2)
+    local.setup(RunContext(root=bundle.root, cases=bundle.cases))
+    assert FakeLLM.instances[-1].kwargs["pipeline_parallel_size"] == 2
+    assert local.devices == ["0", "1", "2", "3"]
+    with pytest.raises(ValueError, match="--pipeline-parallel-size"):
+        make_backend(pipeline_parallel_size=0)
+    with pytest.raises(ValueError, match="--distributed-executor-backend"):
+        make_backend(distributed_executor_backend="slurm")
 
 
 def test_each_process_gets_its_own_gpus_and_a_clean_environment(fixture_bundle, monkeypatch):
@@ -175,8 +273,6 @@ def test_each_process_gets_its_own_gpus_and_a_clean_environment(fixture_bundle, 
     bundle = read_bundle(fixture_bundle)
     backend = make_backend(gpus=["0", "1", "2", "3"])
     backend.setup(RunContext(root=bundle.root, cases=bundle.cases, process_index=1, num_processes=2))
-    import os
-
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "2,3"
     assert "RANK" not in os.environ and "MASTER_PORT" not in os.environ
     assert FakeLLM.instances[-1].kwargs["tensor_parallel_size"] == 2

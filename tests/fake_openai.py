@@ -1,0 +1,112 @@
+"""A loopback OpenAI-compatible server for the openai backend's tests, and helpers around it."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from chexpercept.eval.backend_openai import OpenAIBackend, RetryPolicy
+from chexpercept.eval.engine import run_conversations
+from chexpercept.eval.protocol import RunContext, Sampling
+from chexpercept.eval.registry import resolve
+
+USAGE = {
+    "prompt_tokens": 1000,
+    "completion_tokens": 50,
+    "total_tokens": 1050,
+    "prompt_tokens_details": {"cached_tokens": 200},
+    "completion_tokens_details": {"reasoning_tokens": 30},
+}
+FAST = RetryPolicy(max_retries=3, base_delay=0.01, max_delay=0.05)
+
+
+class FakeServer:
+    """Answers chat completions; ``failures`` is a list of what to do to the next requests first:
+    an HTTP status (sent with ``Retry-After: 0``), ``"sleep"`` (answer after a second), or a dict
+    with ``status``, ``headers`` and ``body`` (an error reply) or ``message`` (a 200 reply with that
+    message, and ``finish_reason``). ``times`` holds when each request arrived."""
+
+    def __init__(self, failures=(), delay=0.0):
+        self.failures = list(failures)
+        self.delay = delay
+        self.requests: list[dict] = []
+        self.times: list[float] = []
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.lock = threading.Lock()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with server.lock:
+                    server.requests.append({"path": self.path, "headers": dict(self.headers), "body": body})
+                    server.times.append(time.monotonic())
+                    action = server.failures.pop(0) if server.failures else "ok"
+                    server.in_flight += 1
+                    server.max_in_flight = max(server.max_in_flight, server.in_flight)
+                try:
+                    time.sleep(server.delay)
+                    if action == "sleep":
+                        time.sleep(1.0)
+                    if isinstance(action, int):
+                        action = {
+                            "status": action,
+                            "headers": {"Retry-After": "0"},
+                            "body": {"error": "try later"},
+                        }
+                    if isinstance(action, dict) and "status" in action:
+                        self.send_response(action["status"])
+                        for name, value in action.get("headers", {}).items():
+                            self.send_header(name, value)
+                        self.end_headers()
+                        self.wfile.write(json.dumps(action.get("body", {})).encode())
+                        return
+                    message = {"content": "Answer: 1"}
+                    finish = "stop"
+                    if isinstance(action, dict):
+                        message = action["message"]
+                        finish = action.get("finish_reason", finish)
+                    reply = {"choices": [{"message": message, "finish_reason": finish}], "usage": USAGE}
+                    data = json.dumps(reply).encode()
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                finally:
+                    with server.lock:
+                        server.in_flight -= 1
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def backend_for(server, model="gpt-5.4", **kwargs):
+    spec = resolve(model)
+    sampling = Sampling(**spec.sampling, greedy=spec.sampling["temperature"] == 0)
+    kwargs.setdefault("retry", FAST)
+    return OpenAIBackend(spec, sampling=sampling, base_url=server.url, **kwargs)
+
+
+def run_cases(backend, bundle, batch_size=64):
+    backend.setup(RunContext(root=bundle.root, cases=bundle.cases))
+    results = []
+    run_conversations(
+        bundle.cases, backend, oracle="implicit", batch_size=batch_size, on_finished=results.extend
+    )
+    return results

@@ -1,0 +1,253 @@
+"""The openai backend against replies and errors as real APIs send them (issue: field cases 3-6).
+
+A loopback server reproduces each quirk: failed requests must never become answers, answers outside
+``message.content`` must be kept, back-off hints in every form must be honoured, a request field
+must be removable, and API models outside the registry must not get a temperature their family
+rejects.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from chexpercept.bundle import read_bundle
+from chexpercept.eval.backend_openai import OpenAIBackend, RetryPolicy, parse_duration, retry_hint
+from chexpercept.eval.conversation import Conversation
+from chexpercept.eval.engine import run_conversations
+from chexpercept.eval.protocol import RunContext, Sampling
+from chexpercept.eval.registry import resolve
+from chexpercept.eval.run import EXIT_UNFINISHED, main
+from chexpercept.metrics import score_path
+from chexpercept.results import iter_results, read_failures
+
+sys.path.insert(0, str(Path(__file__).parent))
+from fake_openai import FakeServer, backend_for, run_cases
+
+BAD_SETTING = {
+    "status": 400,
+    "body": {
+        "error": {
+            "message": "Unsupported value: 'temperature' does not support 0 with this model.",
+            "type": "invalid_request_error",
+            "param": "temperature",
+            "code": "unsupported_value",
+        }
+    },
+}
+AZURE_FILTER = {
+    "status": 400,
+    "body": {
+        "error": {
+            "message": "The response was filtered due to the prompt triggering Azure OpenAI's content management policy.",
+            "code": "content_filter",
+            "innererror": {"code": "ResponsibleAIPolicyViolation"},
+        }
+    },
+}
+
+
+def lf_effusion(bundle_dir):
+    return read_bundle(bundle_dir, lesions=["effusion"], paths=["LF"])  # one case, one turn
+
+
+def cli(bundle_dir, out, server, *extra, model="local-vlm"):
+    argv = ["--data-dir", str(bundle_dir), "--model", model, "--backend", "openai", "--base-url", server.url]
+    return main(
+        [*argv, "--output-dir", str(out), "--no-progress", "--paths", "LF", "--max-retries", "0", *extra]
+    )
+
+
+# ---------------------------------------------------------------------------- 3. failed requests
+def test_a_rejected_request_is_never_scored_and_a_rerun_retries_it(fixture_bundle, tmp_path, capsys):
+    folder = tmp_path / "local-vlm" / "oracle_implicit"
+    with FakeServer(failures=[BAD_SETTING, BAD_SETTING]) as server:
+        rc = cli(fixture_bundle, tmp_path, server, "--on-error", "record")
+    err = capsys.readouterr().err
+    assert rc == EXIT_UNFINISHED
+    assert "2 of 7 cases are unfinished because a request failed" in err and "rerun the same command" in err
+    failures = read_failures(folder / "failures.jsonl")
+    assert len(failures) == 2 and all("HTTP 400" in f.error and "temperature" in f.error for f in failures)
+    finished = {r.key_id for r in iter_results(folder / "results.jsonl")}
+    assert len(finished) == 5 and not {f.key_id for f in failures} & finished
+    info = json.loads((folder / "run.json").read_text())
+    assert info["finished"] is None and info["unfinished_cases"] == 2
+    # score counts and names them, and scores only the model's answers
+    report = score_path(folder)
+    assert report.counts["cases"] == 5 and report.counts["unfinished_cases"] == {"implicit": 2}
+    note = next(n for n in report.notes if "failures.jsonl" in n)
+    assert "2 cases have no result because a request failed" in note and failures[0].key_id in note
+    # the rerun retries exactly those two and completes the run
+    with FakeServer() as server:
+        assert cli(fixture_bundle, tmp_path, server, "--on-error", "record") == 0
+        assert len(server.requests) == 2
+    assert len(list(iter_results(folder / "results.jsonl"))) == 7
+    assert json.loads((folder / "run.json").read_text())["finished"]
+    assert not any("failures.jsonl" in n for n in score_path(folder).notes)
+
+
+def test_a_transport_failure_stops_the_run_by_default(fixture_bundle, tmp_path, capsys):
+    with FakeServer(failures=[503] * 5) as server:
+        rc = cli(fixture_bundle, tmp_path, server)
+    assert rc == 2 and "rerun the same command to resume" in capsys.readouterr().err
+    results = tmp_path / "local-vlm" / "oracle_implicit" / "results.jsonl"
+    assert not results.exists() or all(r.turns[0].response == "Answer: 1" for r in iter_results(results))
+
+
+def test_a_content_filter_rejection_is_recorded_as_a_refusal(fixture_bundle):
+    bundle = lf_effusion(fixture_bundle)
+    with FakeServer(failures=[AZURE_FILTER]) as server:
+        (record,) = run_cases(backend_for(server, on_error="record"), bundle)
+    turn = record.turns[0]
+    assert turn.refusal.startswith("content filter: HTTP 400") and turn.response == ""
+    assert turn.parse_status == "unparsed" and not turn.correct
+    # without --on-error record the run stops and says how to record them
+    with FakeServer(failures=[AZURE_FILTER]) as server, pytest.raises(Exception, match="--on-error record"):
+        run_cases(backend_for(server), bundle)
+
+
+def test_api_models_outside_the_registry_get_the_papers_api_temperature():
+    for model_id in (
+        "gpt-5-mini",
+        "gpt-5.4-2026-03-05-custom",
+        "o3",
+        "o4-mini",
+        "openai/gpt-5",
+        "gemini-2.5-pro",
+    ):
+        assert resolve(model_id, backend="openai").sampling["temperature"] == 1.0, model_id
+    for model_id in ("local-vlm", "Qwen/Qwen2.5-VL-7B-Instruct", "gpt-4o", "solo3-vlm"):
+        assert resolve(model_id, backend="openai").sampling["temperature"] == 0.0, model_id
+    # open models keep greedy decoding on every backend
+    assert resolve("google/medgemma-1.5-4b-it", backend="vllm").sampling["temperature"] == 0.0
+
+
+# ----------------------------------------------------------------- 4. answers outside content
+def test_reasoning_outside_content_is_kept_and_parsed_by_the_familys_rules(fixture_bundle):
+    bundle = lf_effusion(fixture_bundle)
+    replies = [
+        # vLLM serve --reasoning-parser qwen3 (vLLM < 0.16), cut off by the token limit
+        {
+            "message": {"content": None, "reasoning_content": "Draft: Answer: 1\nWait"},
+            "finish_reason": "length",
+        },
+        # the same with vLLM >= 0.16's field name, reasoning finished
+        {"message": {"content": "\n\nAnswer: 2", "reasoning": "Draft: Answer: 1"}},
+    ]
+    for reply, response, full, strict, reference in [
+        (replies[0], "", "<think>Draft: Answer: 1\nWait", [-1], ([1], "reasoning")),
+        (replies[1], "\n\nAnswer: 2", "<think>Draft: Answer: 1</think>\n\nAnswer: 2", [2], ([2], "answer")),
+    ]:
+        for mode in ("strict", "reference"):
+            with FakeServer(failures=[reply]) as server:
+                backend = backend_for(server, model="qwen3.6-27b", on_error="record")
+                backend.setup(RunContext(root=bundle.root, cases=bundle.cases))
+                records = []
+                run_conversations(
+                    bundle.cases,
+                    backend,
+                    oracle="none",
+                    parse_mode=mode,
+                    batch_size=1,
+                    on_finished=records.extend,
+                )
+            turn = records[0].turns[0]
+            assert turn.response == response and turn.full_response == full
+            if mode == "strict":
+                assert turn.parsed == strict
+            else:
+                assert (turn.parsed, turn.parse_status) == reference
+
+
+def test_a_refusal_is_kept_and_counted(fixture_bundle, tmp_path):
+    refusal = {"message": {"content": None, "refusal": "I can't help with interpreting this image."}}
+    with FakeServer(failures=[refusal]) as server:
+        assert cli(fixture_bundle, tmp_path, server, "--no-score") == 0
+    folder = tmp_path / "local-vlm" / "oracle_implicit"
+    refused = [t for r in iter_results(folder / "results.jsonl") for t in r.turns if t.refusal]
+    assert len(refused) == 1 and refused[0].refusal == "I can't help with interpreting this image."
+    assert refused[0].parse_status == "unparsed"
+    report = score_path(folder)
+    assert report.parse["implicit"]["detection"]["refused"] == 1
+    assert any("1 answers were refusals" in n for n in report.notes)
+
+
+def test_a_run_whose_answers_keep_coming_back_empty_warns(fixture_bundle, tmp_path, capsys):
+    empty = {"message": {"content": None}}
+    with FakeServer(failures=[empty] * 40) as server:
+        assert cli(fixture_bundle, tmp_path, server, "--paths", "LF", "RF", "--no-score") == 0
+    err = capsys.readouterr().err
+    assert err.count("came back empty") == 1 and "reasoning parser" in err
+
+
+# ---------------------------------------------------------------------------- 5. back-off hints
+def test_every_form_of_back_off_hint_is_read():
+    now = time.time()
+    date = email.utils.formatdate(now + 5, usegmt=True)
+    assert retry_hint({"Retry-After": "7"}) == 7.0
+    assert retry_hint({"Retry-After": date}, now=now) == pytest.approx(5.0, abs=1.0)
+    assert retry_hint({"retry-after-ms": "1500", "Retry-After": "9"}) == 1.5  # ms first (OpenAI SDK)
+    gemini = [
+        {
+            "error": {
+                "code": 429,
+                "details": [{"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": "37s"}],
+            }
+        }
+    ]
+    assert retry_hint({}, json.dumps(gemini)) == 37.0  # OpenAI-compatible endpoint: a list
+    assert retry_hint({}, json.dumps(gemini[0])) == 37.0  # native API: an object
+    headers = {"x-ratelimit-reset-requests": "1s", "x-ratelimit-reset-tokens": "6m0s"}
+    assert retry_hint(headers) == 360.0
+    assert retry_hint({}) is None and retry_hint({"Retry-After": "soon"}) is None
+    assert (
+        parse_duration("20ms") == 0.02
+        and parse_duration("1h2m3.5s") == 3723.5
+        and parse_duration("x") is None
+    )
+
+
+@pytest.mark.parametrize(
+    "headers,body,wait",
+    [
+        ({"Retry-After": "__DATE__"}, {"error": "rate limited"}, 1.0),
+        ({"retry-after-ms": "1200"}, {"error": "rate limited"}, 1.2),
+        ({"Retry-After": "1"}, {"error": "rate limited"}, 1.0),
+        ({}, [{"error": {"code": 429, "details": [{"retryDelay": "1.3s"}]}}], 1.3),
+        ({"x-ratelimit-reset-requests": "1100ms"}, {"error": "rate limited"}, 1.1),
+    ],
+)
+def test_the_wait_honours_the_servers_hint(fixture_bundle, headers, body, wait):
+    if headers.get("Retry-After") == "__DATE__":  # an HTTP date 2 s ahead (whole seconds: 1 to 2 s)
+        headers = {"Retry-After": email.utils.formatdate(time.time() + 2, usegmt=True)}
+    bundle = lf_effusion(fixture_bundle)
+    policy = RetryPolicy(max_retries=1, base_delay=0.01, max_delay=30)  # without the hint: 10 ms
+    with FakeServer(failures=[{"status": 429, "headers": headers, "body": body}]) as server:
+        (record,) = run_cases(backend_for(server, retry=policy), bundle)
+    assert record.turns[0].usage["attempts"] == 2
+    assert server.times[1] - server.times[0] >= wait * 0.9
+
+
+# ------------------------------------------------------------------- 6. removing a request field
+def test_a_null_in_request_extra_removes_the_field(fixture_bundle, tmp_path):
+    with FakeServer() as server:
+        extra = '{"max_completion_tokens": null, "max_tokens": 64, "seed": 3}'
+        assert cli(fixture_bundle, tmp_path, server, "--request-extra", extra, "--no-score") == 0
+    body = server.requests[0]["body"]
+    assert "max_completion_tokens" not in body and body["max_tokens"] == 64 and body["seed"] == 3
+    spec = resolve("gpt-5.4")
+    backend = OpenAIBackend(
+        spec,
+        sampling=Sampling(**spec.sampling, greedy=False),
+        base_url="http://127.0.0.1:9/v1",
+        extra_body={"reasoning_effort": None, "temperature": None},
+    )
+    backend.setup(RunContext(root=read_bundle(fixture_bundle).root, cases=[]))
+    payload = backend.build_payload(Conversation(read_bundle(fixture_bundle).cases[0], oracle="none").pending)
+    assert "reasoning_effort" not in payload and "temperature" not in payload
+    assert payload["frequency_penalty"] == 0.0  # the registry's other fields stay

@@ -1,0 +1,293 @@
+"""The vllm and openai backends against vLLM's real engine (its CPU build), on tiny random models.
+
+These tests need vLLM: ``scripts/test.sh`` runs them in the environment that
+``scripts/setup_vllm_cpu.sh`` builds (``VENV/bin/python -m pytest -m vllm``); elsewhere they are
+skipped. Every run is a real ``eval/run.py`` command (or ``accelerate launch``, or ``vllm serve``),
+so each one starts its own engine (about 30 s on 2 cores).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.vllm
+pytest.importorskip("vllm", reason="vLLM is not installed here: bash scripts/setup_vllm_cpu.sh")
+
+from chexpercept.cli import main as cli  # noqa: E402
+from chexpercept.results import iter_results  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+RUN_SCRIPT = ROOT / "eval" / "run.py"
+COMMON = ["--backend", "vllm", "--max-tokens", "8", "--no-progress"]
+TIMEOUT = 900
+
+
+def run_command(argv: list[str], *, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    proc = subprocess.run(
+        argv, capture_output=True, text=True, timeout=TIMEOUT, env={**os.environ, **(env or {})}
+    )
+    assert proc.returncode == 0, f"{argv}\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    return proc
+
+
+def run(bundle: Path, model: Path, out: Path, *extra: str, oracle: str = "implicit", name: str = "m") -> Path:
+    """One ``eval/run.py`` command; returns its run folder."""
+    argv = [sys.executable, str(RUN_SCRIPT), "--data-dir", str(bundle), "--model", str(model)]
+    argv += [*COMMON, "--oracle", oracle, "--output-dir", str(out), "--run-name", name, *extra]
+    run_command(argv)
+    return out / name / f"oracle_{oracle}"
+
+
+def answers(folder: Path) -> dict[str, list[tuple[str, str, list[int]]]]:
+    """Per case: (task, raw response, parsed answer) of every turn."""
+    return {
+        r.key_id: [(t.task, t.response, t.parsed) for t in r.turns]
+        for r in iter_results(folder / "results.jsonl")
+    }
+
+
+def run_info(folder: Path) -> dict:
+    return json.loads((folder / "run.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """``chexpercept make-tiny-model`` for both architectures."""
+    out = tmp_path_factory.mktemp("models")
+    made = {}
+    for arch in ("gemma3", "qwen2.5-vl"):
+        made[arch] = out / arch
+        assert cli(["make-tiny-model", "--out", str(made[arch]), "--arch", arch]) == 0
+    return made
+
+
+@pytest.fixture(scope="module")
+def gemma_runs(phantom_bundle, models, tmp_path_factory):
+    """The tiny Gemma 3 under each oracle setting, with the CPU defaults (one engine per run)."""
+    out = tmp_path_factory.mktemp("gemma_runs")
+    return {
+        oracle: run(phantom_bundle, models["gemma3"], out, oracle=oracle)
+        for oracle in ("none", "implicit", "explicit")
+    }
+
+
+def test_every_oracle_setting_end_to_end(gemma_runs, phantom_bundle):
+    n_cases = len(json.loads((phantom_bundle / "chexpercept.json").read_text()))
+    runs = {oracle: answers(folder) for oracle, folder in gemma_runs.items()}
+    for oracle, folder in gemma_runs.items():
+        assert len(runs[oracle]) == n_cases
+        info = run_info(folder)
+        settings = info["backend_settings"]
+        assert info["backend"] == "vllm" and info["finished"] and info["n_results"] == n_cases
+        assert settings["platform"] == "cpu"
+        # CPU defaults, recorded: eager mode and an explicit KV-cache size
+        assert settings["engine_args"]["enforce_eager"] is True
+        assert settings["platform_defaults"]["kv_cache_memory_bytes"] > 0
+        assert settings["engine_args"]["enable_prefix_caching"] is True
+        # later turns re-send the history: vLLM's prefix cache serves part of every prompt
+        cache = settings["prefix_cache"]
+        assert cache["prompt_tokens"] > 0 and 0.3 < cache["hit_rate"] < 1
+        assert info["last_session"]["model_calls_main_process"] == sum(len(a) for a in runs[oracle].values())
+    # greedy decoding: the implicit run's answers equal the none run's up to each case's first error,
+    # and the first turn of every case is the same whatever the oracle
+    checked = 0
+    for key, plain in runs["none"].items():
+        implicit, explicit = runs["implicit"][key], runs["explicit"][key]
+        assert implicit[0] == plain[0] == explicit[0]
+        for turn_plain, turn_implicit in zip(plain, implicit):
+            assert turn_plain == turn_implicit
+            checked += 1
+            record = next(r for r in iter_results(gemma_runs["none"] / "results.jsonl") if r.key_id == key)
+            if not record.turn(turn_plain[0]).correct:
+                break
+    assert checked >= n_cases
+    # the explicit oracle told the model the truth after a wrong answer
+    explicit_records = list(iter_results(gemma_runs["explicit"] / "results.jsonl"))
+    assert any(t.oracle_text for r in explicit_records for t in r.turns)
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "qwen2.5-vl"])
+def test_one_conversation_at_a_time_gives_the_batched_answers(
+    arch, gemma_runs, phantom_bundle, models, tmp_path
+):
+    if arch == "gemma3":
+        batched = gemma_runs["implicit"]
+    else:
+        batched = run(phantom_bundle, models[arch], tmp_path / "batched")
+        info = run_info(batched)
+        assert info["backend_settings"]["prefix_cache"]["hit_rate"] > 0.3
+    single = run(phantom_bundle, models[arch], tmp_path / "single", "--batch-size", "1")
+    assert answers(single) == answers(batched)
+    assert (
+        run_info(single)["last_session"]["batches_main_process"]
+        == run_info(single)["last_session"]["model_calls_main_process"]
+    )
+
+
+def test_kill_9_then_rerun_equals_an_uninterrupted_run(gemma_runs, phantom_bundle, models, tmp_path):
+    out = tmp_path / "crashed"
+    argv = [
+        sys.executable,
+        str(RUN_SCRIPT),
+        "--data-dir",
+        str(phantom_bundle),
+        "--model",
+        str(models["gemma3"]),
+    ]
+    argv += [*COMMON, "--output-dir", str(out), "--run-name", "m", "--batch-size", "4", "--no-score"]
+    results = out / "m" / "oracle_implicit" / "results.jsonl"
+    env = {**os.environ, "CHEXPERCEPT_TEST_STEP_DELAY": "0.5"}
+    # its own process group: the engine core and worker processes die with it
+    proc = subprocess.Popen(
+        argv, env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    deadline = time.monotonic() + TIMEOUT
+    try:
+        while not (results.exists() and results.read_text().count("\n") >= 2):
+            assert proc.poll() is None, proc.stderr.read().decode()[-4000:]
+            assert time.monotonic() < deadline, "no results before the deadline"
+            time.sleep(0.2)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    done_before = results.read_text().count("\n")
+    n_cases = len(answers(gemma_runs["implicit"]))
+    assert 2 <= done_before < n_cases
+    resumed = run(phantom_bundle, models["gemma3"], out, "--batch-size", "4")
+    assert answers(resumed) == answers(gemma_runs["implicit"])
+    info = run_info(resumed)
+    assert info["last_session"]["cases"] == n_cases - done_before and len(info["resumed"]) == 1
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+LAUNCH = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--mixed_precision", "no"]
+LAUNCH += ["--dynamo_backend", "no"]
+
+
+def test_two_processes_equal_one_process(gemma_runs, phantom_bundle, models, tmp_path):
+    """accelerate launch --num_processes 2: one engine per process, each on its share of the cores."""
+    args = ["--data-dir", str(phantom_bundle), "--model", str(models["gemma3"]), *COMMON]
+    args += ["--output-dir", str(tmp_path), "--run-name", "m", "--no-score"]
+    launch = [*LAUNCH, "--num_processes", "2", "--num_machines", "1", "--main_process_port", str(free_port())]
+    run_command([*launch, str(RUN_SCRIPT), *args])
+    folder = tmp_path / "m" / "oracle_implicit"
+    assert answers(folder) == answers(gemma_runs["implicit"])
+    info = run_info(folder)
+    assert info["num_processes"] == 2
+    if len(os.sched_getaffinity(0)) >= 2:
+        assert info["backend_settings"]["environment"]["VLLM_CPU_OMP_THREADS_BIND"] == "0"
+
+
+def test_two_machines_equal_one_process(gemma_runs, phantom_bundle, models, tmp_path):
+    """Two accelerate launches as two machines (ranks 0 and 1, this host as the main process's)."""
+    args = ["--data-dir", str(phantom_bundle), "--model", str(models["gemma3"]), *COMMON]
+    args += ["--output-dir", str(tmp_path), "--run-name", "m", "--no-score"]
+    port = str(free_port())
+    procs = []
+    for rank in (0, 1):
+        launch = [*LAUNCH, "--num_processes", "2", "--num_machines", "2", "--machine_rank", str(rank)]
+        launch += ["--main_process_ip", "127.0.0.1", "--main_process_port", port]
+        procs.append(
+            subprocess.Popen(
+                [*launch, str(RUN_SCRIPT), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
+        )
+    for proc in procs:
+        _, err = proc.communicate(timeout=TIMEOUT)
+        assert proc.returncode == 0, err[-6000:]
+    folder = tmp_path / "m" / "oracle_implicit"
+    assert answers(folder) == answers(gemma_runs["implicit"])
+    info = run_info(folder)
+    assert info["num_processes"] == 2
+    assert info["backend_settings"]["environment"] == {}  # one process per machine: vLLM binds its threads
+
+
+def wait_until_serving(url: str, proc: subprocess.Popen, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"vllm serve exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url + "/models", timeout=5) as reply:
+                if reply.status == 200:
+                    return
+        except OSError:
+            time.sleep(1)
+    raise AssertionError(f"vllm serve did not answer at {url} within {timeout} s")
+
+
+def test_openai_backend_against_vllm_serve_equals_the_vllm_backend(
+    gemma_runs, phantom_bundle, models, tmp_path
+):
+    """vllm serve (vLLM's OpenAI-compatible server) on 127.0.0.1: same answers as LLM.chat."""
+    port = free_port()
+    serve = [str(Path(sys.executable).parent / "vllm"), "serve", str(models["gemma3"])]
+    serve += ["--host", "127.0.0.1", "--port", str(port), "--enforce-eager", "--seed", "0"]
+    serve += ["--kv-cache-memory-bytes", str(1 << 30)]
+    log = (tmp_path / "serve.log").open("w")
+    proc = subprocess.Popen(serve, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    base_url = f"http://127.0.0.1:{port}/v1"
+    try:
+        wait_until_serving(base_url, proc, timeout=TIMEOUT)
+        argv = [
+            sys.executable,
+            str(RUN_SCRIPT),
+            "--data-dir",
+            str(phantom_bundle),
+            "--model",
+            str(models["gemma3"]),
+        ]
+        argv += ["--backend", "openai", "--base-url", base_url, "--max-tokens", "8", "--no-progress"]
+        argv += ["--output-dir", str(tmp_path / "runs"), "--run-name", "m", "--no-score"]
+        run_command(argv)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+    folder = tmp_path / "runs" / "m" / "oracle_implicit"
+    assert answers(folder) == answers(gemma_runs["implicit"])
+    records = list(iter_results(folder / "results.jsonl"))
+    # the server reports usage: the same prompt lengths as the offline engine counted
+    offline = {r.key_id: r for r in iter_results(gemma_runs["implicit"] / "results.jsonl")}
+    for r in records:
+        assert [t.usage["input_tokens"] for t in r.turns] == [
+            t.usage["input_tokens"] for t in offline[r.key_id].turns
+        ]
+
+
+def test_qwen_runs_through_the_transformers_backend_too(phantom_bundle, models, tmp_path):
+    """Qwen2.5-VL's processor needs torchvision, which this environment has (CPU shim)."""
+    argv = [
+        sys.executable,
+        str(RUN_SCRIPT),
+        "--data-dir",
+        str(phantom_bundle),
+        "--model",
+        str(models["qwen2.5-vl"]),
+    ]
+    argv += ["--backend", "transformers", "--max-tokens", "8", "--no-progress", "--output-dir", str(tmp_path)]
+    argv += ["--run-name", "m", "--no-score"]
+    run_command(argv)
+    info = run_info(tmp_path / "m" / "oracle_implicit")
+    # 3-D rotary positions: the turn cache finds nothing to reuse and stays off, as it says
+    assert info["backend_settings"]["turn_cache"].startswith("off")
+    assert len(answers(tmp_path / "m" / "oracle_implicit")) == info["n_results"]
