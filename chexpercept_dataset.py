@@ -15,7 +15,7 @@ from typing import Any
 
 import datasets
 
-from chexpercept.bundle import JSON_NAME, CaseRef, check_release_dir, read_case, scan_bundle
+from chexpercept.bundle import IMAGE_CHECKS, JSON_NAME, CaseRef, check_release_dir, read_case, scan_bundle
 from chexpercept.case import Turn
 from chexpercept.vocab import LESIONS, PATHS
 
@@ -66,6 +66,23 @@ class ChexperceptConfig(datasets.BuilderConfig):
     embed_images: bool = False
     #: image check while building: none, exists, basic (default) or full (decode every image)
     check_images: str = "basic"
+    #: set by load_dataset: sizes and modification times of the image files (part of the cache key)
+    files_fingerprint: str | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.check_images not in IMAGE_CHECKS:
+            raise ValueError(
+                f"check_images must be one of {', '.join(IMAGE_CHECKS)}, got {self.check_images!r}"
+            )
+        for name, known in (("lesions", LESIONS), ("paths", [p.value for p in PATHS])):
+            values = getattr(self, name)
+            if values is not None and (isinstance(values, str) or not isinstance(values, (list, tuple))):
+                raise ValueError(f"{name} must be a list, e.g. {name}=[{known[0]!r}], got {values!r}")
+
+
+def _all_checks(mode: Any) -> bool:
+    return str(mode) in ("all_checks", "VerificationMode.ALL_CHECKS")
 
 
 class Chexpercept(datasets.GeneratorBasedBuilder):
@@ -97,16 +114,30 @@ class Chexpercept(datasets.GeneratorBasedBuilder):
             citation=_CITATION,
         )
 
+    def download_and_prepare(self, *args: Any, verification_mode: Any = None, **kwargs: Any) -> None:
+        """As datasets', and ``verification_mode="all_checks"`` checks the release even when the
+        dataset is already cached (every image decoded, SHA256SUMS.txt verified); a problem raises
+        BundleValidationError naming the case and file."""
+        if _all_checks(verification_mode) and self._cached():
+            scan_bundle(
+                check_release_dir(self.config.data_dir),
+                lesions=self.config.lesions,
+                paths=self.config.paths,
+                check_images="full",
+                verify_checksums=True,
+            )
+        return super().download_and_prepare(*args, verification_mode=verification_mode, **kwargs)
+
+    def _cached(self) -> bool:
+        return bool(self._fs.exists(f"{self._output_dir}/{datasets.config.DATASET_INFO_FILENAME}"))
+
     def _download_and_prepare(self, dl_manager, verification_mode, **kwargs):
         # datasets does not hand verification_mode to _split_generators; keep it for the checksum check.
         self._verification_mode = verification_mode
         return super()._download_and_prepare(dl_manager, verification_mode, **kwargs)
 
     def _split_generators(self, dl_manager: datasets.DownloadManager) -> list[datasets.SplitGenerator]:
-        all_checks = str(getattr(self, "_verification_mode", "")) in (
-            "all_checks",
-            "VerificationMode.ALL_CHECKS",
-        )
+        all_checks = _all_checks(getattr(self, "_verification_mode", None))
         root = check_release_dir(self.config.data_dir)
         # Validation streams the JSON; only small references to the cases are kept, so memory stays
         # flat whatever the bundle size. Each shard re-reads its cases by byte span.

@@ -1,55 +1,83 @@
 #!/usr/bin/env bash
-# GPU smoke test of the vllm backend: a tiny random Gemma3 VLM (built locally, no download) over a
-# phantom bundle, run by the batched engine, then the same cases one conversation at a time.
-# Prints cases per second for both. Needs a CUDA GPU and vLLM in the active environment
-# (pip install -e ".[vllm]"). Phantom data and random weights: this checks software, not models.
+# GPU smoke test of the runner, on tiny random models (built locally, no download) over a phantom
+# bundle. Phantom data and random weights: this checks software and speed, never models.
+#
+# * always: the transformers backend on the GPU in bfloat16, turn cache on (its setup check decides
+#   whether it is used, and run.json says why), batched, then one conversation at a time;
+# * where vLLM is installed: the vllm backend, batched, then one conversation at a time.
+#
+# Prints cases per second of every run and the transformers backend's turn-cache decision.
 #
 #   bash bench/gpu_smoke.sh                 # 10 cases per (lesion, path) cell = 210 cases
 #   PER_CELL=3 bash bench/gpu_smoke.sh
+#   GPU_SMOKE_ALLOW_CPU=1 PER_CELL=1 bash bench/gpu_smoke.sh   # try the script itself on a CPU
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+export PYTHONUNBUFFERED=1
 WORK="${WORK:-$(mktemp -d /tmp/chexpercept-gpu-smoke-XXXXXX)}"
 PER_CELL="${PER_CELL:-10}"
 export HF_HOME="${HF_HOME:-$WORK/hf}"
 
-python - <<'EOF'
-import sys
+if ! python -c "import chexpercept.eval" >/dev/null 2>&1; then
+  # a machine with torch and transformers but without the project: install it without fetching anything
+  python -m pip install -q --no-deps --no-build-isolation -e . || {
+    echo "gpu_smoke: cannot install the project here (pip install -e .)" >&2; exit 1; }
+fi
+HAS_VLLM="$(python - <<'EOF'
+import os, sys
+import torch
+import transformers
+if not torch.cuda.is_available() and os.environ.get("GPU_SMOKE_ALLOW_CPU") != "1":
+    sys.exit("gpu_smoke: no CUDA GPU visible (GPU_SMOKE_ALLOW_CPU=1 runs it on the CPU)")
 try:
     import vllm
-    import torch
-except ImportError as e:
-    sys.exit(f"gpu_smoke: vLLM is not installed here ({e}); pip install -e '.[vllm]' on a CUDA machine")
-if not torch.cuda.is_available():
-    sys.exit("gpu_smoke: no CUDA GPU visible")
-print(f"vllm {vllm.__version__}, torch {torch.__version__}, GPU: {torch.cuda.get_device_name(0)}")
+    has = f"vllm {vllm.__version__}"
+except ImportError:
+    has = ""
+device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU"
+print(f"torch {torch.__version__}, transformers {transformers.__version__}, {has or 'no vLLM'}, {device}", file=sys.stderr)
+print("yes" if has else "")
 EOF
+)"
 
-chexpercept make-tiny-model --out "$WORK/tiny-vlm" --profile gpu
+chexpercept make-tiny-model --out "$WORK/tiny-vlm" --arch gemma3
 python -c "from chexpercept.testing import write_fixture_bundle as w; w('$WORK/bundle', per_cell=$PER_CELL, image_size=512)"
 chexpercept validate "$WORK/bundle"
 
-ENGINE='{"max_model_len": 4096, "enable_prefix_caching": true}'
-run() {  # run NAME [extra args...]: one run of the vllm backend, prints cases/s from run.json
-  local name="$1"; shift
-  local start end
-  start=$(date +%s.%N)
-  python eval/run.py --data-dir "$WORK/bundle" --model "$WORK/tiny-vlm" --backend vllm \
-    --run-name "$name" --output-dir "$WORK/runs" --max-tokens 16 --gpu-memory-utilization 0.3 \
-    --engine-args "$ENGINE" --no-progress "$@"
-  end=$(date +%s.%N)
-  python - "$WORK/runs/$name/oracle_implicit" "$start" "$end" <<'EOF'
+report() {  # report FOLDER START END: cases/s from run.json, and the backend's notes
+  python - "$@" <<'EOF'
 import json, sys
 folder, start, end = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
 info = json.load(open(f"{folder}/run.json"))
 s = info["last_session"]
+settings = info.get("backend_settings", {})
 print(f"{folder}: {s['cases']} cases, {s['model_calls_main_process']} model calls in "
       f"{s['batches_main_process']} batches; engine {s['seconds_main_process']:.1f} s = "
       f"{s['cases'] / s['seconds_main_process']:.2f} cases/s (whole command {end - start:.1f} s)")
+for key in ("turn_cache", "dtype", "device", "platform", "prefix_cache"):
+    if key in settings:
+        print(f"  {key}: {settings[key]}")
 EOF
 }
 
-run batched --batch-size 256
-run one-at-a-time --batch-size 1 --limit 42
+run() {  # run BACKEND NAME [extra args...]
+  local backend="$1" name="$2"; shift 2
+  local start end
+  start=$(date +%s.%N)
+  python eval/run.py --data-dir "$WORK/bundle" --model "$WORK/tiny-vlm" --backend "$backend" \
+    --run-name "$name" --output-dir "$WORK/runs" --max-tokens 16 --no-progress --no-score "$@"
+  end=$(date +%s.%N)
+  report "$WORK/runs/$name/oracle_implicit" "$start" "$end"
+}
+
+DTYPE="bfloat16"
+run transformers transformers-batched --dtype "$DTYPE" --batch-size 64
+run transformers transformers-one-at-a-time --dtype "$DTYPE" --batch-size 1 --limit 42
+if [ -n "$HAS_VLLM" ]; then
+  ENGINE='{"max_model_len": 4096, "enable_prefix_caching": true}'
+  run vllm vllm-batched --batch-size 256 --gpu-memory-utilization 0.3 --engine-args "$ENGINE"
+  run vllm vllm-one-at-a-time --batch-size 1 --limit 42 --gpu-memory-utilization 0.3 --engine-args "$ENGINE"
+fi
 echo "results under $WORK/runs"

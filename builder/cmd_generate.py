@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from chexpercept.cli_options import add_progress_option, progress_enabled
 from chexpercept.vocab import LESIONS
 
 from .deformer import DEFORMERS
@@ -93,7 +94,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     run.add_argument("--num-proc", type=int, default=None, help="worker processes (default 1)")
     run.add_argument("--fail-fast", action="store_true", default=None, help="stop at the first failing case")
-    run.add_argument("--no-progress", action="store_true", default=None, help="no progress bar")
+    add_progress_option(run, default=None)
 
 
 def build_config(args: argparse.Namespace) -> GenerateConfig:
@@ -113,7 +114,7 @@ def build_config(args: argparse.Namespace) -> GenerateConfig:
     unknown = sorted(set(values) - known)
     if unknown:
         raise SourceError(f"unknown option(s) in --config: {', '.join(unknown)}")
-    return GenerateConfig(**values, progress=not no_progress and sys.stderr.isatty())
+    return GenerateConfig(**values, progress=progress_enabled({"no_progress": no_progress}))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from chexpercept.cli_options import progress_enabled
+
 from .cmd_synth_sources import add_phantom_arguments
 from .regions import PARTITION_MODES
 from .sources import SourceError
@@ -31,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
             lesions=tuple(args.lesions),
             partition=args.partition,
             overwrite=args.overwrite,
-            progress=sys.stderr.isatty(),
+            progress=progress_enabled(args),
         )
     except (SourceError, ValueError) as e:
         print(f"chexpercept synth: {e}", file=sys.stderr)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from chexpercept.cli_options import add_progress_option, progress_enabled
 from chexpercept.vocab import LESIONS
 
 from .synth_sources import ANATOMY_FORMATS, CHEXMASK_NAME, synthesize_sources
@@ -17,6 +18,7 @@ def add_phantom_arguments(parser: argparse.ArgumentParser, *, out_help: str, per
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--num-proc", type=int, default=1, help="worker processes")
     parser.add_argument("--lesions", nargs="+", default=list(LESIONS), metavar="LESION")
+    add_progress_option(parser)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -44,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
             lesions=tuple(args.lesions),
             anatomy_format=args.anatomy_format,
             with_cxas=args.with_cxas,
-            progress=sys.stderr.isatty(),
+            progress=progress_enabled(args),
         )
     except ValueError as e:
         print(f"chexpercept synth-sources: {e}", file=sys.stderr)

@@ -85,11 +85,17 @@ class Cxr:
         return encode_png(self.rgb)
 
 
+def png_is_8bit_rgb(data: bytes) -> bool:
+    """True when PNG ``data`` (its IHDR chunk) holds 8-bit RGB without alpha."""
+    return len(data) > 25 and data[12:16] == b"IHDR" and data[24] == 8 and data[25] == 2
+
+
 def load_cxr(path: str | os.PathLike[str], size: int = IMAGE_SIZE, *, decode: bool = True) -> Cxr:
-    """Read a CXR. A size x size PNG passes through byte for byte (and is not decoded unless ``decode``;
-    its header and end marker are checked); anything else (MIMIC-CXR-JPG) is converted once: 8-bit
-    grey, scaled to size x size with Lanczos (x and y independently, no padding), RGB, as the
-    reference's flat folder of 1024 x 1024 PNGs holds."""
+    """Read a CXR. A size x size 8-bit RGB PNG passes through byte for byte (and is not decoded unless
+    ``decode``; its header and end marker are checked); anything else (MIMIC-CXR-JPG, a 16-bit or
+    grey PNG) is converted once: 8-bit grey (16-bit grey stretched from its own minimum to maximum),
+    scaled to size x size with Lanczos (x and y independently, no padding), RGB, as the reference's
+    flat folder of 1024 x 1024 PNGs holds."""
     path = Path(path)
     try:
         raw = path.read_bytes()
@@ -100,7 +106,9 @@ def load_cxr(path: str | os.PathLike[str], size: int = IMAGE_SIZE, *, decode: bo
     try:
         im = Image.open(io.BytesIO(raw))
         original = im.size
-        passthrough = im.format == "PNG" and im.size == (size, size)
+        # the copy-as-is shortcut: only what the release holds (8-bit RGB PNG at size x size); a
+        # 16-bit or grey PNG is converted like a JPG, or models would see 16-bit grey as white
+        passthrough = im.format == "PNG" and im.size == (size, size) and png_is_8bit_rgb(raw)
         if passthrough and b"IEND\xaeB`\x82" not in raw[-64:]:
             raise CaseInputError(f"truncated CXR image {path} (no PNG end marker)")
         if passthrough and not decode:

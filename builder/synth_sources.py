@@ -12,9 +12,10 @@ Writes, under DIR:
 * optionally ``cxas/<dicom_id>/{right lung,left lung}.png`` (a second lung source, shifted by 2 px);
 * ``PHANTOM_DATA.txt`` in every folder: the generator marks bundles made from these as synthetic.
 
-Per lesion there are 2N + spare positive studies and N + spare negative ones (spare = N // 2 + 1), one
-image and one MIMIC-ILS pair each, so ``generate --per-cell N`` can fill every cell even when a few
-candidates are rejected. Everything is determined by the seed.
+Per lesion there are 2(N + spare) positive studies (positives are dealt alternately to RR and RF, so
+each of those cells gets N + spare) and N + spare negative ones (spare = N // 2 + 1), one image and
+one MIMIC-ILS pair each, so ``generate --per-cell N`` fills every cell even when candidates of any
+cell are rejected. Everything is determined by the seed.
 """
 
 from __future__ import annotations
@@ -72,7 +73,8 @@ def study_specs(per_cell: int, seed: int, lesions: tuple[str, ...] = LESIONS) ->
     specs = []
     rng = derive(seed, "phantom-ids")
     for lesion in lesions:
-        for positive, count in ((True, 2 * per_cell + spare(per_cell)), (False, per_cell + spare(per_cell))):
+        extra = spare(per_cell)
+        for positive, count in ((True, 2 * (per_cell + extra)), (False, per_cell + extra)):
             for _ in range(count):
                 i = len(specs)
                 words = rng.integers(0, 1 << 32, size=5, dtype=np.uint64)

@@ -31,6 +31,7 @@ if (
 from chexpercept.answers import PARSE_MODES
 from chexpercept.bundle import IMAGE_CHECKS, Bundle, read_bundle
 from chexpercept.case import Case
+from chexpercept.cli_options import add_progress_option, progress_enabled
 from chexpercept.errors import BundleValidationError, ReleaseNotFoundError
 from chexpercept.eval.backend_transformers import DEFAULT_MAX_BATCH_TOKENS, DTYPES
 from chexpercept.eval.backend_vllm import DEFAULT_GPU_MEMORY_UTILIZATION, EXECUTOR_BACKENDS
@@ -123,7 +124,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("output")
     g.add_argument("--output-dir", default="runs", help="results go to OUTPUT_DIR/<model>/oracle_<setting>/")
     g.add_argument("--run-name", help="folder name instead of the model's")
-    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_progress_option(g)
     g.add_argument(
         "--no-score",
         action="store_true",
@@ -477,7 +478,7 @@ def _run_locked(
                     local_num_processes=dist.local_count,
                 )
             )
-        enabled = dist.is_main and not args.no_progress
+        enabled = dist.is_main and progress_enabled(args)
         progress = _Progress(folder.results, len(remaining), enabled, outcome["results_size"])
         if mine:
 

@@ -4,6 +4,7 @@ The real engine (vLLM's CPU build) runs in tests/test_vllm_engine.py."""
 
 from __future__ import annotations
 
+import base64
 import os
 import sys
 from pathlib import Path
@@ -276,3 +277,41 @@ def test_each_process_gets_its_own_gpus_and_a_clean_environment(fixture_bundle, 
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "2,3"
     assert "RANK" not in os.environ and "MASTER_PORT" not in os.environ
     assert FakeLLM.instances[-1].kwargs["tensor_parallel_size"] == 2
+
+
+def test_the_vllm_and_openai_backends_send_the_same_messages(fixture_bundle):
+    """One request builder (Request.openai_messages) serves both: only the image URLs differ."""
+    from chexpercept.eval.backend_openai import OpenAIBackend
+    from chexpercept.eval.conversation import Conversation
+    from chexpercept.eval.protocol import Response
+
+    bundle = read_bundle(fixture_bundle, lesions=["effusion"], paths=["RR"])
+    case = bundle.cases[0]
+    vllm_backend = make_backend()
+    vllm_backend.setup(RunContext(root=bundle.root, cases=bundle.cases))
+    api = OpenAIBackend(resolve("qwen3.6-27b"), sampling=GREEDY, base_url="http://127.0.0.1:9/v1")
+    api.setup(RunContext(root=bundle.root, cases=bundle.cases))
+    conversation = Conversation(case, oracle="implicit")
+    checked = 0
+    while not conversation.done:
+        request = conversation.pending
+        offline = vllm_backend.build_messages(request)
+        online = api.build_payload(request)["messages"]
+        assert len(offline) == len(online) == len(request.messages)
+
+        def same_but_images(a, b):
+            if isinstance(a, dict) and a.get("type") == "image_url":
+                # the same file: a file:// URL inside the bundle, or a data URL of its bytes
+                path = Path(a["image_url"]["url"][len("file://") :])
+                encoded = base64.b64encode(path.read_bytes()).decode()
+                return b["image_url"]["url"] == "data:image/png;base64," + encoded
+            if isinstance(a, dict):
+                return a.keys() == b.keys() and all(same_but_images(a[k], b[k]) for k in a)
+            if isinstance(a, list):
+                return len(a) == len(b) and all(same_but_images(x, y) for x, y in zip(a, b))
+            return a == b
+
+        assert same_but_images(offline, online)
+        conversation.answer(Response("Answer: 2"))
+        checked += 1
+    assert checked == len(case.turns)

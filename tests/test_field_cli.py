@@ -1,0 +1,58 @@
+"""Phantom sources that always fill their cells, and one progress option for every long command
+(issue: field cases, "Also")."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+
+import pytest
+
+from chexpercept.cli import all_commands
+from chexpercept.cli import main as cli
+from chexpercept.cli_options import PROGRESS_HELP
+
+
+@pytest.mark.slow
+def test_seed_2_sources_fill_every_cell_although_a_candidate_is_rejected(tmp_path, capsys):
+    """The issue's commands: synth-sources --per-cell 1 --seed 2, then generate --per-cell 1."""
+    src = tmp_path / "src"
+    assert cli(["synth-sources", "--out", str(src), "--per-cell", "1", "--seed", "2", "--no-progress"]) == 0
+    out = tmp_path / "bundle"
+    rc = cli(
+        [
+            "generate",
+            *("--mimic-cxr-jpg", str(src / "mimic-cxr-jpg"), "--mimic-ils", str(src / "mimic-ils")),
+            *("--anatomy", str(src / "anatomy"), "--out", str(out), "--per-cell", "1", "--no-progress"),
+        ]
+    )
+    summary = capsys.readouterr().out
+    assert rc == 0, summary
+    assert "SHORT" not in summary and "1 candidate(s) rejected and replaced" in summary
+    entries = json.loads((out / "chexpercept.json").read_text())
+    assert len(entries) == 21
+
+
+def test_positive_spares_are_per_cell():
+    from chexpercept.builder.synth_sources import spare, study_specs
+
+    for per_cell in (1, 2, 5):
+        specs = study_specs(per_cell, seed=0, lesions=("atelectasis",))
+        positives = sum(s.positive for s in specs)
+        # dealt alternately to RR and RF: each cell gets per_cell + spare candidates
+        assert positives == 2 * (per_cell + spare(per_cell))
+        assert len(specs) - positives == per_cell + spare(per_cell)
+
+
+def test_no_progress_means_the_same_on_every_command_with_long_work():
+    commands = all_commands()
+    with_option = []
+    for name, (module_name, _) in commands.items():
+        parser = argparse.ArgumentParser(prog=name)
+        importlib.import_module(module_name).configure(parser)
+        actions = {a.dest: a for a in parser._actions}
+        if "no_progress" in actions:
+            assert actions["no_progress"].help == PROGRESS_HELP, name
+            with_option.append(name)
+    assert {"synth", "synth-sources", "generate", "run"} <= set(with_option)
