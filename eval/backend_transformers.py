@@ -36,7 +36,7 @@ from chexpercept.case import Case
 from .conversation import Conversation
 from .image_resize import FixedResize, fixed_resize_of
 from .pixel_cache import PixelCache
-from .prefill_masks import FULL, SLIDING, positions, prefill_masks, same_as_model, window_start
+from .prefill_masks import FULL, SLIDING, cache_keyword, positions, prefill_masks, same_as_model, window_start
 from .protocol import BackendError, Request, Response, RunContext, Sampling
 from .registry import ModelSpec
 from .replies import MarkerDecoder
@@ -160,6 +160,7 @@ class TransformersBackend:
         self.model: Any = None
         self.processor: Any = None
         self.markers: MarkerDecoder | None = None
+        self._cache_name: str | None = None
 
     def setup(self, context: RunContext) -> None:
         try:
@@ -501,7 +502,7 @@ class TransformersBackend:
         else:
             options["do_sample"] = False
         if plan is not None:
-            options["cache"] = cache
+            options[self._cache_argument()] = cache
         with torch.inference_mode():
             if plan is not None and self.own_masks:
                 batch = self._prefill(batch, cache, plan.past)
@@ -523,6 +524,12 @@ class TransformersBackend:
             )
             for text, i, o, r in zip(texts, prompt_tokens, output_tokens, rows)
         ]
+
+    def _cache_argument(self) -> str:
+        """The name under which the model takes a key-value cache (see ``cache_keyword``)."""
+        if self._cache_name is None:
+            self._cache_name = cache_keyword(self.model.forward)
+        return self._cache_name
 
     def _prefill(self, batch: dict[str, Any], cache: Any, start: int) -> dict[str, Any]:
         """Run slots ``start`` to the last but one through the model with our own masks, filling
@@ -553,7 +560,7 @@ class TransformersBackend:
                 kinds=set(getattr(text, "layer_types", None) or (FULL, SLIDING)),
             ),
             position_ids=positions(mask, start, end),
-            cache=cache,
+            **{self._cache_argument(): cache},
             use_cache=True,
             logits_to_keep=1,
         )

@@ -78,6 +78,15 @@ def prefill_masks(
     return masks
 
 
+def cache_keyword(function: Any) -> str:
+    """The name under which ``function`` (a model's forward, its create_masks_for_generate) takes a
+    key-value cache: ``cache`` in recent transformers, ``past_key_values`` before (vLLM's CPU build
+    pins transformers < 5.20, which has the old name)."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(function).parameters else "past_key_values"
+
+
 def same_as_model(model: Any, attention_mask: Any, token_type_ids: Any, start: int, end: int) -> str:
     """'' where ``prefill_masks`` equals the masks ``model`` builds itself for the same prefill
     (a cache of ``start`` slots, queries ``start:end``), else what differs."""
@@ -99,7 +108,7 @@ def same_as_model(model: Any, attention_mask: Any, token_type_ids: Any, start: i
         config=config,
         inputs_embeds=torch.empty((batch, end - start, 0), dtype=model.dtype, device=attention_mask.device),
         attention_mask=attention_mask[:, :end],
-        cache=cache,
+        **{cache_keyword(create): cache},
         position_ids=positions(attention_mask, start, end),
         token_type_ids=token_type_ids[:, :end],
         is_first_iteration=True,

@@ -82,6 +82,12 @@ def test_a_rejected_request_is_never_scored_and_a_rerun_retries_it(fixture_bundl
     assert report.counts["cases"] == 5 and report.counts["unfinished_cases"] == {"implicit": 2}
     note = next(n for n in report.notes if "failures.jsonl" in n)
     assert "2 cases have no result because a request failed" in note and failures[0].key_id in note
+    # so does the report
+    from chexpercept.metrics.report_build import write_report
+
+    out = write_report(tmp_path, tmp_path / "report", n_resamples=0, plots=False)
+    assert any("2 cases have no result because a request failed" in n for n in out.notes)
+    assert "2 cases have no result because a request failed" in out.index_html.read_text()
     # the rerun retries exactly those two and completes the run
     with FakeServer() as server:
         assert cli(fixture_bundle, tmp_path, server, "--on-error", "record") == 0

