@@ -70,35 +70,45 @@ _ANSWER_IS = re.compile(r"answers?\s+(?:is|are)\s*[:\-]?\s*(\d+(?:\s*,\s*\d+)*)"
 _DIGIT_LINE = re.compile(r"[\d,\s]+")
 _DIGITS = re.compile(r"\d+")
 _SIGNED_INT = re.compile(r"-?\d+")
+_MAX_DIGITS = 18
 
 # strict mode: "answer" (any case, optional markdown), a separator, then the answer text on that
 # line; matched at each place the word starts (markdown before it does not matter)
 _STRICT_FROM = re.compile(
-    r"answer(?:\*\*|__)?[ \t]*(?::|-|=|\bis\b)[ \t]*(?:\*\*|__)?[ \t]*([^\n]*)", re.IGNORECASE
+    r"answers?(?:\*\*|__)?[ \t]*(?:\bis\b[ \t]*:?|:|-|=)[ \t]*(?:\*\*|__)?[ \t]*([^\n]*)", re.IGNORECASE
 )
 #: the same as one search, for text whose case mapping changes its length: "answer" not preceded
 #: by a letter or digit, as _strict_statements checks on the fast path
 _STRICT = re.compile(r"(?<![^\W_])" + _STRICT_FROM.pattern, re.IGNORECASE)
-_STRICT_ITEM = r"[\[\(]?[ \t]*\d+[ \t]*[\]\)]?"
+# The body of a statement is read after _compact (single spaces, none inside brackets or before a
+# comma), so that the patterns below match in one way only: no backtracking blow-up on a long
+# reply that repeats "1, 1, 1, ...". Indices have at most 4 digits (a question has at most 9 options).
+_STRICT_ITEM = r"(?:\(\d{1,4}\)|\[\d{1,4}\]|\d{1,4})(?: ?\([^()\d]*\))?"
 _STRICT_LIST = re.compile(
-    r"(?:options?[ \t]*)?[\[\(]?[ \t]*"
+    r"(?:options? )?(?:\[|\()?"
     + _STRICT_ITEM
-    + r"(?:[ \t]*(?:,[ \t]*and|,|and|&)[ \t]*"
+    + r"(?:(?:, ?and |, ?| and | ?& ?)"
     + _STRICT_ITEM
-    + r")*[ \t]*[\]\)]?(?:[ \t]*\([^\d()]*\))?",
+    + r")*(?:\]|\))?",
     re.IGNORECASE,
 )
-#: an index echoed with its option text (no digits in the text): "(2) No", "2. No", "2 - No",
-#: "2: No", "2) No", "Option 2 - No"
+#: an index echoed with its option's text, which may hold digits ("(2) 2 zones", "2. No",
+#: "2 - No", "Option 2: No", "1 (Less than 1/3 of the right lung area)"); the text must hold a word
+#: and must not hedge ("2 - 3", "2. or 3" are refused)
 _STRICT_ECHO = re.compile(
-    r"(?:options?[ \t]*)?(?:\([ \t]*(\d+)[ \t]*\)|(\d+)[ \t]*(?:[.:)\-\u2013\u2014]))[ \t]+[^\d\n]+",
+    r"(?:options? )?(?:\((\d{1,4})\) ?|(\d{1,4}) ?[.:)\-\u2013\u2014] ?|(\d{1,4}) ?(?=\())(.+)",
     re.IGNORECASE,
 )
+_HEDGE = re.compile(r"\(?(?:or|and|maybe|possibly|perhaps)\b|/", re.IGNORECASE)
+_LETTER = re.compile(r"[^\W\d_]{2}")
 #: maths and markup around an answer: $2$, \(2\), \[2\], \text{2}, \mathbf{2}
 _STRICT_MATH = re.compile(r"\\(?:text|mathrm|mathbf|textbf)\{([^{}]*)\}")
 _STRICT_MATH_DELIMS = re.compile(r"\$+|\\[()\[\]]")
+#: special tokens left at the end of a line (<|im_end|>, <end_of_turn>, </s>, <eos>, <turn|>)
+_TRAILING_TOKENS = re.compile(r"(?:[ \t]*<[|/]?[A-Za-z_]{1,30}\|?>)+[ \t]*$")
 _STRICT_NONE = re.compile(r"[\[\(]?[ \t]*none\b", re.IGNORECASE)
-_STRICT_TRIM = " \t*_`.;"
+_STRICT_TRIM = " \t\r*_`.;,!\u3002\u200b\ufeff"
+_NEXT_TEXT = re.compile(r"\S")
 
 
 @dataclass(frozen=True)
@@ -170,7 +180,9 @@ def reference_pass2(parsed: str) -> tuple[list[int], bool]:
     out = []
     for piece in digits.split(","):
         m2 = _SIGNED_INT.search(piece)
-        out.append(int(m2.group(0)) if m2 else -1)
+        # a runaway reply can hold a digit run too long for int() (Python refuses > 4300 digits);
+        # any number that long names no option: -1, as the reference's "nothing usable"
+        out.append(int(m2.group(0)) if m2 and len(m2.group(0)) <= _MAX_DIGITS else -1)
     return out, True
 
 
@@ -234,8 +246,10 @@ def _parse_strict(response: str, *, none_index: int | None, pass1: str) -> Parse
     for m in _strict_statements(text):
         body = m.group(1).strip(_STRICT_TRIM)
         if not body:  # "Answer:" with the answer on the next non-empty line
-            rest = text[m.end() :].split("\n")
-            body = next((ln.strip(_STRICT_TRIM) for ln in rest if ln.strip()), "")
+            nxt = _NEXT_TEXT.search(text, m.end())
+            if nxt is not None:
+                end = text.find("\n", nxt.start())
+                body = text[nxt.start() : end if end != -1 else len(text)].strip(_STRICT_TRIM)
         candidates.append(body)
     for body in reversed(candidates):
         indices = _strict_body(body, none_index)
@@ -263,18 +277,27 @@ def _strict_statements(text: str) -> list[re.Match[str]]:
     return out
 
 
+def _compact(body: str) -> str:
+    """Single spaces; none just inside brackets or before a comma (see _STRICT_LIST)."""
+    body = " ".join(body.split())
+    return re.sub(r"([(\[]) | (?=[)\],])", r"\1", body)
+
+
 def _strict_body(body: str, none_index: int | None) -> tuple[int, ...] | None:
     """Indices named by one answer statement, or None when it is not a valid answer."""
+    if "<" in body:
+        body = _TRAILING_TOKENS.sub("", body).strip(_STRICT_TRIM)
     if "\\" in body or "$" in body:
         body = _STRICT_MATH_DELIMS.sub("", _STRICT_MATH.sub(lambda m: m.group(1), body)).strip(_STRICT_TRIM)
     if _STRICT_NONE.match(body):
         return None if none_index is None else (none_index,)
+    body = _compact(body)
     if _STRICT_LIST.fullmatch(body):
-        without_echo = re.sub(r"\([^\d()]*\)\s*$", "", body)
+        without_echo = re.sub(r" ?\([^\d()]*\)", "", body)
         return tuple(int(d) for d in _DIGITS.findall(without_echo))
     m = _STRICT_ECHO.fullmatch(body)
-    if m:
-        return (int(m.group(1) or m.group(2)),)
+    if m and _LETTER.search(m.group(4)) and not _HEDGE.match(m.group(4)):
+        return (int(m.group(1) or m.group(2) or m.group(3)),)
     return None
 
 

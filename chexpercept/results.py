@@ -71,7 +71,10 @@ class TurnResult:
 
     @property
     def parsed_text(self) -> str:
-        """What the parser reads: the whole reply where it was kept, else the recorded one."""
+        """What the parser reads: the whole reply where it was kept, else the recorded one; nothing
+        for a refusal (a declined or filtered reply is no answer, whatever text came with it)."""
+        if self.refusal:
+            return ""
         return self.full_response if self.full_response is not None else self.response
 
 
@@ -93,9 +96,8 @@ def judge_turn(
     from .answers import is_correct, parse_answer
 
     full = fields.get("full_response")
-    parsed = parse_answer(
-        full if full is not None else response, mode=mode, none_index=turn.none_index, model=model
-    )
+    text = "" if fields.get("refusal") else (full if full is not None else response)
+    parsed = parse_answer(text, mode=mode, none_index=turn.none_index, model=model)
     if correct is None:
         correct = is_correct(parsed, turn.answer_index, multi_select=turn.multi_select, mode=mode)
     return TurnResult(

@@ -31,10 +31,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import datetime
 import email.utils
+import http.client
 import ipaddress
 import json
+import math
 import mimetypes
 import os
 import random
@@ -60,6 +63,9 @@ PRICES: dict[str, tuple[float, float, float]] = {
     "gpt-5.4": (2.50, 0.25, 15.00),
 }
 RETRY_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
+#: a wrong key, a forbidden resource or a wrong URL: every request would fail the same way, so the
+#: run stops at once whatever --on-error says
+RUN_LEVEL_STATUS = frozenset({401, 403, 404})
 
 DUA_REFUSAL = (
     "refusing to send CheXpercept images to {host}: it is not this machine (loopback). "
@@ -130,6 +136,10 @@ class _Filtered(Exception):
     """The service rejected the request with a content filter: its verdict on the content."""
 
 
+class _RunLevel(Exception):
+    """An error that every request of the run would meet (authentication, a wrong URL)."""
+
+
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
 _UNIT_SECONDS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
 
@@ -178,13 +188,14 @@ def retry_hint(headers: Any, body: str = "", *, now: float | None = None) -> flo
     get = (lambda name: headers.get(name)) if headers is not None else (lambda name: None)
     value = get("retry-after-ms")
     if value is not None:
-        try:
-            return max(float(value) / 1000.0, 0.0)
-        except ValueError:
-            pass
+        with contextlib.suppress(ValueError):
+            if math.isfinite(float(value)):
+                return max(float(value) / 1000.0, 0.0)
     value = get("Retry-After")
     if value is not None:
         try:
+            if not math.isfinite(float(value)):
+                raise ValueError(value)
             return max(float(value), 0.0)
         except ValueError:
             try:
@@ -206,6 +217,11 @@ def retry_hint(headers: Any, body: str = "", *, now: float | None = None) -> flo
     return max(resets) if resets else None
 
 
+#: error codes of requests rejected for their content: Azure OpenAI's content filter, OpenAI's
+#: usage-policy check ("invalid_prompt": the prompt was flagged)
+CONTENT_FILTER_CODES = frozenset({"content_filter", "ResponsibleAIPolicyViolation", "invalid_prompt"})
+
+
 def _is_content_filter(body: str) -> bool:
     """An error body saying a content filter rejected the request (Azure OpenAI's 400)."""
     try:
@@ -215,8 +231,12 @@ def _is_content_filter(body: str) -> bool:
     for item in data if isinstance(data, list) else [data]:
         error = item.get("error") if isinstance(item, dict) else None
         if isinstance(error, dict):
-            codes = {str(error.get("code") or ""), str((error.get("innererror") or {}).get("code") or "")}
-            if codes & {"content_filter", "ResponsibleAIPolicyViolation"}:
+            inner = error.get("innererror")
+            codes = {
+                str(error.get("code") or ""),
+                str(inner.get("code") or "") if isinstance(inner, dict) else "",
+            }
+            if codes & CONTENT_FILTER_CODES:
                 return True
     return False
 
@@ -312,7 +332,7 @@ class OpenAIBackend:
         req = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
         try:
             with urllib.request.urlopen(req, timeout=self.timeout) as reply:
-                return json.loads(reply.read().decode("utf-8"))
+                data = json.loads(reply.read().decode("utf-8"))
         except urllib.error.HTTPError as e:
             body = e.read().decode("utf-8", "replace")
             detail = body[:500]
@@ -320,13 +340,25 @@ class OpenAIBackend:
                 raise _Retryable(f"HTTP {e.code}: {detail}", retry_hint(e.headers, body)) from e
             if e.code == 400 and _is_content_filter(body):
                 raise _Filtered(f"HTTP {e.code}: {detail}") from e
+            if e.code in RUN_LEVEL_STATUS:
+                raise _RunLevel(f"HTTP {e.code} from {self.url}: {detail}") from e
             raise BackendError(f"HTTP {e.code} from {self.url}: {detail}") from e
         except (TimeoutError, ConnectionError) as e:
             raise _Retryable(f"{type(e).__name__}: {e}") from e
         except urllib.error.URLError as e:
             raise _Retryable(f"cannot reach {self.url}: {e.reason}") from e
+        except (http.client.HTTPException, OSError) as e:  # a reply cut off mid-body, a reset socket
+            raise _Retryable(f"{type(e).__name__}: {e}") from e
         except ValueError as e:
             raise BackendError(f"{self.url} did not return JSON: {e}") from e
+        error = data.get("error") if isinstance(data, dict) and not data.get("choices") else None
+        if error:  # an error inside a 200 reply (some gateways): retried where its code says so
+            code = error.get("code") if isinstance(error, dict) else None
+            detail = json.dumps(data)[:500]
+            if isinstance(code, int) and code in RETRY_STATUS:
+                raise _Retryable(f"error in the reply: {detail}")
+            raise BackendError(f"error in the reply from {self.url}: {detail}")
+        return data
 
     async def _one(self, request: Request, gate: asyncio.Semaphore) -> Response:
         body = json.dumps(self.build_payload(request)).encode("utf-8")
@@ -344,6 +376,11 @@ class OpenAIBackend:
                 await asyncio.sleep(self.retry.delay(attempt, e.retry_after))
                 attempt += 1
                 self.retries += 1
+            except _RunLevel as e:
+                raise BackendError(
+                    f"{where}: {e}. Every request would fail the same way (check --base-url, the model "
+                    "id and the API key); finished cases are saved, rerun to resume."
+                ) from e
             except _Filtered as e:
                 if self.on_error == "stop":
                     raise BackendError(
@@ -369,10 +406,16 @@ class OpenAIBackend:
         choices = reply.get("choices") or []
         if not choices:
             return self._failed(where, f"reply has no choices: {json.dumps(reply)[:300]}")
+        if not isinstance(choices[0], dict):
+            return self._failed(where, f"reply's choice is not an object: {json.dumps(reply)[:300]}")
         message = choices[0].get("message") or {}
         text = message.get("content")
-        if isinstance(text, list):  # some servers return content parts
-            text = "".join(p.get("text", "") for p in text if isinstance(p, dict))
+        if isinstance(text, list):  # some servers return content parts (text parts, or plain strings)
+            text = "".join(
+                p if isinstance(p, str) else str(p.get("text") or "")
+                for p in text
+                if isinstance(p, (str, dict))
+            )
         # vLLM serve with a reasoning parser: "reasoning" (vLLM >= 0.16), "reasoning_content" before
         reasoning = message.get("reasoning") or message.get("reasoning_content")
         refusal = message.get("refusal")

@@ -81,7 +81,8 @@ class Response:
 class Sampling:
     """Decoding parameters as recorded in run.json."""
 
-    temperature: float
+    #: None when the request leaves it to the server (--request-extra '{"temperature": null}')
+    temperature: float | None
     top_p: float
     max_tokens: int
     #: True when a response is a deterministic function of the conversation (greedy decoding or a

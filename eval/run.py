@@ -221,10 +221,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 # ------------------------------------------------------------------------------------ settings
 def sampling_for(spec: ModelSpec, args: argparse.Namespace) -> Sampling:
+    """Decoding as sent and recorded: the registry's, then the options, then what --request-extra
+    sends instead (the openai backend: a field it sets or removes is what the server gets)."""
     base = spec.sampling
     temperature = base["temperature"] if args.temperature is None else args.temperature
     top_p = base["top_p"] if args.top_p is None else args.top_p
     max_tokens = base["max_tokens"] if args.max_tokens is None else args.max_tokens
+    extra = (args.request_extra or {}) if spec.backend == "openai" else {}
+    if "temperature" in extra:
+        temperature = extra["temperature"]  # None: the server's default, so not known to be greedy
+    if "top_p" in extra:
+        top_p = 1.0 if extra["top_p"] is None else extra["top_p"]
+    for key in ("max_completion_tokens", "max_tokens"):
+        if isinstance(extra.get(key), int):
+            max_tokens = extra[key]
     if max_tokens < 1:
         raise ValueError(f"--max-tokens must be at least 1, got {max_tokens}")
     return Sampling(temperature=temperature, top_p=top_p, max_tokens=max_tokens, greedy=temperature == 0)

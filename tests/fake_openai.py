@@ -25,8 +25,9 @@ FAST = RetryPolicy(max_retries=3, base_delay=0.01, max_delay=0.05)
 class FakeServer:
     """Answers chat completions; ``failures`` is a list of what to do to the next requests first:
     an HTTP status (sent with ``Retry-After: 0``), ``"sleep"`` (answer after a second), or a dict
-    with ``status``, ``headers`` and ``body`` (an error reply) or ``message`` (a 200 reply with that
-    message, and ``finish_reason``). ``times`` holds when each request arrived."""
+    with ``status``, ``headers`` and ``body`` (an error reply), ``message`` (a 200 reply with that
+    message, and ``finish_reason``) or ``raw`` (these bytes as a 200 reply's body, announced as
+    ``content_length`` bytes). ``times`` holds when each request arrived."""
 
     def __init__(self, failures=(), delay=0.0):
         self.failures = list(failures)
@@ -60,6 +61,14 @@ class FakeServer:
                             "headers": {"Retry-After": "0"},
                             "body": {"error": "try later"},
                         }
+                    if isinstance(action, dict) and "raw" in action:  # bytes as they are, e.g. cut off
+                        data = action["raw"]
+                        self.send_response(200)
+                        self.send_header("Content-Type", "application/json")
+                        self.send_header("Content-Length", str(action.get("content_length", len(data))))
+                        self.end_headers()
+                        self.wfile.write(data)
+                        return
                     if isinstance(action, dict) and "status" in action:
                         self.send_response(action["status"])
                         for name, value in action.get("headers", {}).items():

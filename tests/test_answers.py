@@ -146,7 +146,7 @@ def test_reference_weaknesses_in_both_modes(text, reference, strict):
         ("Answer: 1\nOn reflection, Answer: 3", (3,), STATUS_ANSWER),
         ("The answer is 4.", (4,), STATUS_ANSWER),
         ("Answer: None of the above (options 1-3)", (5,), STATUS_NONE_TEXT),
-        ("Answer: (2) 2 zones", (-1,), STATUS_UNPARSED),  # digits in the echo: ambiguous
+        ("Answer: (2) 2 zones", (2,), STATUS_ANSWER),  # an option text with digits, echoed
         ("Answer: 1.5", (-1,), STATUS_UNPARSED),
         ("<|begin_of_box|>Answer: 3<|end_of_box|>", (3,), STATUS_ANSWER),
         ("", (-1,), STATUS_UNPARSED),

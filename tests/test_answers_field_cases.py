@@ -97,6 +97,26 @@ def test_reasoning_markup_of_every_family(text, strict, reference):
         "<answer>2</answer>",  # GLM-4.1V-Thinking
         "The final answer is \\boxed{2}.",
         "Answer:\n<|begin_of_box|>2<|end_of_box|>",
+        # found by a tester: option texts that hold digits, echoed; other phrasings and endings
+        "Answer: (2) 2 zones",
+        "Answer: 2. 2 zones",
+        "Answer: 2 (2nd mask)",
+        "Answer: 2 (Less than 1/3 of the right lung area)",
+        "Answer: 2 (The lesion is present in only one lung (left or right).)",
+        "The answer is: 2",
+        "Answer is: 2",
+        "The correct answer is: (2) No",
+        "Answer: 2\r\n",
+        "Answer:\r\n2",
+        "Answer: 2,",
+        "Answer: 2!",
+        "Answer: 2\u3002",
+        "Answer: \uff12\uff0e No",
+        "Answer:\u200b2",
+        "Answer: 2<|im_end|>",
+        "Answer: 2<end_of_turn>",
+        "Answer: 2</s>",
+        "Answer: 2 <eos>",
     ],
 )
 def test_decorations_around_a_valid_index_read_2(text):
@@ -108,7 +128,9 @@ def test_decorations_around_a_valid_index_read_2(text):
     "text",
     [
         "Answer: 2 or 3",
-        "Answer: 2. 3 looks likely too",
+        "Answer: 2 (or 3)",
+        "Answer: 2. or 3",
+        "Answer: 2 - maybe 3",
         "Answer: 2 - 3",
         "\\boxed{2 or 3}",
         "Answer: $2$ or $3$",
@@ -124,6 +146,32 @@ def test_ambiguous_text_is_still_refused(text):
 def test_multi_select_answers_in_boxes():
     assert parse_answer("\\boxed{1, 3}", mode="strict").indices == (1, 3)
     assert parse_answer("Answer: $1, 3$", mode="strict").indices == (1, 3)
+    assert parse_answer("Answers: 1, 3", mode="strict").indices == (1, 3)
+    assert parse_answer("Answer: 1 (Left upper zone), 3 (Right lower zone)", mode="strict").indices == (1, 3)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Answer: " + ", ".join(str(i) for i in range(1, 23)) + ", etc",
+        "Answer: " + "1, " * 66666,
+        "Answer: " + "1 and " * 22,
+        "Answer: " + "1 , " * 20 + "x",
+        "Answer:\n" * 25000,
+        "Answer: 1" + "0" * 5000,
+        "The answer is 1" + "1" * 4301,
+    ],
+)
+def test_runaway_replies_are_read_quickly_and_never_raise(text):
+    """A model looping until the token limit: linear time and no crash (Python refuses int() of more
+    than 4,300 digits; such a number names no option and reads as -1)."""
+    import time
+
+    for mode in ("strict", "reference"):
+        start = time.perf_counter()
+        parsed = parse_answer(text, mode=mode)
+        assert time.perf_counter() - start < 2.0, mode
+        assert all(-1 <= i < 10**18 for i in parsed.indices)
 
 
 def test_every_registry_model_has_a_family():

@@ -257,3 +257,83 @@ def test_a_null_in_request_extra_removes_the_field(fixture_bundle, tmp_path):
     payload = backend.build_payload(Conversation(read_bundle(fixture_bundle).cases[0], oracle="none").pending)
     assert "reasoning_effort" not in payload and "temperature" not in payload
     assert payload["frequency_penalty"] == 0.0  # the registry's other fields stay
+
+
+# ------------------------------------------------------------------ found by a tester, siblings
+def test_a_filtered_reply_with_text_is_still_no_answer(fixture_bundle):
+    bundle = lf_effusion(fixture_bundle)
+    filtered = {"message": {"content": "Answer: 1"}, "finish_reason": "content_filter"}
+    with FakeServer(failures=[filtered]) as server:
+        (record,) = run_cases(backend_for(server), bundle)
+    turn = record.turns[0]
+    assert turn.refusal and turn.response == "Answer: 1" and turn.parsed == [-1] and not turn.correct
+
+
+@pytest.mark.parametrize(
+    "content,text",
+    [
+        ([{"type": "text", "text": None}], ""),
+        (["Answer: 2"], "Answer: 2"),
+        ([{"type": "text", "text": "Answer: "}, {"type": "text", "text": "2"}], "Answer: 2"),
+    ],
+)
+def test_content_parts_in_every_shape(fixture_bundle, content, text):
+    bundle = lf_effusion(fixture_bundle)
+    with FakeServer(failures=[{"message": {"content": content}}]) as server:
+        (record,) = run_cases(backend_for(server), bundle)
+    assert record.turns[0].response == text
+
+
+def test_a_reply_cut_off_mid_body_is_retried(fixture_bundle):
+    bundle = lf_effusion(fixture_bundle)
+    cut = {"raw": b'{"choices": [{"message": {"content": "Ans', "content_length": 500}
+    with FakeServer(failures=[cut]) as server:
+        (record,) = run_cases(backend_for(server), bundle)
+    assert record.turns[0].usage["attempts"] == 2 and record.turns[0].response == "Answer: 1"
+
+
+def test_an_error_inside_a_200_reply_is_retried_or_failed(fixture_bundle):
+    bundle = lf_effusion(fixture_bundle)
+    passing = {"raw": json.dumps({"error": {"code": 502, "message": "upstream error"}}).encode()}
+    with FakeServer(failures=[passing]) as server:
+        (record,) = run_cases(backend_for(server), bundle)
+    assert record.turns[0].usage["attempts"] == 2
+    lasting = {"raw": json.dumps({"error": {"code": 400, "message": "bad model"}}).encode()}
+    with FakeServer(failures=[lasting]) as server, pytest.raises(Exception, match="error in the reply"):
+        run_cases(backend_for(server), bundle)
+
+
+def test_a_wrong_key_or_url_stops_the_run_even_with_on_error_record(fixture_bundle, tmp_path, capsys):
+    unauthorized = {"status": 401, "body": {"error": {"message": "Incorrect API key provided"}}}
+    with FakeServer(failures=[unauthorized] * 10) as server:
+        rc = cli(fixture_bundle, tmp_path, server, "--on-error", "record")
+        assert len(server.requests) <= 8  # the first step's requests, not the whole benchmark
+    assert rc == 2 and "Every request would fail the same way" in capsys.readouterr().err
+    assert not (tmp_path / "local-vlm" / "oracle_implicit" / "failures.jsonl").exists()
+
+
+def test_a_flagged_prompt_is_a_refusal(fixture_bundle):
+    flagged = {
+        "status": 400,
+        "body": {
+            "error": {
+                "message": "Invalid prompt: flagged as potentially violating our usage policy",
+                "code": "invalid_prompt",
+            }
+        },
+    }
+    with FakeServer(failures=[flagged]) as server:
+        (record,) = run_cases(backend_for(server, on_error="record"), lf_effusion(fixture_bundle))
+    assert record.turns[0].refusal.startswith("content filter") and record.turns[0].parsed == [-1]
+
+
+def test_request_extra_sampling_is_what_run_json_records(fixture_bundle, tmp_path):
+    with FakeServer() as server:
+        assert (
+            cli(fixture_bundle, tmp_path, server, "--request-extra", '{"temperature": null}', "--no-score")
+            == 0
+        )
+    info = json.loads((tmp_path / "local-vlm" / "oracle_implicit" / "run.json").read_text())
+    assert "temperature" not in server.requests[0]["body"]
+    assert info["sampling"]["temperature"] is None and info["sampling"]["greedy"] is False
+    assert retry_hint({"retry-after-ms": "nan", "Retry-After": "2"}) == 2.0
