@@ -55,42 +55,44 @@ class FakeServer:
                     time.sleep(server.delay)
                     if action == "sleep":
                         time.sleep(1.0)
-                    if isinstance(action, int):
-                        action = {
-                            "status": action,
-                            "headers": {"Retry-After": "0"},
-                            "body": {"error": "try later"},
-                        }
-                    if isinstance(action, dict) and "raw" in action:  # bytes as they are, e.g. cut off
-                        data = action["raw"]
-                        self.send_response(200)
-                        self.send_header("Content-Type", "application/json")
-                        self.send_header("Content-Length", str(action.get("content_length", len(data))))
-                        self.end_headers()
-                        self.wfile.write(data)
-                        return
-                    if isinstance(action, dict) and "status" in action:
-                        self.send_response(action["status"])
-                        for name, value in action.get("headers", {}).items():
-                            self.send_header(name, value)
-                        self.end_headers()
-                        self.wfile.write(json.dumps(action.get("body", {})).encode())
-                        return
-                    message = {"content": "Answer: 1"}
-                    finish = "stop"
-                    if isinstance(action, dict):
-                        message = action["message"]
-                        finish = action.get("finish_reason", finish)
-                    reply = {"choices": [{"message": message, "finish_reason": finish}], "usage": USAGE}
-                    data = json.dumps(reply).encode()
-                    self.send_response(200)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data)
+                    status, headers, data = self.reply_for(action)
                 finally:
+                    # no longer in flight once the reply is ready: the client may send its next
+                    # request as soon as it has read this one
                     with server.lock:
                         server.in_flight -= 1
+                self.send_response(status)
+                for name, value in headers.items():
+                    self.send_header(name, value)
+                self.end_headers()
+                self.wfile.write(data)
+
+            def reply_for(self, action):
+                """(status, headers, body bytes) of the reply ``action`` asks for."""
+                if isinstance(action, int):
+                    action = {
+                        "status": action,
+                        "headers": {"Retry-After": "0"},
+                        "body": {"error": "try later"},
+                    }
+                if isinstance(action, dict) and "raw" in action:  # bytes as they are, e.g. cut off
+                    data = action["raw"]
+                    length = str(action.get("content_length", len(data)))
+                    return 200, {"Content-Type": "application/json", "Content-Length": length}, data
+                if isinstance(action, dict) and "status" in action:
+                    return (
+                        action["status"],
+                        action.get("headers", {}),
+                        json.dumps(action.get("body", {})).encode(),
+                    )
+                message = {"content": "Answer: 1"}
+                finish = "stop"
+                if isinstance(action, dict):
+                    message = action["message"]
+                    finish = action.get("finish_reason", finish)
+                reply = {"choices": [{"message": message, "finish_reason": finish}], "usage": USAGE}
+                data = json.dumps(reply).encode()
+                return 200, {"Content-Type": "application/json", "Content-Length": str(len(data))}, data
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
