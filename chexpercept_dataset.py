@@ -118,36 +118,32 @@ class Chexpercept(datasets.GeneratorBasedBuilder):
         """As datasets', and ``verification_mode="all_checks"`` checks the release even when the
         dataset is already cached (every image decoded, SHA256SUMS.txt verified); a problem raises
         BundleValidationError naming the case and file."""
-        if _all_checks(verification_mode) and self._cached():
-            scan_bundle(
-                check_release_dir(self.config.data_dir),
-                lesions=self.config.lesions,
-                paths=self.config.paths,
-                check_images="full",
-                verify_checksums=True,
-            )
+        # kept for _split_generators, which datasets does not hand the verification mode
+        self._all_checks = _all_checks(verification_mode)
+        if self._all_checks and self._cached():
+            self._scan(check_release_dir(self.config.data_dir))
         return super().download_and_prepare(*args, verification_mode=verification_mode, **kwargs)
 
-    def _cached(self) -> bool:
-        return bool(self._fs.exists(f"{self._output_dir}/{datasets.config.DATASET_INFO_FILENAME}"))
-
-    def _download_and_prepare(self, dl_manager, verification_mode, **kwargs):
-        # datasets does not hand verification_mode to _split_generators; keep it for the checksum check.
-        self._verification_mode = verification_mode
-        return super()._download_and_prepare(dl_manager, verification_mode, **kwargs)
-
-    def _split_generators(self, dl_manager: datasets.DownloadManager) -> list[datasets.SplitGenerator]:
-        all_checks = _all_checks(getattr(self, "_verification_mode", None))
-        root = check_release_dir(self.config.data_dir)
-        # Validation streams the JSON; only small references to the cases are kept, so memory stays
-        # flat whatever the bundle size. Each shard re-reads its cases by byte span.
-        refs = scan_bundle(
+    def _scan(self, root: FsPath) -> list[CaseRef]:
+        """Validate the release (all_checks: every image decoded, SHA256SUMS.txt verified) and return
+        the selected cases. Validation streams the JSON; only small references to the cases are
+        kept, so memory stays flat whatever the bundle size (each shard re-reads its cases by byte
+        span)."""
+        all_checks = getattr(self, "_all_checks", False)
+        return scan_bundle(
             root,
             lesions=self.config.lesions,
             paths=self.config.paths,
             check_images="full" if all_checks else self.config.check_images,
             verify_checksums=all_checks,
         )
+
+    def _cached(self) -> bool:
+        return bool(self._fs.exists(f"{self._output_dir}/{datasets.config.DATASET_INFO_FILENAME}"))
+
+    def _split_generators(self, dl_manager: datasets.DownloadManager) -> list[datasets.SplitGenerator]:
+        root = check_release_dir(self.config.data_dir)
+        refs = self._scan(root)
         n = max(1, min(NUM_SHARDS, len(refs)))
         bounds = [round(i * len(refs) / n) for i in range(n + 1)]
         shards = [refs[bounds[i] : bounds[i + 1]] for i in range(n)]  # contiguous: row order = file order

@@ -1,10 +1,12 @@
 """How each model family marks its reasoning and its final answer in the text it generates.
 
 One table (``FAMILIES``) serves every part of the toolkit that reads a reply: strict parsing removes
-every family's reasoning before it looks for the answer; reference parsing (which reproduces the
-reference's parser) uses it to flag answers read from inside reasoning; the backends use it to keep
-reasoning markers that are special tokens (which ``skip_special_tokens`` decoding drops) and to put
-an API's separate reasoning field back into the reply.
+every family's reasoning before it looks for the answer (a close marker without its open marker
+counts as a block the chat template opened in the prompt, as Qwen's do); reference parsing (which
+reproduces the reference's parser) uses it to flag answers read from inside reasoning; the backends
+keep whichever of these markers their tokenizer holds as special tokens (which
+``skip_special_tokens`` decoding drops, e.g. Gemma 4's) and put an API's separate reasoning field
+back into the reply between the family's markers.
 
 Sources (checked 2026-12): the chat templates and tokenizer files of the models on the Hugging Face
 Hub, vLLM's reasoning parsers (``vllm/reasoning/``), and the providers' API references; the README's
@@ -26,12 +28,6 @@ class Family:
     match: tuple[str, ...]
     #: reasoning blocks as (open, close) markers
     reasoning: tuple[tuple[str, str], ...] = ()
-    #: the chat template opens the reasoning block in the prompt, so a reply may hold only the close
-    #: marker (everything before it is reasoning)
-    opened_in_prompt: bool = False
-    #: the markers are special tokens of the family's tokenizer: decoding with
-    #: ``skip_special_tokens=True`` (vLLM's and transformers' default) drops them
-    special_markers: bool = False
     #: final-answer boxes as (open, close) markers (the answer is what they hold)
     answer_boxes: tuple[tuple[str, str], ...] = ()
     #: what the family's replies look like, for the README
@@ -43,7 +39,6 @@ FAMILIES: tuple[Family, ...] = (
         "qwen",
         ("qwen", "huatuo", "lingshu"),
         reasoning=(("<think>", "</think>"),),
-        opened_in_prompt=True,
         notes="Qwen3.5/3.6 templates open <think> in the prompt (the reply holds only </think>); "
         "enable_thinking=False inserts an empty block. Qwen2.5-VL derivatives (HuatuoGPT-Vision, "
         "Lingshu) do not think",
@@ -59,7 +54,6 @@ FAMILIES: tuple[Family, ...] = (
         "gemma4",
         ("gemma-4", "gemma4"),
         reasoning=(("<|channel>", "<channel|>"),),
-        special_markers=True,
         notes="thinking (off by default) between <|channel>thought and <channel|>, special tokens: "
         "without them a reply would start with a bare 'thought'",
     ),
@@ -159,18 +153,3 @@ def remove_reasoning(text: str) -> str:
             rest = rest[end + len(close_marker) :]
         text = "".join(out)
     return text
-
-
-def boxed_answers(text: str) -> list[str]:
-    """What every answer box holds (GLM's box, <answer>, LaTeX \\boxed{}), in order of appearance."""
-    found: list[tuple[int, str]] = []
-    for open_marker, close_marker in ALL_BOXES:
-        start = text.find(open_marker)
-        while start != -1:
-            end = text.find(close_marker, start + len(open_marker))
-            if end == -1:
-                break
-            found.append((start, text[start + len(open_marker) : end]))
-            start = text.find(open_marker, end + len(close_marker))
-    found += [(m.start(), m.group(1)) for m in BOXED.finditer(text)] if "\\boxed{" in text else []
-    return [body for _, body in sorted(found)]

@@ -160,7 +160,8 @@ class TransformersBackend:
         self.model: Any = None
         self.processor: Any = None
         self.markers: MarkerDecoder | None = None
-        self._cache_name: str | None = None
+        #: the name under which the model takes a key-value cache (see ``cache_keyword``)
+        self.cache_keyword = "cache"
 
     def setup(self, context: RunContext) -> None:
         try:
@@ -194,6 +195,7 @@ class TransformersBackend:
         if self.device_map:
             kwargs["device_map"] = self.device_map
         self.model = model_cls.from_pretrained(self.spec.model_id, **kwargs).eval()
+        self.cache_keyword = cache_keyword(self.model.forward)
         if not self.device_map:
             self.model.to(self.resolved_device)
         gen = self.model.generation_config
@@ -502,7 +504,7 @@ class TransformersBackend:
         else:
             options["do_sample"] = False
         if plan is not None:
-            options[self._cache_argument()] = cache
+            options[self.cache_keyword] = cache
         with torch.inference_mode():
             if plan is not None and self.own_masks:
                 batch = self._prefill(batch, cache, plan.past)
@@ -524,12 +526,6 @@ class TransformersBackend:
             )
             for text, i, o, r in zip(texts, prompt_tokens, output_tokens, rows)
         ]
-
-    def _cache_argument(self) -> str:
-        """The name under which the model takes a key-value cache (see ``cache_keyword``)."""
-        if self._cache_name is None:
-            self._cache_name = cache_keyword(self.model.forward)
-        return self._cache_name
 
     def _prefill(self, batch: dict[str, Any], cache: Any, start: int) -> dict[str, Any]:
         """Run slots ``start`` to the last but one through the model with our own masks, filling
@@ -560,7 +556,7 @@ class TransformersBackend:
                 kinds=set(getattr(text, "layer_types", None) or (FULL, SLIDING)),
             ),
             position_ids=positions(mask, start, end),
-            **{self._cache_argument(): cache},
+            **{self.cache_keyword: cache},
             use_cache=True,
             logits_to_keep=1,
         )

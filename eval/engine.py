@@ -34,8 +34,6 @@ class EngineStats:
     #: steps, each one backend.generate call with the next turn of every live conversation
     steps: int = 0
     seconds: float = 0.0
-    #: cases stopped by a failed request (left unfinished)
-    failed: int = 0
     #: answers that came back empty (no text, no reasoning, no refusal)
     empty: int = 0
 
@@ -91,7 +89,6 @@ def run_conversations(
             if failed:
                 if on_failed is None:
                     raise BackendError(f"{failed[0].key_id} ({failed[0].task}): {failed[0].error}")
-                stats.failed += len(failed)
                 on_failed(failed)
             done = [c.result() for c in finished if c.failure is None]
             if done:

@@ -16,6 +16,8 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from chexpercept.reasoning import family_of
+
 from .backend_baselines import is_baseline
 
 BACKENDS: tuple[str, ...] = ("vllm", "transformers", "openai", "baseline")
@@ -211,17 +213,17 @@ def folder_name(model: str) -> str:
     return name
 
 
-#: API model families that accept no temperature but 1 (OpenAI's reasoning models reject 0 with
-#: HTTP 400), and Gemini, which the paper also ran at 1: models of these families outside the
-#: registry get the paper's API sampling by default
-_API_TEMPERATURE_ONE = re.compile(r"(?:gpt-5|o[134])(?:\b|-|$)|gemini")
+#: API model families (chexpercept.reasoning) that accept no temperature but 1 (OpenAI's reasoning
+#: models reject 0 with HTTP 400), and Gemini, which the paper also ran at 1: models of these
+#: families outside the registry get the paper's API sampling by default
+API_TEMPERATURE_ONE_FAMILIES = frozenset({"gpt-5", "gemini"})
 
 
 def default_sampling(model_id: str, backend: str) -> dict[str, Any]:
     """Decoding for a model outside the registry: greedy, except API models of families that
     reject temperature 0 (or that the paper ran at temperature 1)."""
-    last = model_id.strip().lower().rstrip("/").rsplit("/", 1)[-1]
-    if backend == "openai" and _API_TEMPERATURE_ONE.match(last):
+    family = family_of(model_id.strip())
+    if backend == "openai" and family is not None and family.name in API_TEMPERATURE_ONE_FAMILIES:
         return dict(API_SAMPLING)
     return dict(OPEN_SAMPLING)
 

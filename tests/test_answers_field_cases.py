@@ -19,7 +19,7 @@ from chexpercept.answers import (
     parse_answer,
 )
 from chexpercept.eval.registry import REGISTRY
-from chexpercept.reasoning import FAMILIES, boxed_answers, family_of, remove_reasoning
+from chexpercept.reasoning import FAMILIES, family_of, remove_reasoning
 
 MEDGEMMA_FINISHED = "<unused94>thought\nDraft: Answer: 1\nThe costophrenic angle is sharp.<unused95>Answer: 2"
 MEDGEMMA_CUT = "<unused94>thought\nDraft: Answer: 1\nWait, the left angle looks sharp, so"
@@ -185,15 +185,10 @@ def test_every_registry_model_has_a_family():
     assert family_of("") is None
 
 
-def test_remove_reasoning_and_boxes():
+def test_remove_reasoning():
     assert remove_reasoning("a<think>b</think>c<think>d") == "ac"
     assert remove_reasoning("before</think>after") == "after"
     assert remove_reasoning("x<unused94>thought y<unused95>z") == "xz"
-    assert boxed_answers("<|begin_of_box|>1<|end_of_box|> and \\boxed{2} <answer>3</answer>") == [
-        "1",
-        "2",
-        "3",
-    ]
 
 
 def test_reasoning_status_is_a_parse_status():
