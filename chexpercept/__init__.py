@@ -1,34 +1,48 @@
 """CheXpercept toolkit: load, regenerate and evaluate the CheXpercept benchmark.
 
-Importing the package registers the ``chexpercept`` builder with datasets, so that
-``datasets.load_dataset("chexpercept", data_dir=...)`` works.
+Importing the package makes ``datasets.load_dataset("chexpercept", data_dir=...)`` work without
+importing datasets itself: the builder is registered when datasets is (or already was) imported, so
+``import chexpercept`` and the command line stay fast. The names below are imported on first use.
 """
 
 from __future__ import annotations
 
+import importlib
+from typing import Any
+
+from .registration import register_when_imported as _register_when_imported
+
 __version__ = "0.1.0"
 
-from .bundle import Bundle, read_bundle
-from .case import QA, Case, ContourQA, Turn
-from .errors import BundleValidationError, Problem, ReleaseNotFoundError
-from .registration import register as _register
-from .vocab import LESIONS, PATHS, TASKS, Path
+_EXPORTS: dict[str, str] = {
+    "Bundle": "bundle",
+    "read_bundle": "bundle",
+    "QA": "case",
+    "Case": "case",
+    "ContourQA": "case",
+    "Turn": "case",
+    "BundleValidationError": "errors",
+    "Problem": "errors",
+    "ReleaseNotFoundError": "errors",
+    "LESIONS": "vocab",
+    "PATHS": "vocab",
+    "TASKS": "vocab",
+    "Path": "vocab",
+}
 
-_register()
+__all__ = sorted([*_EXPORTS, "__version__"])
 
-__all__ = [
-    "LESIONS",
-    "PATHS",
-    "QA",
-    "TASKS",
-    "Bundle",
-    "BundleValidationError",
-    "Case",
-    "ContourQA",
-    "Path",
-    "Problem",
-    "ReleaseNotFoundError",
-    "Turn",
-    "__version__",
-    "read_bundle",
-]
+_register_when_imported()
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
