@@ -16,6 +16,7 @@ from .vocab import (
     ATTRIBUTE_KEYS,
     CARDIOMEGALY,
     MULTI_SELECT_TASKS,
+    TASK_INFO,
     TASK_STAGE,
     Path,
     lesion_of_key,
@@ -23,12 +24,7 @@ from .vocab import (
 )
 
 _QA_CORE = ("question", "answer_options", "answer", "answer_index")
-_CONTOUR_TURN_KEYS = {
-    "contour_eval": "contour_eval_qa",
-    "expansion": "contour_revision_qa_expansion",
-    "contraction": "contour_revision_qa_contraction",
-    "revision_result": "contour_revision_qa_revision_result",
-}
+_CONTOUR_TURN_KEYS = {t.name: t.key for t in TASK_INFO.values() if t.section == "contour_qa"}
 #: contour_qa keys in the order the reference writes them (unknown keys keep their place at the end).
 _CONTOUR_ORDER = (
     "no_deformation",
@@ -106,10 +102,7 @@ class ContourQA:
         return cls(
             no_deformation=bool(d["no_deformation"]),
             initial_context=d["initial_context"],
-            contour_eval=QA.from_dict(d["contour_eval_qa"], copy=copy),
-            expansion=QA.from_dict(d["contour_revision_qa_expansion"], copy=copy),
-            contraction=QA.from_dict(d["contour_revision_qa_contraction"], copy=copy),
-            revision_result=QA.from_dict(d["contour_revision_qa_revision_result"], copy=copy),
+            **{task: QA.from_dict(d[key], copy=copy) for task, key in _CONTOUR_TURN_KEYS.items()},
             extra={k: dup(v) for k, v in d.items() if k not in known},
         )
 
@@ -117,10 +110,7 @@ class ContourQA:
         values: dict[str, Any] = {
             "no_deformation": self.no_deformation,
             "initial_context": self.initial_context,
-            "contour_eval_qa": self.contour_eval.to_dict(),
-            "contour_revision_qa_expansion": self.expansion.to_dict(),
-            "contour_revision_qa_contraction": self.contraction.to_dict(),
-            "contour_revision_qa_revision_result": self.revision_result.to_dict(),
+            **{key: getattr(self, task).to_dict() for task, key in _CONTOUR_TURN_KEYS.items()},
         }
         values.update(_copy_module.deepcopy(self.extra))
         ordered = {k: values.pop(k) for k in _CONTOUR_ORDER if k in values}
@@ -285,9 +275,10 @@ class Case:
 
     def turn_options(self, task: str) -> tuple[str, ...]:
         qa = self.qa_for(task)
-        if task in ("expansion", "contraction"):
+        kind = TASK_INFO[task].options
+        if kind == "points":
             return tuple(templates.point_option_labels([o.get("color") for o in qa.answer_options]))
-        if task == "revision_result":
+        if kind == "masks":
             return tuple(templates.mask_option_labels(len(qa.answer_options)))
         return tuple(str(o) for o in qa.answer_options)
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from . import templates
 from .errors import Problem
-from .vocab import ATTRIBUTE_KEYS, CARDIOMEGALY, LESIONS, lesion_of_key
+from .vocab import ATTRIBUTE_KEYS, CARDIOMEGALY, LESIONS, POINT_TASKS, TASK_INFO, lesion_of_key
 
 _SINGLE = "int"
 _MULTI = "list[int]"
@@ -158,7 +158,7 @@ def _validate_contour(c: _Checker, contour: dict[str, Any]) -> None:
         c.qa(ev, f"{w}contour_eval_qa.", _SINGLE)
         c.typed(ev, "relative_path", f"{w}contour_eval_qa.", (str,), "a string")
         c.option_block(ev, list(templates.YES_NO), f"{w}contour_eval_qa.")
-    for key in ("contour_revision_qa_expansion", "contour_revision_qa_contraction"):
+    for key in (TASK_INFO[task].key for task in POINT_TASKS):
         qa = c.obj(contour, key, w)
         if qa is None:
             continue
@@ -206,7 +206,7 @@ def _validate_attributes(c: _Checker, attrs: dict[str, Any]) -> None:
         if qa is None:
             continue
         where = f"{w}{key}."
-        c.qa(qa, where, _MULTI if task == "location" else _SINGLE)
+        c.qa(qa, where, _MULTI if TASK_INFO[task].multi_select else _SINGLE)
         options = qa.get("answer_options")
         if isinstance(options, list) and all(isinstance(o, str) for o in options):
             c.option_block(qa, options, where)

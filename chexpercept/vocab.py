@@ -5,7 +5,9 @@ Every other module names these things through this one place, so a spelling live
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import Enum
+from typing import Literal
 
 #: The seven lesions, in the alphabetical order used for ClassLabel ids and tables.
 LESIONS: tuple[str, ...] = (
@@ -75,30 +77,109 @@ def lesion_of_key(key_id: str) -> str:
     return key_id.split("_", 1)[0]
 
 
-#: The nine tasks (one per question turn), in conversation order.
-TASKS: tuple[str, ...] = (
-    "detection",
-    "contour_eval",
-    "expansion",
-    "contraction",
-    "revision_result",
-    "distribution",
-    "location",
-    "severity",
-    "comparison",
-)
+OptionKind = Literal["text", "points", "masks"]
 
-TASK_STAGE: dict[str, int] = {
-    "detection": 1,
-    "contour_eval": 2,
-    "expansion": 3,
-    "contraction": 3,
-    "revision_result": 3,
-    "distribution": 4,
-    "location": 4,
-    "severity": 4,
-    "comparison": 4,
+
+@dataclass(frozen=True)
+class TaskInfo:
+    """Everything the toolkit knows about one task (one question turn). The one table of per-task
+    facts: the bundle format, the conversation, parsing, scoring, the reference's result layout and
+    the report all read it (``TASK_INFO``), so adding or changing a task touches this table."""
+
+    #: the task's name (results, metrics keys ``sub/<name>``, ``--details``)
+    name: str
+    stage: int
+    #: answered by selecting several options, scored by set equality (spec 4.2)
+    multi_select: bool
+    #: where its QA sits in chexpercept.json: ``detection_qa``, ``contour_qa`` or
+    #: ``attribute_extraction_qa``, and its key inside that section (None: the section itself)
+    section: str
+    key: str | None
+    #: the options shown to the model: the stored texts, point labels (``red point``) or mask labels
+    #: (``1st mask``) made from the stored options (spec 2.5)
+    options: OptionKind
+    #: the reference's all_results.json: the stage entry holding this task, and the sub-key of its
+    #: ``responses``/``ground_truth`` (None: the stage entry holds the task alone)
+    result_section: str
+    result_key: str | None
+    #: the report's short label and colour (Stages 3 and 4; Okabe-Ito and Tol colours)
+    label: str
+    color: str | None = None
+
+    @property
+    def history_name(self) -> str:
+        """The reference's chat-history name of the turn (``contour_revision_qa_expansion``...)."""
+        return self.result_section if self.result_key is None else f"{self.result_section}_{self.result_key}"
+
+
+def _stage3(name: str, options: OptionKind, label: str, color: str) -> TaskInfo:
+    return TaskInfo(
+        name=name,
+        stage=3,
+        multi_select=options == "points",
+        section="contour_qa",
+        key=f"contour_revision_qa_{name}",
+        options=options,
+        result_section="contour_revision_qa",
+        result_key=name,
+        label=label,
+        color=color,
+    )
+
+
+def _stage4(name: str, key: str, multi_select: bool, label: str, color: str) -> TaskInfo:
+    return TaskInfo(
+        name=name,
+        stage=4,
+        multi_select=multi_select,
+        section="attribute_extraction_qa",
+        key=key,
+        options="text",
+        result_section="attribute_extraction_qa",
+        result_key=key,
+        label=label,
+        color=color,
+    )
+
+
+#: The nine tasks (one per question turn), in conversation order.
+TASK_INFO: dict[str, TaskInfo] = {
+    t.name: t
+    for t in (
+        TaskInfo(
+            name="detection",
+            stage=1,
+            multi_select=False,
+            section="detection_qa",
+            key=None,
+            options="text",
+            result_section="detection_qa",
+            result_key=None,
+            label="Detection",
+        ),
+        TaskInfo(
+            name="contour_eval",
+            stage=2,
+            multi_select=False,
+            section="contour_qa",
+            key="contour_eval_qa",
+            options="text",
+            result_section="contour_evaluation_qa",
+            result_key=None,
+            label="Contour Eval.",
+        ),
+        _stage3("expansion", "points", "Expansion", "#E69F00"),
+        _stage3("contraction", "points", "Contraction", "#56B4E9"),
+        _stage3("revision_result", "masks", "Rev. Result", "#009E73"),
+        _stage4("distribution", "distribution", False, "Distribution", "#CC79A7"),
+        _stage4("location", "location", True, "Location", "#882255"),
+        _stage4("severity", "severity/measurement", False, "Severity/Meas.", "#999933"),
+        _stage4("comparison", "comparison", False, "Comparison", "#44AA99"),
+    )
 }
+
+TASKS: tuple[str, ...] = tuple(TASK_INFO)
+TASK_STAGE: dict[str, int] = {t.name: t.stage for t in TASK_INFO.values()}
 
 STAGES: tuple[int, ...] = (1, 2, 3, 4)
 STAGE_NAMES: dict[int, str] = {
@@ -109,18 +190,17 @@ STAGE_NAMES: dict[int, str] = {
 }
 
 #: Tasks answered by selecting several options (scored by set equality).
-MULTI_SELECT_TASKS: frozenset[str] = frozenset({"expansion", "contraction", "location"})
+MULTI_SELECT_TASKS: frozenset[str] = frozenset(t.name for t in TASK_INFO.values() if t.multi_select)
+#: Tasks whose options are coloured points on the image (Stage 3 expansion and contraction).
+POINT_TASKS: tuple[str, ...] = tuple(t.name for t in TASK_INFO.values() if t.options == "points")
 
-STAGE3_TASKS: tuple[str, ...] = ("expansion", "contraction", "revision_result")
-STAGE4_TASKS: tuple[str, ...] = ("distribution", "location", "severity", "comparison")
+STAGE3_TASKS: tuple[str, ...] = tuple(t.name for t in TASK_INFO.values() if t.stage == 3)
+STAGE4_TASKS: tuple[str, ...] = tuple(t.name for t in TASK_INFO.values() if t.stage == 4)
+#: the sub-tasks scored on their own (``sub/<task>``): Stages 3 and 4
+SUB_TASKS: tuple[str, ...] = (*STAGE3_TASKS, *STAGE4_TASKS)
 
 #: Stage 4 task -> key inside ``attribute_extraction_qa`` of chexpercept.json.
-ATTRIBUTE_KEYS: dict[str, str] = {
-    "distribution": "distribution",
-    "location": "location",
-    "severity": "severity/measurement",
-    "comparison": "comparison",
-}
+ATTRIBUTE_KEYS: dict[str, str] = {t: TASK_INFO[t].key for t in STAGE4_TASKS}  # type: ignore[misc]
 
 
 def route_tasks(lesion: str, path: Path | str) -> tuple[str, ...]:

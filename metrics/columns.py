@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from chexpercept.vocab import LESIONS, PATHS, STAGE3_TASKS, STAGE4_TASKS
+from chexpercept.vocab import LESIONS, PATHS, POINT_TASKS, SUB_TASKS
 
-from .scoring import POINT_TASKS, STAGE2_CLASSES, TASK_INDEX, CaseScores
+from .scoring import STAGE2_CLASSES, TASK_INDEX, CaseScores
 
 Column = tuple[np.ndarray, np.ndarray]  # (values float64, applies bool)
 PATH_KEYS: tuple[str, ...] = (*(p.value for p in PATHS), "all")
-SUB_TASKS: tuple[str, ...] = (*STAGE3_TASKS, *STAGE4_TASKS)
 
 #: The flat metrics: stable names used by scripts (fractions in [0, 1], depth in stages; None = N/A).
 FLAT_KEYS: tuple[str, ...] = (

@@ -21,20 +21,15 @@ from chexpercept.answers import is_correct, parse_answer
 from chexpercept.bundle import Bundle
 from chexpercept.case import Case, Turn
 from chexpercept.results import CaseResult, TurnResult, check_oracle, judge_turn
-from chexpercept.vocab import ATTRIBUTE_KEYS, STAGE3_TASKS, parse_path
+from chexpercept.vocab import TASK_INFO, parse_path
 
 from .runs import MISSING_POLICIES, Run, _oracle_from_folder, open_bundle, read_json_object
 
 
 def _step(task: str) -> tuple[str, str]:
     """(stage dict key in all_results.json, chat-history index name) of a task."""
-    if task == "detection":
-        return "detection_qa", "detection_qa"
-    if task == "contour_eval":
-        return "contour_evaluation_qa", "contour_evaluation_qa"
-    if task in STAGE3_TASKS:
-        return "contour_revision_qa", f"contour_revision_qa_{task}"
-    return "attribute_extraction_qa", f"attribute_extraction_qa_{ATTRIBUTE_KEYS[task]}"
+    info = TASK_INFO[task]
+    return info.result_section, info.history_name
 
 
 def _stored(result: dict[str, Any], task: str) -> tuple[str | None, Any, bool]:
@@ -45,7 +40,7 @@ def _stored(result: dict[str, Any], task: str) -> tuple[str | None, Any, bool]:
         return d.get("response"), d.get("ground_truth"), bool(d.get("correct"))
     if task == "contour_eval":
         return d.get("responses"), d.get("ground_truth"), bool(d.get("correct"))
-    sub = task if task in STAGE3_TASKS else ATTRIBUTE_KEYS[task]
+    sub = TASK_INFO[task].result_key
     responses = d.get("responses") or {}
     truth = d.get("ground_truth") or {}
     sub_d = d.get(sub) or {}
@@ -227,12 +222,12 @@ def write_reference_results(
                 entry.append(t.response)
             history.append(entry)
             d = result[stage_key]
-            if t.task in ("detection", "contour_eval"):
+            if TASK_INFO[t.task].result_key is None:
                 if parsed.text:
                     key = "response" if t.task == "detection" else "responses"
                     d.update({key: parsed.text, "ground_truth": gold, "correct": ok})
                 continue
-            sub = t.task if t.task in STAGE3_TASKS else ATTRIBUTE_KEYS[t.task]
+            sub = TASK_INFO[t.task].result_key
             d.setdefault("ground_truth", {})[sub] = gold
             d.setdefault("responses", {})[sub] = parsed.text
             d[sub] = {"correct": ok}

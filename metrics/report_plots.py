@@ -14,6 +14,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path as FsPath
 from typing import Any
 
+from chexpercept.vocab import STAGE3_TASKS, STAGE4_TASKS
+
 from . import report_style as style
 
 DPI = 150
@@ -151,7 +153,7 @@ def plot_contour_revision_detail(
     """Grouped bars per model: expansion, contraction, revision-result accuracy (Oracle-Passed, RR)."""
     return _grouped_bars(
         values,
-        ("expansion", "contraction", "revision_result"),
+        STAGE3_TASKS,
         "Contour Revision Detail (oracle-passed)",
         path,
     )
@@ -163,7 +165,7 @@ def plot_attribute_extraction_detail(
     """Grouped bars per model: distribution, location, severity, comparison (Oracle-Passed, RR+RF)."""
     return _grouped_bars(
         values,
-        ("distribution", "location", "severity", "comparison"),
+        STAGE4_TASKS,
         "Attribute Extraction Detail (oracle-passed)",
         path,
     )

@@ -7,6 +7,8 @@ the same four colours for Stage 3 and Stage 4 sub-tasks; here each sub-task has 
 
 from __future__ import annotations
 
+from chexpercept.vocab import SUB_TASKS, TASK_INFO
+
 #: the two scoring settings (bars, legends, table tints)
 SETTING_COLORS: dict[str, str] = {"e2e": "#0072B2", "op": "#D55E00"}
 #: light tints of the setting colours, for table rows
@@ -14,24 +16,8 @@ SETTING_TINTS: dict[str, str] = {"e2e": "#D6E4F7", "op": "#FBE3D6"}
 SETTING_LABELS: dict[str, str] = {"e2e": "End-to-End", "op": "Oracle-Passed"}
 
 #: the seven sub-tasks of Stages 3 and 4 (Okabe-Ito and Tol colours, none shared with the settings)
-SUBTASK_COLORS: dict[str, str] = {
-    "expansion": "#E69F00",
-    "contraction": "#56B4E9",
-    "revision_result": "#009E73",
-    "distribution": "#CC79A7",
-    "location": "#882255",
-    "severity": "#999933",
-    "comparison": "#44AA99",
-}
-SUBTASK_LABELS: dict[str, str] = {
-    "expansion": "Expansion",
-    "contraction": "Contraction",
-    "revision_result": "Rev. Result",
-    "distribution": "Distribution",
-    "location": "Location",
-    "severity": "Severity/Meas.",
-    "comparison": "Comparison",
-}
+SUBTASK_COLORS: dict[str, str] = {t: TASK_INFO[t].color or "" for t in SUB_TASKS}
+SUBTASK_LABELS: dict[str, str] = {t: TASK_INFO[t].label for t in SUB_TASKS}
 
 #: an answer judged correct or wrong (case viewer)
 CORRECT_COLOR = "#1B7837"

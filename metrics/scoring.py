@@ -27,6 +27,7 @@ from chexpercept.vocab import (
     CARDIOMEGALY,
     LESIONS,
     PATHS,
+    POINT_TASKS,
     STAGES,
     TASK_STAGE,
     TASKS,
@@ -44,7 +45,6 @@ STATUS_INDEX: dict[str, int] = {s: i for i, s in enumerate(PARSE_STATUSES)}
 TASK_STAGE_COL = np.array([TASK_STAGE[t] - 1 for t in TASKS])
 #: Stage 2 answer classes (paper Table 10)
 STAGE2_CLASSES: tuple[str, ...] = ("yes", "no", "etc")
-POINT_TASKS: tuple[str, ...] = ("expansion", "contraction")
 
 
 @dataclass(frozen=True)

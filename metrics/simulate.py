@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 
 from chexpercept.case import Case, Turn
 from chexpercept.results import CaseResult, judge_turn
+from chexpercept.templates import LOCATION_NONE
 from chexpercept.testing import fixture_entry
 from chexpercept.vocab import LESIONS, PATHS, Path
 
@@ -100,7 +101,7 @@ HAND_OPTIONS: dict[str, tuple[str, ...]] = {
     "contraction": ("red point", "orange point", "yellow point", "None"),
     "revision_result": ("1st mask", "2nd mask", "3rd mask", "4th mask"),
     "distribution": ("1 zone", "2 zones", "3 zones", "4 zones or more"),
-    "location": ("region a", "region b", "region c", "None of the above (options 1-3)"),
+    "location": ("region a", "region b", "region c", LOCATION_NONE),
     "severity": ("< 1/3", "1/3 - 2/3", ">= 2/3"),
     "comparison": ("single lung", "similar", "right larger", "left larger"),
 }

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from chexpercept.vocab import LESIONS, PATHS
+from chexpercept.vocab import LESIONS, PATHS, POINT_TASKS
 
 from .report import Report
 
@@ -281,7 +281,7 @@ def nested_tables(values: Values) -> dict[str, Any]:
                 m: v(f"bias/stage3/{task}/{m}")
                 for m in ("none_rate", "points", "accuracy", "gold_none_rate", "gold_points")
             }
-            for task in ("expansion", "contraction")
+            for task in POINT_TASKS
         },
     }
     return out

@@ -83,3 +83,43 @@ def test_full_release_question_count():
 def test_lesion_of_key_and_depth():
     assert lesion_of_key("cardiomegaly_s58956720_positive_0") == "cardiomegaly"
     assert [max_depth(p) for p in ("RR", "RF", "LF")] == [4, 3, 1]
+
+
+def test_task_table_is_the_one_source_of_per_task_facts():
+    from chexpercept.vocab import (
+        ATTRIBUTE_KEYS,
+        MULTI_SELECT_TASKS,
+        POINT_TASKS,
+        STAGE3_TASKS,
+        STAGE4_TASKS,
+        TASK_INFO,
+        TASK_STAGE,
+        TASKS,
+    )
+
+    assert tuple(TASK_INFO) == TASKS
+    # the paper's facts (spec 2, 4.2), read back through the derived views
+    assert TASK_STAGE == {
+        "detection": 1, "contour_eval": 2, "expansion": 3, "contraction": 3, "revision_result": 3,
+        "distribution": 4, "location": 4, "severity": 4, "comparison": 4,
+    }  # fmt: skip
+    assert {"expansion", "contraction", "location"} == MULTI_SELECT_TASKS
+    assert POINT_TASKS == ("expansion", "contraction")
+    assert STAGE3_TASKS == ("expansion", "contraction", "revision_result")
+    assert STAGE4_TASKS == ("distribution", "location", "severity", "comparison")
+    assert ATTRIBUTE_KEYS["severity"] == "severity/measurement"
+    # the reference's chat-history names (all_results.json _chat_history_idx)
+    assert [TASK_INFO[t].history_name for t in TASKS] == [
+        "detection_qa",
+        "contour_evaluation_qa",
+        "contour_revision_qa_expansion",
+        "contour_revision_qa_contraction",
+        "contour_revision_qa_revision_result",
+        "attribute_extraction_qa_distribution",
+        "attribute_extraction_qa_location",
+        "attribute_extraction_qa_severity/measurement",
+        "attribute_extraction_qa_comparison",
+    ]
+    # every sub-task has its own report colour
+    colors = [TASK_INFO[t].color for t in (*STAGE3_TASKS, *STAGE4_TASKS)]
+    assert None not in colors and len(set(colors)) == len(colors)
