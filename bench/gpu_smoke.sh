@@ -42,7 +42,7 @@ print("yes" if has else "")
 EOF
 )"
 
-chexpercept make-tiny-model --out "$WORK/tiny-vlm" --arch gemma3
+chexpercept make-tiny-model --output-dir "$WORK/tiny-vlm" --arch gemma3
 python -c "from chexpercept.testing import write_fixture_bundle as w; w('$WORK/bundle', per_cell=$PER_CELL, image_size=512)"
 chexpercept validate "$WORK/bundle"
 

@@ -1,11 +1,66 @@
-"""Command-line options that several commands share, so that one option means one thing everywhere."""
+"""Command-line options that several commands share, so that one option means one thing everywhere.
+
+The spellings: ``--data-dir`` is the release bundle (``load_dataset``'s ``data_dir``; ``validate`` and
+``inspect`` also take it as their one positional argument), ``--output-dir`` the folder a command
+writes, ``--output`` a single file it writes, ``--parse-mode`` how answers are read, ``--no-progress``
+no progress bar. Earlier spellings (``--bundle``, ``--out``, ``--mode``) still work and print a
+deprecation note on stderr.
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 PROGRESS_HELP = "no progress bar (by default a progress bar goes to stderr)"
+DATA_DIR_HELP = "folder of the release bundle (chexpercept.json + chexpercept/<key_id>/...)"
+
+
+class _DeprecatedAlias(argparse.Action):
+    """An old spelling of an option: stores into the new option's destination, with a note."""
+
+    def __init__(self, option_strings: list[str], dest: str, replacement: str = "", **kwargs: Any):
+        self.replacement = replacement
+        super().__init__(option_strings, dest, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):  # type: ignore[no-untyped-def]
+        print(
+            f"note: {option_string} is deprecated and will be removed; use {self.replacement}",
+            file=sys.stderr,
+        )
+        setattr(namespace, self.dest, values)
+
+
+def add_option(parser: Any, flag: str, *deprecated: str, **kwargs: Any) -> argparse.Action:
+    """``parser.add_argument(flag, **kwargs)`` plus hidden ``deprecated`` spellings of the same option
+    (same destination, type, choices and nargs) that print a deprecation note when used.
+
+    argparse would demand the new spelling even when an old one is given, so a ``required`` option
+    is checked by ``require`` after parsing instead."""
+    if kwargs.pop("required", False):
+        kwargs["help"] = f"{kwargs.get('help', '')} (required)".strip()
+    action = parser.add_argument(flag, **kwargs)
+    passed = {k: kwargs[k] for k in ("type", "choices", "nargs", "metavar") if k in kwargs}
+    for old in deprecated:
+        parser.add_argument(
+            old,
+            dest=action.dest,
+            action=_DeprecatedAlias,
+            replacement=flag,
+            default=argparse.SUPPRESS,
+            help=argparse.SUPPRESS,
+            **passed,
+        )
+    return action
+
+
+def require(args: argparse.Namespace, prog: str, *flags: str) -> None:
+    """Exit with status 2 and argparse's kind of message when one of ``flags`` was not given."""
+    missing = [f for f in flags if getattr(args, f.lstrip("-").replace("-", "_"), None) in (None, "")]
+    if missing:
+        print(f"{prog}: error: the following arguments are required: {', '.join(missing)}", file=sys.stderr)
+        raise SystemExit(2)
 
 
 def add_progress_option(parser: Any, *, default: Any = False) -> None:
@@ -18,3 +73,38 @@ def progress_enabled(args: argparse.Namespace | dict[str, Any]) -> bool:
     """True unless ``--no-progress`` was given."""
     value = args.get("no_progress") if isinstance(args, dict) else getattr(args, "no_progress", False)
     return not value
+
+
+def add_data_dir_option(
+    parser: Any, *, help: str = DATA_DIR_HELP, positional: bool = False, **kwargs: Any
+) -> None:
+    """``--data-dir DIR`` (old spelling ``--bundle``); ``positional=True`` also accepts it as the
+    command's one positional argument (``chexpercept validate DIR``). Read it with ``data_dir_of``."""
+    if positional:
+        parser.add_argument("data_dir_positional", nargs="?", metavar="DATA_DIR", help=help)
+    add_option(parser, "--data-dir", "--bundle", metavar="DIR", help=help, **kwargs)
+
+
+def data_dir_of(args: argparse.Namespace, parser_name: str = "chexpercept") -> str | None:
+    """The bundle folder given as ``--data-dir`` or positionally (both: they must agree)."""
+    flag = getattr(args, "data_dir", None)
+    positional = getattr(args, "data_dir_positional", None)
+    if flag and positional and flag != positional:
+        raise SystemExit(
+            f"{parser_name}: error: two bundle folders given ({positional} and --data-dir {flag})"
+        )
+    return flag or positional
+
+
+def add_output_dir_option(parser: Any, *, help: str, **kwargs: Any) -> None:
+    """``--output-dir DIR`` (old spelling ``--out``)."""
+    add_option(parser, "--output-dir", "--out", metavar="DIR", help=help, **kwargs)
+
+
+def add_parse_mode_option(parser: Any, *, help: str, **kwargs: Any) -> None:
+    """``--parse-mode reference|strict`` (old spelling ``--mode``)."""
+    from .answers import PARSE_MODES
+
+    add_option(
+        parser, "--parse-mode", "--mode", choices=PARSE_MODES, default="reference", help=help, **kwargs
+    )

@@ -1,11 +1,13 @@
-"""``chexpercept inspect DIR``: load a bundle through ``load_dataset`` and print its composition."""
+"""``chexpercept inspect DATA_DIR`` (or ``--data-dir DATA_DIR``): load a bundle through ``load_dataset`` and print its composition."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from collections import Counter
 from typing import Any
 
+from .cli_options import add_data_dir_option, data_dir_of
 from .vocab import LESIONS, PATHS
 
 
@@ -51,7 +53,7 @@ def composition_table(rows: Any) -> str:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("data_dir", help="folder with chexpercept.json and chexpercept/<key_id>/...")
+    add_data_dir_option(parser, positional=True)
     parser.add_argument(
         "--num-proc", type=int, default=None, help="worker processes for building the dataset"
     )
@@ -62,12 +64,17 @@ def run(args: argparse.Namespace) -> int:
 
     import chexpercept  # noqa: F401  (registers the builder)
 
-    ds = datasets.load_dataset("chexpercept", data_dir=args.data_dir, num_proc=args.num_proc)["train"]
-    items = datasets.load_dataset("chexpercept", "items", data_dir=args.data_dir, num_proc=args.num_proc)[
-        "train"
-    ]
+    data_dir = data_dir_of(args, "chexpercept inspect")
+    if not data_dir:
+        print(
+            "chexpercept inspect: error: the bundle folder is required (DATA_DIR or --data-dir)",
+            file=sys.stderr,
+        )
+        return 2
+    ds = datasets.load_dataset("chexpercept", data_dir=data_dir, num_proc=args.num_proc)["train"]
+    items = datasets.load_dataset("chexpercept", "items", data_dir=data_dir, num_proc=args.num_proc)["train"]
     print(
-        f"load_dataset('chexpercept', data_dir={args.data_dir!r}): {ds.num_rows} cases (sequences), "
+        f"load_dataset('chexpercept', data_dir={data_dir!r}): {ds.num_rows} cases (sequences), "
         f"{items.num_rows} questions (items)"
     )
     print(composition_table(ds))

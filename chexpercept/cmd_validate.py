@@ -1,4 +1,4 @@
-"""``chexpercept validate DIR``: check a bundle the way the loader does, or more thoroughly."""
+"""``chexpercept validate DATA_DIR`` (or ``--data-dir DATA_DIR``): check a bundle the way the loader does, or more thoroughly."""
 
 from __future__ import annotations
 
@@ -6,19 +6,27 @@ import argparse
 import sys
 
 from .bundle import read_bundle
+from .cli_options import add_data_dir_option, data_dir_of
 from .errors import BundleValidationError, ReleaseNotFoundError
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("data_dir", help="folder with chexpercept.json and chexpercept/<key_id>/...")
+    add_data_dir_option(parser, positional=True)
     parser.add_argument("--full", action="store_true", help="decode every image (slower)")
     parser.add_argument("--checksums", action="store_true", help="verify files against SHA256SUMS.txt")
 
 
 def run(args: argparse.Namespace) -> int:
+    data_dir = data_dir_of(args, "chexpercept validate")
+    if not data_dir:
+        print(
+            "chexpercept validate: error: the bundle folder is required (DATA_DIR or --data-dir)",
+            file=sys.stderr,
+        )
+        return 2
     try:
         bundle = read_bundle(
-            args.data_dir, check_images="full" if args.full else "basic", verify_checksums=args.checksums
+            data_dir, check_images="full" if args.full else "basic", verify_checksums=args.checksums
         )
     except (BundleValidationError, ReleaseNotFoundError) as e:
         print(e, file=sys.stderr)

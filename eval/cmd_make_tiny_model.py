@@ -1,15 +1,17 @@
-"""``chexpercept make-tiny-model --out DIR [--arch gemma3|qwen2.5-vl]``: a tiny random VLM that the
+"""``chexpercept make-tiny-model --output-dir DIR [--arch gemma3|qwen2.5-vl]``: a tiny random VLM that the
 transformers and vllm backends load (for tests, benchmarks and demos; its answers are noise)."""
 
 from __future__ import annotations
 
 import argparse
 
+from chexpercept.cli_options import add_output_dir_option, require
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
     from chexpercept.eval.tiny_model import ARCHITECTURES
 
-    parser.add_argument("--out", required=True, help="folder to write the model and processor to")
+    add_output_dir_option(parser, required=True, help="folder to write the model and processor to")
     parser.add_argument(
         "--arch",
         choices=ARCHITECTURES,
@@ -22,7 +24,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from chexpercept.eval.tiny_model import build_tiny_model
 
-    out = build_tiny_model(args.out, arch=args.arch, seed=args.seed)
+    require(args, "chexpercept make-tiny-model", "--output-dir")
+    out = build_tiny_model(args.output_dir, arch=args.arch, seed=args.seed)
     print(f"tiny random {args.arch} VLM written to {out} (random weights: for testing software only)")
     print(f"use it with: chexpercept run --data-dir DIR --model {out} --backend transformers|vllm")
     return 0

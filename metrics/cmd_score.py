@@ -2,7 +2,7 @@
 
 PATH is our run folder ``OUT/<model>/oracle_<setting>/`` (or its results.jsonl), a model folder
 with several ``oracle_*`` runs (End-to-End and Oracle-Passed each from the run that measures it),
-or the reference's ``all_results.json`` (or its folder; needs ``--bundle``). Which run each kind of
+or the reference's ``all_results.json`` (or its folder; needs ``--data-dir``). Which run each kind of
 number came from, and anything odd about the inputs, is printed on stderr.
 """
 
@@ -13,7 +13,7 @@ import json
 import sys
 from typing import Any
 
-from chexpercept.answers import PARSE_MODES
+from chexpercept.cli_options import add_data_dir_option, add_option, add_parse_mode_option
 from chexpercept.errors import BundleValidationError, ReleaseNotFoundError
 from chexpercept.results import ORACLE_SETTINGS
 
@@ -22,12 +22,8 @@ from .tables import TABLE_IDS
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("paths", nargs="+", metavar="PATH", help="run folder, results file or model folder")
-    parser.add_argument(
-        "--bundle", help="release bundle folder (required for the reference's all_results.json)"
-    )
-    parser.add_argument(
-        "--mode", choices=PARSE_MODES, default="reference", help="answer parsing (default: reference)"
-    )
+    add_data_dir_option(parser, help="release bundle folder (required for the reference's all_results.json)")
+    add_parse_mode_option(parser, help="answer parsing (default: reference)")
     parser.add_argument("--oracle", choices=ORACLE_SETTINGS, help="oracle setting, when the run does not say")
     decoding = parser.add_mutually_exclusive_group()
     decoding.add_argument(
@@ -64,7 +60,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--seed", type=int, default=0, help="bootstrap/permutation seed (default 0)")
     parser.add_argument("--level", type=float, default=0.95, help="interval level (default 0.95)")
-    parser.add_argument("--out", help="write the output to this file instead of stdout")
+    add_option(
+        parser, "--output", "--out", metavar="FILE", help="write the output to this file instead of stdout"
+    )
 
 
 def _names(args: argparse.Namespace) -> list[str | None]:
@@ -85,8 +83,8 @@ def run(args: argparse.Namespace) -> int:
             reports.append(
                 score_path(
                     path,
-                    bundle=args.bundle,
-                    mode=args.mode,
+                    bundle=args.data_dir,
+                    mode=args.parse_mode,
                     oracle=args.oracle,
                     greedy=args.greedy,
                     missing=args.missing,
@@ -108,10 +106,10 @@ def run(args: argparse.Namespace) -> int:
         if args.bootstrap > 0 and not args.compare:
             report.with_intervals(args.bootstrap, seed=args.seed, level=args.level)
     text = _output(args, reports)
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as f:
             f.write(text)
-        print(f"wrote {args.out}", file=sys.stderr)
+        print(f"wrote {args.output}", file=sys.stderr)
     else:
         sys.stdout.write(text)
     return 0
@@ -126,7 +124,7 @@ def _output(args: argparse.Namespace, reports: list[Any]) -> str:
         result = {
             "a": a.name,
             "b": b.name,
-            "mode": args.mode,
+            "mode": args.parse_mode,
             "n_resamples": args.bootstrap or 1000,
             "metrics": compare_reports(
                 a,

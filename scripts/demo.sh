@@ -24,7 +24,7 @@ for model in baseline:oracle baseline:prior baseline:random; do
   python eval/run.py --data-dir "$DEMO_DIR/bundle" --model "$model" --oracle implicit \
     --output-dir "$DEMO_DIR/runs" --no-progress
 done
-[ -f "$DEMO_DIR/tiny-vlm/config.json" ] || chexpercept make-tiny-model --out "$DEMO_DIR/tiny-vlm"
+[ -f "$DEMO_DIR/tiny-vlm/config.json" ] || chexpercept make-tiny-model --output-dir "$DEMO_DIR/tiny-vlm"
 python eval/run.py --data-dir "$DEMO_DIR/bundle" --model "$DEMO_DIR/tiny-vlm" --backend transformers \
   --oracle implicit --max-tokens 8 --output-dir "$DEMO_DIR/runs" --no-progress
 

@@ -52,5 +52,5 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory):
     from chexpercept.cli import main as cli
 
     out = tmp_path_factory.mktemp("tiny") / "tiny-vlm"
-    assert cli(["make-tiny-model", "--out", str(out)]) == 0
+    assert cli(["make-tiny-model", "--output-dir", str(out)]) == 0
     return out

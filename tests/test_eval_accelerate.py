@@ -45,7 +45,7 @@ def test_two_processes_equal_one_process(fixture_bundle, tmp_path):
 @pytest.mark.slow
 def test_two_processes_with_the_tiny_model(fixture_bundle, tmp_path):
     model = tmp_path / "tiny-vlm"
-    assert cli(["make-tiny-model", "--out", str(model)]) == 0
+    assert cli(["make-tiny-model", "--output-dir", str(model)]) == 0
     common = ["--data-dir", str(fixture_bundle), "--model", str(model), "--backend", "transformers"]
     common += ["--lesions", "edema", "--max-tokens", "3", "--oracle", "explicit"]
     assert main([*common, "--output-dir", str(tmp_path / "one"), "--no-progress"]) == 0

@@ -56,3 +56,41 @@ def test_no_progress_means_the_same_on_every_command_with_long_work():
             assert actions["no_progress"].help == PROGRESS_HELP, name
             with_option.append(name)
     assert {"synth", "synth-sources", "generate", "run"} <= set(with_option)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "dest"),
+    [
+        ("--bundle", "--data-dir", "data_dir"),
+        ("--mode", "--parse-mode", "parse_mode"),
+        ("--out", "--output", "output"),
+    ],
+)
+def test_score_accepts_old_spellings_with_a_deprecation_note(capsys, old, new, dest):
+    import argparse
+
+    from chexpercept.metrics.cmd_score import configure
+
+    parser = argparse.ArgumentParser()
+    configure(parser)
+    value = "strict" if dest == "parse_mode" else "somewhere"
+    args = parser.parse_args(["run_dir", old, value])
+    assert getattr(args, dest) == value
+    assert f"{old} is deprecated and will be removed; use {new}" in capsys.readouterr().err
+    # the new spelling: same destination, no note; the old one is not listed in --help
+    assert getattr(parser.parse_args(["run_dir", new, value]), dest) == value
+    assert capsys.readouterr().err == ""
+    assert old + " " not in parser.format_help()
+
+
+def test_validate_takes_the_bundle_positionally_or_as_data_dir(tmp_path, capsys):
+    from chexpercept.cli import main
+    from chexpercept.testing import write_fixture_bundle
+
+    bundle = str(write_fixture_bundle(tmp_path / "b", per_cell=1))
+    assert main(["validate", bundle]) == 0
+    assert main(["validate", "--data-dir", bundle]) == 0
+    assert main(["validate"]) == 2
+    assert "DATA_DIR or --data-dir" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["validate", bundle, "--data-dir", str(tmp_path)])

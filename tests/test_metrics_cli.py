@@ -62,7 +62,7 @@ def test_score_one_run_prints_the_flat_metrics(runs, capsys):
 
 
 def test_score_a_model_folder_uses_both_runs(runs, capsys):
-    code, out, err = _score(capsys, runs / "good", "--mode", "strict")
+    code, out, err = _score(capsys, runs / "good", "--parse-mode", "strict")
     assert code == 0
     flat = json.loads(out)
     assert flat["op/stage2/all"] is not None and flat["e2e/stage2/all"] is not None
@@ -74,7 +74,7 @@ def test_score_reference_results_needs_the_bundle(runs, fixture_bundle, capsys):
     ref = runs / "reference" / "opensource_good" / "oracle_implicit"
     code, out, err = _score(capsys, ref)
     assert code == 2 and "needs the release bundle" in err and out == ""
-    code, out, err = _score(capsys, ref / "all_results.json", "--bundle", fixture_bundle, "--greedy")
+    code, out, err = _score(capsys, ref / "all_results.json", "--data-dir", fixture_bundle, "--greedy")
     assert code == 0
     ours = json.loads(_score(capsys, runs / "good" / "oracle_implicit")[1])
     assert json.loads(out) == ours  # the same records through both formats give the same numbers

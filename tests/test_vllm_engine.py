@@ -74,7 +74,7 @@ def models(tmp_path_factory):
     made = {}
     for arch in ("gemma3", "qwen2.5-vl"):
         made[arch] = out / arch
-        assert cli(["make-tiny-model", "--out", str(made[arch]), "--arch", arch]) == 0
+        assert cli(["make-tiny-model", "--output-dir", str(made[arch]), "--arch", arch]) == 0
     return made
 
 
