@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from typing import Any
 
 from chexpercept.case import Case
 
@@ -44,3 +45,21 @@ def select_cases(
 def shard(cases: Sequence[Case], index: int, count: int) -> list[Case]:
     """Cases of process ``index`` out of ``count``: every count-th case, so paths and lesions mix."""
     return list(cases[index::count])
+
+
+def add_selection_options(group: Any) -> None:
+    """The options that choose a run's cases (``run``, ``estimate``): --lesions, --paths, --per-cell,
+    --limit. Read them with ``selection_of``."""
+    from chexpercept.vocab import LESIONS
+
+    group.add_argument("--lesions", nargs="+", help=f"only these lesions ({', '.join(LESIONS)})")
+    group.add_argument("--paths", nargs="+", help="only these paths (RR RF LF)")
+    group.add_argument("--per-cell", type=int, help="N cases per (lesion, path) cell, chosen by key hash")
+    group.add_argument("--limit", type=int, help="only the first N selected cases")
+
+
+def split_list(values: Sequence[str] | None) -> list[str] | None:
+    """``--lesions a b`` and ``--lesions a,b`` alike; None when not given."""
+    if not values:
+        return None
+    return [v for item in values for v in item.split(",") if v]

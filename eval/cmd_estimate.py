@@ -1,0 +1,220 @@
+"""``chexpercept estimate``: the model calls, tokens, cost and time of a run, before it starts.
+
+    chexpercept estimate --data-dir DIR --model gpt-5.4 [--oracle none implicit] [--answer-tokens 1000]
+    chexpercept estimate --data-dir DIR --model ./my-vlm --backend vllm --tokens-per-second 2500
+
+Counts exactly the turns ``run`` would send for the same selection (eval/estimate.py): per oracle
+setting the bounds of the two scenarios (every answer right, every answer wrong), then the total.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path as FsPath
+from typing import Any
+
+from chexpercept.cli_options import add_data_dir_option, add_option
+from chexpercept.results import ORACLE_SETTINGS
+
+from .selection import add_selection_options
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("what to estimate")
+    add_data_dir_option(g)
+    g.add_argument("--model", help="registry name, Hugging Face id or local folder (as for run)")
+    g.add_argument("--backend", choices=("vllm", "transformers", "openai"), help="as for run")
+    g.add_argument("--model-id", help="as for run: this id or folder instead of the registry's")
+    g.add_argument(
+        "--oracle",
+        nargs="+",
+        choices=ORACLE_SETTINGS,
+        default=list(ORACLE_SETTINGS),
+        help="oracle settings to estimate (default: all three)",
+    )
+    g.add_argument(
+        "--answer-tokens",
+        type=int,
+        default=1000,
+        help="output tokens assumed per answer, reasoning included (default 1000, as the reference's "
+        "estimator); earlier answers are re-sent at this length",
+    )
+    g.add_argument("--no-thinking", action="store_true", help="as for run (local models' chat template)")
+    g = parser.add_argument_group("which cases (as for run)")
+    add_selection_options(g)
+    g = parser.add_argument_group("time")
+    g.add_argument(
+        "--tokens-per-second",
+        type=float,
+        help="stated throughput: uncached input plus output tokens per second (all processes together)",
+    )
+    g.add_argument(
+        "--from-run",
+        metavar="RUN_DIR",
+        help="measured throughput: a run folder (e.g. a --limit 20 trial) whose run.json timed its cases",
+    )
+    g = parser.add_argument_group("output")
+    g.add_argument("--format", choices=("markdown", "json"), default="markdown", help="default markdown")
+    add_option(g, "--output", metavar="FILE", help="write to this file instead of stdout")
+
+
+def _counter(spec: Any, root: FsPath, answer_tokens: int, chat_kwargs: dict[str, Any]) -> Any:
+    from .estimate import ApiCounter, ProcessorCounter
+    from .pricing import rules_for
+
+    if spec.backend == "openai":
+        return ApiCounter(root, rules_for(spec.model_id), answer_tokens=answer_tokens)
+    try:
+        return ProcessorCounter(root, spec.model_id, chat_kwargs)
+    except ImportError as e:
+        raise ValueError(f"counting a local model's tokens needs transformers ({e})") from e
+    except OSError as e:
+        raise ValueError(
+            f"cannot load the processor of {spec.model_id!r} to count its tokens: {e}. Estimates of "
+            "local models need the model's files on this machine (a local folder, or the Hugging Face "
+            "cache: chexpercept download-model)"
+        ) from e
+
+
+def _seconds_per_case(run_dir: str) -> float:
+    from chexpercept.results import RUN_NAME
+
+    path = FsPath(run_dir) / RUN_NAME
+    try:
+        info = json.loads(path.read_text(encoding="utf-8"))
+        session = info["last_session"]
+        seconds, cases = float(session["seconds_main_process"]), int(session["cases"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path}: no timed session to measure throughput from ({e})") from e
+    if cases < 1 or seconds <= 0:
+        raise ValueError(f"{path}: its last session ran no case; run some cases first")
+    return seconds / cases
+
+
+def duration(seconds: float) -> str:
+    """12 s, 3.4 min, 5.2 h, 2.1 days."""
+    for unit, size in (("days", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= 2 * size:
+            return f"{seconds / size:,.1f} {unit}"
+    return f"{seconds:.0f} s"
+
+
+def _cell(a: Any, b: Any, fmt: Any = "{:,}") -> str:
+    if a is None:
+        return "N/A"
+    show = fmt if callable(fmt) else fmt.format
+    return show(a) if a == b else f"{show(min(a, b))} - {show(max(a, b))}"
+
+
+def render(rows: list[tuple[str, Any, Any]], model: str, counter: str, exact: bool) -> str:
+    """Markdown: per oracle setting the range of the two scenarios, then the total."""
+    lines = [
+        f"**Estimate for {model}** (tokens counted by {counter}{'' if exact else ', approximate'})",
+        "",
+        "| oracle | cases | calls | input tokens (text + image) | image tokens | cached input | output tokens "
+        "| USD | USD without caching | time |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, lo, hi in rows:
+        lines.append(
+            f"| {name} | {lo.cases:,} | {_cell(lo.calls, hi.calls)} | {_cell(lo.input_tokens, hi.input_tokens)} "
+            f"| {_cell(lo.input_image_tokens, hi.input_image_tokens)} "
+            f"| {_cell(lo.cached_input_tokens, hi.cached_input_tokens)} | {_cell(lo.output_tokens, hi.output_tokens)} "
+            f"| {_cell(lo.cost_usd, hi.cost_usd, '{:,.2f}')} "
+            f"| {_cell(lo.cost_usd_without_cache, hi.cost_usd_without_cache, '{:,.2f}')} "
+            f"| {_cell(lo.seconds, hi.seconds, duration)} |"
+        )
+    return "\n".join(lines)
+
+
+def _total(estimates: list[Any], scenario: str) -> Any:
+    from .estimate import Estimate
+
+    total = Estimate(oracle="total", scenario=scenario)
+    for e in estimates:
+        total.cases += e.cases
+        total.calls += e.calls
+        total.input_text_tokens += e.input_text_tokens
+        total.input_image_tokens += e.input_image_tokens
+        total.cached_input_tokens += e.cached_input_tokens
+        total.output_tokens += e.output_tokens
+        for key in ("cost_usd", "cost_usd_without_cache", "seconds"):
+            if getattr(e, key) is not None:
+                setattr(total, key, round((getattr(total, key) or 0) + getattr(e, key), 6))
+    return total
+
+
+def run(args: argparse.Namespace) -> int:
+    from chexpercept.bundle import read_bundle
+    from chexpercept.errors import BundleValidationError, ReleaseNotFoundError
+
+    from .estimate import estimate_oracle
+    from .registry import resolve
+    from .selection import select_cases, split_list
+
+    prog = "chexpercept estimate"
+    if not args.data_dir or not args.model:
+        print(f"{prog}: error: --data-dir and --model are required", file=sys.stderr)
+        return 2
+    try:
+        spec = resolve(args.model, backend=args.backend, model_id=args.model_id)
+        if spec.backend == "baseline":
+            raise ValueError(f"{args.model} is a baseline: it makes no model calls and costs nothing")
+        bundle = read_bundle(
+            args.data_dir,
+            lesions=split_list(args.lesions),
+            paths=split_list(args.paths),
+            check_images="exists",
+        )
+        cases = select_cases(bundle.cases, per_cell=args.per_cell, limit=args.limit)
+        if not cases:
+            raise ValueError(f"no case of {bundle.root} matches the selection")
+        chat_kwargs = {"enable_thinking": False} if args.no_thinking else {}
+        counter = _counter(spec, bundle.root, args.answer_tokens, chat_kwargs)
+        rate = args.tokens_per_second
+        per_case = _seconds_per_case(args.from_run) if args.from_run else None
+        rows, lows, highs = [], [], []
+        for oracle in args.oracle:
+            pair = [
+                estimate_oracle(
+                    cases, oracle, counter, model_id=spec.model_id, scenario=s,
+                    answer_tokens=args.answer_tokens, tokens_per_second=rate,
+                )
+                for s in ("all_right", "all_wrong")
+            ]  # fmt: skip
+            if per_case is not None:
+                for e in pair:
+                    e.seconds = round(per_case * e.cases, 1)
+            lo, hi = sorted(pair, key=lambda e: (e.input_tokens, e.cost_usd or 0))
+            rows.append((oracle, lo, hi))
+            lows.append(lo)
+            highs.append(hi)
+    except (ValueError, FileNotFoundError, BundleValidationError, ReleaseNotFoundError) as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
+    if len(rows) > 1:
+        rows.append(("**total**", _total(lows, "min"), _total(highs, "max")))
+    if args.format == "json":
+        text = json.dumps(
+            {
+                "model": spec.name,
+                "model_id": spec.model_id,
+                "answer_tokens": args.answer_tokens,
+                "counter": counter.name,
+                "exact": counter.exact,
+                "estimates": {
+                    name.strip("*"): {"min": lo.as_dict(), "max": hi.as_dict()} for name, lo, hi in rows
+                },
+            },
+            indent=2,
+        )
+    else:
+        text = render(rows, spec.display or spec.name, counter.name, counter.exact)
+    if args.output:
+        FsPath(args.output).write_text(text + "\n", encoding="utf-8")
+        print(f"wrote {args.output}", file=sys.stderr)
+    else:
+        print(text)
+    return 0

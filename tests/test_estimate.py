@@ -1,0 +1,131 @@
+"""chexpercept estimate: provider rules, the conversations counted, the command."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from chexpercept.bundle import read_bundle
+from chexpercept.cli import main as cli
+from chexpercept.eval.estimate import ApiCounter, Estimate, estimate_oracle, walk
+from chexpercept.eval.pricing import GEMINI3, OPENAI_GPT4, OPENAI_GPT5, call_cost, rules_for
+from chexpercept.eval.protocol import Response
+from chexpercept.testing import write_fixture_bundle
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory):
+    root = tmp_path_factory.mktemp("est") / "bundle"
+    write_fixture_bundle(root, per_cell=2, image_size=1024, image_style="smooth", image_pool=3)
+    return read_bundle(root)
+
+
+def test_openai_tile_rule_matches_the_documented_examples():
+    # platform.openai.com "calculating costs": 1024 x 1024 at high detail is 765 tokens (GPT-4o),
+    # 2048 x 4096 is 1105 tokens (6 tiles)
+    assert OPENAI_GPT4.image(1024, 1024) == 765
+    assert OPENAI_GPT4.image(2048, 4096) == 1105
+    assert OPENAI_GPT5.image(1024, 1024) == 70 + 4 * 140
+    assert GEMINI3.image(1024, 1024) == GEMINI3.image(512, 300) == 1120
+    assert rules_for("gpt-5.4-2026-03-05") is OPENAI_GPT5
+    assert rules_for("gemini-3.1-pro-preview") is GEMINI3
+
+
+def test_cached_prefix_rules():
+    assert OPENAI_GPT5.cached(1023) == 0
+    assert OPENAI_GPT5.cached(1024) == 1024
+    assert OPENAI_GPT5.cached(1300) == 1280  # steps of 128
+    assert GEMINI3.cached(7999) == 0 and GEMINI3.cached(9000) == 9000
+
+
+def test_call_cost_uses_the_paper_price_table():
+    # gpt-5.4: 2.50 / 0.25 / 15.00 USD per 1M tokens
+    assert call_cost("gpt-5.4-2026-03-05", 1_000_000, 400_000, 100_000) == pytest.approx(
+        0.6 * 2.5 + 0.4 * 0.25 + 0.1 * 15
+    )
+    assert call_cost("some-local-model", 10, 0, 10) == 0.0
+
+
+def test_estimate_counts_exactly_the_turns_and_images_run_sends(bundle):
+    seen = []
+    walk(
+        bundle.cases,
+        "implicit",
+        lambda case: lambda r: Response(text="Answer: 1"),
+        lambda r, p: seen.append(r),
+    )
+    assert len(seen) == sum(len(c.tasks) for c in bundle.cases)
+    counter = ApiCounter(bundle.root, OPENAI_GPT5, text=lambda s: len(s.split()), answer_tokens=50)
+    est = estimate_oracle(
+        bundle.cases, "none", counter, model_id="gpt-5.4", scenario="all_right", answer_tokens=50
+    )
+    assert est.calls == len(seen) and est.cases == len(bundle.cases)
+    images_sent = sum(len(r.images) for r in seen)
+    assert est.input_image_tokens == images_sent * 630
+    assert est.output_tokens == 50 * est.calls
+    # every call re-sends the history: the cached prefix is the previous call's prompt, so at least
+    # the images of all turns but the first of each case are billed as cached
+    assert est.cached_input_tokens > 0
+    assert est.cost_usd < est.cost_usd_without_cache
+
+
+def test_explicit_oracle_texts_make_the_all_wrong_scenario_longer(bundle):
+    counter = ApiCounter(bundle.root, OPENAI_GPT5, text=lambda s: len(s), answer_tokens=10)
+    right = estimate_oracle(bundle.cases, "explicit", counter, model_id="gpt-5.4", scenario="all_right")
+    wrong = estimate_oracle(bundle.cases, "explicit", counter, model_id="gpt-5.4", scenario="all_wrong")
+    assert wrong.input_text_tokens > right.input_text_tokens
+    assert wrong.calls == right.calls  # every turn is asked whatever the answers
+
+
+def test_estimate_command_markdown_and_json(bundle, tmp_path, capsys):
+    assert cli(["estimate", "--data-dir", str(bundle.root), "--model", "gpt-5.4", "--per-cell", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "| none | 21 |" in out and "**total**" in out
+    target = tmp_path / "e.json"
+    args = ["estimate", "--data-dir", str(bundle.root), "--model", "gemini-3.1-pro", "--oracle", "implicit"]
+    assert cli([*args, "--format", "json", "--output", str(target), "--tokens-per-second", "1000"]) == 0
+    data = json.loads(target.read_text())
+    est = data["estimates"]["implicit"]["min"]
+    assert est["calls"] == sum(len(c.tasks) for c in bundle.cases)
+    assert est["seconds"] == pytest.approx(
+        (est["input_tokens"] - est["cached_input_tokens"] + est["output_tokens"]) / 1000, abs=0.1
+    )
+
+
+def test_estimate_refuses_baselines_and_bad_selections(bundle, capsys):
+    assert cli(["estimate", "--data-dir", str(bundle.root), "--model", "baseline:prior"]) == 2
+    assert "makes no model calls" in capsys.readouterr().err
+    assert cli(["estimate", "--data-dir", str(bundle.root), "--model", "gpt-5.4", "--lesions", "nope"]) == 2
+    assert "nope" in capsys.readouterr().err
+
+
+def test_local_model_counts_with_its_own_processor(bundle, tiny_model, capsys):
+    args = [
+        "estimate",
+        "--data-dir",
+        str(bundle.root),
+        "--model",
+        str(tiny_model),
+        "--backend",
+        "transformers",
+    ]
+    assert cli([*args, "--oracle", "none", "--limit", "3", "--format", "json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    est = data["estimates"]["none"]["min"]
+    assert data["exact"] is True and "Processor" in data["counter"]
+    assert est["input_image_tokens"] > 0 and est["cost_usd"] is None
+
+
+def test_estimate_total_is_the_sum(bundle):
+    from chexpercept.eval.cmd_estimate import _total
+
+    counter = ApiCounter(bundle.root, OPENAI_GPT5, text=len, answer_tokens=5)
+    parts = [
+        estimate_oracle(bundle.cases, o, counter, model_id="gpt-5.4", scenario="all_right")
+        for o in ("none", "implicit")
+    ]
+    total = _total(parts, "min")
+    assert isinstance(total, Estimate)
+    assert total.calls == sum(p.calls for p in parts)
+    assert total.cost_usd == pytest.approx(sum(p.cost_usd for p in parts))
