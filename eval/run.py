@@ -260,18 +260,28 @@ def _prepare_folder(folder: RunFolder, settings: dict[str, Any], header: dict[st
         raise
 
 
-def execute(args: argparse.Namespace, dist: Distributed) -> int:
+def _backend_for(
+    args: argparse.Namespace, dist: Distributed
+) -> tuple[ModelSpec, Backend, Sampling, dict[str, Any], int]:
+    """The model's spec, its backend (not set up yet), the decoding it reports, the chat template
+    variables and the batch size."""
     spec = resolve(args.model, backend=args.backend, model_id=args.model_id)
     sampling = sampling_for(spec, args)
     chat_kwargs, note = chat_kwargs_for(spec, args)
     if note and dist.is_main:
         print(f"note: {note}", file=sys.stderr)
-    # arguments first: a wrong one fails before the bundle's images are checked
     backend = make_backend(spec, args, sampling, chat_kwargs)
     sampling = backend.sampling()
     batch_size = args.batch_size or backend.default_batch_size
     if batch_size < 1:
         raise ValueError(f"--batch-size must be at least 1, got {batch_size}")
+    return spec, backend, sampling, chat_kwargs, batch_size
+
+
+def _selected_cases(
+    args: argparse.Namespace,
+) -> tuple[Bundle, list[str] | None, list[str] | None, list[Case]]:
+    """The bundle (images checked), the --lesions and --paths asked for, and the selected cases."""
     lesions, paths = _list_arg(args.lesions), _list_arg(args.paths)
     bundle = read_bundle(args.data_dir, lesions=lesions, paths=paths, check_images=args.check_images)
     cases = select_cases(bundle.cases, per_cell=args.per_cell, limit=args.limit)
@@ -279,6 +289,13 @@ def execute(args: argparse.Namespace, dist: Distributed) -> int:
         raise ValueError(
             f"no case of {bundle.root} matches the selection (--lesions/--paths/--per-cell/--limit)"
         )
+    return bundle, lesions, paths, cases
+
+
+def execute(args: argparse.Namespace, dist: Distributed) -> int:
+    # arguments first: a wrong one fails before the bundle's images are checked
+    spec, backend, sampling, chat_kwargs, batch_size = _backend_for(args, dist)
+    bundle, lesions, paths, cases = _selected_cases(args)
     folder = RunFolder(FsPath(args.output_dir) / (args.run_name or spec.name) / f"oracle_{args.oracle}")
     settings = {
         "model_id": spec.model_id,
