@@ -56,7 +56,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from chexpercept.bundle import read_bundle
-from chexpercept.eval.backend_transformers import DEFAULT_MAX_BATCH_TOKENS, TransformersBackend
+from chexpercept.eval.backends.transformers.backend import DEFAULT_MAX_BATCH_TOKENS, TransformersBackend
 from chexpercept.eval.conversation import Conversation
 from chexpercept.eval.engine import run_conversations
 from chexpercept.eval.protocol import RunContext, Sampling

@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from chexpercept.bundle import read_bundle
-from chexpercept.eval.backend_transformers import TransformersBackend
-from chexpercept.eval.backend_vllm import VLLMBackend
+from chexpercept.eval.backends.transformers.backend import TransformersBackend
+from chexpercept.eval.backends.vllm import VLLMBackend
 from chexpercept.eval.engine import run_conversations
 from chexpercept.eval.protocol import RunContext, Sampling
 from chexpercept.eval.registry import resolve

@@ -12,7 +12,6 @@ backend on its share of the cases and all of them append to the same results fil
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from collections.abc import Sequence
@@ -33,8 +32,7 @@ from chexpercept.bundle import IMAGE_CHECKS, Bundle, read_bundle
 from chexpercept.case import Case
 from chexpercept.cli_options import add_progress_option, progress_enabled
 from chexpercept.errors import BundleValidationError, ReleaseNotFoundError
-from chexpercept.eval.backend_transformers import DEFAULT_MAX_BATCH_TOKENS, DTYPES
-from chexpercept.eval.backend_vllm import DEFAULT_GPU_MEMORY_UTILIZATION, EXECUTOR_BACKENDS
+from chexpercept.eval.backends import backend_class, json_object_arg
 from chexpercept.eval.distributed import Distributed
 from chexpercept.eval.engine import EngineStats, run_conversations
 from chexpercept.eval.protocol import Backend, BackendError, RunContext, Sampling
@@ -68,16 +66,6 @@ EXPECTED_ERRORS = (
 )
 
 
-def _json_arg(text: str) -> dict[str, Any]:
-    try:
-        value = json.loads(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(f"not valid JSON: {e}") from e
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError("expected a JSON object, e.g. '{\"key\": 1}'")
-    return value
-
-
 def _list_arg(values: Sequence[str] | None) -> list[str] | None:
     if not values:
         return None
@@ -85,6 +73,14 @@ def _list_arg(values: Sequence[str] | None) -> list[str] | None:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    _add_run_options(parser)
+    _add_selection_options(parser)
+    _add_output_options(parser)
+    _add_decoding_options(parser)
+    _add_backend_options(parser)
+
+
+def _add_run_options(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("what to run")
     g.add_argument("--data-dir", help="folder of the release bundle (chexpercept.json + chexpercept/)")
     g.add_argument(
@@ -109,6 +105,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--list-models", action="store_true", help="print the model registry and exit")
 
+
+def _add_selection_options(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("which cases")
     g.add_argument("--lesions", nargs="+", help=f"only these lesions ({', '.join(LESIONS)})")
     g.add_argument("--paths", nargs="+", help="only these paths (RR RF LF)")
@@ -121,6 +119,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="image check before the run (default: basic: exists, parses, not truncated)",
     )
 
+
+def _add_output_options(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("output")
     g.add_argument("--output-dir", default="runs", help="results go to OUTPUT_DIR/<model>/oracle_<setting>/")
     g.add_argument("--run-name", help="folder name instead of the model's")
@@ -131,6 +131,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="do not score the run at the end (by default the model's Table 2 row is printed)",
     )
 
+
+def _add_decoding_options(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("decoding")
     g.add_argument(
         "--batch-size", type=int, help="conversations advanced together (backend default otherwise)"
@@ -144,79 +146,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--no-thinking", action="store_true", help="chat_template_kwargs enable_thinking=False (Qwen3.5/3.6)"
     )
-    g.add_argument("--chat-template-kwargs", type=_json_arg, help="extra chat template variables as JSON")
-
-    g = parser.add_argument_group("vllm backend")
-    g.add_argument("--tensor-parallel-size", type=int, help="GPUs per engine (default: the process's share)")
     g.add_argument(
-        "--pipeline-parallel-size", type=int, default=1, help="pipeline stages per engine (default 1)"
-    )
-    g.add_argument(
-        "--distributed-executor-backend",
-        choices=EXECUTOR_BACKENDS,
-        help="ray: one engine over a Ray cluster (models larger than a node); default: vLLM's choice",
-    )
-    g.add_argument(
-        "--gpu-memory-utilization",
-        type=float,
-        help=f"fraction of GPU memory for the engine (default {DEFAULT_GPU_MEMORY_UTILIZATION}); on the CPU a "
-        "fraction of the NUMA node's memory, by default replaced by an explicit KV-cache size",
-    )
-    g.add_argument(
-        "--engine-args", type=_json_arg, help="extra vLLM engine arguments as JSON (override registry)"
+        "--chat-template-kwargs", type=json_object_arg, help="extra chat template variables as JSON"
     )
 
-    g = parser.add_argument_group("transformers backend")
-    g.add_argument("--dtype", choices=DTYPES, help="default auto")
-    g.add_argument(
-        "--device", default="auto", help="cpu, cuda, cuda:1 ... (default: this process's GPU or cpu)"
-    )
-    g.add_argument("--device-map", help="e.g. auto, to spread one model over several GPUs")
-    g.add_argument("--attn-implementation", help="e.g. sdpa, flash_attention_2")
-    g.add_argument("--trust-remote-code", action="store_true", help="allow the model's own code from the Hub")
-    g.add_argument(
-        "--max-batch-tokens",
-        type=int,
-        default=DEFAULT_MAX_BATCH_TOKENS,
-        help="padded prompt tokens per generate call; a step is split by length within it; lower it if "
-        f"a batch runs out of memory (default {DEFAULT_MAX_BATCH_TOKENS})",
-    )
-    g.add_argument(
-        "--no-turn-cache",
-        action="store_true",
-        help="compute every turn's whole conversation again instead of keeping each live "
-        "conversation's keys and values for its next turn (saves their memory)",
-    )
-    g.add_argument(
-        "--turn-cache-gib",
-        type=float,
-        help="memory the turn cache may hold; a turn that does not fit is computed from scratch next "
-        "time (default: half the GPU memory free after loading the model, a quarter of RAM on CPU)",
-    )
 
-    g = parser.add_argument_group("openai backend")
-    g.add_argument("--base-url", help="endpoint, e.g. http://127.0.0.1:8000/v1 (vllm serve)")
-    g.add_argument("--api-key-env", default="OPENAI_API_KEY", help="environment variable holding the API key")
-    g.add_argument(
-        "--api-key-header", default="Authorization", help="'Authorization' (Bearer) or e.g. 'api-key' (Azure)"
-    )
-    g.add_argument("--concurrency", type=int, default=8, help="requests in flight at once (default 8)")
-    g.add_argument("--timeout", type=float, default=600.0, help="seconds per request (default 600)")
-    g.add_argument("--max-retries", type=int, default=6, help="retries on 429, 5xx, timeouts (default 6)")
-    g.add_argument(
-        "--request-extra", type=_json_arg, help="extra request fields as JSON (e.g. reasoning_effort)"
-    )
-    g.add_argument(
-        "--dua-compliant-endpoint",
-        action="store_true",
-        help="state that a non-local endpoint is allowed by the PhysioNet data use agreement",
-    )
-    g.add_argument(
-        "--on-error",
-        choices=("stop", "record"),
-        default="stop",
-        help="after retries: stop the run (resume later) or record the turn as unanswered",
-    )
+def _add_backend_options(parser: argparse.ArgumentParser) -> None:
+    """Each backend's own options (chexpercept.eval.backends), one group per backend in the table's order."""
+    for name in BACKENDS:
+        backend_class(name).add_options(parser.add_argument_group(f"{name} backend"))
 
 
 # ------------------------------------------------------------------------------------ settings
@@ -256,56 +194,8 @@ def chat_kwargs_for(spec: ModelSpec, args: argparse.Namespace) -> tuple[dict[str
 def make_backend(
     spec: ModelSpec, args: argparse.Namespace, sampling: Sampling, chat_kwargs: dict[str, Any]
 ) -> Backend:
-    if spec.backend == "baseline":
-        from chexpercept.eval.backend_baselines import BaselineBackend
-
-        return BaselineBackend(spec.model_id)
-    if spec.backend == "vllm":
-        from chexpercept.eval.backend_vllm import VLLMBackend
-
-        return VLLMBackend(
-            spec,
-            sampling=sampling,
-            chat_template_kwargs=chat_kwargs,
-            engine_overrides=args.engine_args,
-            tensor_parallel_size=args.tensor_parallel_size,
-            pipeline_parallel_size=args.pipeline_parallel_size,
-            distributed_executor_backend=args.distributed_executor_backend,
-            gpu_memory_utilization=args.gpu_memory_utilization,
-        )
-    if spec.backend == "transformers":
-        from chexpercept.eval.backend_transformers import TransformersBackend
-
-        return TransformersBackend(
-            spec,
-            sampling=sampling,
-            chat_template_kwargs=chat_kwargs,
-            dtype=args.dtype,
-            device=args.device,
-            device_map=args.device_map,
-            attn_implementation=args.attn_implementation,
-            trust_remote_code=True if args.trust_remote_code else None,
-            max_batch_tokens=args.max_batch_tokens,
-            turn_cache=not args.no_turn_cache,
-            turn_cache_gib=args.turn_cache_gib,
-        )
-    from chexpercept.eval.backend_openai import OpenAIBackend, RetryPolicy
-
-    if not args.base_url:
-        raise ValueError("the openai backend needs --base-url (e.g. http://127.0.0.1:8000/v1 for vllm serve)")
-    return OpenAIBackend(
-        spec,
-        sampling=sampling,
-        base_url=args.base_url,
-        api_key=os.environ.get(args.api_key_env),
-        api_key_header=args.api_key_header,
-        dua_compliant_endpoint=args.dua_compliant_endpoint,
-        concurrency=args.concurrency,
-        timeout=args.timeout,
-        retry=RetryPolicy(max_retries=args.max_retries),
-        extra_body=args.request_extra,
-        on_error=args.on_error,
-    )
+    """The backend ``spec`` names, built from the parsed options (chexpercept.eval.backends)."""
+    return backend_class(spec.backend).from_options(spec, args, sampling, chat_kwargs)
 
 
 def print_registry() -> None:
@@ -370,18 +260,28 @@ def _prepare_folder(folder: RunFolder, settings: dict[str, Any], header: dict[st
         raise
 
 
-def execute(args: argparse.Namespace, dist: Distributed) -> int:
+def _backend_for(
+    args: argparse.Namespace, dist: Distributed
+) -> tuple[ModelSpec, Backend, Sampling, dict[str, Any], int]:
+    """The model's spec, its backend (not set up yet), the decoding it reports, the chat template
+    variables and the batch size."""
     spec = resolve(args.model, backend=args.backend, model_id=args.model_id)
     sampling = sampling_for(spec, args)
     chat_kwargs, note = chat_kwargs_for(spec, args)
     if note and dist.is_main:
         print(f"note: {note}", file=sys.stderr)
-    # arguments first: a wrong one fails before the bundle's images are checked
     backend = make_backend(spec, args, sampling, chat_kwargs)
     sampling = backend.sampling()
     batch_size = args.batch_size or backend.default_batch_size
     if batch_size < 1:
         raise ValueError(f"--batch-size must be at least 1, got {batch_size}")
+    return spec, backend, sampling, chat_kwargs, batch_size
+
+
+def _selected_cases(
+    args: argparse.Namespace,
+) -> tuple[Bundle, list[str] | None, list[str] | None, list[Case]]:
+    """The bundle (images checked), the --lesions and --paths asked for, and the selected cases."""
     lesions, paths = _list_arg(args.lesions), _list_arg(args.paths)
     bundle = read_bundle(args.data_dir, lesions=lesions, paths=paths, check_images=args.check_images)
     cases = select_cases(bundle.cases, per_cell=args.per_cell, limit=args.limit)
@@ -389,6 +289,13 @@ def execute(args: argparse.Namespace, dist: Distributed) -> int:
         raise ValueError(
             f"no case of {bundle.root} matches the selection (--lesions/--paths/--per-cell/--limit)"
         )
+    return bundle, lesions, paths, cases
+
+
+def execute(args: argparse.Namespace, dist: Distributed) -> int:
+    # arguments first: a wrong one fails before the bundle's images are checked
+    spec, backend, sampling, chat_kwargs, batch_size = _backend_for(args, dist)
+    bundle, lesions, paths, cases = _selected_cases(args)
     folder = RunFolder(FsPath(args.output_dir) / (args.run_name or spec.name) / f"oracle_{args.oracle}")
     settings = {
         "model_id": spec.model_id,

@@ -11,7 +11,7 @@ from collections import Counter
 import pytest
 
 from chexpercept.bundle import read_bundle
-from chexpercept.eval.backend_baselines import BaselineBackend, random_answer
+from chexpercept.eval.backends.baselines import BaselineBackend, random_answer
 from chexpercept.eval.run import main
 from chexpercept.results import iter_results
 from chexpercept.testing import write_fixture_bundle

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from chexpercept.eval.image_resize import FixedResize, fixed_resize_of
+from chexpercept.eval.backends.transformers.image_resize import FixedResize, fixed_resize_of
 
 
 def processor(images_kwargs=None, **image_processor):
@@ -56,7 +56,7 @@ def test_the_real_gemma3_image_processor_is_fixed_size():
 def test_the_pixel_cache_stacks_each_images_own_output_computed_once():
     transformers = pytest.importorskip("transformers")
     torch = pytest.importorskip("torch")
-    from chexpercept.eval.pixel_cache import PixelCache
+    from chexpercept.eval.backends.transformers.pixel_cache import PixelCache
 
     real = transformers.Gemma3ImageProcessorPil(size={"height": 32, "width": 32})
     calls = []

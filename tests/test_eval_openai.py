@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from chexpercept.bundle import read_bundle
-from chexpercept.eval.backend_openai import (
+from chexpercept.eval.backends.openai import (
     call_cost,
     check_endpoint,
     price_for,

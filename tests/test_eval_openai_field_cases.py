@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from chexpercept.bundle import read_bundle
-from chexpercept.eval.backend_openai import OpenAIBackend, RetryPolicy, parse_duration, retry_hint
+from chexpercept.eval.backends.openai import OpenAIBackend, RetryPolicy, parse_duration, retry_hint
 from chexpercept.eval.conversation import Conversation
 from chexpercept.eval.engine import run_conversations
 from chexpercept.eval.protocol import RunContext, Sampling

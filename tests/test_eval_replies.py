@@ -11,7 +11,7 @@ pytest.importorskip("transformers")
 
 from chexpercept.answers import parse_answer
 from chexpercept.bundle import read_bundle
-from chexpercept.eval.backend_vllm import VLLMBackend
+from chexpercept.eval.backends.vllm import VLLMBackend
 from chexpercept.eval.engine import run_conversations
 from chexpercept.eval.protocol import RunContext, Sampling
 from chexpercept.eval.registry import resolve

@@ -14,7 +14,7 @@ pytest.importorskip("transformers")
 import torch
 
 from chexpercept.bundle import read_bundle
-from chexpercept.eval.backend_transformers import TransformersBackend
+from chexpercept.eval.backends.transformers.backend import TransformersBackend
 from chexpercept.eval.conversation import Conversation
 from chexpercept.eval.protocol import Response, RunContext, Sampling
 from chexpercept.eval.registry import resolve
@@ -174,7 +174,7 @@ def large_image_bundle(tmp_path_factory):
 
 def test_fast_inputs_give_identical_inputs_and_tokens(tiny_model, large_image_bundle):
     """numpy outputs, images resized once and pixel values once per image change nothing the model sees."""
-    from chexpercept.eval.pixel_cache import PixelCache
+    from chexpercept.eval.backends.transformers.pixel_cache import PixelCache
 
     bundle = large_image_bundle
     plain = tiny_backend(tiny_model, bundle, fast_inputs=False, image_workers=1)
@@ -212,8 +212,8 @@ def test_fast_inputs_give_identical_inputs_and_tokens(tiny_model, large_image_bu
 
 def test_a_resize_that_changes_the_inputs_is_not_used(tiny_model, large_image_bundle, monkeypatch):
     """The setup check: a wrong filter (nearest instead of the processor's bilinear) is caught."""
-    from chexpercept.eval import backend_transformers
-    from chexpercept.eval.image_resize import FixedResize
+    from chexpercept.eval.backends.transformers import backend as backend_transformers
+    from chexpercept.eval.backends.transformers.image_resize import FixedResize
 
     wrong = FixedResize(width=56, height=56, resample=0)
     monkeypatch.setattr(backend_transformers, "fixed_resize_of", lambda processor: (wrong, ""))
@@ -230,8 +230,8 @@ def test_a_resize_that_changes_the_inputs_is_not_used(tiny_model, large_image_bu
 def test_pixel_values_that_differ_from_the_processors_are_not_used(
     tiny_model, large_image_bundle, monkeypatch
 ):
-    from chexpercept.eval import backend_transformers
-    from chexpercept.eval.pixel_cache import PixelCache
+    from chexpercept.eval.backends.transformers import backend as backend_transformers
+    from chexpercept.eval.backends.transformers.pixel_cache import PixelCache
 
     class Off(PixelCache):
         def _output(self, image, kwargs):

@@ -17,12 +17,23 @@ pytest.importorskip("transformers")
 import torch
 
 from chexpercept.bundle import read_bundle
-from chexpercept.eval.backend_transformers import TransformersBackend
+from chexpercept.eval.backends.transformers.backend import TransformersBackend
+from chexpercept.eval.backends.transformers.prefill_masks import (
+    FULL,
+    SLIDING,
+    prefill_masks,
+    same_as_model,
+    window_start,
+)
+from chexpercept.eval.backends.transformers.turn_cache import (
+    TurnCache,
+    common_prefix,
+    image_runs,
+    outside_runs,
+)
 from chexpercept.eval.engine import run_conversations
-from chexpercept.eval.prefill_masks import FULL, SLIDING, prefill_masks, same_as_model, window_start
 from chexpercept.eval.protocol import RunContext, Sampling
 from chexpercept.eval.registry import resolve
-from chexpercept.eval.turn_cache import TurnCache, common_prefix, image_runs, outside_runs
 from chexpercept.results import iter_results
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -13,8 +13,8 @@ from types import SimpleNamespace
 import pytest
 
 from chexpercept.bundle import read_bundle
-from chexpercept.eval import backend_vllm
-from chexpercept.eval.backend_vllm import VLLMBackend, plan_cpus, plan_gpus
+from chexpercept.eval.backends import vllm as backend_vllm
+from chexpercept.eval.backends.vllm import VLLMBackend, plan_cpus, plan_gpus
 from chexpercept.eval.engine import run_conversations
 from chexpercept.eval.protocol import BackendError, RunContext, Sampling
 from chexpercept.eval.registry import resolve
@@ -281,7 +281,7 @@ def test_each_process_gets_its_own_gpus_and_a_clean_environment(fixture_bundle, 
 
 def test_the_vllm_and_openai_backends_send_the_same_messages(fixture_bundle):
     """One request builder (Request.openai_messages) serves both: only the image URLs differ."""
-    from chexpercept.eval.backend_openai import OpenAIBackend
+    from chexpercept.eval.backends.openai import OpenAIBackend
     from chexpercept.eval.conversation import Conversation
     from chexpercept.eval.protocol import Response
 

@@ -17,7 +17,7 @@ shorter than the longest one recomputes a little of its history. Every layer kee
 so a later turn can reuse any prefix; a sliding-window layer still attends over its window only.
 A conversation's first turn reuses the start it shares with any other (the system message). The
 kept keys and values stay within a memory budget. The transformers backend turns this on only after a check at setup shows that
-a reused turn gives the same answer as computing it from scratch (see backend_transformers.py).
+a reused turn gives the same answer as computing it from scratch (see backend.py).
 """
 
 from __future__ import annotations

@@ -12,16 +12,20 @@
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import random
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from chexpercept.answers import oracle_answer_text
 from chexpercept.case import Turn
 
-from .protocol import Request, Response, RunContext, Sampling
+from ..protocol import Request, Response, RunContext, Sampling
+
+if TYPE_CHECKING:
+    from ..registry import ModelSpec
 
 BASELINE_PREFIX = "baseline:"
 KINDS = ("random", "constant", "prior", "oracle")
@@ -57,6 +61,16 @@ class BaselineBackend:
 
     name = "baseline"
     default_batch_size = 256
+
+    @classmethod
+    def add_options(cls, group: argparse._ArgumentGroup) -> None:
+        """No options: the model string says which baseline (--seed seeds baseline:random)."""
+
+    @classmethod
+    def from_options(
+        cls, spec: ModelSpec, args: argparse.Namespace, sampling: Sampling, chat_kwargs: dict[str, Any]
+    ) -> BaselineBackend:
+        return cls(spec.model_id)
 
     def __init__(self, model: str):
         if not is_baseline(model):

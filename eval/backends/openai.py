@@ -29,6 +29,7 @@ and data retention switched off, as PhysioNet's guidance on online services desc
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import base64
 import contextlib
@@ -50,9 +51,10 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from .protocol import BackendError, Request, Response, RunContext, Sampling
-from .registry import ModelSpec
-from .replies import join_reasoning
+from ..protocol import BackendError, Request, Response, RunContext, Sampling
+from ..registry import ModelSpec
+from ..replies import join_reasoning
+from . import json_object_arg
 
 #: USD per 1M tokens: input, cached input, output (spec 3.10)
 PRICES: dict[str, tuple[float, float, float]] = {
@@ -256,6 +258,64 @@ class RetryPolicy:
 class OpenAIBackend:
     name = "openai"
     default_batch_size = 64
+
+    @classmethod
+    def add_options(cls, group: argparse._ArgumentGroup) -> None:
+        group.add_argument("--base-url", help="endpoint, e.g. http://127.0.0.1:8000/v1 (vllm serve)")
+        group.add_argument(
+            "--api-key-env", default="OPENAI_API_KEY", help="environment variable holding the API key"
+        )
+        group.add_argument(
+            "--api-key-header",
+            default="Authorization",
+            help="'Authorization' (Bearer) or e.g. 'api-key' (Azure)",
+        )
+        group.add_argument(
+            "--concurrency", type=int, default=8, help="requests in flight at once (default 8)"
+        )
+        group.add_argument("--timeout", type=float, default=600.0, help="seconds per request (default 600)")
+        group.add_argument(
+            "--max-retries", type=int, default=6, help="retries on 429, 5xx, timeouts (default 6)"
+        )
+        group.add_argument(
+            "--request-extra",
+            type=json_object_arg,
+            help="extra request fields as JSON (e.g. reasoning_effort)",
+        )
+        group.add_argument(
+            "--dua-compliant-endpoint",
+            action="store_true",
+            help="state that a non-local endpoint is allowed by the PhysioNet data use agreement",
+        )
+        group.add_argument(
+            "--on-error",
+            choices=("stop", "record"),
+            default="stop",
+            help="after retries: stop the run (resume later) or record the turn as unanswered",
+        )
+
+    @classmethod
+    def from_options(
+        cls, spec: ModelSpec, args: argparse.Namespace, sampling: Sampling, chat_kwargs: dict[str, Any]
+    ) -> OpenAIBackend:
+        """``chat_kwargs`` is not passed on to the endpoint."""
+        if not args.base_url:
+            raise ValueError(
+                "the openai backend needs --base-url (e.g. http://127.0.0.1:8000/v1 for vllm serve)"
+            )
+        return cls(
+            spec,
+            sampling=sampling,
+            base_url=args.base_url,
+            api_key=os.environ.get(args.api_key_env),
+            api_key_header=args.api_key_header,
+            dua_compliant_endpoint=args.dua_compliant_endpoint,
+            concurrency=args.concurrency,
+            timeout=args.timeout,
+            retry=RetryPolicy(max_retries=args.max_retries),
+            extra_body=args.request_extra,
+            on_error=args.on_error,
+        )
 
     def __init__(
         self,

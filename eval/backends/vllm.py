@@ -19,14 +19,16 @@ fraction of the NUMA node's memory there).
 
 from __future__ import annotations
 
+import argparse
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path as FsPath
 from typing import Any
 
-from .protocol import BackendError, Request, Response, RunContext, Sampling
-from .registry import ModelSpec
-from .replies import MarkerDecoder
+from ..protocol import BackendError, Request, Response, RunContext, Sampling
+from ..registry import ModelSpec
+from ..replies import MarkerDecoder
+from . import json_object_arg
 
 #: launcher variables that would make vLLM's own worker processes think they belong to our group
 _LAUNCHER_ENV = (
@@ -148,6 +150,46 @@ def vllm_platform() -> str:
 class VLLMBackend:
     name = "vllm"
     default_batch_size = 256
+
+    @classmethod
+    def add_options(cls, group: argparse._ArgumentGroup) -> None:
+        group.add_argument(
+            "--tensor-parallel-size", type=int, help="GPUs per engine (default: the process's share)"
+        )
+        group.add_argument(
+            "--pipeline-parallel-size", type=int, default=1, help="pipeline stages per engine (default 1)"
+        )
+        group.add_argument(
+            "--distributed-executor-backend",
+            choices=EXECUTOR_BACKENDS,
+            help="ray: one engine over a Ray cluster (models larger than a node); default: vLLM's choice",
+        )
+        group.add_argument(
+            "--gpu-memory-utilization",
+            type=float,
+            help=f"fraction of GPU memory for the engine (default {DEFAULT_GPU_MEMORY_UTILIZATION}); on the "
+            "CPU a fraction of the NUMA node's memory, by default replaced by an explicit KV-cache size",
+        )
+        group.add_argument(
+            "--engine-args",
+            type=json_object_arg,
+            help="extra vLLM engine arguments as JSON (override registry)",
+        )
+
+    @classmethod
+    def from_options(
+        cls, spec: ModelSpec, args: argparse.Namespace, sampling: Sampling, chat_kwargs: dict[str, Any]
+    ) -> VLLMBackend:
+        return cls(
+            spec,
+            sampling=sampling,
+            chat_template_kwargs=chat_kwargs,
+            engine_overrides=args.engine_args,
+            tensor_parallel_size=args.tensor_parallel_size,
+            pipeline_parallel_size=args.pipeline_parallel_size,
+            distributed_executor_backend=args.distributed_executor_backend,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+        )
 
     def __init__(
         self,

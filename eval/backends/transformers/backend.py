@@ -23,6 +23,7 @@ computed once per image while the image is live (pixel_cache.py).
 
 from __future__ import annotations
 
+import argparse
 import os
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -33,13 +34,13 @@ from PIL import Image
 
 from chexpercept.case import Case
 
-from .conversation import Conversation
+from ...conversation import Conversation
+from ...protocol import BackendError, Request, Response, RunContext, Sampling
+from ...registry import ModelSpec
+from ...replies import MarkerDecoder
 from .image_resize import FixedResize, fixed_resize_of
 from .pixel_cache import PixelCache
 from .prefill_masks import FULL, SLIDING, cache_keyword, positions, prefill_masks, same_as_model, window_start
-from .protocol import BackendError, Request, Response, RunContext, Sampling
-from .registry import ModelSpec
-from .replies import MarkerDecoder
 from .turn_cache import TurnCache, TurnCacheStats
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -99,6 +100,55 @@ def _check_requests(context: RunContext) -> list[Request]:
 class TransformersBackend:
     name = "transformers"
     default_batch_size = 64
+
+    @classmethod
+    def add_options(cls, group: argparse._ArgumentGroup) -> None:
+        group.add_argument("--dtype", choices=DTYPES, help="default auto")
+        group.add_argument(
+            "--device", default="auto", help="cpu, cuda, cuda:1 ... (default: this process's GPU or cpu)"
+        )
+        group.add_argument("--device-map", help="e.g. auto, to spread one model over several GPUs")
+        group.add_argument("--attn-implementation", help="e.g. sdpa, flash_attention_2")
+        group.add_argument(
+            "--trust-remote-code", action="store_true", help="allow the model's own code from the Hub"
+        )
+        group.add_argument(
+            "--max-batch-tokens",
+            type=int,
+            default=DEFAULT_MAX_BATCH_TOKENS,
+            help="padded prompt tokens per generate call; a step is split by length within it; lower it "
+            f"if a batch runs out of memory (default {DEFAULT_MAX_BATCH_TOKENS})",
+        )
+        group.add_argument(
+            "--no-turn-cache",
+            action="store_true",
+            help="compute every turn's whole conversation again instead of keeping each live "
+            "conversation's keys and values for its next turn (saves their memory)",
+        )
+        group.add_argument(
+            "--turn-cache-gib",
+            type=float,
+            help="memory the turn cache may hold; a turn that does not fit is computed from scratch next "
+            "time (default: half the GPU memory free after loading the model, a quarter of RAM on CPU)",
+        )
+
+    @classmethod
+    def from_options(
+        cls, spec: ModelSpec, args: argparse.Namespace, sampling: Sampling, chat_kwargs: dict[str, Any]
+    ) -> TransformersBackend:
+        return cls(
+            spec,
+            sampling=sampling,
+            chat_template_kwargs=chat_kwargs,
+            dtype=args.dtype,
+            device=args.device,
+            device_map=args.device_map,
+            attn_implementation=args.attn_implementation,
+            trust_remote_code=True if args.trust_remote_code else None,
+            max_batch_tokens=args.max_batch_tokens,
+            turn_cache=not args.no_turn_cache,
+            turn_cache_gib=args.turn_cache_gib,
+        )
 
     def __init__(
         self,
