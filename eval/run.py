@@ -38,7 +38,7 @@ from chexpercept.eval.engine import EngineStats, run_conversations
 from chexpercept.eval.protocol import Backend, BackendError, RunContext, Sampling
 from chexpercept.eval.provenance import git_commit, now, versions
 from chexpercept.eval.registry import BACKENDS, REGISTRY, ModelSpec, resolve
-from chexpercept.eval.selection import select_cases, shard
+from chexpercept.eval.selection import add_selection_options, select_cases, shard, split_list
 from chexpercept.eval.store import (
     RunFolder,
     RunLockedError,
@@ -50,7 +50,6 @@ from chexpercept.eval.store import (
     write_json_atomic,
 )
 from chexpercept.results import ORACLE_SETTINGS, CaseFailure, CaseResult, read_failures
-from chexpercept.vocab import LESIONS
 
 #: exit status of a run that ended with cases left unfinished by failed requests (rerun to retry)
 EXIT_UNFINISHED = 3
@@ -64,12 +63,6 @@ EXPECTED_ERRORS = (
     BundleValidationError,
     ReleaseNotFoundError,
 )
-
-
-def _list_arg(values: Sequence[str] | None) -> list[str] | None:
-    if not values:
-        return None
-    return [v for item in values for v in item.split(",") if v]
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -108,10 +101,7 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
 
 def _add_selection_options(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("which cases")
-    g.add_argument("--lesions", nargs="+", help=f"only these lesions ({', '.join(LESIONS)})")
-    g.add_argument("--paths", nargs="+", help="only these paths (RR RF LF)")
-    g.add_argument("--per-cell", type=int, help="N cases per (lesion, path) cell, chosen by key hash")
-    g.add_argument("--limit", type=int, help="only the first N selected cases")
+    add_selection_options(g)
     g.add_argument(
         "--check-images",
         choices=[c for c in IMAGE_CHECKS if c != "none"],
@@ -282,7 +272,7 @@ def _selected_cases(
     args: argparse.Namespace,
 ) -> tuple[Bundle, list[str] | None, list[str] | None, list[Case]]:
     """The bundle (images checked), the --lesions and --paths asked for, and the selected cases."""
-    lesions, paths = _list_arg(args.lesions), _list_arg(args.paths)
+    lesions, paths = split_list(args.lesions), split_list(args.paths)
     bundle = read_bundle(args.data_dir, lesions=lesions, paths=paths, check_images=args.check_images)
     cases = select_cases(bundle.cases, per_cell=args.per_cell, limit=args.limit)
     if not cases:

@@ -51,19 +51,12 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from ..pricing import call_cost, price_for
 from ..protocol import BackendError, Request, Response, RunContext, Sampling
 from ..registry import ModelSpec
 from ..replies import join_reasoning
 from . import json_object_arg
 
-#: USD per 1M tokens: input, cached input, output (spec 3.10)
-PRICES: dict[str, tuple[float, float, float]] = {
-    "gemini-3.1-flash-lite-preview": (0.25, 0.025, 1.50),
-    "gemini-3.1-pro-preview": (2.00, 0.20, 12.00),
-    "gpt-5.4-nano": (0.20, 0.02, 1.25),
-    "gpt-5.4-mini": (0.75, 0.075, 4.50),
-    "gpt-5.4": (2.50, 0.25, 15.00),
-}
 RETRY_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
 #: a wrong key, a forbidden resource or a wrong URL: every request would fail the same way, so the
 #: run stops at once whatever --on-error says
@@ -76,21 +69,6 @@ DUA_REFUSAL = (
     "example an Azure OpenAI or Vertex AI deployment with human review and data retention opted "
     "out), rerun with --dua-compliant-endpoint to say so."
 )
-
-
-def price_for(model_id: str) -> tuple[float, float, float] | None:
-    """The longest price-table key contained in the lower-cased model id (spec 3.10)."""
-    name = model_id.lower()
-    keys = [k for k in PRICES if k in name]
-    return PRICES[max(keys, key=len)] if keys else None
-
-
-def call_cost(model_id: str, input_tokens: int, cached_tokens: int, output_tokens: int) -> float:
-    price = price_for(model_id)
-    if price is None:
-        return 0.0
-    p_in, p_cached, p_out = price
-    return ((input_tokens - cached_tokens) * p_in + cached_tokens * p_cached + output_tokens * p_out) / 1e6
 
 
 def is_loopback(base_url: str) -> bool:
