@@ -22,6 +22,66 @@ USAGE = {
 FAST = RetryPolicy(max_retries=3, base_delay=0.01, max_delay=0.05)
 
 
+class RealisticUsage:
+    """Usage as a GPT-5-family API reports it, counted on the server's side of the wire: words and
+    punctuation as text tokens plus 4 per message and 3 for the reply, each image by its PNG header's
+    size (fitted into 2048, shorter side 768, 512-px tiles: 70 + 140 per tile), and as cached the
+    longest prefix of whole messages this server has already seen, from 1,024 tokens on in steps of
+    128 (OpenAI's prompt caching). Replies cost 40 visible plus ``reasoning`` tokens."""
+
+    def __init__(self, reasoning: int = 200):
+        import re
+
+        self.words = re.compile(r"\w+|[^\w\s]")
+        self.reasoning = reasoning
+        self.seen: set[str] = set()
+
+    @staticmethod
+    def _image_tokens(url: str) -> int:
+        import base64
+        import math
+        import struct
+
+        png = base64.b64decode(url.split(",", 1)[1][:64] + "==")[:24]
+        width, height = struct.unpack(">II", png[16:24])
+        scale = min(1.0, 2048 / max(width, height))
+        w, h = width * scale, height * scale
+        w, h = w * 768 / min(w, h), h * 768 / min(w, h)
+        return 70 + 140 * math.ceil(w / 512) * math.ceil(h / 512)
+
+    def _message_tokens(self, message: dict) -> int:
+        content = message["content"]
+        parts = [{"type": "text", "text": content}] if isinstance(content, str) else content
+        tokens = 4
+        for part in parts:
+            if part["type"] == "text":
+                tokens += len(self.words.findall(part["text"]))
+            else:
+                tokens += self._image_tokens(part["image_url"]["url"])
+        return tokens
+
+    def __call__(self, body: dict) -> dict:
+        messages = body["messages"]
+        sizes = [self._message_tokens(m) for m in messages]
+        prompt = sum(sizes) + 3
+        cached = 0
+        for n in range(len(messages), 0, -1):
+            if json.dumps(messages[:n], sort_keys=True) in self.seen:
+                cached = sum(sizes[:n])
+                break
+        for n in range(1, len(messages) + 1):
+            self.seen.add(json.dumps(messages[:n], sort_keys=True))
+        cached = 0 if cached < 1024 else cached - cached % 128
+        completion = 40 + self.reasoning
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached},
+            "completion_tokens_details": {"reasoning_tokens": self.reasoning},
+        }
+
+
 class FakeServer:
     """Answers chat completions; ``failures`` is a list of what to do to the next requests first:
     an HTTP status (sent with ``Retry-After: 0``), ``"sleep"`` (answer after a second), or a dict
@@ -29,8 +89,10 @@ class FakeServer:
     message, and ``finish_reason``) or ``raw`` (these bytes as a 200 reply's body, announced as
     ``content_length`` bytes). ``times`` holds when each request arrived."""
 
-    def __init__(self, failures=(), delay=0.0):
+    def __init__(self, failures=(), delay=0.0, usage=None):
         self.failures = list(failures)
+        #: None: the fixed USAGE; a callable (e.g. RealisticUsage()) computes it from the request body
+        self.usage = usage
         self.delay = delay
         self.requests: list[dict] = []
         self.times: list[float] = []
@@ -55,7 +117,7 @@ class FakeServer:
                     time.sleep(server.delay)
                     if action == "sleep":
                         time.sleep(1.0)
-                    status, headers, data = self.reply_for(action)
+                    status, headers, data = self.reply_for(action, body)
                 finally:
                     # no longer in flight once the reply is ready: the client may send its next
                     # request as soon as it has read this one
@@ -67,7 +129,7 @@ class FakeServer:
                 self.end_headers()
                 self.wfile.write(data)
 
-            def reply_for(self, action):
+            def reply_for(self, action, body):
                 """(status, headers, body bytes) of the reply ``action`` asks for."""
                 if isinstance(action, int):
                     action = {
@@ -90,7 +152,12 @@ class FakeServer:
                 if isinstance(action, dict):
                     message = action["message"]
                     finish = action.get("finish_reason", finish)
-                reply = {"choices": [{"message": message, "finish_reason": finish}], "usage": USAGE}
+                if server.usage is None:
+                    usage = USAGE
+                else:
+                    with server.lock:
+                        usage = server.usage(body)
+                reply = {"choices": [{"message": message, "finish_reason": finish}], "usage": usage}
                 data = json.dumps(reply).encode()
                 return 200, {"Content-Type": "application/json", "Content-Length": str(len(data))}, data
 

@@ -129,3 +129,27 @@ def test_estimate_total_is_the_sum(bundle):
     assert isinstance(total, Estimate)
     assert total.calls == sum(p.calls for p in parts)
     assert total.cost_usd == pytest.approx(sum(p.cost_usd for p in parts))
+
+
+def test_recorded_estimate_against_usage_a_loopback_api_reports(tmp_path):
+    """The estimator's error made visible: a phantom run through the openai backend against a server
+    that reports usage the way the API counts it, then the same conversations estimated."""
+    from chexpercept.eval.estimate import compare, estimate_recorded
+
+    from .fake_openai import FakeServer, RealisticUsage, backend_for, run_cases
+
+    root = write_fixture_bundle(
+        tmp_path / "b", per_cell=1, image_size=1024, image_style="smooth", image_pool=2
+    )
+    bundle = read_bundle(root)
+    with FakeServer(usage=RealisticUsage(reasoning=200)) as server:
+        results = run_cases(backend_for(server), bundle)
+    counter = ApiCounter(bundle.root, rules_for("gpt-5.4-2026-03-05"))
+    estimate = estimate_recorded(bundle.cases, results, "implicit", counter, model_id="gpt-5.4-2026-03-05")
+    comparison = compare(estimate, results)
+    assert comparison.actual["calls"] == estimate.calls == sum(len(c.tasks) for c in bundle.cases)
+    # same route, same images, same outputs: only the text tokenizer differs
+    assert comparison.actual["output_tokens"] == estimate.output_tokens == 240 * estimate.calls
+    assert abs(comparison.relative_error["input_tokens"]) < 0.10
+    assert abs(comparison.relative_error["cached_input_tokens"]) < 0.15
+    assert abs(comparison.relative_error["cost_usd"]) < 0.10
