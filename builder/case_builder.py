@@ -20,15 +20,15 @@ from chexpercept.vocab import CARDIOMEGALY, Path
 
 from . import render
 from .attributes import NoLungOverlap, attribute_qa
+from .case_selection import Queued
 from .contour import CONTOUR_EVAL_PATH, ContourError, MaskResolver, contour_qa
-from .deformation import Anatomies, CaseDeformation, Rejected, deform_case
-from .deformer import make_deformer
+from .deformation_plan import Anatomies, CaseDeformation, Rejected, deform_case
+from .deformers import make_deformer
 from .export import write_case_folder, write_record
 from .morph import MIN_COMPONENT, components, square_dilation, square_erosion_constant
 from .overlap import component_overlap
 from .regions import partition, zones
 from .rng import derive
-from .selection import Queued
 from .sources import Anatomy, CaseInputError, CxrTree, load_cxr, load_mask
 
 DEFAULT_KERNEL, DEFAULT_ITERATIONS = 5, 3  # default_dilated / default_eroded (OpenCV 5x5, 3 times)

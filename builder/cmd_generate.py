@@ -9,7 +9,7 @@ from pathlib import Path
 from chexpercept.cli_options import add_progress_option, progress_enabled
 from chexpercept.vocab import LESIONS
 
-from .deformer import DEFORMERS
+from .deformers import DEFORMERS
 from .pipeline import GenerateConfig, generate
 from .regions import PARTITION_MODES
 from .sources import SourceError

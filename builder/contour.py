@@ -23,7 +23,7 @@ import numpy as np
 from chexpercept import templates
 from chexpercept.vocab import CARDIOMEGALY, POINT_COLORS
 
-from .deformation import CaseDeformation
+from .deformation_plan import CaseDeformation
 from .points import FAKE_POINT_DISTANCE, Point, far_from
 
 MAX_POINTS = len(POINT_COLORS)

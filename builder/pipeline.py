@@ -29,10 +29,10 @@ from chexpercept.bundle import IMAGES_DIR, JSON_NAME
 from chexpercept.vocab import LESIONS, PATHS, Path
 
 from .case_builder import CaseBuilder, Outcome, Settings
-from .deformer import DEFORMERS
+from .case_selection import Queued, ils_candidates, plan_cells, selection_notes
+from .deformers import DEFORMERS
 from .export import WORK_DIR, read_record, remove_stale_case_folders, write_atomic, write_bundle_json
 from .regions import PARTITION_MODES
-from .selection import Queued, ils_candidates, plan_cells, selection_notes
 from .sources import (
     ILS_MASK_DIR,
     Anatomy,

@@ -13,8 +13,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from chexpercept.builder.deform_sam3 import LOGIT, Sam3Deformer, organic_kernel  # noqa: E402
-from chexpercept.builder.deformer import DeformRequest, Prompt, make_deformer  # noqa: E402
+from chexpercept.builder.deformers import DeformRequest, Prompt, make_deformer  # noqa: E402
+from chexpercept.builder.deformers.sam3 import LOGIT, Sam3Deformer, organic_kernel  # noqa: E402
 from chexpercept.builder.morph import MaskGeometry  # noqa: E402
 
 
