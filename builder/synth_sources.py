@@ -28,7 +28,7 @@ import os
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from multiprocessing import get_context
-from pathlib import Path
+from pathlib import Path as FsPath
 
 import numpy as np
 from PIL import Image
@@ -100,7 +100,7 @@ def _png(array: np.ndarray, mode: str | None = None) -> bytes:
     return buf.getvalue()
 
 
-def _write(path: Path, data: bytes) -> None:
+def _write(path: FsPath, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(data)
 
@@ -108,7 +108,7 @@ def _write(path: Path, data: bytes) -> None:
 def _draw_one(args: tuple[PhantomSpec, str, int, str, bool]) -> dict:
     """Draw and write one study; returns its MIMIC-ILS record, metadata row and CheXmask row."""
     spec, out, seed, anatomy_format, with_cxas = args
-    root = Path(out)
+    root = FsPath(out)
     study = draw_study(spec.lesion, spec.positive, derive(seed, "phantom", spec.study_id))
     rel_dir = f"{spec.subject_id[:3]}/{spec.subject_id}/{spec.study_id}"
     jpg = Image.fromarray(study.image).resize(JPG_SIZE, Image.Resampling.LANCZOS)
@@ -208,13 +208,13 @@ def synthesize_sources(
     anatomy_format: str = "folders",
     with_cxas: bool = False,
     progress: bool = True,
-) -> Path:
+) -> FsPath:
     """Write phantom MIMIC-CXR-JPG, MIMIC-ILS and anatomy folders under ``out_dir``; returns it."""
     if anatomy_format not in ANATOMY_FORMATS:
         raise ValueError(
             f"unknown anatomy format {anatomy_format!r}; expected one of {', '.join(ANATOMY_FORMATS)}"
         )
-    root = Path(out_dir)
+    root = FsPath(out_dir)
     root.mkdir(parents=True, exist_ok=True)
     specs = study_specs(per_cell, seed, lesions)
     jobs = [(s, str(root), seed, anatomy_format, with_cxas) for s in specs]
