@@ -30,7 +30,8 @@ SECTION = "## Generation"
 
 
 def bench_generate(sources: Path, work: Path, per_cell: int, num_proc: int) -> dict:
-    from chexpercept.builder.pipeline import GenerateConfig, generate
+    from chexpercept.builder.config import GenerateConfig
+    from chexpercept.builder.pipeline import generate
 
     out = work / f"bundle-{num_proc}"
     if out.exists():
@@ -45,17 +46,17 @@ def bench_generate(sources: Path, work: Path, per_cell: int, num_proc: int) -> d
         progress=False,
     )
     t0 = time.perf_counter()
-    report = generate(config)
+    summary = generate(config)
     wall = time.perf_counter() - t0
-    if report.exit_code:
-        raise SystemExit(report.summary())
+    if summary.exit_code:
+        raise SystemExit(summary.text())
     return {
         "workers": num_proc,
-        "cases": report.cases,
+        "cases": summary.cases,
         "wall": wall,
-        "per_case": wall / report.cases,
-        "per_case_per_core": wall * num_proc / report.cases,
-        "worker_seconds_per_case": report.seconds_built / max(1, report.built),
+        "per_case": wall / summary.cases,
+        "per_case_per_core": wall * num_proc / summary.cases,
+        "worker_seconds_per_case": summary.seconds_built / max(1, summary.built),
         "bundle": out,
     }
 

@@ -20,15 +20,15 @@ from chexpercept.vocab import CARDIOMEGALY, Path
 
 from . import render
 from .attributes import NoLungOverlap, attribute_qa
+from .case_selection import Queued
 from .contour import CONTOUR_EVAL_PATH, ContourError, MaskResolver, contour_qa
-from .deformation import Anatomies, CaseDeformation, Rejected, deform_case
-from .deformer import make_deformer
+from .deformation_plan import Anatomies, CaseDeformation, Rejected, deform_case
+from .deformers import make_deformer
 from .export import write_case_folder, write_record
 from .morph import MIN_COMPONENT, components, square_dilation, square_erosion_constant
 from .overlap import component_overlap
 from .regions import partition, zones
 from .rng import derive
-from .selection import Queued
 from .sources import Anatomy, CaseInputError, CxrTree, load_cxr, load_mask
 
 DEFAULT_KERNEL, DEFAULT_ITERATIONS = 5, 3  # default_dilated / default_eroded (OpenCV 5x5, 3 times)
@@ -66,6 +66,21 @@ class Outcome:
 
 def detection_qa(lesion: str, positive: bool) -> dict[str, Any]:
     return templates.yes_no_qa(templates.detection_question(lesion), positive)
+
+
+def _case_lungs(
+    chex: dict[str, np.ndarray], cxas: dict[str, np.ndarray] | None, comps: list[np.ndarray]
+) -> dict[str, np.ndarray]:
+    """The case's right and left lungs: CheXmask (intersected with CXAS when given) plus every lesion
+    component touching them (as the reference); a component touching neither is Rejected."""
+    lungs = {side: chex[side] & cxas[side] if cxas else chex[side].copy() for side in ("right", "left")}
+    for k, comp in enumerate(comps):
+        touched = [side for side in ("right", "left") if (comp & lungs[side]).any()]
+        if not touched:
+            raise Rejected(f"lesion component {k} lies outside both lung masks")
+        for side in touched:  # lesion components become part of the lungs they touch (reference)
+            lungs[side] |= comp
+    return lungs
 
 
 class CaseBuilder:
@@ -141,13 +156,7 @@ class CaseBuilder:
             raise Rejected(f"lesion mask has no component of at least {MIN_COMPONENT} px")
         chex = self.settings.anatomy.chex_lungs(c.dicom_id, cxr.original_size)
         cxas = self.settings.anatomy.cxas_lungs(c.dicom_id)
-        lungs = {side: chex[side] & cxas[side] if cxas else chex[side].copy() for side in ("right", "left")}
-        for k, comp in enumerate(comps):
-            touched = [side for side in ("right", "left") if (comp & lungs[side]).any()]
-            if not touched:
-                raise Rejected(f"lesion component {k} lies outside both lung masks")
-            for side in touched:  # lesion components become part of the lungs they touch (reference)
-                lungs[side] |= comp
+        lungs = _case_lungs(chex, cxas, comps)
         zone_masks = zones(lungs["right"], lungs["left"])
         region_masks = (
             None if cardio else partition(lungs["right"], lungs["left"], mode=self.settings.partition)

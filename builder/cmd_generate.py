@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from chexpercept.cli_options import add_progress_option, progress_enabled
 from chexpercept.vocab import LESIONS
 
-from .deformer import DEFORMERS
-from .pipeline import GenerateConfig, generate
+from .config import GenerateConfig
+from .deformers import DEFORMERS
+from .pipeline import generate
 from .regions import PARTITION_MODES
 from .sources import SourceError
+from .workspace import Workspace
 
 
 def _load_yaml(path: str) -> dict:
@@ -120,10 +121,10 @@ def build_config(args: argparse.Namespace) -> GenerateConfig:
 def run(args: argparse.Namespace) -> int:
     try:
         config = build_config(args)
-        report = generate(config)
+        summary = generate(config)
     except SourceError as e:
         print(f"chexpercept generate: {e}", file=sys.stderr)
         return 2
-    print(report.summary())
-    print(f"report: {Path(report.out) / '.chexpercept-work' / 'report.json'}")
-    return report.exit_code
+    print(summary.text())
+    print(f"report: {Workspace(summary.out).summary_file}")
+    return summary.exit_code

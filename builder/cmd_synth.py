@@ -10,7 +10,7 @@ from chexpercept.cli_options import progress_enabled
 from .cmd_synth_sources import add_phantom_arguments
 from .regions import PARTITION_MODES
 from .sources import SourceError
-from .synth import synthesize_report
+from .synth import synthesize_run
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -25,7 +25,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        report = synthesize_report(
+        summary = synthesize_run(
             args.out,
             per_cell=args.per_cell,
             seed=args.seed,
@@ -38,5 +38,5 @@ def run(args: argparse.Namespace) -> int:
     except (SourceError, ValueError) as e:
         print(f"chexpercept synth: {e}", file=sys.stderr)
         return 2
-    print(report.summary())
-    return report.exit_code
+    print(summary.text())
+    return summary.exit_code

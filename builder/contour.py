@@ -23,7 +23,7 @@ import numpy as np
 from chexpercept import templates
 from chexpercept.vocab import CARDIOMEGALY, POINT_COLORS
 
-from .deformation import CaseDeformation
+from .deformation_plan import CaseDeformation, ComponentPlan
 from .points import FAKE_POINT_DISTANCE, Point, far_from
 
 MAX_POINTS = len(POINT_COLORS)
@@ -118,6 +118,24 @@ def revision_options(
         for p in deformation.components
         if p.deformed
     }
+    choices = _component_choices(plans, component_ids, lesion, resolver, fake_masks)
+    true_combo = [plans[c].after_name for c in component_ids]
+    unrevised_combo = [plans[c].before_name for c in component_ids]
+    ordered = _fake_combinations(choices, set(unrevised_combo), rng)
+    chosen = _distinct_distractors(
+        ordered, resolver, [resolver.union(true_combo), resolver.union(unrevised_combo)]
+    )
+    return _revision_qa(true_combo, chosen, rng, neutral_names), fake_masks, chosen
+
+
+def _component_choices(
+    plans: dict[str, ComponentPlan],
+    component_ids: list[str],
+    lesion: str,
+    resolver: MaskResolver,
+    fake_masks: dict[str, list[str]],
+) -> list[list[tuple[str, str]]]:
+    """Per component: ("true", its revised mask), then ("fake", name) for each distractor and default."""
     seen_side: set[str] = set()
     choices: list[list[tuple[str, str]]] = []
     for cid in component_ids:
@@ -137,31 +155,38 @@ def revision_options(
         comp_choices = [("true", plan.after_name)]
         comp_choices += [("fake", m) for m in [*fake_masks.get(cid, []), *defaults]]
         choices.append(comp_choices)
+    return choices
+
+
+def _fake_combinations(
+    choices: list[list[tuple[str, str]]], unrevised: set[str], rng: np.random.Generator
+) -> list[list[str]]:
+    """Every combination but the true and the unrevised one: fewest default_* names first, shuffled
+    within each group (the reference samples the overflowing group)."""
     total = 1
     for c in choices:
         total *= len(c)
     if total > MAX_COMBINATIONS:
         raise ContourError(f"{total} mask combinations; too many components or distractors")
-    before_set = {plans[c].before_name for c in component_ids}
-    true_combo = [plans[c].after_name for c in component_ids]
-    fakes: list[list[str]] = []
+    groups: dict[int, list[list[str]]] = {}
     for combo in itertools.product(*choices):
         if all(kind == "true" for kind, _ in combo):
             continue
         names = [name for _, name in combo]
-        if set(names) == before_set:
+        if set(names) == unrevised:
             continue
-        fakes.append(names)
-    # fewest default_* names first; shuffled within each group (the reference samples the overflowing group)
-    groups: dict[int, list[list[str]]] = {}
-    for names in fakes:
         groups.setdefault(sum(n.startswith("default_") for n in names), []).append(names)
-    ordered = [
+    return [
         combo for k in sorted(groups) for combo in (groups[k][i] for i in rng.permutation(len(groups[k])))
     ]
-    true_mask = resolver.union(true_combo)
-    unrevised = resolver.union([plans[c].before_name for c in component_ids])
-    taken: list[np.ndarray] = [true_mask, unrevised]
+
+
+def _distinct_distractors(
+    ordered: list[list[str]], resolver: MaskResolver, taken: list[np.ndarray]
+) -> list[list[str]]:
+    """The first combinations (at most MAX_FAKE_COMBINATIONS) whose masks are non-empty and differ
+    from each other and from ``taken`` (the true and the unrevised masks)."""
+    taken = list(taken)
     chosen: list[list[str]] = []
     for names in ordered:
         if len(chosen) == MAX_FAKE_COMBINATIONS:
@@ -173,6 +198,13 @@ def revision_options(
         chosen.append(names)
     if not chosen:
         raise ContourError("no distractor mask differs from the true and the unrevised masks")
+    return chosen
+
+
+def _revision_qa(
+    true_combo: list[str], chosen: list[list[str]], rng: np.random.Generator, neutral_names: bool
+) -> dict[str, Any]:
+    """The revision-result question: the true and the chosen fake combinations in a random order."""
     entries = [("true", true_combo)] + [("fake", c) for c in chosen]
     entries = [entries[i] for i in rng.permutation(len(entries))]
     options = []
@@ -184,10 +216,9 @@ def revision_options(
         options.append({"type": kind, "masks": list(names), "relative_path": rel})
     answer_index = next(i for i, o in enumerate(options, start=1) if o["type"] == "true")
     labels = templates.mask_option_labels(len(options))
-    qa = templates.qa(
+    return templates.qa(
         templates.revision_result_question(len(options)), options, labels[answer_index - 1], answer_index
     )
-    return qa, fake_masks, chosen
 
 
 def contour_qa(

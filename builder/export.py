@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from pathlib import Path
+from pathlib import Path as FsPath
 from typing import Any
 
 from chexpercept.bundle import IMAGES_DIR, JSON_NAME
@@ -20,7 +20,7 @@ WORK_DIR = ".chexpercept-work"
 CASES_DIR = "cases"
 
 
-def write_atomic(path: Path, data: bytes) -> None:
+def write_atomic(path: FsPath, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     with open(tmp, "wb") as f:
@@ -30,7 +30,7 @@ def write_atomic(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def write_case_folder(root: Path, key_id: str, files: dict[str, bytes]) -> None:
+def write_case_folder(root: FsPath, key_id: str, files: dict[str, bytes]) -> None:
     """Write ``files`` (relative path -> bytes) as ``chexpercept/<key_id>/`` in one rename."""
     images = root / IMAGES_DIR
     images.mkdir(parents=True, exist_ok=True)
@@ -47,15 +47,15 @@ def write_case_folder(root: Path, key_id: str, files: dict[str, bytes]) -> None:
     os.rename(tmp, final)
 
 
-def record_path(root: Path, key_id: str) -> Path:
+def record_path(root: FsPath, key_id: str) -> FsPath:
     return root / WORK_DIR / CASES_DIR / f"{key_id}.json"
 
 
-def write_record(root: Path, key_id: str, record: dict[str, Any]) -> None:
+def write_record(root: FsPath, key_id: str, record: dict[str, Any]) -> None:
     write_atomic(record_path(root, key_id), json.dumps(record, ensure_ascii=False).encode("utf-8"))
 
 
-def read_record(root: Path, key_id: str) -> dict[str, Any] | None:
+def read_record(root: FsPath, key_id: str) -> dict[str, Any] | None:
     """The finished record of a case, or None (also when the record or its images are incomplete)."""
     path = record_path(root, key_id)
     try:
@@ -72,13 +72,13 @@ def bundle_json(entries: dict[str, dict[str, Any]]) -> bytes:
     return json.dumps(entries, indent=2, ensure_ascii=False).encode("utf-8")
 
 
-def write_bundle_json(root: Path, entries: dict[str, dict[str, Any]]) -> Path:
+def write_bundle_json(root: FsPath, entries: dict[str, dict[str, Any]]) -> FsPath:
     path = root / JSON_NAME
     write_atomic(path, bundle_json(entries))
     return path
 
 
-def remove_stale_case_folders(root: Path, keep: set[str]) -> list[str]:
+def remove_stale_case_folders(root: FsPath, keep: set[str]) -> list[str]:
     """Delete case folders (and leftover temporaries) that are not part of the final bundle."""
     images = root / IMAGES_DIR
     removed = []

@@ -18,7 +18,7 @@ import json
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path as FsPath
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
@@ -42,7 +42,7 @@ class CaseInputError(Exception):
     """A file one case needs is missing or unreadable; the message names the file."""
 
 
-def _open_image(path: Path) -> Image.Image:
+def _open_image(path: FsPath) -> Image.Image:
     try:
         im = Image.open(path)
         im.load()
@@ -55,7 +55,7 @@ def _open_image(path: Path) -> Image.Image:
 
 def load_mask(path: str | os.PathLike[str], size: int = IMAGE_SIZE) -> np.ndarray:
     """A binary mask (any non-zero pixel) scaled to size x size by nearest neighbour."""
-    im = _open_image(Path(path)).convert("L")
+    im = _open_image(FsPath(path)).convert("L")
     if im.size != (size, size):
         im = im.resize((size, size), Image.Resampling.NEAREST)
     return np.asarray(im) > 0
@@ -96,7 +96,7 @@ def load_cxr(path: str | os.PathLike[str], size: int = IMAGE_SIZE, *, decode: bo
     grey PNG) is converted once: 8-bit grey (16-bit grey stretched from its own minimum to maximum),
     scaled to size x size with Lanczos (x and y independently, no padding), RGB, as the reference's
     flat folder of 1024 x 1024 PNGs holds."""
-    path = Path(path)
+    path = FsPath(path)
     try:
         raw = path.read_bytes()
     except FileNotFoundError as e:
@@ -139,7 +139,7 @@ class CxrTree:
 
     @classmethod
     def jpg_tree(cls, root: str | os.PathLike[str]) -> CxrTree:
-        r = Path(root)
+        r = FsPath(root)
         if not r.is_dir():
             raise SourceError(f"--mimic-cxr-jpg: folder {r} does not exist")
         if not (r / "files").is_dir():
@@ -150,13 +150,13 @@ class CxrTree:
 
     @classmethod
     def png_folder(cls, root: str | os.PathLike[str]) -> CxrTree:
-        r = Path(root)
+        r = FsPath(root)
         if not r.is_dir():
             raise SourceError(f"--cxr-png: folder {r} does not exist")
         return cls(str(r), flat=True)
 
-    def path(self, dicom_id: str, subject_id: str, study_id: str, image_path: str | None) -> Path:
-        root = Path(self.root)
+    def path(self, dicom_id: str, subject_id: str, study_id: str, image_path: str | None) -> FsPath:
+        root = FsPath(self.root)
         if self.flat:
             return root / f"{dicom_id}.png"
         if image_path:
@@ -172,7 +172,7 @@ class CxrTree:
 # ---------------------------------------------------------------------------------------- MIMIC-ILS
 def load_ils(root: str | os.PathLike[str]) -> dict:
     """The MIMIC-ILS instruction/answer JSON (``{"train": {study: {...}}, "val": ..., "test": ...}``)."""
-    r = Path(root)
+    r = FsPath(root)
     path = r if r.is_file() else r / ILS_JSON
     if not path.is_file():
         raise SourceError(f"--mimic-ils: {path} does not exist (expected {ILS_JSON} in the MIMIC-ILS folder)")
@@ -210,15 +210,15 @@ def rle_encode(mask: np.ndarray) -> str:
     return " ".join(str(int(v)) for v in runs)
 
 
-def _open_text(path: Path) -> io.TextIOBase:
+def _open_text(path: FsPath) -> io.TextIOBase:
     if path.suffix == ".gz":
         return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", newline="")
     return open(path, encoding="utf-8", newline="")
 
 
-def find_chexmask_csv(path: str | os.PathLike[str]) -> Path | None:
+def find_chexmask_csv(path: str | os.PathLike[str]) -> FsPath | None:
     """The CheXmask table given as a file, or the MIMIC-CXR-JPG table inside a CheXmask download folder."""
-    p = Path(path)
+    p = FsPath(path)
     if p.is_file():
         return p
     if p.is_dir():
@@ -229,7 +229,7 @@ def find_chexmask_csv(path: str | os.PathLike[str]) -> Path | None:
     return None
 
 
-def extract_chexmask_rows(csv_path: Path, dicom_ids: Iterable[str], out_path: Path) -> dict[str, int]:
+def extract_chexmask_rows(csv_path: FsPath, dicom_ids: Iterable[str], out_path: FsPath) -> dict[str, int]:
     """Copy the rows of the needed images from the (huge) CheXmask table into a JSON-lines file.
 
     Returns dicom_id -> byte offset of its line, so workers read one line each instead of the table.
@@ -279,7 +279,7 @@ class Anatomy:
     ) -> dict[str, np.ndarray]:
         """{'right': mask, 'left': mask} from CheXmask(-U), in the 1024 frame."""
         if self.folder is not None:
-            base = Path(self.folder) / dicom_id
+            base = FsPath(self.folder) / dicom_id
             return {side: load_mask(base / name) for side, name in CHEX_FILES.items()}
         assert self.chexmask_rows is not None and self.chexmask_offsets is not None
         if dicom_id not in self.chexmask_offsets:
@@ -311,12 +311,12 @@ class Anatomy:
     def cxas_lungs(self, dicom_id: str) -> dict[str, np.ndarray] | None:
         if self.cxas is None:
             return None
-        base = Path(self.cxas) / dicom_id
+        base = FsPath(self.cxas) / dicom_id
         return {side: load_mask(base / name) for side, name in CXAS_FILES.items()}
 
 
 def check_anatomy_folder(path: str | os.PathLike[str], what: str) -> None:
-    if not Path(path).is_dir():
+    if not FsPath(path).is_dir():
         raise SourceError(f"{what}: folder {path} does not exist")
 
 
@@ -328,7 +328,7 @@ def read_review_sheets(paths: Iterable[str | os.PathLike[str]]) -> dict[str, boo
     """
     verdicts: dict[str, bool] = {}
     for p in paths:
-        path = Path(p)
+        path = FsPath(p)
         if not path.is_file():
             raise SourceError(f"--review: sheet {path} does not exist")
         with _open_text(path) as f:
@@ -358,6 +358,6 @@ def is_phantom(*folders: str | os.PathLike[str] | None) -> bool:
     for folder in folders:
         if folder is None:
             continue
-        if (Path(folder) / PHANTOM_MARKER).is_file():
+        if (FsPath(folder) / PHANTOM_MARKER).is_file():
             return True
     return False

@@ -15,20 +15,23 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from pathlib import Path
+from pathlib import Path as FsPath
 
 from chexpercept.vocab import LESIONS
 
+from .config import GenerateConfig
 from .export import WORK_DIR
-from .pipeline import PHANTOM_SOURCES_DIR, GenerateConfig, Report, generate
+from .pipeline import generate
+from .summary import GenerationSummary
 from .synth_sources import synthesize_sources
+from .workspace import PHANTOM_SOURCES_DIR
 
 STAMP = "phantom-sources.json"
 
 
 def phantom_sources(
-    out_dir: Path, *, per_cell: int, seed: int, lesions: tuple[str, ...], num_proc: int, progress: bool
-) -> Path:
+    out_dir: FsPath, *, per_cell: int, seed: int, lesions: tuple[str, ...], num_proc: int, progress: bool
+) -> FsPath:
     """Draw (or reuse) the phantom sources for a synth run."""
     sources = out_dir / WORK_DIR / PHANTOM_SOURCES_DIR
     stamp = {"per_cell": per_cell, "seed": seed, "lesions": list(lesions)}
@@ -44,7 +47,7 @@ def phantom_sources(
     return sources
 
 
-def synthesize_report(
+def synthesize_run(
     out_dir: str | os.PathLike[str],
     *,
     per_cell: int = 1,
@@ -54,9 +57,9 @@ def synthesize_report(
     partition: str = "reference",
     overwrite: bool = False,
     progress: bool = False,
-) -> Report:
-    """Write a phantom release bundle to ``out_dir`` and return the generation report."""
-    out = Path(out_dir)
+) -> GenerationSummary:
+    """Write a phantom release bundle to ``out_dir`` and return the run's summary."""
+    out = FsPath(out_dir)
     sources = phantom_sources(
         out, per_cell=per_cell, seed=seed, lesions=lesions, num_proc=num_proc, progress=progress
     )
@@ -85,14 +88,14 @@ def synthesize(
     *,
     lesions: tuple[str, ...] = LESIONS,
     progress: bool = False,
-) -> Path:
+) -> FsPath:
     """Write a phantom release bundle (``per_cell`` cases per lesion and path) and return its folder.
 
     Raises RuntimeError when the run did not complete (it never should on phantom sources).
     """
-    report = synthesize_report(
+    summary = synthesize_run(
         out_dir, per_cell=per_cell, seed=seed, num_proc=num_proc, lesions=lesions, progress=progress
     )
-    if report.exit_code:
-        raise RuntimeError(f"phantom generation did not complete:\n{report.summary()}")
-    return Path(out_dir)
+    if summary.exit_code:
+        raise RuntimeError(f"phantom generation did not complete:\n{summary.text()}")
+    return FsPath(out_dir)

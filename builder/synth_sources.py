@@ -28,7 +28,7 @@ import os
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from multiprocessing import get_context
-from pathlib import Path
+from pathlib import Path as FsPath
 
 import numpy as np
 from PIL import Image
@@ -36,7 +36,7 @@ from tqdm.auto import tqdm
 
 from chexpercept.vocab import LESIONS
 
-from .phantom import draw_study
+from .phantom import PhantomAnatomy, draw_study
 from .rng import derive
 from .sources import ILS_JSON, ILS_MASK_DIR, PHANTOM_MARKER, rle_encode
 
@@ -100,7 +100,7 @@ def _png(array: np.ndarray, mode: str | None = None) -> bytes:
     return buf.getvalue()
 
 
-def _write(path: Path, data: bytes) -> None:
+def _write(path: FsPath, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(data)
 
@@ -108,42 +108,14 @@ def _write(path: Path, data: bytes) -> None:
 def _draw_one(args: tuple[PhantomSpec, str, int, str, bool]) -> dict:
     """Draw and write one study; returns its MIMIC-ILS record, metadata row and CheXmask row."""
     spec, out, seed, anatomy_format, with_cxas = args
-    root = Path(out)
+    root = FsPath(out)
     study = draw_study(spec.lesion, spec.positive, derive(seed, "phantom", spec.study_id))
     rel_dir = f"{spec.subject_id[:3]}/{spec.subject_id}/{spec.study_id}"
     jpg = Image.fromarray(study.image).resize(JPG_SIZE, Image.Resampling.LANCZOS)
     buf = io.BytesIO()
     jpg.save(buf, format="JPEG", quality=JPG_QUALITY)
     _write(root / "mimic-cxr-jpg" / "files" / rel_dir / f"{spec.dicom_id}.jpg", buf.getvalue())
-    anatomy = {
-        "right_lung": study.anatomy.right_lung,
-        "left_lung": study.anatomy.left_lung,
-        "heart": study.anatomy.heart,
-    }
-    chexmask_row = None
-    if anatomy_format == "folders":
-        for name, mask in anatomy.items():
-            _write(root / "anatomy" / spec.dicom_id / f"{name}.png", _png(mask.astype(np.uint8) * 255, "1"))
-    else:
-        w, h = JPG_SIZE
-        scaled = {
-            name: np.asarray(
-                Image.fromarray(m.astype(np.uint8) * 255).resize((w, h), Image.Resampling.NEAREST)
-            )
-            > 0
-            for name, m in anatomy.items()
-        }
-        chexmask_row = {
-            "dicom_id": spec.dicom_id,
-            "Dice RCA (Mean)": "0.9",
-            "Dice RCA (Max)": "0.95",
-            "Landmarks": "[]",
-            "Left Lung": rle_encode(scaled["left_lung"]),
-            "Right Lung": rle_encode(scaled["right_lung"]),
-            "Heart": rle_encode(scaled["heart"]),
-            "Height": str(h),
-            "Width": str(w),
-        }
+    chexmask_row = _write_anatomy(root, spec, study.anatomy, anatomy_format)
     if with_cxas:
         for side, mask in (("right", study.anatomy.right_lung), ("left", study.anatomy.left_lung)):
             shifted = np.zeros_like(mask)
@@ -156,6 +128,44 @@ def _draw_one(args: tuple[PhantomSpec, str, int, str, bool]) -> dict:
         assert study.lesion512 is not None
         seg_path = f"{spec.study_id}/{spec.study_id}_{spec.lesion}_0.png"
         _write(root / "mimic-ils" / ILS_MASK_DIR / seg_path, _png(study.lesion512.astype(np.uint8) * 255))
+    return {
+        "study_id": spec.study_id,
+        "record": _ils_record(spec, rel_dir, seg_path),
+        "meta": _metadata_row(spec),
+        "chexmask": chexmask_row,
+    }
+
+
+def _write_anatomy(
+    root: FsPath, spec: PhantomSpec, masks: PhantomAnatomy, anatomy_format: str
+) -> dict | None:
+    """Write the lung and heart masks as per-image folders, or return them as a CheXmask table row."""
+    anatomy = {"right_lung": masks.right_lung, "left_lung": masks.left_lung, "heart": masks.heart}
+    if anatomy_format == "folders":
+        for name, mask in anatomy.items():
+            _write(root / "anatomy" / spec.dicom_id / f"{name}.png", _png(mask.astype(np.uint8) * 255, "1"))
+        return None
+    w, h = JPG_SIZE
+    scaled = {
+        name: np.asarray(Image.fromarray(m.astype(np.uint8) * 255).resize((w, h), Image.Resampling.NEAREST))
+        > 0
+        for name, m in anatomy.items()
+    }
+    return {
+        "dicom_id": spec.dicom_id,
+        "Dice RCA (Mean)": "0.9",
+        "Dice RCA (Max)": "0.95",
+        "Landmarks": "[]",
+        "Left Lung": rle_encode(scaled["left_lung"]),
+        "Right Lung": rle_encode(scaled["right_lung"]),
+        "Heart": rle_encode(scaled["heart"]),
+        "Height": str(h),
+        "Width": str(w),
+    }
+
+
+def _ils_record(spec: PhantomSpec, rel_dir: str, seg_path: str | None) -> dict:
+    """The study's MIMIC-ILS record: one global positive or negative pair."""
     kind = "positive" if spec.positive else "negative"
     pair = {
         "pair_id": f"{spec.study_id}_{kind}_0",
@@ -169,7 +179,7 @@ def _draw_one(args: tuple[PhantomSpec, str, int, str, bool]) -> dict:
     }
     if spec.positive:
         pair["sent_idx"] = "1"
-    record = {
+    return {
         "subject_id": spec.subject_id,
         "dicom_id": spec.dicom_id,
         "image_path": f"{rel_dir}/{spec.dicom_id}.jpg",
@@ -180,8 +190,12 @@ def _draw_one(args: tuple[PhantomSpec, str, int, str, bool]) -> dict:
             "negative_pairs": [] if spec.positive else [pair],
         },
     }
+
+
+def _metadata_row(spec: PhantomSpec) -> dict[str, str]:
+    """The study's row of the MIMIC-CXR-JPG metadata table."""
     w, h = JPG_SIZE
-    meta = {
+    return {
         "dicom_id": spec.dicom_id,
         "subject_id": spec.subject_id[1:],
         "study_id": spec.study_id[1:],
@@ -195,7 +209,6 @@ def _draw_one(args: tuple[PhantomSpec, str, int, str, bool]) -> dict:
         "ViewCodeSequence_CodeMeaning": "postero-anterior",
         "PatientOrientationCodeSequence_CodeMeaning": "Erect",
     }
-    return {"study_id": spec.study_id, "record": record, "meta": meta, "chexmask": chexmask_row}
 
 
 def synthesize_sources(
@@ -208,13 +221,13 @@ def synthesize_sources(
     anatomy_format: str = "folders",
     with_cxas: bool = False,
     progress: bool = True,
-) -> Path:
+) -> FsPath:
     """Write phantom MIMIC-CXR-JPG, MIMIC-ILS and anatomy folders under ``out_dir``; returns it."""
     if anatomy_format not in ANATOMY_FORMATS:
         raise ValueError(
             f"unknown anatomy format {anatomy_format!r}; expected one of {', '.join(ANATOMY_FORMATS)}"
         )
-    root = Path(out_dir)
+    root = FsPath(out_dir)
     root.mkdir(parents=True, exist_ok=True)
     specs = study_specs(per_cell, seed, lesions)
     jobs = [(s, str(root), seed, anatomy_format, with_cxas) for s in specs]

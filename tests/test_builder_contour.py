@@ -11,7 +11,7 @@ from chexpercept.builder.contour import (
     point_options,
     revision_options,
 )
-from chexpercept.builder.deformation import CaseDeformation, ComponentPlan, Step
+from chexpercept.builder.deformation_plan import CaseDeformation, ComponentPlan, Step
 from chexpercept.vocab import POINT_COLORS
 
 

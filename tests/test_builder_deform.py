@@ -1,11 +1,21 @@
 """Point prompts and the morphology deformer: direction and confinement of every change."""
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
-from chexpercept.builder.deform_morphology import MorphologyDeformer
-from chexpercept.builder.deformation import Anatomies, deform_case
-from chexpercept.builder.deformer import DeformRequest, Prompt, make_deformer, satisfies
+from chexpercept.builder.deformation_plan import Anatomies, deform_case
+from chexpercept.builder.deformers import (
+    DEFORMERS,
+    DeformRequest,
+    Prompt,
+    implementations,
+    make_deformer,
+    satisfies,
+)
+from chexpercept.builder.deformers.morphology import MorphologyDeformer
 from chexpercept.builder.morph import MaskGeometry
 from chexpercept.builder.overlap import component_overlap
 from chexpercept.builder.points import MIN_SPACING, collect_prompt, radius_for
@@ -113,8 +123,24 @@ def test_satisfies_checks_point_sides():
 
 def test_make_deformer_names():
     assert make_deformer("morphology").name == "morphology"
-    with pytest.raises(ValueError):
+    assert isinstance(make_deformer("morphology", impl="numpy"), MorphologyDeformer)
+    assert DEFORMERS == ("morphology", "sam3")
+    assert implementations("sam3")[0] == "transformers"
+    with pytest.raises(ValueError, match="unknown deformer"):
         make_deformer("paint")
+    with pytest.raises(ValueError, match="unknown sam3 implementation"):
+        make_deformer("sam3", impl="paint")
+
+
+def test_deformers_import_torch_only_when_sam3_is_built():
+    code = (
+        "import sys\n"
+        "from chexpercept.builder.deformers import deformer_class, make_deformer\n"
+        "make_deformer('morphology')\n"
+        "deformer_class('sam3')\n"
+        "assert 'torch' not in sys.modules, 'torch imported before a sam3 deformer was built'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def _lungs(shape=(600, 600)):

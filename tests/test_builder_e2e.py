@@ -289,7 +289,7 @@ def test_failing_case_is_reported_replaced_and_exits_non_zero(small_sources, tmp
     assert str(jpg) in report.failed[0]["error"]
     assert report.cases == first.cases == 3  # a spare candidate took its place
     assert victim not in json.loads((tmp_path / "out" / "chexpercept.json").read_text())
-    assert victim in report.summary()
+    assert victim in report.text()
     fast = generate(_gen(sources, tmp_path / "fast", lesions=["effusion"], fail_fast=True))
     assert fast.exit_code == 1 and fast.aborted and not (tmp_path / "fast" / "chexpercept.json").exists()
 
@@ -347,10 +347,10 @@ def test_chexmask_table_cxas_rosalia_review_sheets_and_flat_pngs(tmp_path):
         progress=False,
     )
     report = generate(config)
-    assert report.exit_code == 0, report.summary()
+    assert report.exit_code == 0, report.text()
     entries = json.loads((tmp_path / "out" / "chexpercept.json").read_text())
     assert len(entries) == 3 and rejected not in entries
-    assert f"1 of {len(keys)} candidate pairs not accepted by the review sheets" in report.summary()
+    assert f"1 of {len(keys)} candidate pairs not accepted by the review sheets" in report.text()
     assert all(e["provenance"]["reviewed"] is True for e in entries.values())
     for key, e in entries.items():
         # the flat 1024 PNG passes through byte for byte

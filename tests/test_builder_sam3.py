@@ -13,8 +13,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from chexpercept.builder.deform_sam3 import LOGIT, Sam3Deformer, organic_kernel  # noqa: E402
-from chexpercept.builder.deformer import DeformRequest, Prompt, make_deformer  # noqa: E402
+from chexpercept.builder.deformers import DeformRequest, Prompt, make_deformer  # noqa: E402
+from chexpercept.builder.deformers.sam3 import LOGIT, Sam3Deformer, organic_kernel  # noqa: E402
 from chexpercept.builder.morph import MaskGeometry  # noqa: E402
 
 
@@ -155,7 +155,7 @@ def test_pipeline_runs_with_the_sam3_deformer(tiny_checkpoint, tmp_path):
         )
     )
     # random weights: the positive may be rejected (its masks need not satisfy the prompts), never crash
-    assert not report.failed and report.built == 2, report.summary()
+    assert not report.failed and report.built == 2, report.text()
     entries = json.loads((tmp_path / "out" / "chexpercept.json").read_text())
     assert all(e["provenance"]["deformer"] == "sam3" for e in entries.values())
     assert f"cardiomegaly_{negative}" in entries

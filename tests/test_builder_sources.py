@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from chexpercept.builder.selection import ils_candidates, plan_cells
+from chexpercept.builder.case_selection import ils_candidates, plan_cells
 from chexpercept.builder.sources import (
     Anatomy,
     CaseInputError,

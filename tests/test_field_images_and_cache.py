@@ -105,7 +105,7 @@ def test_generate_from_16_bit_pngs_gives_images_a_model_sees(tmp_path):
             progress=False,
         )
     )
-    assert report.exit_code == 0, report.summary()
+    assert report.exit_code == 0, report.text()
     bundle = read_bundle(tmp_path / "out", check_images="full")
     for case in bundle.cases:
         with Image.open(bundle.root / case.cxr_image) as im:

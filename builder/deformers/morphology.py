@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .deformer import DeformRequest
-from .morph import disks
+from ..morph import disks
+from .base import DeformRequest
 
 #: extra depth beyond the deepest prompt point, so the points sit strictly inside the change
 BAND_MARGIN = 2

@@ -21,7 +21,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from .deformer import Deformer, DeformRequest, Prompt, satisfies
+from .deformers.base import Deformer, DeformRequest, Prompt, satisfies
 from .morph import MaskGeometry
 from .overlap import ComponentOverlap
 from .points import (

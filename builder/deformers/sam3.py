@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 from scipy import ndimage as ndi
 
-from .deformer import DeformRequest
-from .morph import MIN_COMPONENT, clipped_stamp, remove_small_components
+from ..morph import MIN_COMPONENT, clipped_stamp, remove_small_components
+from .base import DeformRequest
 
 LOGIT = math.log(1e8)  # 18.42: "certainly inside" in the reference's mask input
 KERNEL_RADIUS = 15  # in the 288 x 288 mask-input frame

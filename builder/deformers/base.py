@@ -1,8 +1,9 @@
-"""The deformer interface: one small protocol behind ``--deformer morphology|sam3``.
+"""The deformer interface: the protocol every deformer implements and the requests it receives.
 
 The generator decides *what* to change (which anatomical sub-regions, grow or shrink, which point
-prompts); a deformer decides *how* the mask changes. Both deformers receive the same requests, so the
-plan, the prompts and every answer derived from them are the same code path; only the mask shapes differ.
+prompts; see ``deformation_plan``); a deformer decides *how* the mask changes. Every deformer receives
+the same requests, so the plan, the prompts and every answer derived from them are the same code path;
+only the mask shapes differ.
 """
 
 from __future__ import annotations
@@ -12,10 +13,8 @@ from typing import Protocol
 
 import numpy as np
 
-from .morph import MaskGeometry
-from .points import Point
-
-DEFORMERS: tuple[str, ...] = ("morphology", "sam3")
+from ..morph import MaskGeometry
+from ..points import Point
 
 
 @dataclass
@@ -78,16 +77,3 @@ def satisfies(mask: np.ndarray, prompts: list[Prompt]) -> bool:
             if bool(mask[y, x]) != prompt.positive:
                 return False
     return True
-
-
-def make_deformer(name: str, **options: object) -> Deformer:
-    """Build a deformer by name; ``sam3`` imports torch and transformers only here."""
-    if name == "morphology":
-        from .deform_morphology import MorphologyDeformer
-
-        return MorphologyDeformer()
-    if name == "sam3":
-        from .deform_sam3 import Sam3Deformer
-
-        return Sam3Deformer(**options)  # type: ignore[arg-type]
-    raise ValueError(f"unknown deformer {name!r}; expected one of {', '.join(DEFORMERS)}")

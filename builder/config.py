@@ -1,0 +1,145 @@
+"""``GenerateConfig``: the settings of one ``generate`` run, checking itself.
+
+The command line maps onto the dataclass one to one; ``check`` rejects bad or missing options before
+anything is read, and ``fingerprint`` names the settings that decide the bundle's content (a
+rerun must match them to resume).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path as FsPath
+from typing import Any
+
+import chexpercept
+from chexpercept.vocab import LESIONS
+
+from .deformers import DEFORMERS
+from .regions import PARTITION_MODES
+from .sources import ILS_MASK_DIR, SourceError
+
+#: the settings that decide the bundle's content, in the order run.json has always listed them
+FINGERPRINT_KEYS = (
+    "per_cell",
+    "seed",
+    "mimic_cxr_jpg",
+    "cxr_png",
+    "mimic_ils",
+    "lesion_masks",
+    "rosalia_pred",
+    "anatomy",
+    "cxas",
+    "lesions",
+    "deformer",
+    "sam3_checkpoint",
+    "partition",
+    "neutral_option_names",
+)
+#: the fingerprint's input paths, recorded resolved
+FINGERPRINT_PATHS = (
+    "mimic_cxr_jpg",
+    "cxr_png",
+    "mimic_ils",
+    "lesion_masks",
+    "rosalia_pred",
+    "anatomy",
+    "cxas",
+)
+
+
+@dataclass
+class GenerateConfig:
+    """Everything ``generate`` needs; the command line maps onto this one to one."""
+
+    out: str
+    per_cell: int
+    seed: int = 0
+    mimic_cxr_jpg: str | None = None
+    cxr_png: str | None = None
+    mimic_ils: str | None = None
+    lesion_masks: str | None = None
+    rosalia_pred: str | None = None
+    anatomy: str | None = None
+    cxas: str | None = None
+    review: list[str] = field(default_factory=list)
+    lesions: list[str] = field(default_factory=lambda: list(LESIONS))
+    deformer: str = "morphology"
+    sam3_checkpoint: str | None = None
+    device: str | None = None
+    num_proc: int = 1
+    fail_fast: bool = False
+    partition: str = "reference"
+    neutral_option_names: bool = False
+    overwrite: bool = False
+    progress: bool = True
+
+    def check(self) -> None:
+        """Raise SourceError for a bad or missing option; the sources are checked as ``generate`` reads them."""
+        if self.per_cell < 1:
+            raise SourceError(f"--per-cell must be >= 1, got {self.per_cell}")
+        if self.deformer not in DEFORMERS:
+            raise SourceError(f"--deformer must be one of {', '.join(DEFORMERS)}")
+        if self.partition not in PARTITION_MODES:
+            raise SourceError(f"--partition must be one of {', '.join(PARTITION_MODES)}")
+        self.selected_lesions()
+        if bool(self.mimic_cxr_jpg) == bool(self.cxr_png):
+            raise SourceError(
+                "give exactly one of --mimic-cxr-jpg (the JPG tree) or --cxr-png (flat 1024x1024 PNGs)"
+            )
+        if not self.mimic_ils:
+            raise SourceError("--mimic-ils is required")
+        if not self.anatomy:
+            raise SourceError("--anatomy is required: per-image mask folders or the CheXmask table")
+        if self.deformer == "sam3":
+            _check_checkpoint(self.sam3_checkpoint)
+
+    def selected_lesions(self) -> tuple[str, ...]:
+        """The lesions asked for, in the benchmark's order (SourceError for an unknown or empty list)."""
+        asked = {x.lower() for x in self.lesions}
+        lesions = tuple(name for name in LESIONS if name in asked)
+        unknown = sorted(asked - set(LESIONS))
+        if unknown or not lesions:
+            raise SourceError(
+                f"unknown lesion(s) {', '.join(unknown) or '(none given)'}; expected {', '.join(LESIONS)}"
+            )
+        return lesions
+
+    def lesion_mask_root(self) -> str:
+        """--lesion-masks, or MIMIC-ILS's lesion_mask/ folder."""
+        assert self.mimic_ils
+        ils_root = FsPath(self.mimic_ils)
+        ils_root = ils_root if ils_root.is_dir() else ils_root.parent
+        return self.lesion_masks or str(ils_root / ILS_MASK_DIR)
+
+    def deformer_options(self) -> dict[str, Any]:
+        """The keyword arguments of ``make_deformer`` besides the name."""
+        if self.deformer == "sam3":
+            return {"checkpoint": self.sam3_checkpoint, "device": self.device}
+        return {}
+
+    def fingerprint(self) -> dict[str, Any]:
+        """The settings that decide the bundle's content; a rerun must match them to resume."""
+        d = {k: getattr(self, k) for k in FINGERPRINT_KEYS}
+        for k in FINGERPRINT_PATHS:
+            if d[k]:
+                d[k] = str(FsPath(d[k]).resolve())
+        d["review"] = sorted(
+            f"{FsPath(p).resolve()} sha256:{hashlib.sha256(FsPath(p).read_bytes()).hexdigest()}"
+            for p in self.review
+        )
+        d["generator"] = f"chexpercept {chexpercept.__version__}"
+        return d
+
+
+def _check_checkpoint(checkpoint: str | None) -> None:
+    """A local SAM 3 folder must exist; anything else must look like a Hub id (owner/name)."""
+    if not checkpoint:
+        raise SourceError("--deformer sam3 needs --sam3-checkpoint (a local folder or a Hub id)")
+    path = FsPath(checkpoint).expanduser()
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise SourceError(f"--sam3-checkpoint: {path} has no config.json (a save_pretrained folder)")
+        return
+    if checkpoint.startswith((".", "/", "~")) or checkpoint.count("/") != 1:
+        raise SourceError(f"--sam3-checkpoint: {checkpoint} is neither an existing folder nor a Hub id")

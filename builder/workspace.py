@@ -1,0 +1,83 @@
+"""The output folder's bookkeeping: ``<out>/.chexpercept-work``.
+
+The work folder holds ``run.json`` (the settings fingerprint a rerun must match to resume), the
+per-case records written by ``export``, the CheXmask row cache, ``report.json`` (the run's
+``GenerationSummary``) and, for ``chexpercept synth``, the phantom sources.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path as FsPath
+from typing import Any
+
+from chexpercept.bundle import IMAGES_DIR, JSON_NAME
+
+from .export import WORK_DIR, write_atomic
+from .sources import SourceError
+
+RUN_FILE = "run.json"
+#: where ``chexpercept synth`` keeps its phantom sources inside the output's work folder
+PHANTOM_SOURCES_DIR = "phantom-sources"
+#: the run's summary (a GenerationSummary as JSON); the file name predates the HTML report
+SUMMARY_FILE = "report.json"
+
+
+class Workspace:
+    """An output folder of ``generate``: the bundle (chexpercept/, chexpercept.json) plus its work folder."""
+
+    def __init__(self, out: str | FsPath):
+        self.root = FsPath(out)
+        self.work = self.root / WORK_DIR
+
+    @property
+    def summary_file(self) -> FsPath:
+        return self.work / SUMMARY_FILE
+
+    def prepare(self, fingerprint: dict[str, Any], overwrite: bool) -> None:
+        """Make the folder ready for a run with these settings: resume, start over, or refuse."""
+        root = self.root
+        run_file = self.work / RUN_FILE
+        if run_file.is_file():
+            previous = json.loads(run_file.read_text(encoding="utf-8"))
+            if previous != fingerprint:
+                if not overwrite:
+                    changed = sorted(
+                        k for k in set(previous) | set(fingerprint) if previous.get(k) != fingerprint.get(k)
+                    )
+                    raise SourceError(
+                        f"{root} holds a run with different settings ({', '.join(changed)}); "
+                        "use a new --out folder, or --overwrite to start over"
+                    )
+                self.clear()
+        elif root.is_dir() and any(root.iterdir()):
+            ours = {IMAGES_DIR, JSON_NAME, WORK_DIR}
+            foreign = [p.name for p in root.iterdir() if p.name not in ours]
+            if foreign and not overwrite:
+                raise SourceError(
+                    f"--out {root} is not empty and was not written by generate ({', '.join(sorted(foreign)[:5])})"
+                )
+            if overwrite:
+                self.clear()
+        self.work.mkdir(parents=True, exist_ok=True)
+        write_atomic(run_file, json.dumps(fingerprint, indent=1, sort_keys=True).encode("utf-8"))
+
+    def clear(self) -> None:
+        """Remove a previous run's output (the phantom sources that ``synth`` keeps in the work folder stay)."""
+        root = self.root
+        if (root / IMAGES_DIR).exists():
+            shutil.rmtree(root / IMAGES_DIR)
+        if (root / JSON_NAME).exists():
+            (root / JSON_NAME).unlink()
+        if self.work.is_dir():
+            for child in self.work.iterdir():
+                if child.name == PHANTOM_SOURCES_DIR:
+                    continue
+                if child.is_dir():
+                    shutil.rmtree(child)
+                else:
+                    child.unlink()
+
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        write_atomic(self.summary_file, json.dumps(summary, indent=1).encode("utf-8"))
