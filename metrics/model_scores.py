@@ -1,6 +1,6 @@
 """One model's scores: End-to-End and Oracle-Passed numbers, each from the run that measures it.
 
-``build_report(runs)`` takes the runs of one model (any of oracle none / implicit / explicit) and
+``score_model(runs)`` takes the runs of one model (any of oracle none / implicit / explicit) and
 decides where each kind of number comes from:
 
 - End-to-End: from the ``none`` run when there is one; otherwise from an oracle run whose decoding
@@ -9,7 +9,7 @@ decides where each kind of number comes from:
 - Oracle-Passed (stage and sub-task accuracy, answer bias): from the ``implicit`` run, else the
   ``explicit`` one; N/A without an oracle run (a run without oracle measures something else).
 
-The report says which run each came from (``sources``) and lists everything worth knowing about the
+The ``ModelScores`` it returns says which run each came from (``sources``) and lists everything worth knowing about the
 inputs (``notes``): unfinished runs, missing run.json fields, cases missing from a run.
 """
 
@@ -24,9 +24,11 @@ import numpy as np
 from chexpercept.answers import PARSE_STATUSES, STATUS_REASONING, STATUS_UNPARSED, ParseMode
 from chexpercept.vocab import LESIONS, PATHS, TASKS
 
-from .columns import FLAT_KEYS, Column, add_derived, column_mean, e2e_columns, op_columns
+from .bootstrap import bootstrap_intervals
+from .columns import FLAT_KEYS, Column, ColumnMatrix, add_derived, column_mean, e2e_columns, op_columns
 from .runs import Run
 from .scoring import TASK_INDEX, CaseScores, score_records
+from .tables import nested_tables
 
 
 @dataclass
@@ -51,23 +53,7 @@ class Source:
 
 
 @dataclass
-class ColumnMatrix:
-    """Per-case columns of every metric, rows sorted by key_id: what bootstrap and comparison read."""
-
-    key_ids: list[str]
-    #: stratum of each case: lesion index * 3 + path index
-    strata: np.ndarray
-    names: list[str]
-    #: values where the metric applies, 0 elsewhere (n, K)
-    weighted: np.ndarray
-    applies: np.ndarray
-
-    def index(self) -> dict[str, int]:
-        return {n: i for i, n in enumerate(self.names)}
-
-
-@dataclass
-class Report:
+class ModelScores:
     """Scores of one model (see the module docstring); ``values`` holds every metric, None = N/A."""
 
     name: str
@@ -90,17 +76,13 @@ class Report:
         """The stable flat metrics (FLAT_KEYS): fractions in [0, 1], depth in stages, None = N/A."""
         return {k: self.values.get(k) for k in FLAT_KEYS}
 
-    def with_intervals(self, n_resamples: int = 1000, *, seed: int = 0, level: float = 0.95) -> Report:
+    def with_intervals(self, n_resamples: int = 1000, *, seed: int = 0, level: float = 0.95) -> ModelScores:
         """Fill ``intervals`` with stratified bootstrap intervals of every metric; returns self."""
-        from .bootstrap import bootstrap_intervals
-
         self.intervals = bootstrap_intervals(self, n_resamples=n_resamples, seed=seed, level=level)
         self.level, self.n_resamples = level, n_resamples
         return self
 
     def tables(self) -> dict[str, Any]:
-        from .tables import nested_tables
-
         return nested_tables(self.values)
 
     def source_lines(self) -> list[str]:
@@ -186,17 +168,17 @@ def _agreement(cs: CaseScores) -> float | None:
     return sum(a == b for a, b in verdicts) / len(verdicts)
 
 
-def build_report(
+def score_model(
     runs: Sequence[Run],
     *,
     mode: ParseMode = "reference",
     name: str | None = None,
     scores: Mapping[str, CaseScores] | None = None,
-) -> Report:
-    """Score the runs of one model and assemble its report (see the module docstring).
+) -> ModelScores:
+    """Score the runs of one model and assemble its scores (see the module docstring).
 
     scores: per oracle setting, scores already computed for that run under ``mode`` (for example a
-    per-run report's ``scores``); those runs are not scored again.
+    per-run ModelScores' ``scores``); those runs are not scored again.
     """
     known = scores or {}
     if not runs:
@@ -295,7 +277,7 @@ def build_report(
         for s, r in by_setting.items()
     ]
     model_name = name or next((r.model for r in runs if r.model), "") or "model"
-    return Report(
+    return ModelScores(
         name=model_name,
         mode=mode,
         values=values,

@@ -1,15 +1,15 @@
 """``write_report``: every output of ``chexpercept report`` from a folder of runs, in one call.
 
-It finds the runs (metrics/report_runs.py), loads and scores them with the metric library
-(``load_run``, ``build_report``, intervals, ``render_table``), then writes:
+It finds the runs (metrics/discovery.py), loads and scores them with the metric library
+(``load_run``, ``score_model``, intervals, ``render_table``), then writes:
 
 - ``tables.md`` and ``tables/table<N>.{md,csv}``: the paper's Tables 2, 3, 8, 9, 10, 11 (with intervals);
 - ``leaderboard.{md,csv}``: models ranked under End-to-End and under Oracle-Passed;
-- the reference's CSVs per run and across models (metrics/report_csv.py);
+- the reference's CSVs per run and across models (metrics/report/reference_csv.py);
 - ``figures/``: the four plots of the reference and a per-lesion heatmap for the models' headline
-  numbers, and the reference's figures per oracle setting beside its CSVs (metrics/report_plots.py);
-- ``index.html`` with ``data/`` and ``assets/``: the summary and the case viewer (metrics/report_html.py,
-  metrics/report_cases.py); ``metrics.json``: every number as data.
+  numbers, and the reference's figures per oracle setting beside its CSVs (metrics/report/plots.py);
+- ``index.html`` with ``data/`` and ``assets/``: the summary and the case viewer (metrics/report/page.py,
+  metrics/report/cases.py); ``metrics.json``: every number as data.
 
 A model's headline numbers combine its runs as the metric library decides (End-to-End from the
 ``none`` run or exactly from a greedy oracle run; Oracle-Passed from the ``implicit`` run). The per-run
@@ -31,13 +31,13 @@ from chexpercept.bundle import Bundle
 from chexpercept.results import ORACLE_SETTINGS
 from chexpercept.vocab import LESIONS, PATHS
 
-from . import report_csv, report_plots
-from .report_cases import ViewerRun, write_viewer_data
-from .report_html import Figure, Section, figures_html, markdown_to_html, write_index_html
-from .report_leaderboard import leaderboard_rows, render_leaderboard, write_leaderboard_csv
-from .report_runs import RunFolder, discover_runs
-from .runs import open_bundle
-from .tables import TABLE_IDS
+from . import plots, reference_csv
+from .cases import ViewerRun, write_viewer_data
+from .page import Figure, Section, figures_html, markdown_to_html, write_index_html
+from .leaderboard import leaderboard_rows, render_leaderboard, write_leaderboard_csv
+from chexpercept.metrics.report_runs import RunFolder, discover_runs
+from chexpercept.metrics.runs import open_bundle
+from chexpercept.metrics.tables import TABLE_IDS
 
 FIGURES_DIR = "figures"
 PHANTOM_BANNER = (
@@ -125,8 +125,8 @@ def _load(folders: Sequence[RunFolder], bundle: Bundle | None) -> list[Any]:
 def _summary_rows(model: str, flat: dict[str, float | None]) -> list[dict[str, Any]]:
     """Rows of the stage-accuracy figure, read from the same CSV rows the reference writes."""
     out = []
-    for row in report_csv.summary_rows(model, flat):
-        setting = report_csv.SETTINGS[row["setting"]]
+    for row in reference_csv.summary_rows(model, flat):
+        setting = reference_csv.SETTINGS[row["setting"]]
         path = next(p.value for p in PATHS if p.reference_name == row["path"])
         out.append(
             {
@@ -162,16 +162,16 @@ def _draw_figures(
                 key: values.get(
                     f"lesion/{les}/e2e/stage1/all" if key == "stage1" else f"lesion/{les}/{key}/all"
                 )
-                for key, _ in report_plots.LESION_PANELS
+                for key, _ in plots.LESION_PANELS
             }
             if any(v is not None for v in cells.values()):
                 lesion[name][les] = cells
     return [
-        report_plots.plot_stage_accuracy(rows, folder / report_plots.STAGE_ACCURACY_PNG, oracle=label),
-        report_plots.plot_contour_revision_detail(sub, folder / report_plots.CONTOUR_REVISION_PNG),
-        report_plots.plot_attribute_extraction_detail(sub, folder / report_plots.ATTRIBUTE_EXTRACTION_PNG),
-        report_plots.plot_depth_heatmap(depth, folder / report_plots.DEPTH_HEATMAP_PNG),
-        report_plots.plot_lesion_heatmap(lesion, folder / report_plots.LESION_HEATMAP_PNG),
+        plots.plot_stage_accuracy(rows, folder / plots.STAGE_ACCURACY_PNG, oracle=label),
+        plots.plot_contour_revision_detail(sub, folder / plots.CONTOUR_REVISION_PNG),
+        plots.plot_attribute_extraction_detail(sub, folder / plots.ATTRIBUTE_EXTRACTION_PNG),
+        plots.plot_depth_heatmap(depth, folder / plots.DEPTH_HEATMAP_PNG),
+        plots.plot_lesion_heatmap(lesion, folder / plots.LESION_HEATMAP_PNG),
     ]
 
 
@@ -185,11 +185,11 @@ def _sources_label(reports: dict[str, Any]) -> str:
 
 
 _FIGURE_CAPTIONS = {
-    report_plots.STAGE_ACCURACY_PNG: "Stage accuracy per path (End-to-End rows blue, Oracle-Passed rows orange)",
-    report_plots.CONTOUR_REVISION_PNG: "Stage 3 sub-tasks on RR, Oracle-Passed",
-    report_plots.ATTRIBUTE_EXTRACTION_PNG: "Stage 4 sub-tasks on RR and RF, Oracle-Passed",
-    report_plots.DEPTH_HEATMAP_PNG: "Mean End-to-End depth per path",
-    report_plots.LESION_HEATMAP_PNG: "Stage accuracy per lesion",
+    plots.STAGE_ACCURACY_PNG: "Stage accuracy per path (End-to-End rows blue, Oracle-Passed rows orange)",
+    plots.CONTOUR_REVISION_PNG: "Stage 3 sub-tasks on RR, Oracle-Passed",
+    plots.ATTRIBUTE_EXTRACTION_PNG: "Stage 4 sub-tasks on RR and RF, Oracle-Passed",
+    plots.DEPTH_HEATMAP_PNG: "Mean End-to-End depth per path",
+    plots.LESION_HEATMAP_PNG: "Stage accuracy per lesion",
 }
 
 
@@ -252,7 +252,7 @@ def write_report(
 
     # --- scores: per model (headline numbers) and per run (the reference's per-run view)
     per_run = {
-        (rf.model, rf.oracle): m.build_report([run], mode=mode, name=rf.model)
+        (rf.model, rf.oracle): m.score_model([run], mode=mode, name=rf.model)
         for rf, run in zip(folders, loaded)
     }
     models = sorted({rf.model for rf in folders})
@@ -260,7 +260,7 @@ def write_report(
     for name in models:
         runs = [run for rf, run in zip(folders, loaded) if rf.model == name]
         scored = {run.oracle: per_run[(name, run.oracle)].scores[run.oracle] for run in runs}
-        reports[name] = m.build_report(runs, mode=mode, name=name, scores=scored)
+        reports[name] = m.score_model(runs, mode=mode, name=name, scores=scored)
     clock.lap("score")
     if n_resamples > 0:
         for rep in reports.values():
@@ -295,7 +295,7 @@ def write_report(
 
     # --- the reference's CSVs and figures, per run and per oracle setting
     for (name, oracle), rep in per_run.items():
-        files += report_csv.write_run_csvs(
+        files += reference_csv.write_run_csvs(
             out / model_dirname(name) / f"oracle_{oracle}", name, rep.flat, na_as_zero=na_as_zero
         )
     settings = [s for s in ORACLE_SETTINGS if any(o == s for _, o in per_run)]
@@ -304,7 +304,7 @@ def write_report(
     for setting in settings:
         folder = out / f"all_models_oracle_{setting}"
         chosen = {name: rep for (name, oracle), rep in per_run.items() if oracle == setting}
-        files += report_csv.write_all_models_csvs(
+        files += reference_csv.write_all_models_csvs(
             folder, {n: r.flat for n, r in chosen.items()}, na_as_zero=na_as_zero
         )
     clock.lap("csv")

@@ -21,7 +21,7 @@ from chexpercept.bundle import Bundle
 from chexpercept.case import Case
 from chexpercept.results import RESULTS_NAME, RUN_NAME, CaseResult, TurnResult, judge_turn
 
-from .simulate import answer_text, wrong_indices
+from chexpercept.metrics.simulate import answer_text, wrong_indices
 
 
 def simulate_case(
