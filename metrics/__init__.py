@@ -62,9 +62,9 @@ from typing import Any
 
 _EXPORTS: dict[str, str] = {
     "Run": "runs",
-    "detect": "runs",
-    "load_run": "runs",
-    "load_runs": "runs",
+    "detect": "discovery",
+    "load_run": "discovery",
+    "load_runs": "discovery",
     "run_from_records": "runs",
     "read_reference_results": "reference",
     "CaseScores": "scoring",

@@ -7,8 +7,9 @@ import os
 from chexpercept.answers import ParseMode
 from chexpercept.bundle import Bundle
 
+from .discovery import load_runs
 from .model_scores import ModelScores, score_model
-from .runs import Run, load_runs, open_bundle
+from .runs import Run, open_bundle
 
 
 def score_path(

@@ -1,12 +1,9 @@
-"""Finding and loading runs: our runner's folders and the reference implementation's results.
+"""Runs: the records of one model under one oracle setting, and reading our runner's run folders.
 
 A ``Run`` is the records of one model under one oracle setting plus what is known about how they
-were made (run.json). ``load_runs`` accepts any of:
-
-- ``OUT/<model>/oracle_<setting>/`` or its ``results.jsonl`` (our runner; ``run.json`` beside it);
-- ``.../oracle_<setting>/all_results.json`` or its folder (the reference; needs the bundle);
-- ``OUT/<model>/``: every ``oracle_*`` folder below it, so End-to-End and Oracle-Passed numbers
-  can each come from the run that measures them.
+were made (run.json). ``read_chexpercept_run`` reads one of our run folders; the reference's
+``all_results.json`` is read by ``reference``; finding runs on disk (``detect``, ``load_run``,
+``load_runs``, ``discover_runs``) is ``discovery``'s.
 """
 
 from __future__ import annotations
@@ -104,88 +101,18 @@ def read_json_object(path: FsPath, expected: str = "a JSON object") -> dict[str,
     return data
 
 
-def _oracle_from_folder(folder: FsPath) -> str | None:
+def oracle_from_folder(folder: FsPath) -> str | None:
+    """The setting of a folder named ``oracle_<setting>``, else None."""
     name = folder.name
     if name.startswith("oracle_") and name[len("oracle_") :] in ORACLE_SETTINGS:
         return name[len("oracle_") :]
     return None
 
 
-def detect(path: str | os.PathLike[str]) -> tuple[str, FsPath]:
-    """What PATH holds: ("chexpercept", run folder), ("reference", all_results.json) or
-    ("model", folder with oracle_* runs)."""
-    p = FsPath(path).expanduser()
-    if not p.exists():
-        raise FileNotFoundError(f"{p} does not exist")
-    if p.is_file():
-        if p.name == RESULTS_NAME or p.suffix == ".jsonl":
-            return "chexpercept", p.parent
-        if p.suffix == ".json":
-            if p.name == RUN_NAME:
-                return "chexpercept", p.parent
-            return "reference", p
-        raise ValueError(f"{p}: not a results file (expected {RESULTS_NAME} or {REFERENCE_RESULTS_NAME})")
-    if (p / RESULTS_NAME).is_file():
-        return "chexpercept", p
-    if (p / REFERENCE_RESULTS_NAME).is_file():
-        return "reference", p / REFERENCE_RESULTS_NAME
-    if _run_folders(p):
-        return "model", p
-    raise ValueError(
-        f"{p}: found no results: expected {RESULTS_NAME} (our runner), {REFERENCE_RESULTS_NAME} "
-        "(the reference implementation) or oracle_<setting>/ folders holding either"
-    )
-
-
-def _run_folders(p: FsPath) -> list[FsPath]:
-    return [
-        d
-        for d in sorted(p.glob("oracle_*"))
-        if d.is_dir() and ((d / RESULTS_NAME).is_file() or (d / REFERENCE_RESULTS_NAME).is_file())
-    ]
-
-
-def load_run(
-    path: str | os.PathLike[str],
-    *,
-    bundle: Any = None,
-    oracle: str | None = None,
-    greedy: bool | None = None,
-    model: str | None = None,
-    missing: str = "wrong",
+def read_chexpercept_run(
+    folder: FsPath, *, oracle: str | None = None, greedy: bool | None = None, model: str | None = None
 ) -> Run:
-    """Load one run: our run folder (or its results.jsonl) or a reference all_results.json (or folder).
-
-    oracle / greedy / model override what the run's metadata says (needed for reference results,
-    whose decoding is not recorded). bundle (folder or Bundle) is required for reference results.
-    missing: for reference results, how turns the reference did not score are counted: "wrong"
-    (default) or "skip" (the reference analysis: the stage drops out of the denominators).
-    """
-    kind, where = detect(path)
-    if kind == "model":
-        raise ValueError(
-            f"{where} holds several runs ({', '.join(d.name for d in _run_folders(where))}); use load_runs"
-        )
-    if kind == "reference":
-        from .reference import read_reference_results
-
-        return read_reference_results(
-            where, bundle, oracle=oracle, greedy=greedy, model=model, missing=missing
-        )
-    return _load_chexpercept_run(where, oracle=oracle, greedy=greedy, model=model)
-
-
-def load_runs(path: str | os.PathLike[str], **kwargs: Any) -> list[Run]:
-    """Load every run under PATH: one run, or all oracle_* runs of a model folder."""
-    kind, where = detect(path)
-    if kind != "model":
-        return [load_run(path, **kwargs)]
-    return [load_run(d, **kwargs) for d in _run_folders(where)]
-
-
-def _load_chexpercept_run(
-    folder: FsPath, *, oracle: str | None, greedy: bool | None, model: str | None
-) -> Run:
+    """One run folder of our runner (results.jsonl, run.json, failures.jsonl) as a Run."""
     notes: list[str] = []
     meta: dict[str, Any] = {}
     run_json = folder / RUN_NAME

@@ -154,7 +154,9 @@ def test_reference_results_round_trip(tmp_path, bundle):
     entry = data[records[0].key_id]
     assert set(entry) >= {"key_id", "qa_path", "detection_qa", "_chat_history_idx", "chat_history"}
     run = read_reference_results(path, bundle)
-    assert run.kind == "reference" and run.oracle == "implicit" and run.model == "opensource_tiny"
+    # one naming rule with `chexpercept report`: the model is the folder name after the first underscore
+    assert run.kind == "reference" and run.oracle == "implicit" and run.model == "tiny"
+    assert run.meta["provider"] == "opensource"
     assert [r.key_id for r in run.records] == [r.key_id for r in records]
     # the raw (pre-patch) text is what gets re-parsed, so verdicts match the stored ones
     for ours, theirs in zip(run.records, records):
@@ -223,3 +225,13 @@ def test_glm_answer_box_is_unwrapped_for_glm_folders(tmp_path, bundle):
     assert score_model([load_run(other, bundle=bundle)]).parse["none"]["detection"]["statuses"] == {
         "loose": 1.0
     }
+
+
+def test_score_and_report_name_a_reference_run_alike(tmp_path, bundle):
+    from chexpercept.metrics.discovery import discover_runs
+
+    path, _ = _reference_folder(tmp_path, bundle)
+    [found] = discover_runs(tmp_path)
+    [run] = load_runs(path.parent.parent, bundle=bundle)
+    assert found.model == run.model == "tiny"
+    assert found.meta["provider"] == run.meta["provider"] == "opensource"

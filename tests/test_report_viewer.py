@@ -7,6 +7,7 @@ import json
 import pytest
 
 from chexpercept.bundle import read_bundle
+from chexpercept.metrics.discovery import discover_runs
 from chexpercept.metrics.report.cases import (
     ViewerRun,
     case_file_name,
@@ -15,7 +16,6 @@ from chexpercept.metrics.report.cases import (
 )
 from chexpercept.metrics.report.page import markdown_to_html
 from chexpercept.metrics.report.simulate import simulate_case, simulate_run
-from chexpercept.metrics.report_runs import discover_runs
 from chexpercept.results import iter_results
 
 

@@ -35,7 +35,7 @@ from . import plots, reference_csv
 from .cases import ViewerRun, write_viewer_data
 from .page import Figure, Section, figures_html, markdown_to_html, write_index_html
 from .leaderboard import leaderboard_rows, render_leaderboard, write_leaderboard_csv
-from chexpercept.metrics.report_runs import RunFolder, discover_runs
+from chexpercept.metrics.discovery import RunFolder, discover_runs
 from chexpercept.metrics.runs import open_bundle
 from chexpercept.metrics.tables import TABLE_IDS
 
