@@ -21,9 +21,10 @@ from pathlib import Path as FsPath
 from typing import Any, Literal
 
 from chexpercept.results import ORACLE_SETTINGS, RESULTS_NAME, RUN_NAME
+from chexpercept.run_metadata import RunMetadata
 
 from .reference import read_reference_results, reference_model_name
-from .runs import REFERENCE_RESULTS_NAME, Run, oracle_from_folder, read_chexpercept_run, read_json_object
+from .runs import REFERENCE_RESULTS_NAME, Run, oracle_from_folder, read_chexpercept_run
 
 Layout = Literal["chexpercept", "reference"]
 
@@ -46,7 +47,7 @@ class RunFolder:
     oracle: str
     layout: Layout
     #: run.json (for reference runs, which have none: the provider)
-    meta: dict[str, Any] = field(default_factory=dict)
+    meta: RunMetadata = field(default_factory=RunMetadata)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -64,13 +65,13 @@ def find_run(folder: FsPath) -> RunFolder | None:
     layout = results_layout(folder)
     if layout == "chexpercept":
         notes: list[str] = []
-        meta: dict[str, Any] = {}
+        meta = RunMetadata()
         if (folder / RUN_NAME).is_file():
-            meta = read_json_object(folder / RUN_NAME)
+            meta = RunMetadata.from_json(folder / RUN_NAME)
         else:
             notes.append(f"{RUN_NAME} is missing: model and oracle taken from the folder names")
-        model = str(meta.get("model") or folder.parent.name)
-        oracle = str(meta.get("oracle") or oracle_from_folder(folder) or "")
+        model = meta.model or folder.parent.name
+        oracle = meta.oracle or oracle_from_folder(folder) or ""
         if oracle not in ORACLE_SETTINGS:
             raise ValueError(
                 f"{folder}: cannot tell the oracle setting (run.json has none and the folder is not "
@@ -82,7 +83,7 @@ def find_run(folder: FsPath) -> RunFolder | None:
         if oracle is None:
             raise ValueError(f"{folder}: a reference {REFERENCE_RESULTS_NAME} must sit in oracle_<setting>/")
         provider, model = reference_model_name(folder.parent.name)
-        return RunFolder(folder, model, oracle, "reference", {"provider": provider})
+        return RunFolder(folder, model, oracle, "reference", RunMetadata(provider=provider))
     return None
 
 

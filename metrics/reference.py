@@ -21,6 +21,7 @@ from chexpercept.answers import is_correct, parse_answer
 from chexpercept.bundle import Bundle
 from chexpercept.case import Case, Turn
 from chexpercept.results import CaseResult, TurnResult, check_oracle, judge_turn
+from chexpercept.run_metadata import BundleInfo, RunMetadata, SamplingInfo
 from chexpercept.vocab import ATTRIBUTE_KEYS, STAGE3_TASKS, parse_path
 
 from .runs import MISSING_POLICIES, Run, open_bundle, oracle_from_folder, read_json_object
@@ -171,16 +172,15 @@ def read_reference_results(
         notes.append(
             f"{path}: {n_from_stored} turns have no chat history; re-parsed from the stored pass-1 string"
         )
-    meta = {
-        "model": model_name,
-        "provider": provider,
-        "oracle": setting,
-        "parse_mode": "reference",
-        "bundle": {"path": str(b.root), "fingerprint": b.fingerprint(), "synthetic": b.synthetic},
-        "source": "reference all_results.json",
-    }
-    if greedy is not None:
-        meta["sampling"] = {"greedy": greedy}
+    meta = RunMetadata(
+        model=model_name,
+        provider=provider,
+        oracle=setting,
+        parse_mode="reference",
+        bundle=BundleInfo(path=str(b.root), fingerprint=b.fingerprint(), synthetic=b.synthetic),
+        source="reference all_results.json",
+        sampling=SamplingInfo(greedy=greedy) if greedy is not None else None,
+    )
     return Run(
         records=records,
         meta=meta,

@@ -26,6 +26,7 @@ from chexpercept.results import (
     iter_results,
     read_failures,
 )
+from chexpercept.run_metadata import RunMetadata
 
 REFERENCE_RESULTS_NAME = "all_results.json"
 MISSING_POLICIES: tuple[str, ...] = ("wrong", "skip")
@@ -37,7 +38,7 @@ class Run:
 
     records: list[CaseResult]
     #: run.json as written by the runner (or what is known, for other sources)
-    meta: dict[str, Any]
+    meta: RunMetadata
     #: "chexpercept" (our runner), "reference" (all_results.json) or "records" (built in memory)
     kind: str
     oracle: str
@@ -54,12 +55,11 @@ class Run:
 
     @property
     def parse_mode(self) -> str | None:
-        return self.meta.get("parse_mode")
+        return self.meta.parse_mode
 
     @property
     def fingerprint(self) -> str | None:
-        bundle = self.meta.get("bundle")
-        return bundle.get("fingerprint") if isinstance(bundle, dict) else None
+        return self.meta.bundle.fingerprint if self.meta.bundle else None
 
     @property
     def label(self) -> str:
@@ -67,15 +67,15 @@ class Run:
         return f"oracle {self.oracle} run{where}"
 
 
-def greedy_from_meta(meta: dict[str, Any]) -> tuple[bool | None, str | None]:
+def greedy_from_meta(meta: RunMetadata) -> tuple[bool | None, str | None]:
     """(greedy, note): sampling.greedy when present, else temperature 0, else unknown."""
-    sampling = meta.get("sampling")
-    if not isinstance(sampling, dict):
+    sampling = meta.sampling
+    if sampling is None:
         return None, "run.json has no 'sampling': decoding unknown, so End-to-End needs an oracle none run"
-    if isinstance(sampling.get("greedy"), bool):
-        return sampling["greedy"], None
-    temperature = sampling.get("temperature")
-    if isinstance(temperature, (int, float)):
+    if sampling.greedy is not None:
+        return sampling.greedy, None
+    temperature = sampling.temperature
+    if temperature is not None:
         return (
             temperature == 0,
             f"run.json has no sampling.greedy; taken from temperature={temperature}",
@@ -114,11 +114,10 @@ def read_chexpercept_run(
 ) -> Run:
     """One run folder of our runner (results.jsonl, run.json, failures.jsonl) as a Run."""
     notes: list[str] = []
-    meta: dict[str, Any] = {}
     run_json = folder / RUN_NAME
-    if run_json.is_file():
-        meta = read_json_object(run_json)
-    else:
+    has_meta = run_json.is_file()
+    meta = RunMetadata.from_json(run_json) if has_meta else RunMetadata()
+    if not has_meta:
         notes.append(f"{folder}: no {RUN_NAME}; oracle setting taken from the records, decoding unknown")
     records = list(iter_results(folder / RESULTS_NAME))
     if not records:
@@ -129,15 +128,15 @@ def read_chexpercept_run(
             f"{folder / RESULTS_NAME}: cases of several oracle settings mixed: {sorted(settings)}"
         )
     recorded = settings.pop()
-    setting = oracle or meta.get("oracle") or recorded
-    check_oracle(setting, str(run_json if "oracle" in meta else folder / RESULTS_NAME))
+    setting = oracle or meta.oracle or recorded
+    check_oracle(setting, str(run_json if meta.oracle is not None else folder / RESULTS_NAME))
     if setting != recorded and oracle is None:
         raise ValueError(f"{run_json}: says oracle {setting!r} but the cases were run with {recorded!r}")
     if greedy is None:
-        greedy, note = greedy_from_meta(meta) if meta else (None, None)
-        if note and meta:
+        greedy, note = greedy_from_meta(meta) if has_meta else (None, None)
+        if note and has_meta:
             notes.append(f"{run_json}: {note}")
-    if meta and not meta.get("finished"):
+    if has_meta and not meta.finished:
         notes.append(f"{run_json}: the run has not finished ({len(records)} cases so far)")
     finished = {r.key_id for r in records}
     failed = {f.key_id: f for f in read_failures(folder / FAILURES_NAME) if f.key_id not in finished}
@@ -156,7 +155,7 @@ def read_chexpercept_run(
             f"{errored[0][0]} ({errored[0][1]}); rerun those cases for a model's answer"
         )
     for key in ("model", "parse_mode", "bundle"):
-        if meta and key not in meta:
+        if has_meta and getattr(meta, key) is None:
             notes.append(f"{run_json}: no '{key}' field")
     return Run(
         records=records,
@@ -164,7 +163,7 @@ def read_chexpercept_run(
         kind="chexpercept",
         oracle=setting,
         greedy=greedy,
-        model=model or str(meta.get("model") or folder.parent.name),
+        model=model or str(meta.model or folder.parent.name),
         path=folder,
         notes=notes,
         failed=list(failed.values()),
@@ -177,13 +176,13 @@ def run_from_records(
     oracle: str,
     greedy: bool | None = True,
     model: str = "",
-    meta: dict[str, Any] | None = None,
+    meta: RunMetadata | dict[str, Any] | None = None,
 ) -> Run:
     """Wrap in-memory records (the evaluate module, simulations) as a Run."""
     check_oracle(oracle, "records")
     return Run(
         records=list(records),
-        meta=dict(meta or {}),
+        meta=RunMetadata.from_json(meta, source="records") if meta is not None else RunMetadata(),
         kind="records",
         oracle=oracle,
         greedy=greedy,

@@ -10,6 +10,7 @@ from chexpercept.metrics import detect, load_run, load_runs, score_model, score_
 from chexpercept.metrics.reference import read_reference_results, write_reference_results
 from chexpercept.metrics.runs import run_from_records
 from chexpercept.metrics.simulate import simulate_records
+from chexpercept.run_metadata import BundleInfo
 
 RUN_META = {
     "model": "tiny",
@@ -121,7 +122,7 @@ def test_sources_for_every_combination(bundle):
     with pytest.raises(ValueError, match="different bundles"):
         a = run_from_records(recs["none"], oracle="none")
         b = run_from_records(recs["implicit"], oracle="implicit")
-        a.meta["bundle"], b.meta["bundle"] = {"fingerprint": "a"}, {"fingerprint": "b"}
+        a.meta.bundle, b.meta.bundle = BundleInfo(fingerprint="a"), BundleInfo(fingerprint="b")
         score_model([a, b])
 
 
@@ -156,7 +157,7 @@ def test_reference_results_round_trip(tmp_path, bundle):
     run = read_reference_results(path, bundle)
     # one naming rule with `chexpercept report`: the model is the folder name after the first underscore
     assert run.kind == "reference" and run.oracle == "implicit" and run.model == "tiny"
-    assert run.meta["provider"] == "opensource"
+    assert run.meta.provider == "opensource"
     assert [r.key_id for r in run.records] == [r.key_id for r in records]
     # the raw (pre-patch) text is what gets re-parsed, so verdicts match the stored ones
     for ours, theirs in zip(run.records, records):
@@ -234,4 +235,4 @@ def test_score_and_report_name_a_reference_run_alike(tmp_path, bundle):
     [found] = discover_runs(tmp_path)
     [run] = load_runs(path.parent.parent, bundle=bundle)
     assert found.model == run.model == "tiny"
-    assert found.meta["provider"] == run.meta["provider"] == "opensource"
+    assert found.meta.provider == run.meta.provider == "opensource"
