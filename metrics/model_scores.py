@@ -183,6 +183,61 @@ def score_model(
     known = scores or {}
     if not runs:
         raise ValueError("no runs to score")
+    by_setting = _by_setting(runs)
+    notes: list[str] = [n for r in runs for n in r.notes]
+    scores = {
+        s: known[s]
+        if s in known
+        else score_records(r.records, mode=mode, model=r.model, allow_missing=r.allow_missing)
+        for s, r in by_setting.items()
+    }
+
+    oracle_run = by_setting.get("implicit") or by_setting.get("explicit")
+    if "implicit" in by_setting and "explicit" in by_setting:
+        notes.append(
+            "both implicit and explicit runs given; Oracle-Passed numbers come from the implicit one"
+        )
+    for run in runs:
+        if run.parse_mode and run.parse_mode != mode and run.oracle != "none":
+            notes.append(
+                f"{run.label}: its oracle acted on {run.parse_mode} parsing; re-scored here with {mode} parsing"
+            )
+    sources, e2e_run = _choose_sources(by_setting.get("none"), oracle_run, scores, mode, notes)
+
+    op_scores = scores[oracle_run.oracle] if oracle_run is not None else None
+    e2e_scores = scores[e2e_run.oracle] if e2e_run is not None else None
+    matrix, values = _assemble(e2e_scores, op_scores)
+    if e2e_scores is not None and op_scores is not None and e2e_run is not oracle_run:
+        only_e2e = set(e2e_scores.key_ids) - set(op_scores.key_ids)
+        only_op = set(op_scores.key_ids) - set(e2e_scores.key_ids)
+        if only_e2e or only_op:
+            notes.append(
+                f"the runs cover different cases: {len(only_e2e)} only in the End-to-End run, "
+                f"{len(only_op)} only in the Oracle-Passed run"
+            )
+
+    counts = _counts(matrix, e2e_scores, op_scores)
+    counts["unfinished_cases"] = {r.oracle: len(r.failed) for r in runs if r.failed}
+    parse = {s: _parse_stats(cs) for s, cs in scores.items()}
+    notes += _answer_notes(parse, mode)
+    model_name = name or next((r.model for r in runs if r.model), "") or "model"
+    return ModelScores(
+        name=model_name,
+        mode=mode,
+        values=values,
+        sources=sources,
+        notes=notes,
+        counts=counts,
+        runs=_run_rows(by_setting, scores),
+        parse=parse,
+        matrix=matrix,
+        scores=scores,
+        fingerprint=next(iter({r.fingerprint for r in runs if r.fingerprint}), None),
+    )
+
+
+def _by_setting(runs: Sequence[Run]) -> dict[str, Run]:
+    """The runs by oracle setting: one run per setting, all made on one bundle."""
     by_setting: dict[str, Run] = {}
     for run in runs:
         if run.oracle in by_setting:
@@ -194,26 +249,17 @@ def score_model(
     fingerprints = {r.fingerprint for r in runs if r.fingerprint}
     if len(fingerprints) > 1:
         raise ValueError("the runs were made on different bundles (run.json bundle fingerprints differ)")
-    notes: list[str] = [n for r in runs for n in r.notes]
-    scores = {
-        s: known[s]
-        if s in known
-        else score_records(r.records, mode=mode, model=r.model, allow_missing=r.allow_missing)
-        for s, r in by_setting.items()
-    }
+    return by_setting
 
-    none_run = by_setting.get("none")
-    oracle_run = by_setting.get("implicit") or by_setting.get("explicit")
-    if "implicit" in by_setting and "explicit" in by_setting:
-        notes.append(
-            "both implicit and explicit runs given; Oracle-Passed numbers come from the implicit one"
-        )
-    for run in runs:
-        if run.parse_mode and run.parse_mode != mode and run.oracle != "none":
-            notes.append(
-                f"{run.label}: its oracle acted on {run.parse_mode} parsing; re-scored here with {mode} parsing"
-            )
 
+def _choose_sources(
+    none_run: Run | None,
+    oracle_run: Run | None,
+    scores: Mapping[str, CaseScores],
+    mode: str,
+    notes: list[str],
+) -> tuple[dict[str, Source | None], Run | None]:
+    """(where End-to-End and Oracle-Passed numbers come from, the End-to-End run); appends notes."""
     sources: dict[str, Source | None] = {"e2e": None, "op": None}
     if oracle_run is not None:
         sources["op"] = Source("op", oracle_run.oracle, f"oracle {oracle_run.oracle} run", _p(oracle_run))
@@ -246,24 +292,11 @@ def score_model(
             f"End-to-End numbers are N/A: the {oracle_run.label} {why}, so its gated chain is not the "
             "End-to-End result; run with --oracle none (or pass --greedy if decoding was greedy)"
         )
+    return sources, e2e_run
 
-    op_scores = scores[oracle_run.oracle] if oracle_run is not None else None
-    e2e_scores = scores[e2e_run.oracle] if e2e_run is not None else None
-    matrix, values = _assemble(e2e_scores, op_scores)
-    if e2e_scores is not None and op_scores is not None and e2e_run is not oracle_run:
-        only_e2e = set(e2e_scores.key_ids) - set(op_scores.key_ids)
-        only_op = set(op_scores.key_ids) - set(e2e_scores.key_ids)
-        if only_e2e or only_op:
-            notes.append(
-                f"the runs cover different cases: {len(only_e2e)} only in the End-to-End run, "
-                f"{len(only_op)} only in the Oracle-Passed run"
-            )
 
-    counts = _counts(matrix, e2e_scores, op_scores)
-    counts["unfinished_cases"] = {r.oracle: len(r.failed) for r in runs if r.failed}
-    parse = {s: _parse_stats(cs) for s, cs in scores.items()}
-    notes += _answer_notes(parse, mode)
-    run_rows = [
+def _run_rows(by_setting: Mapping[str, Run], scores: Mapping[str, CaseScores]) -> list[dict[str, Any]]:
+    return [
         {
             "oracle": r.oracle,
             "kind": r.kind,
@@ -276,20 +309,6 @@ def score_model(
         }
         for s, r in by_setting.items()
     ]
-    model_name = name or next((r.model for r in runs if r.model), "") or "model"
-    return ModelScores(
-        name=model_name,
-        mode=mode,
-        values=values,
-        sources=sources,
-        notes=notes,
-        counts=counts,
-        runs=run_rows,
-        parse=parse,
-        matrix=matrix,
-        scores=scores,
-        fingerprint=next(iter(fingerprints), None),
-    )
 
 
 def _p(run: Run) -> str | None:
