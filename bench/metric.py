@@ -30,7 +30,7 @@ import numpy as np
 from shared import write_section
 
 from chexpercept.answers import _parse_cached
-from chexpercept.metrics import build_report, compare_reports, run_from_records
+from chexpercept.metrics import compare_reports, run_from_records, score_model
 from chexpercept.metrics.bootstrap import bootstrap_intervals, stratified_weights
 from chexpercept.metrics.simulate import answer_text, fixture_cases, simulate_records, wrong_indices
 
@@ -101,7 +101,7 @@ def _naive_rescoring_per_replicate(records, strata_of, n_rep: int, seed: int) ->
                 copy = type(r)(**{**r.__dict__, "key_id": f"{r.key_id}#{j}"})
                 sample.append(copy)
         _parse_cached.cache_clear()
-        build_report([run_from_records(sample, oracle="implicit", greedy=True)])
+        score_model([run_from_records(sample, oracle="implicit", greedy=True)])
     return (time.perf_counter() - t0) / n_rep
 
 
@@ -135,7 +135,7 @@ def main() -> None:
     chars = sum(len(t.response) for r in records for t in r.turns) / n_turns
 
     def score(mode="reference"):
-        return build_report([run_from_records(records, oracle="implicit", greedy=True)], mode=mode)
+        return score_model([run_from_records(records, oracle="implicit", greedy=True)], mode=mode)
 
     t_score = _median_time(score, args.repeat)
     t_score_strict = _median_time(lambda: score("strict"), args.repeat)
@@ -146,7 +146,7 @@ def main() -> None:
     t_boot = _median_time(lambda: bootstrap_intervals(report, n_resamples=1000, seed=0), args.repeat)
     rng = np.random.default_rng(0)
     t_weights = _median_time(lambda: stratified_weights(report.matrix.strata, 1000, rng), args.repeat)
-    report_b = build_report([run_from_records(other, oracle="implicit", greedy=True)])
+    report_b = score_model([run_from_records(other, oracle="implicit", greedy=True)])
     t_compare = _median_time(
         lambda: compare_reports(report, report_b, n_resamples=1000, n_permutations=1000),
         max(1, args.repeat // 2),

@@ -26,7 +26,7 @@ REPORT = PEAK + textwrap.dedent(
     """
     import json, sys, time
     t0 = time.perf_counter()
-    from chexpercept.metrics.report_build import write_report
+    from chexpercept.metrics.report.build import write_report
     out = write_report(sys.argv[1], sys.argv[2], n_resamples=int(sys.argv[3]), embed_images=sys.argv[4] == "1")
     print(json.dumps({"seconds": time.perf_counter() - t0, "inside": out.seconds, "timings": out.timings,
                       "cases": out.cases, "files": len(out.files), "peak_rss_mib": peak_mib()}))
@@ -62,7 +62,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from chexpercept.bundle import read_bundle
-    from chexpercept.metrics.report_simulate import write_simulated_runs
+    from chexpercept.metrics.report.simulate import write_simulated_runs
     from chexpercept.testing import write_fixture_bundle
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="bench-report-"))

@@ -15,6 +15,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path as FsPath
 from typing import Any
 
@@ -50,6 +51,7 @@ from chexpercept.eval.store import (
     write_json_atomic,
 )
 from chexpercept.results import ORACLE_SETTINGS, CaseFailure, CaseResult, read_failures
+from chexpercept.run_metadata import BundleInfo, RunMetadata, SamplingInfo, Selection
 
 #: exit status of a run that ended with cases left unfinished by failed requests (rerun to retry)
 EXIT_UNFINISHED = 3
@@ -227,7 +229,7 @@ class _Progress:
             self.bar.close()
 
 
-def _prepare_folder(folder: RunFolder, settings: dict[str, Any], header: dict[str, Any]) -> dict[str, Any]:
+def _prepare_folder(folder: RunFolder, settings: dict[str, Any], header: RunMetadata) -> dict[str, Any]:
     """Main process: take the lock, check resumability, repair a torn tail, write run.json."""
     folder.path.mkdir(parents=True, exist_ok=True)
     folder.lock.acquire()
@@ -237,14 +239,19 @@ def _prepare_folder(folder: RunFolder, settings: dict[str, Any], header: dict[st
         repair_tail(folder.failures)
         size = folder.results.stat().st_size if folder.results.exists() else 0
         finished = sorted(read_records(folder.results))
-        info = dict(header)
-        info["settings"] = settings
+        info = replace(header, settings=settings, finished=None)
         if previous:
-            info["started"] = previous.get("started", header["started"])
-            info["resumed"] = [*previous.get("resumed", []), header["started"]]
-        info["finished"] = None
-        write_json_atomic(folder.run_json, info)
-        return {"ok": True, "dropped": dropped, "results_size": size, "finished": finished, "info": info}
+            info.started = previous.get("started", header.started)
+            info.resumed = [*previous.get("resumed", []), header.started]
+        write_json_atomic(folder.run_json, info.to_json())
+        # run.json's dict, not the record: the outcome is broadcast to every process
+        return {
+            "ok": True,
+            "dropped": dropped,
+            "results_size": size,
+            "finished": finished,
+            "info": info.to_json(),
+        }
     except BaseException:
         folder.lock.release()
         raise
@@ -297,30 +304,36 @@ def execute(args: argparse.Namespace, dist: Distributed) -> int:
         "chat_template_kwargs": chat_kwargs,
         "bundle_fingerprint": bundle.fingerprint(),
     }
-    header = {
-        "model": spec.name,
-        "display_name": spec.display or spec.name,
-        **{k: v for k, v in settings.items() if k != "bundle_fingerprint"},
-        "bundle": {
-            "path": str(bundle.root),
-            "fingerprint": settings["bundle_fingerprint"],
-            "synthetic": bundle.synthetic,
-            "n_cases": len(bundle.cases),
-        },
-        "selection": {
-            "lesions": lesions,
-            "paths": paths,
-            "per_cell": args.per_cell,
-            "limit": args.limit,
-            "n_selected": len(cases),
-        },
-        "batch_size": batch_size,
-        "num_processes": dist.count,
-        "versions": versions(),
-        "git_commit": git_commit(),
-        "command": sys.argv,
-        "started": now(),
-    }
+    header = RunMetadata(
+        model=spec.name,
+        display_name=spec.display or spec.name,
+        model_id=settings["model_id"],
+        backend=settings["backend"],
+        oracle=settings["oracle"],
+        parse_mode=settings["parse_mode"],
+        sampling=SamplingInfo(**settings["sampling"]),
+        seed=settings["seed"],
+        chat_template_kwargs=settings["chat_template_kwargs"],
+        bundle=BundleInfo(
+            path=str(bundle.root),
+            fingerprint=settings["bundle_fingerprint"],
+            synthetic=bundle.synthetic,
+            n_cases=len(bundle.cases),
+        ),
+        selection=Selection(
+            lesions=lesions,
+            paths=paths,
+            per_cell=args.per_cell,
+            limit=args.limit,
+            n_selected=len(cases),
+        ),
+        batch_size=batch_size,
+        num_processes=dist.count,
+        versions=versions(),
+        git_commit=git_commit(),
+        command=sys.argv,
+        started=now(),
+    )
 
     # 1. the main process takes the folder; everyone learns whether it could
     outcome: dict[str, Any] = {}
@@ -423,18 +436,18 @@ def _run_locked(
     if missing:
         raise StoreError(f"{len(missing)} selected case(s) have no result after the run, e.g. {missing[:5]}")
     rewrite_in_order(folder.results, records, {c.key_id: i for i, c in enumerate(bundle.cases)})
-    info = dict(outcome["info"])
-    info["finished"] = None if failed else now()
-    info["unfinished_cases"] = len(failed)
-    info["backend_settings"] = backend.describe()
-    info["n_results"] = len(records)
-    info["last_session"] = {
+    info = RunMetadata.from_json(outcome["info"], source=str(folder.run_json))
+    info.finished = None if failed else now()
+    info.unfinished_cases = len(failed)
+    info.backend_settings = backend.describe()
+    info.n_results = len(records)
+    info.last_session = {
         "cases": len(remaining),
         "model_calls_main_process": stats.requests,
         "batches_main_process": stats.steps,  # one generate call per step
         "seconds_main_process": round(stats.seconds, 3),
     }
-    write_json_atomic(folder.run_json, info)
+    write_json_atomic(folder.run_json, info.to_json())
     if failed:
         first = next(iter(failed.values()))
         print(

@@ -14,25 +14,27 @@ Loading results
 Scoring
     ``score_records(records, mode="reference") -> CaseScores``: every turn re-parsed from its raw
         response and judged; per-case detail via ``CaseScores.case(i)`` / ``.cases()``.
-    ``build_report(runs, mode="reference", name=None) -> Report``: one model's numbers, End-to-End
-        from the ``none`` run (or exactly from a greedy oracle run), Oracle-Passed from the
-        ``implicit`` (else ``explicit``) run; ``Report.sources`` says which, ``Report.notes`` lists
-        anything odd about the inputs.
-    ``score_path(path, bundle=None, mode="reference", ...) -> Report``: load_runs + build_report.
-    ``Report.flat``: the stable flat metrics ``FLAT_KEYS`` (``e2e/stage<k>/<P>``,
+    ``score_model(runs, mode="reference", name=None) -> ModelScores``: one model's numbers,
+        End-to-End from the ``none`` run (or exactly from a greedy oracle run), Oracle-Passed from
+        the ``implicit`` (else ``explicit``) run; ``ModelScores.sources`` says which,
+        ``ModelScores.notes`` lists anything odd about the inputs.
+    ``score_path(path, bundle=None, mode="reference", ...) -> ModelScores``: load_runs + score_model.
+    ``ModelScores.flat``: the stable flat metrics ``FLAT_KEYS`` (``e2e/stage<k>/<P>``,
         ``op/stage<k>/<P>``, ``depth/<P>``, ``sub/<task>``; fractions; None = N/A).
-        ``Report.values``: every metric (per lesion, bias, gains; see ``columns``).
-        ``Report.tables()``: nested Tables 2, 3, 8, 9, 10, 11. ``Report.to_dict()``: all of it.
+        ``ModelScores.values``: every metric (per lesion, bias, gains; see ``columns``).
+        ``ModelScores.tables()``: nested Tables 2, 3, 8, 9, 10, 11. ``.to_dict()``: all of it.
+    ``Report`` and ``build_report`` are deprecated names of ``ModelScores`` and ``score_model``
+        ("report" now means the HTML report, ``chexpercept.metrics.report``).
 
 Uncertainty
-    ``Report.with_intervals(n_resamples=1000, seed=0, level=0.95)`` / ``bootstrap_intervals(report)``:
+    ``ModelScores.with_intervals(n_resamples=1000, seed=0, level=0.95)`` / ``bootstrap_intervals(scores)``:
         percentile intervals, cases resampled within each (lesion, path) cell.
     ``compare_reports(a, b, keys=None, n_resamples=1000, n_permutations=1000, seed=0)``: paired
         difference on the common cases, bootstrap interval and permutation p-value per metric.
 
 Tables
-    ``render_table(id, report_or_{name: report}, fmt="markdown"|"csv", intervals=False)`` for
-        ids 2, 3, 8, 9, 10, 11; ``table2_row(report)``: one model's Table 2 as one markdown row.
+    ``render_table(id, scores_or_{name: scores}, fmt="markdown"|"csv", intervals=False)`` for
+        ids 2, 3, 8, 9, 10, 11; ``table2_row(scores)``: one model's Table 2 as one markdown row.
 
 The evaluate module
     ``METRIC_PATH``: folder of the ``chexpercept_metric`` evaluate module (``evaluate.load(METRIC_PATH)``).
@@ -41,36 +43,37 @@ The evaluate module
     ``references_from_cases(cases)`` / ``references_from_dataset(ds)``: the metric's references.
 
 Example:
-    >>> from chexpercept.metrics import build_report, run_from_records
+    >>> from chexpercept.metrics import run_from_records, score_model
     >>> from chexpercept.metrics.simulate import fixture_cases, simulate_records
     >>> cases = fixture_cases(per_cell=2)
     >>> records = simulate_records(cases, lambda case, turn: turn.stage < 3, oracle="none")
-    >>> report = build_report([run_from_records(records, oracle="none")])
-    >>> report.flat["e2e/stage2/all"], report.flat["e2e/stage3/RR"], report.flat["depth/LF"]
+    >>> scores = score_model([run_from_records(records, oracle="none")])
+    >>> scores.flat["e2e/stage2/all"], scores.flat["e2e/stage3/RR"], scores.flat["depth/LF"]
     (1.0, 0.0, 1.0)
-    >>> report.flat["op/stage2/all"] is None  # no oracle run: Oracle-Passed is N/A
+    >>> scores.flat["op/stage2/all"] is None  # no oracle run: Oracle-Passed is N/A
     True
 """
 
 from __future__ import annotations
 
 import importlib
+import warnings
 from typing import Any
 
 _EXPORTS: dict[str, str] = {
     "Run": "runs",
-    "detect": "runs",
-    "load_run": "runs",
-    "load_runs": "runs",
+    "detect": "discovery",
+    "load_run": "discovery",
+    "load_runs": "discovery",
     "run_from_records": "runs",
     "read_reference_results": "reference",
     "CaseScores": "scoring",
     "TurnScore": "scoring",
     "score_records": "scoring",
     "FLAT_KEYS": "columns",
-    "Report": "report",
-    "Source": "report",
-    "build_report": "report",
+    "ModelScores": "model_scores",
+    "Source": "model_scores",
+    "score_model": "model_scores",
     "score_path": "api",
     "bootstrap_intervals": "bootstrap",
     "compare_reports": "bootstrap",
@@ -85,10 +88,21 @@ _EXPORTS: dict[str, str] = {
     "references_from_dataset": "evaluate_support",
 }
 
+#: old names kept importable (with a DeprecationWarning): "report" now means the HTML report
+_DEPRECATED: dict[str, str] = {"Report": "ModelScores", "build_report": "score_model"}
+
 __all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str) -> Any:
+    if name in _DEPRECATED:
+        new = _DEPRECATED[name]
+        warnings.warn(
+            f"chexpercept.metrics.{name} is deprecated; use chexpercept.metrics.{new}",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return __getattr__(new)
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,4 +1,4 @@
-"""One call from a path on disk to a Report, with an optional check against the release bundle."""
+"""One call from a path on disk to a model's scores (ModelScores), with an optional check against the release bundle."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import os
 from chexpercept.answers import ParseMode
 from chexpercept.bundle import Bundle
 
-from .report import Report, build_report
-from .runs import Run, load_runs, open_bundle
+from .discovery import load_runs
+from .model_scores import ModelScores, score_model
+from .runs import Run, open_bundle
 
 
 def score_path(
@@ -21,8 +22,8 @@ def score_path(
     model: str | None = None,
     missing: str = "wrong",
     name: str | None = None,
-) -> Report:
-    """Load every run under PATH (see ``load_runs``) and build the model's report.
+) -> ModelScores:
+    """Load every run under PATH (see ``load_runs``) and score the model.
 
     With ``bundle``, our runs are also checked against it: a gold answer that differs is an error
     (the run was made on another release) and cases of the bundle without a result are noted.
@@ -33,7 +34,7 @@ def score_path(
         for run in runs:
             if run.kind == "chexpercept":
                 run.notes.extend(check_against_bundle(run, b))
-    return build_report(runs, mode=mode, name=name)
+    return score_model(runs, mode=mode, name=name)
 
 
 def check_against_bundle(run: Run, bundle: Bundle) -> list[str]:

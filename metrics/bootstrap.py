@@ -13,12 +13,14 @@ two-sided p-value from a paired permutation test (each case's two results swappe
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .columns import ALIASES, DERIVED, FLAT_KEYS
-from .report import ColumnMatrix, Report
+from .columns import ALIASES, DERIVED, FLAT_KEYS, ColumnMatrix
+
+if TYPE_CHECKING:  # annotations only: model_scores imports this module
+    from .model_scores import ModelScores
 
 
 def stratified_weights(strata: np.ndarray, n_resamples: int, rng: np.random.Generator) -> np.ndarray:
@@ -66,7 +68,7 @@ def _interval(samples: np.ndarray, level: float) -> tuple[float, float] | None:
 
 
 def bootstrap_intervals(
-    report: Report, *, n_resamples: int = 1000, seed: int = 0, level: float = 0.95
+    report: ModelScores, *, n_resamples: int = 1000, seed: int = 0, level: float = 0.95
 ) -> dict[str, tuple[float, float] | None]:
     """Percentile intervals of every metric of the report (None where the metric is N/A)."""
     rng = np.random.default_rng(seed)
@@ -78,7 +80,7 @@ def bootstrap_intervals(
     }
 
 
-def _aligned(report: Report, keys: list[str], names: list[str]) -> tuple[np.ndarray, np.ndarray]:
+def _aligned(report: ModelScores, keys: list[str], names: list[str]) -> tuple[np.ndarray, np.ndarray]:
     row = {k: i for i, k in enumerate(report.matrix.key_ids)}
     rows = np.array([row[k] for k in keys], dtype=np.int64)
     col = report.matrix.index()
@@ -89,8 +91,8 @@ def _aligned(report: Report, keys: list[str], names: list[str]) -> tuple[np.ndar
 
 
 def compare_reports(
-    a: Report,
-    b: Report,
+    a: ModelScores,
+    b: ModelScores,
     *,
     keys: Sequence[str] | None = None,
     n_resamples: int = 1000,

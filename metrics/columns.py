@@ -18,6 +18,8 @@ Names (the flat keys of the issue are a subset, see ``FLAT_KEYS``):
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from chexpercept.vocab import LESIONS, PATHS, POINT_TASKS, SUB_TASKS
@@ -25,6 +27,24 @@ from chexpercept.vocab import LESIONS, PATHS, POINT_TASKS, SUB_TASKS
 from .scoring import STAGE2_CLASSES, TASK_INDEX, CaseScores
 
 Column = tuple[np.ndarray, np.ndarray]  # (values float64, applies bool)
+
+
+@dataclass
+class ColumnMatrix:
+    """Per-case columns of every metric, rows sorted by key_id: what bootstrap and comparison read."""
+
+    key_ids: list[str]
+    #: stratum of each case: lesion index * 3 + path index
+    strata: np.ndarray
+    names: list[str]
+    #: values where the metric applies, 0 elsewhere (n, K)
+    weighted: np.ndarray
+    applies: np.ndarray
+
+    def index(self) -> dict[str, int]:
+        return {n: i for i, n in enumerate(self.names)}
+
+
 PATH_KEYS: tuple[str, ...] = (*(p.value for p in PATHS), "all")
 
 #: The flat metrics: stable names used by scripts (fractions in [0, 1], depth in stages; None = N/A).

@@ -10,7 +10,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         'Install the evaluate module so evaluate.load("chexpercept_metric") works offline anywhere',
     ),
     "report": (
-        "chexpercept.metrics.report_cmd",
+        "chexpercept.metrics.report.command",
         "Tables, leaderboard, reference CSVs, figures and an HTML case viewer for a folder of runs",
     ),
 }

@@ -146,12 +146,12 @@ def compute_metric(
     return_cases: bool = False,
 ) -> dict[str, Any]:
     """What ``chexpercept_metric.compute`` returns: the flat metrics, or with details everything."""
-    from .report import build_report
+    from .model_scores import score_model
     from .runs import run_from_records
 
     records = records_from_inputs(predictions, references, oracle=oracle, mode=mode, model=model)
     run = run_from_records(records, oracle=oracle, greedy=greedy, model=model)
-    report = build_report([run], mode=mode, name=model or None)
+    report = score_model([run], mode=mode, name=model or None)
     if not return_details:
         return report.flat
     if n_resamples:

@@ -21,9 +21,18 @@ from chexpercept.answers import is_correct, parse_answer
 from chexpercept.bundle import Bundle
 from chexpercept.case import Case, Turn
 from chexpercept.results import CaseResult, TurnResult, check_oracle, judge_turn
+from chexpercept.run_metadata import BundleInfo, RunMetadata, SamplingInfo
 from chexpercept.vocab import TASK_INFO, parse_path
 
-from .runs import MISSING_POLICIES, Run, _oracle_from_folder, open_bundle, read_json_object
+from .runs import MISSING_POLICIES, Run, open_bundle, oracle_from_folder, read_json_object
+
+
+def reference_model_name(folder_name: str) -> tuple[str, str]:
+    """(provider, model) of a reference model folder ``<provider>_<model>``: the model name is the
+    folder name after the first underscore, as the reference's analysis splits it (a name without
+    an underscore is both)."""
+    provider, _, model = folder_name.partition("_")
+    return provider, model or folder_name
 
 
 def _step(task: str) -> tuple[str, str]:
@@ -96,7 +105,7 @@ def read_reference_results(
         raise ValueError(f"unknown missing-turn policy {missing!r}; expected one of {MISSING_POLICIES}")
     path = FsPath(path)
     folder = path.parent
-    setting = oracle or _oracle_from_folder(folder)
+    setting = oracle or oracle_from_folder(folder)
     if setting is None:
         raise ValueError(
             f"{path}: cannot tell the oracle setting (the folder is not named oracle_<setting>); pass --oracle"
@@ -105,7 +114,8 @@ def read_reference_results(
     b = _as_bundle(bundle)
     cases: dict[str, Case] = {c.key_id: c for c in b.cases}
     data = read_json_object(path, "an object keyed by key_id (the reference's all_results.json)")
-    model_name = model or folder.parent.name
+    provider, model_name = reference_model_name(folder.parent.name)
+    model_name = model or model_name
     records: list[CaseResult] = []
     n_from_stored = n_missing = 0
     for key, result in data.items():
@@ -157,15 +167,15 @@ def read_reference_results(
         notes.append(
             f"{path}: {n_from_stored} turns have no chat history; re-parsed from the stored pass-1 string"
         )
-    meta = {
-        "model": model_name,
-        "oracle": setting,
-        "parse_mode": "reference",
-        "bundle": {"path": str(b.root), "fingerprint": b.fingerprint(), "synthetic": b.synthetic},
-        "source": "reference all_results.json",
-    }
-    if greedy is not None:
-        meta["sampling"] = {"greedy": greedy}
+    meta = RunMetadata(
+        model=model_name,
+        provider=provider,
+        oracle=setting,
+        parse_mode="reference",
+        bundle=BundleInfo(path=str(b.root), fingerprint=b.fingerprint(), synthetic=b.synthetic),
+        source="reference all_results.json",
+        sampling=SamplingInfo(greedy=greedy) if greedy is not None else None,
+    )
     return Run(
         records=records,
         meta=meta,

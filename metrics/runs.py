@@ -1,12 +1,9 @@
-"""Finding and loading runs: our runner's folders and the reference implementation's results.
+"""Runs: the records of one model under one oracle setting, and reading our runner's run folders.
 
 A ``Run`` is the records of one model under one oracle setting plus what is known about how they
-were made (run.json). ``load_runs`` accepts any of:
-
-- ``OUT/<model>/oracle_<setting>/`` or its ``results.jsonl`` (our runner; ``run.json`` beside it);
-- ``.../oracle_<setting>/all_results.json`` or its folder (the reference; needs the bundle);
-- ``OUT/<model>/``: every ``oracle_*`` folder below it, so End-to-End and Oracle-Passed numbers
-  can each come from the run that measures them.
+were made (run.json). ``read_chexpercept_run`` reads one of our run folders; the reference's
+``all_results.json`` is read by ``reference``; finding runs on disk (``detect``, ``load_run``,
+``load_runs``, ``discover_runs``) is ``discovery``'s.
 """
 
 from __future__ import annotations
@@ -29,6 +26,7 @@ from chexpercept.results import (
     iter_results,
     read_failures,
 )
+from chexpercept.run_metadata import RunMetadata
 
 REFERENCE_RESULTS_NAME = "all_results.json"
 MISSING_POLICIES: tuple[str, ...] = ("wrong", "skip")
@@ -40,7 +38,7 @@ class Run:
 
     records: list[CaseResult]
     #: run.json as written by the runner (or what is known, for other sources)
-    meta: dict[str, Any]
+    meta: RunMetadata
     #: "chexpercept" (our runner), "reference" (all_results.json) or "records" (built in memory)
     kind: str
     oracle: str
@@ -57,12 +55,11 @@ class Run:
 
     @property
     def parse_mode(self) -> str | None:
-        return self.meta.get("parse_mode")
+        return self.meta.parse_mode
 
     @property
     def fingerprint(self) -> str | None:
-        bundle = self.meta.get("bundle")
-        return bundle.get("fingerprint") if isinstance(bundle, dict) else None
+        return self.meta.bundle.fingerprint if self.meta.bundle else None
 
     @property
     def label(self) -> str:
@@ -70,15 +67,15 @@ class Run:
         return f"oracle {self.oracle} run{where}"
 
 
-def greedy_from_meta(meta: dict[str, Any]) -> tuple[bool | None, str | None]:
+def greedy_from_meta(meta: RunMetadata) -> tuple[bool | None, str | None]:
     """(greedy, note): sampling.greedy when present, else temperature 0, else unknown."""
-    sampling = meta.get("sampling")
-    if not isinstance(sampling, dict):
+    sampling = meta.sampling
+    if sampling is None:
         return None, "run.json has no 'sampling': decoding unknown, so End-to-End needs an oracle none run"
-    if isinstance(sampling.get("greedy"), bool):
-        return sampling["greedy"], None
-    temperature = sampling.get("temperature")
-    if isinstance(temperature, (int, float)):
+    if sampling.greedy is not None:
+        return sampling.greedy, None
+    temperature = sampling.temperature
+    if temperature is not None:
         return (
             temperature == 0,
             f"run.json has no sampling.greedy; taken from temperature={temperature}",
@@ -104,94 +101,23 @@ def read_json_object(path: FsPath, expected: str = "a JSON object") -> dict[str,
     return data
 
 
-def _oracle_from_folder(folder: FsPath) -> str | None:
+def oracle_from_folder(folder: FsPath) -> str | None:
+    """The setting of a folder named ``oracle_<setting>``, else None."""
     name = folder.name
     if name.startswith("oracle_") and name[len("oracle_") :] in ORACLE_SETTINGS:
         return name[len("oracle_") :]
     return None
 
 
-def detect(path: str | os.PathLike[str]) -> tuple[str, FsPath]:
-    """What PATH holds: ("chexpercept", run folder), ("reference", all_results.json) or
-    ("model", folder with oracle_* runs)."""
-    p = FsPath(path).expanduser()
-    if not p.exists():
-        raise FileNotFoundError(f"{p} does not exist")
-    if p.is_file():
-        if p.name == RESULTS_NAME or p.suffix == ".jsonl":
-            return "chexpercept", p.parent
-        if p.suffix == ".json":
-            if p.name == RUN_NAME:
-                return "chexpercept", p.parent
-            return "reference", p
-        raise ValueError(f"{p}: not a results file (expected {RESULTS_NAME} or {REFERENCE_RESULTS_NAME})")
-    if (p / RESULTS_NAME).is_file():
-        return "chexpercept", p
-    if (p / REFERENCE_RESULTS_NAME).is_file():
-        return "reference", p / REFERENCE_RESULTS_NAME
-    if _run_folders(p):
-        return "model", p
-    raise ValueError(
-        f"{p}: found no results: expected {RESULTS_NAME} (our runner), {REFERENCE_RESULTS_NAME} "
-        "(the reference implementation) or oracle_<setting>/ folders holding either"
-    )
-
-
-def _run_folders(p: FsPath) -> list[FsPath]:
-    return [
-        d
-        for d in sorted(p.glob("oracle_*"))
-        if d.is_dir() and ((d / RESULTS_NAME).is_file() or (d / REFERENCE_RESULTS_NAME).is_file())
-    ]
-
-
-def load_run(
-    path: str | os.PathLike[str],
-    *,
-    bundle: Any = None,
-    oracle: str | None = None,
-    greedy: bool | None = None,
-    model: str | None = None,
-    missing: str = "wrong",
+def read_chexpercept_run(
+    folder: FsPath, *, oracle: str | None = None, greedy: bool | None = None, model: str | None = None
 ) -> Run:
-    """Load one run: our run folder (or its results.jsonl) or a reference all_results.json (or folder).
-
-    oracle / greedy / model override what the run's metadata says (needed for reference results,
-    whose decoding is not recorded). bundle (folder or Bundle) is required for reference results.
-    missing: for reference results, how turns the reference did not score are counted: "wrong"
-    (default) or "skip" (the reference analysis: the stage drops out of the denominators).
-    """
-    kind, where = detect(path)
-    if kind == "model":
-        raise ValueError(
-            f"{where} holds several runs ({', '.join(d.name for d in _run_folders(where))}); use load_runs"
-        )
-    if kind == "reference":
-        from .reference import read_reference_results
-
-        return read_reference_results(
-            where, bundle, oracle=oracle, greedy=greedy, model=model, missing=missing
-        )
-    return _load_chexpercept_run(where, oracle=oracle, greedy=greedy, model=model)
-
-
-def load_runs(path: str | os.PathLike[str], **kwargs: Any) -> list[Run]:
-    """Load every run under PATH: one run, or all oracle_* runs of a model folder."""
-    kind, where = detect(path)
-    if kind != "model":
-        return [load_run(path, **kwargs)]
-    return [load_run(d, **kwargs) for d in _run_folders(where)]
-
-
-def _load_chexpercept_run(
-    folder: FsPath, *, oracle: str | None, greedy: bool | None, model: str | None
-) -> Run:
+    """One run folder of our runner (results.jsonl, run.json, failures.jsonl) as a Run."""
     notes: list[str] = []
-    meta: dict[str, Any] = {}
     run_json = folder / RUN_NAME
-    if run_json.is_file():
-        meta = read_json_object(run_json)
-    else:
+    has_meta = run_json.is_file()
+    meta = RunMetadata.from_json(run_json) if has_meta else RunMetadata()
+    if not has_meta:
         notes.append(f"{folder}: no {RUN_NAME}; oracle setting taken from the records, decoding unknown")
     records = list(iter_results(folder / RESULTS_NAME))
     if not records:
@@ -202,15 +128,15 @@ def _load_chexpercept_run(
             f"{folder / RESULTS_NAME}: cases of several oracle settings mixed: {sorted(settings)}"
         )
     recorded = settings.pop()
-    setting = oracle or meta.get("oracle") or recorded
-    check_oracle(setting, str(run_json if "oracle" in meta else folder / RESULTS_NAME))
+    setting = oracle or meta.oracle or recorded
+    check_oracle(setting, str(run_json if meta.oracle is not None else folder / RESULTS_NAME))
     if setting != recorded and oracle is None:
         raise ValueError(f"{run_json}: says oracle {setting!r} but the cases were run with {recorded!r}")
     if greedy is None:
-        greedy, note = greedy_from_meta(meta) if meta else (None, None)
-        if note and meta:
+        greedy, note = greedy_from_meta(meta) if has_meta else (None, None)
+        if note and has_meta:
             notes.append(f"{run_json}: {note}")
-    if meta and not meta.get("finished"):
+    if has_meta and not meta.finished:
         notes.append(f"{run_json}: the run has not finished ({len(records)} cases so far)")
     finished = {r.key_id for r in records}
     failed = {f.key_id: f for f in read_failures(folder / FAILURES_NAME) if f.key_id not in finished}
@@ -229,7 +155,7 @@ def _load_chexpercept_run(
             f"{errored[0][0]} ({errored[0][1]}); rerun those cases for a model's answer"
         )
     for key in ("model", "parse_mode", "bundle"):
-        if meta and key not in meta:
+        if has_meta and getattr(meta, key) is None:
             notes.append(f"{run_json}: no '{key}' field")
     return Run(
         records=records,
@@ -237,7 +163,7 @@ def _load_chexpercept_run(
         kind="chexpercept",
         oracle=setting,
         greedy=greedy,
-        model=model or str(meta.get("model") or folder.parent.name),
+        model=model or str(meta.model or folder.parent.name),
         path=folder,
         notes=notes,
         failed=list(failed.values()),
@@ -250,13 +176,13 @@ def run_from_records(
     oracle: str,
     greedy: bool | None = True,
     model: str = "",
-    meta: dict[str, Any] | None = None,
+    meta: RunMetadata | dict[str, Any] | None = None,
 ) -> Run:
     """Wrap in-memory records (the evaluate module, simulations) as a Run."""
     check_oracle(oracle, "records")
     return Run(
         records=list(records),
-        meta=dict(meta or {}),
+        meta=RunMetadata.from_json(meta, source="records") if meta is not None else RunMetadata(),
         kind="records",
         oracle=oracle,
         greedy=greedy,

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from chexpercept.answers import PARSE_STATUSES, STATUS_UNPARSED, ParseMode, is_correct, parse_answer
-from chexpercept.results import CaseResult
+from chexpercept.results import CaseResult, TurnResult
 from chexpercept.vocab import (
     CARDIOMEGALY,
     LESIONS,
@@ -130,6 +130,117 @@ def _stage_tasks(tasks: Iterable[str]) -> dict[int, list[str]]:
     return out
 
 
+class _Judged:
+    """The per-case (rows) and per-task (columns) arrays that ``score_records`` fills, turn by turn."""
+
+    def __init__(self, n: int) -> None:
+        self.lesion = np.zeros(n, np.int8)
+        self.path = np.zeros(n, np.int8)
+        self.asked = np.zeros((n, len(TASKS)), bool)
+        self.correct = np.zeros((n, len(TASKS)), bool)
+        self.stored = np.zeros((n, len(TASKS)), bool)
+        self.status = np.full((n, len(TASKS)), -1, np.int8)
+        self.refused = np.zeros((n, len(TASKS)), bool)
+        self.stage2_class = np.full(n, -1, np.int8)
+        self.point_none = np.zeros((n, 2), bool)
+        self.point_count = np.zeros((n, 2), np.int16)
+        self.gold_none = np.zeros((n, 2), bool)
+        self.gold_count = np.zeros((n, 2), np.int16)
+        self.detection_missing = np.zeros(n, bool)
+
+    def missing(self, i: int, task: str) -> TurnScore:
+        """Part of a stage missing (reference results): wrong."""
+        self.status[i, TASK_INDEX[task]] = STATUS_INDEX[STATUS_UNPARSED]
+        return TurnScore(task, (-1,), STATUS_UNPARSED, False, (), False, True)
+
+    def judge(
+        self, i: int, key: str, task: str, turn: TurnResult, *, mode: ParseMode, model: str
+    ) -> TurnScore:
+        """Re-parse one turn's raw response and judge it against the gold answer."""
+        j = TASK_INDEX[task]
+        if not turn.gold:
+            raise ValueError(f"case {key}: task {task!r} has no gold answer")
+        parsed = parse_answer(turn.parsed_text, mode=mode, none_index=turn.none_index, model=model)
+        self.refused[i, j] = bool(turn.refusal)
+        ok = is_correct(parsed, turn.gold, multi_select=turn.multi_select, mode=mode)
+        self.correct[i, j] = ok
+        self.stored[i, j] = bool(turn.correct)
+        self.status[i, j] = STATUS_INDEX[parsed.status]
+        if task == "contour_eval":
+            if is_correct(parsed, (1,), multi_select=False, mode=mode):
+                self.stage2_class[i] = 0
+            elif is_correct(parsed, (2,), multi_select=False, mode=mode):
+                self.stage2_class[i] = 1
+            else:
+                self.stage2_class[i] = 2
+        elif task in POINT_TASKS:
+            k = POINT_TASKS.index(task)
+            none = turn.none_index or turn.n_options
+            self.point_none[i, k] = none in parsed.indices
+            self.point_count[i, k] = len(
+                {x for x in parsed.indices if 1 <= x <= turn.n_options and x != none}
+            )
+            self.gold_none[i, k] = none in turn.gold
+            self.gold_count[i, k] = len({x for x in turn.gold if x != none})
+        return TurnScore(task, parsed.indices, parsed.status, ok, tuple(turn.gold), bool(turn.correct))
+
+
+def _turns_by_task(rec: CaseResult, les: str, p: Path, expected: Sequence[str]) -> dict[str, TurnResult]:
+    """The record's turns by task; an unknown, unexpected or repeated task is an error naming the case."""
+    key = rec.key_id
+    by_task = {}
+    for t in rec.turns:
+        if t.task not in TASK_INDEX:
+            raise ValueError(f"case {key}: unknown task {t.task!r} in its turns")
+        if t.task not in expected:
+            raise ValueError(
+                f"case {key}: task {t.task!r} is not asked on path {p.value} for {les} "
+                f"(expected {', '.join(expected)})"
+            )
+        if t.task in by_task:
+            raise ValueError(f"case {key}: task {t.task!r} appears twice")
+        by_task[t.task] = t
+    return by_task
+
+
+def _score_case(
+    i: int, rec: CaseResult, judged: _Judged, *, mode: ParseMode, model: str, allow_missing: bool
+) -> list[TurnScore]:
+    """Fill row i of ``judged`` from one record; its turns' scores in stage order."""
+    key = rec.key_id
+    try:
+        les = parse_lesion(rec.lesion)
+        p = parse_path(rec.path)
+    except ValueError as e:
+        raise ValueError(f"case {key}: {e}") from None
+    judged.lesion[i] = LESION_INDEX[les]
+    judged.path[i] = PATH_INDEX[p]
+    expected = route_tasks(les, p)
+    by_task = _turns_by_task(rec, les, p, expected)
+    case_turns: list[TurnScore] = []
+    for stage, stage_tasks in _stage_tasks(expected).items():
+        present = [t for t in stage_tasks if t in by_task]
+        if len(present) < len(stage_tasks):
+            if not allow_missing:
+                missing = [t for t in stage_tasks if t not in by_task]
+                raise ValueError(
+                    f"case {key}: no result for {', '.join(missing)} (asked on path {p.value}); "
+                    "the results file is incomplete or was not written by this toolkit"
+                )
+            if not present:
+                if stage == 1:
+                    judged.detection_missing[i] = True
+                continue
+        for task in stage_tasks:
+            judged.asked[i, TASK_INDEX[task]] = True
+            turn = by_task.get(task)
+            if turn is None:
+                case_turns.append(judged.missing(i, task))
+            else:
+                case_turns.append(judged.judge(i, key, task, turn, mode=mode, model=model))
+    return case_turns
+
+
 def score_records(
     records: Sequence[CaseResult],
     *,
@@ -145,125 +256,45 @@ def score_records(
     detection counts as wrong but does not break the chain either. Without it (our runner always
     records every asked turn) a missing turn is an error naming the case.
     """
-    n = len(records)
-    lesion = np.zeros(n, np.int8)
-    path = np.zeros(n, np.int8)
-    asked = np.zeros((n, len(TASKS)), bool)
-    correct = np.zeros((n, len(TASKS)), bool)
-    stored = np.zeros((n, len(TASKS)), bool)
-    status = np.full((n, len(TASKS)), -1, np.int8)
-    refused = np.zeros((n, len(TASKS)), bool)
-    stage2_class = np.full(n, -1, np.int8)
-    point_none = np.zeros((n, 2), bool)
-    point_count = np.zeros((n, 2), np.int16)
-    gold_none = np.zeros((n, 2), bool)
-    gold_count = np.zeros((n, 2), np.int16)
-    detection_missing = np.zeros(n, bool)
+    judged = _Judged(len(records))
     key_ids: list[str] = []
     turns_out: list[list[TurnScore]] = []
     seen: set[str] = set()
-
     for i, rec in enumerate(records):
         key = rec.key_id
         if key in seen:
             raise ValueError(f"case {key}: appears twice in the results")
         seen.add(key)
         key_ids.append(key)
-        try:
-            les = parse_lesion(rec.lesion)
-            p = parse_path(rec.path)
-        except ValueError as e:
-            raise ValueError(f"case {key}: {e}") from None
-        lesion[i] = LESION_INDEX[les]
-        path[i] = PATH_INDEX[p]
-        expected = route_tasks(les, p)
-        by_task = {}
-        for t in rec.turns:
-            if t.task not in TASK_INDEX:
-                raise ValueError(f"case {key}: unknown task {t.task!r} in its turns")
-            if t.task not in expected:
-                raise ValueError(
-                    f"case {key}: task {t.task!r} is not asked on path {p.value} for {les} "
-                    f"(expected {', '.join(expected)})"
-                )
-            if t.task in by_task:
-                raise ValueError(f"case {key}: task {t.task!r} appears twice")
-            by_task[t.task] = t
-        case_turns: list[TurnScore] = []
-        for stage, stage_tasks in _stage_tasks(expected).items():
-            present = [t for t in stage_tasks if t in by_task]
-            if len(present) < len(stage_tasks):
-                if not allow_missing:
-                    missing = [t for t in stage_tasks if t not in by_task]
-                    raise ValueError(
-                        f"case {key}: no result for {', '.join(missing)} (asked on path {p.value}); "
-                        "the results file is incomplete or was not written by this toolkit"
-                    )
-                if not present:
-                    if stage == 1:
-                        detection_missing[i] = True
-                    continue
-            for task in stage_tasks:
-                j = TASK_INDEX[task]
-                asked[i, j] = True
-                turn = by_task.get(task)
-                if turn is None:  # part of a stage missing (reference results): wrong
-                    case_turns.append(TurnScore(task, (-1,), STATUS_UNPARSED, False, (), False, True))
-                    status[i, j] = STATUS_INDEX[STATUS_UNPARSED]
-                    continue
-                if not turn.gold:
-                    raise ValueError(f"case {key}: task {task!r} has no gold answer")
-                parsed = parse_answer(turn.parsed_text, mode=mode, none_index=turn.none_index, model=model)
-                refused[i, j] = bool(turn.refusal)
-                ok = is_correct(parsed, turn.gold, multi_select=turn.multi_select, mode=mode)
-                correct[i, j] = ok
-                stored[i, j] = bool(turn.correct)
-                status[i, j] = STATUS_INDEX[parsed.status]
-                case_turns.append(
-                    TurnScore(task, parsed.indices, parsed.status, ok, tuple(turn.gold), bool(turn.correct))
-                )
-                if task == "contour_eval":
-                    if is_correct(parsed, (1,), multi_select=False, mode=mode):
-                        stage2_class[i] = 0
-                    elif is_correct(parsed, (2,), multi_select=False, mode=mode):
-                        stage2_class[i] = 1
-                    else:
-                        stage2_class[i] = 2
-                elif task in POINT_TASKS:
-                    k = POINT_TASKS.index(task)
-                    none = turn.none_index or turn.n_options
-                    point_none[i, k] = none in parsed.indices
-                    point_count[i, k] = len(
-                        {x for x in parsed.indices if 1 <= x <= turn.n_options and x != none}
-                    )
-                    gold_none[i, k] = none in turn.gold
-                    gold_count[i, k] = len({x for x in turn.gold if x != none})
-        turns_out.append(case_turns)
+        turns_out.append(_score_case(i, rec, judged, mode=mode, model=model, allow_missing=allow_missing))
 
-    stage_asked, stage_pass, e2e, depth_native, depth = _gate(asked, correct, detection_missing, lesion, path)
-    _, stored_pass = _stage_matrix(asked, stored)
-    e2e_exact = _first_break(stage_asked, stored_pass, detection_missing) >= _first_break(
-        stage_asked, stage_pass, detection_missing
+    asked, missing = judged.asked, judged.detection_missing
+    stage_asked, stage_pass, e2e, depth_native, depth = _gate(
+        asked, judged.correct, missing, judged.lesion, judged.path
+    )
+    _, stored_pass = _stage_matrix(asked, judged.stored)
+    e2e_exact = _first_break(stage_asked, stored_pass, missing) >= _first_break(
+        stage_asked, stage_pass, missing
     )
     return CaseScores(
         mode=mode,
         key_ids=key_ids,
-        lesion=lesion,
-        path=path,
+        lesion=judged.lesion,
+        path=judged.path,
         task_asked=asked,
-        task_correct=correct,
-        task_status=status,
-        task_refused=refused,
+        task_correct=judged.correct,
+        task_status=judged.status,
+        task_refused=judged.refused,
         stage_asked=stage_asked,
         stage_pass=stage_pass,
         e2e=e2e,
         depth=depth,
         depth_native=depth_native,
-        stage2_class=stage2_class,
-        point_none=point_none,
-        point_count=point_count,
-        gold_none=gold_none,
-        gold_count=gold_count,
+        stage2_class=judged.stage2_class,
+        point_none=judged.point_none,
+        point_count=judged.point_count,
+        gold_none=judged.gold_none,
+        gold_count=judged.gold_count,
         e2e_exact=e2e_exact,
         turns=turns_out,
     )

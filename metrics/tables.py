@@ -11,11 +11,12 @@ import csv
 import io
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from chexpercept.vocab import LESIONS, PATHS, POINT_TASKS
 
-from .report import Report
+if TYPE_CHECKING:  # annotations only: model_scores imports this module
+    from .model_scores import ModelScores
 
 NA = "–"
 Values = Mapping[str, float | None]
@@ -142,16 +143,19 @@ def _fmt(value: float | None, kind: str, na: str = NA) -> str:
     return f"{value:.2f}"
 
 
-def _as_models(reports: Report | Mapping[str, Any]) -> list[tuple[str, Values, Mapping[str, Any] | None]]:
-    """(name, values, intervals) per model, from a Report, a name->Report map or a name->values map."""
-    if isinstance(reports, Report):
+def _as_models(
+    reports: ModelScores | Mapping[str, Any],
+) -> list[tuple[str, Values, Mapping[str, Any] | None]]:
+    """(name, values, intervals) per model, from a ModelScores, a name->ModelScores map or a
+    name->values map (values are a Mapping; a ModelScores is not)."""
+    if not isinstance(reports, Mapping):
         return [(reports.name, reports.values, reports.intervals)]
     out = []
     for name, item in reports.items():
-        if isinstance(item, Report):
-            out.append((name, item.values, item.intervals))
-        else:
+        if isinstance(item, Mapping):
             out.append((name, item, None))
+        else:
+            out.append((name, item.values, item.intervals))
     return out
 
 
@@ -192,7 +196,11 @@ def _headers(table: Table, csv_mode: bool, show_ci: bool) -> list[str]:
 
 
 def table_rows(
-    table_id: str, reports: Report | Mapping[str, Any], *, intervals: bool = False, csv_mode: bool = False
+    table_id: str,
+    reports: ModelScores | Mapping[str, Any],
+    *,
+    intervals: bool = False,
+    csv_mode: bool = False,
 ):
     """Header and rows of a table as lists of strings."""
     table = TABLES[str(table_id)]
@@ -206,7 +214,7 @@ def table_rows(
 
 def render_table(
     table_id: str | int,
-    reports: Report | Mapping[str, Any],
+    reports: ModelScores | Mapping[str, Any],
     *,
     fmt: str = "markdown",
     intervals: bool = False,
@@ -232,7 +240,7 @@ def render_table(
     return "\n".join(lines) + "\n"
 
 
-def table2_row(report: Report, name: str | None = None, *, header: bool = False) -> str:
+def table2_row(report: ModelScores, name: str | None = None, *, header: bool = False) -> str:
     """One model's Table 2 as a single markdown row (with the header lines when header=True)."""
     head, rows = table_rows("2", {name or report.name: report.values})
     row = "| " + " | ".join(rows[0]) + " |"

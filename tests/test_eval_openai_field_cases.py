@@ -83,7 +83,7 @@ def test_a_rejected_request_is_never_scored_and_a_rerun_retries_it(fixture_bundl
     note = next(n for n in report.notes if "failures.jsonl" in n)
     assert "2 cases have no result because a request failed" in note and failures[0].key_id in note
     # so does the report
-    from chexpercept.metrics.report_build import write_report
+    from chexpercept.metrics.report.build import write_report
 
     out = write_report(tmp_path, tmp_path / "report", n_resamples=0, plots=False)
     assert any("2 cases have no result because a request failed" in n for n in out.notes)

@@ -5,7 +5,7 @@ import random
 import numpy as np
 import pytest
 
-from chexpercept.metrics import bootstrap_intervals, build_report, compare_reports, run_from_records
+from chexpercept.metrics import bootstrap_intervals, compare_reports, run_from_records, score_model
 from chexpercept.metrics.bootstrap import replicates, stratified_weights
 from chexpercept.metrics.simulate import fixture_cases, simulate_records
 
@@ -18,7 +18,7 @@ def cases():
 def _report(cases, p_right, seed, name="m", oracle="implicit"):
     rnd = random.Random(seed)
     records = simulate_records(cases, lambda c, t: rnd.random() < p_right, oracle=oracle, seed=seed)
-    return build_report([run_from_records(records, oracle=oracle, greedy=True, model=name)])
+    return score_model([run_from_records(records, oracle=oracle, greedy=True, model=name)])
 
 
 def test_weights_resample_within_each_cell():
@@ -69,7 +69,7 @@ def test_intervals_are_seeded_cover_the_estimate_and_skip_na(cases):
 def test_degenerate_intervals_and_details():
     cases = fixture_cases(per_cell=3)
     records = simulate_records(cases, lambda c, t: True, oracle="none")
-    report = build_report([run_from_records(records, oracle="none")]).with_intervals(100)
+    report = score_model([run_from_records(records, oracle="none")]).with_intervals(100)
     assert report.intervals["e2e/stage4/all"] == (1.0, 1.0)
     assert report.intervals["op/stage2/all"] is None  # no oracle run: N/A, no interval
     details = report.to_dict()["intervals"]

@@ -11,11 +11,11 @@ import chexpercept.metrics as metrics_pkg
 from chexpercept.bundle import read_bundle
 from chexpercept.metrics import (
     METRIC_PATH,
-    build_report,
     install_metric,
     references_from_cases,
     references_from_dataset,
     run_from_records,
+    score_model,
 )
 from chexpercept.metrics.simulate import simulate_records
 from chexpercept.vocab import LESIONS, PATHS
@@ -60,7 +60,7 @@ def test_bare_name_after_install_matches_the_library(tmp_path, monkeypatch, bund
     monkeypatch.chdir(tmp_path)  # nothing named chexpercept_metric here
     metric = evaluate.load("chexpercept_metric")
     flat = metric.compute(predictions=predictions, references=references_from_cases(bundle.cases))
-    expected = build_report([run_from_records(records, oracle="none")]).flat
+    expected = score_model([run_from_records(records, oracle="none")]).flat
     assert flat == expected
 
 

@@ -12,7 +12,7 @@ Figures are copied from the paper (spec/paper.md sections 5, 9, 11).
 
 import pytest
 
-from chexpercept.metrics import build_report, run_from_records
+from chexpercept.metrics import run_from_records, score_model
 from chexpercept.metrics.simulate import hand_record
 from chexpercept.vocab import CARDIOMEGALY, LESIONS, STAGE3_TASKS, STAGE4_TASKS
 
@@ -146,7 +146,7 @@ def _simulate(model):
     )
     lf_records, lf_depth = _simulate_path("LF", {1: lf}, {}, (0.0, ""), model)
     run = run_from_records(rr_records + rf_records + lf_records, oracle="implicit", greedy=True, model=model)
-    return build_report([run], name=model), {"RR": rr_depth, "RF": rf_depth, "LF": lf_depth}
+    return score_model([run], name=model), {"RR": rr_depth, "RF": rf_depth, "LF": lf_depth}
 
 
 def _pct(value):

@@ -6,10 +6,11 @@ import random
 import pytest
 
 from chexpercept.bundle import read_bundle
-from chexpercept.metrics import build_report, detect, load_run, load_runs, score_path
+from chexpercept.metrics import detect, load_run, load_runs, score_model, score_path
 from chexpercept.metrics.reference import read_reference_results, write_reference_results
 from chexpercept.metrics.runs import run_from_records
 from chexpercept.metrics.simulate import simulate_records
+from chexpercept.run_metadata import BundleInfo
 
 RUN_META = {
     "model": "tiny",
@@ -78,7 +79,7 @@ def test_run_metadata_and_notes(tmp_path, bundle):
     bare = load_run(_write_run(tmp_path / "c" / "oracle_implicit", records, None))
     assert bare.greedy is None and bare.oracle == "implicit" and bare.model == "c"
     assert any("no run.json" in n for n in bare.notes)
-    report = build_report([bare])
+    report = score_model([bare])
     assert report.flat["e2e/stage1/all"] is None and report.flat["op/stage2/all"] is not None
     assert any("unknown decoding" in n for n in report.notes)
     with pytest.raises(ValueError, match="says oracle 'none' but the cases were run with 'implicit'"):
@@ -95,20 +96,20 @@ def test_model_folder_takes_e2e_from_none_and_op_from_implicit(tmp_path, bundle)
     )
     runs = load_runs(model)
     assert sorted(r.oracle for r in runs) == ["implicit", "none"]
-    report = build_report(runs)
+    report = score_model(runs)
     assert report.flat["e2e/stage4/all"] == 1.0 and report.flat["depth/RR"] == 4.0
     assert report.flat["op/stage2/all"] == 0.0 and report.flat["sub/location"] == 0.0
     assert report.sources["e2e"].oracle == "none" and report.sources["op"].oracle == "implicit"
     assert report.source_lines() == ["End-to-End: oracle none run", "Oracle-Passed: oracle implicit run"]
     with pytest.raises(ValueError, match="two oracle none runs"):
-        build_report([runs[0], runs[0]] if runs[0].oracle == "none" else [runs[1], runs[1]])
+        score_model([runs[0], runs[0]] if runs[0].oracle == "none" else [runs[1], runs[1]])
 
 
 def test_sources_for_every_combination(bundle):
     recs = {s: _records(bundle, s) for s in ("none", "implicit", "explicit")}
 
     def report(*runs):
-        return build_report([run_from_records(recs[s], oracle=s, greedy=g) for s, g in runs])
+        return score_model([run_from_records(recs[s], oracle=s, greedy=g) for s, g in runs])
 
     explicit = report(("explicit", True))
     assert explicit.sources["op"].oracle == "explicit" and explicit.sources["e2e"].oracle == "explicit"
@@ -121,8 +122,8 @@ def test_sources_for_every_combination(bundle):
     with pytest.raises(ValueError, match="different bundles"):
         a = run_from_records(recs["none"], oracle="none")
         b = run_from_records(recs["implicit"], oracle="implicit")
-        a.meta["bundle"], b.meta["bundle"] = {"fingerprint": "a"}, {"fingerprint": "b"}
-        build_report([a, b])
+        a.meta.bundle, b.meta.bundle = BundleInfo(fingerprint="a"), BundleInfo(fingerprint="b")
+        score_model([a, b])
 
 
 def test_score_path_checks_runs_against_the_bundle(tmp_path, bundle, fixture_bundle):
@@ -154,18 +155,20 @@ def test_reference_results_round_trip(tmp_path, bundle):
     entry = data[records[0].key_id]
     assert set(entry) >= {"key_id", "qa_path", "detection_qa", "_chat_history_idx", "chat_history"}
     run = read_reference_results(path, bundle)
-    assert run.kind == "reference" and run.oracle == "implicit" and run.model == "opensource_tiny"
+    # one naming rule with `chexpercept report`: the model is the folder name after the first underscore
+    assert run.kind == "reference" and run.oracle == "implicit" and run.model == "tiny"
+    assert run.meta.provider == "opensource"
     assert [r.key_id for r in run.records] == [r.key_id for r in records]
     # the raw (pre-patch) text is what gets re-parsed, so verdicts match the stored ones
     for ours, theirs in zip(run.records, records):
         assert [t.response for t in ours.turns] == [t.response for t in theirs.turns]
-    report = build_report([run])
+    report = score_model([run])
     assert report.runs[0]["verdict_agreement"] == 1.0
-    direct = build_report([run_from_records(records, oracle="implicit")])
+    direct = score_model([run_from_records(records, oracle="implicit")])
     assert report.values["op/stage2/all"] == direct.values["op/stage2/all"]
     assert report.flat == direct.flat | {k: None for k in report.flat if k.startswith(("e2e/", "depth/"))}
     assert any("unknown decoding" in n for n in report.notes)
-    greedy = build_report([read_reference_results(path, bundle, greedy=True)])
+    greedy = score_model([read_reference_results(path, bundle, greedy=True)])
     assert greedy.flat == direct.flat
 
 
@@ -197,8 +200,8 @@ def test_reference_unscored_turns_wrong_or_skipped(tmp_path, bundle):
     rf.turns[1].response = "<think>again</think>"
     path, _ = _reference_folder(tmp_path, bundle, oracle="none", records=records)
     assert json.loads(path.read_text())[rf.key_id]["detection_qa"] == {}
-    wrong = build_report([load_run(path, bundle=bundle)])
-    skip = build_report([load_run(path, bundle=bundle, missing="skip")])
+    wrong = score_model([load_run(path, bundle=bundle)])
+    skip = score_model([load_run(path, bundle=bundle, missing="skip")])
     i = wrong.scores["none"].key_ids.index(rf.key_id)
     assert wrong.scores["none"].e2e[i].tolist() == [False, False, False, False]
     # reference: detection counted wrong but the chain goes on; Stage 2 dropped
@@ -216,10 +219,20 @@ def test_glm_answer_box_is_unwrapped_for_glm_folders(tmp_path, bundle):
             t.response = "<|begin_of_box|>" + ",".join(map(str, t.gold)) + "<|end_of_box|>"
     glm, _ = _reference_folder(tmp_path, bundle, oracle="none", model="opensource_glm-4v", records=records)
     other, _ = _reference_folder(tmp_path, bundle, oracle="none", model="opensource_qwen", records=records)
-    boxed = build_report([load_run(glm, bundle=bundle)])
+    boxed = score_model([load_run(glm, bundle=bundle)])
     assert boxed.flat["e2e/stage4/all"] == 1.0
     assert boxed.parse["none"]["detection"]["statuses"] == {"bare": 1.0}
     # other models: the box is not unwrapped; the any-digit fallback still finds the numbers
-    assert build_report([load_run(other, bundle=bundle)]).parse["none"]["detection"]["statuses"] == {
+    assert score_model([load_run(other, bundle=bundle)]).parse["none"]["detection"]["statuses"] == {
         "loose": 1.0
     }
+
+
+def test_score_and_report_name_a_reference_run_alike(tmp_path, bundle):
+    from chexpercept.metrics.discovery import discover_runs
+
+    path, _ = _reference_folder(tmp_path, bundle)
+    [found] = discover_runs(tmp_path)
+    [run] = load_runs(path.parent.parent, bundle=bundle)
+    assert found.model == run.model == "tiny"
+    assert found.meta.provider == run.meta.provider == "opensource"

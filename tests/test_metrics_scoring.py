@@ -2,12 +2,12 @@
 
 import pytest
 
-from chexpercept.metrics import build_report, run_from_records, score_records
+from chexpercept.metrics import run_from_records, score_model, score_records
 from chexpercept.metrics.simulate import hand_record
 
 
 def _report(records, oracle="implicit", greedy=True, mode="reference"):
-    return build_report([run_from_records(records, oracle=oracle, greedy=greedy)], mode=mode)
+    return score_model([run_from_records(records, oracle=oracle, greedy=greedy)], mode=mode)
 
 
 def _stages(cs, i=0):
@@ -229,3 +229,13 @@ def test_e2e_exactness_when_rescoring_an_oracle_run_in_another_mode():
     assert not other.sources["e2e"].exact
     assert "approximate for 1 of 1 cases" in other.sources["e2e"].description
     assert any("oracle changed the history" in n for n in other.notes)
+
+
+def test_old_scorer_names_are_deprecated_aliases():
+    import chexpercept.metrics as metrics
+
+    with pytest.warns(DeprecationWarning, match="score_model"):
+        old = metrics.build_report
+    with pytest.warns(DeprecationWarning, match="ModelScores"):
+        cls = metrics.Report
+    assert old is metrics.score_model and cls is metrics.ModelScores

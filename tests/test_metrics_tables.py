@@ -5,7 +5,7 @@ import io
 
 import pytest
 
-from chexpercept.metrics import build_report, render_table, run_from_records, table2_row
+from chexpercept.metrics import render_table, run_from_records, score_model, table2_row
 from chexpercept.metrics.simulate import hand_record
 
 # Table 2 and Table 10 rows of GPT-5.4 and Qwen3.5-122B as printed in the paper (spec/paper.md)
@@ -69,7 +69,7 @@ def test_rows_look_like_the_paper():
 
 
 def test_na_cells_gains_and_csv():
-    report = build_report(
+    report = score_model(
         [run_from_records([hand_record("cardiomegaly", p) for p in ("RR", "RF", "LF")], oracle="none")],
         name="m",
     )
@@ -90,7 +90,7 @@ def test_intervals_in_markdown_and_csv():
     records = [
         hand_record("edema", "RR", {"contour_eval": i % 2 == 0}, key_id=f"edema_{i}_x") for i in range(8)
     ]
-    report = build_report([run_from_records(records, oracle="implicit")], name="m").with_intervals(200)
+    report = score_model([run_from_records(records, oracle="implicit")], name="m").with_intervals(200)
     md = render_table("8", report, intervals=True).splitlines()
     rr = next(line for line in md if line.startswith("| m | RR"))
     assert rr.split(" | ")[3].startswith("50.0 [")  # E2E S2 with its interval

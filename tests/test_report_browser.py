@@ -13,11 +13,11 @@ import struct
 import pytest
 
 from chexpercept.bundle import read_bundle
-from chexpercept.metrics.report_build import write_report
-from chexpercept.metrics.report_cases import ViewerRun, write_viewer_data
-from chexpercept.metrics.report_html import Section, markdown_to_html, write_index_html
-from chexpercept.metrics.report_runs import discover_runs
-from chexpercept.metrics.report_simulate import write_simulated_runs
+from chexpercept.metrics.discovery import discover_runs
+from chexpercept.metrics.report.build import write_report
+from chexpercept.metrics.report.cases import ViewerRun, write_viewer_data
+from chexpercept.metrics.report.page import Section, markdown_to_html, write_index_html
+from chexpercept.metrics.report.simulate import write_simulated_runs
 from chexpercept.results import iter_results
 from chexpercept.testing import write_fixture_bundle
 

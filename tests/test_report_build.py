@@ -9,8 +9,8 @@ import pytest
 
 from chexpercept.bundle import read_bundle
 from chexpercept.cli import main
-from chexpercept.metrics.report_build import write_report
-from chexpercept.metrics.report_simulate import simulate_run, write_simulated_runs
+from chexpercept.metrics.report.build import write_report
+from chexpercept.metrics.report.simulate import simulate_run, write_simulated_runs
 from chexpercept.results import iter_results
 from chexpercept.testing import write_fixture_bundle
 from chexpercept.vocab import Path

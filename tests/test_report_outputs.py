@@ -8,9 +8,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from chexpercept.metrics import report_plots as plots
-from chexpercept.metrics import report_style as style
-from chexpercept.metrics.report_csv import write_all_models_csvs, write_run_csvs
+from chexpercept.metrics.report import plots, style
+from chexpercept.metrics.report.reference_csv import write_all_models_csvs, write_run_csvs
 from chexpercept.vocab import LESIONS
 
 

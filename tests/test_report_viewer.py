@@ -7,15 +7,15 @@ import json
 import pytest
 
 from chexpercept.bundle import read_bundle
-from chexpercept.metrics.report_cases import (
+from chexpercept.metrics.discovery import discover_runs
+from chexpercept.metrics.report.cases import (
     ViewerRun,
     case_file_name,
     first_failing_stage,
     write_viewer_data,
 )
-from chexpercept.metrics.report_html import markdown_to_html
-from chexpercept.metrics.report_runs import discover_runs
-from chexpercept.metrics.report_simulate import simulate_case, simulate_run
+from chexpercept.metrics.report.page import markdown_to_html
+from chexpercept.metrics.report.simulate import simulate_case, simulate_run
 from chexpercept.results import iter_results
 
 

@@ -1,6 +1,6 @@
 """One model's scores: End-to-End and Oracle-Passed numbers, each from the run that measures it.
 
-``build_report(runs)`` takes the runs of one model (any of oracle none / implicit / explicit) and
+``score_model(runs)`` takes the runs of one model (any of oracle none / implicit / explicit) and
 decides where each kind of number comes from:
 
 - End-to-End: from the ``none`` run when there is one; otherwise from an oracle run whose decoding
@@ -9,7 +9,7 @@ decides where each kind of number comes from:
 - Oracle-Passed (stage and sub-task accuracy, answer bias): from the ``implicit`` run, else the
   ``explicit`` one; N/A without an oracle run (a run without oracle measures something else).
 
-The report says which run each came from (``sources``) and lists everything worth knowing about the
+The ``ModelScores`` it returns says which run each came from (``sources``) and lists everything worth knowing about the
 inputs (``notes``): unfinished runs, missing run.json fields, cases missing from a run.
 """
 
@@ -24,9 +24,11 @@ import numpy as np
 from chexpercept.answers import PARSE_STATUSES, STATUS_REASONING, STATUS_UNPARSED, ParseMode
 from chexpercept.vocab import LESIONS, PATHS, TASKS
 
-from .columns import FLAT_KEYS, Column, add_derived, column_mean, e2e_columns, op_columns
+from .bootstrap import bootstrap_intervals
+from .columns import FLAT_KEYS, Column, ColumnMatrix, add_derived, column_mean, e2e_columns, op_columns
 from .runs import Run
 from .scoring import TASK_INDEX, CaseScores, score_records
+from .tables import nested_tables
 
 
 @dataclass
@@ -51,23 +53,7 @@ class Source:
 
 
 @dataclass
-class ColumnMatrix:
-    """Per-case columns of every metric, rows sorted by key_id: what bootstrap and comparison read."""
-
-    key_ids: list[str]
-    #: stratum of each case: lesion index * 3 + path index
-    strata: np.ndarray
-    names: list[str]
-    #: values where the metric applies, 0 elsewhere (n, K)
-    weighted: np.ndarray
-    applies: np.ndarray
-
-    def index(self) -> dict[str, int]:
-        return {n: i for i, n in enumerate(self.names)}
-
-
-@dataclass
-class Report:
+class ModelScores:
     """Scores of one model (see the module docstring); ``values`` holds every metric, None = N/A."""
 
     name: str
@@ -90,17 +76,13 @@ class Report:
         """The stable flat metrics (FLAT_KEYS): fractions in [0, 1], depth in stages, None = N/A."""
         return {k: self.values.get(k) for k in FLAT_KEYS}
 
-    def with_intervals(self, n_resamples: int = 1000, *, seed: int = 0, level: float = 0.95) -> Report:
+    def with_intervals(self, n_resamples: int = 1000, *, seed: int = 0, level: float = 0.95) -> ModelScores:
         """Fill ``intervals`` with stratified bootstrap intervals of every metric; returns self."""
-        from .bootstrap import bootstrap_intervals
-
         self.intervals = bootstrap_intervals(self, n_resamples=n_resamples, seed=seed, level=level)
         self.level, self.n_resamples = level, n_resamples
         return self
 
     def tables(self) -> dict[str, Any]:
-        from .tables import nested_tables
-
         return nested_tables(self.values)
 
     def source_lines(self) -> list[str]:
@@ -186,21 +168,76 @@ def _agreement(cs: CaseScores) -> float | None:
     return sum(a == b for a, b in verdicts) / len(verdicts)
 
 
-def build_report(
+def score_model(
     runs: Sequence[Run],
     *,
     mode: ParseMode = "reference",
     name: str | None = None,
     scores: Mapping[str, CaseScores] | None = None,
-) -> Report:
-    """Score the runs of one model and assemble its report (see the module docstring).
+) -> ModelScores:
+    """Score the runs of one model and assemble its scores (see the module docstring).
 
     scores: per oracle setting, scores already computed for that run under ``mode`` (for example a
-    per-run report's ``scores``); those runs are not scored again.
+    per-run ModelScores' ``scores``); those runs are not scored again.
     """
     known = scores or {}
     if not runs:
         raise ValueError("no runs to score")
+    by_setting = _by_setting(runs)
+    notes: list[str] = [n for r in runs for n in r.notes]
+    scores = {
+        s: known[s]
+        if s in known
+        else score_records(r.records, mode=mode, model=r.model, allow_missing=r.allow_missing)
+        for s, r in by_setting.items()
+    }
+
+    oracle_run = by_setting.get("implicit") or by_setting.get("explicit")
+    if "implicit" in by_setting and "explicit" in by_setting:
+        notes.append(
+            "both implicit and explicit runs given; Oracle-Passed numbers come from the implicit one"
+        )
+    for run in runs:
+        if run.parse_mode and run.parse_mode != mode and run.oracle != "none":
+            notes.append(
+                f"{run.label}: its oracle acted on {run.parse_mode} parsing; re-scored here with {mode} parsing"
+            )
+    sources, e2e_run = _choose_sources(by_setting.get("none"), oracle_run, scores, mode, notes)
+
+    op_scores = scores[oracle_run.oracle] if oracle_run is not None else None
+    e2e_scores = scores[e2e_run.oracle] if e2e_run is not None else None
+    matrix, values = _assemble(e2e_scores, op_scores)
+    if e2e_scores is not None and op_scores is not None and e2e_run is not oracle_run:
+        only_e2e = set(e2e_scores.key_ids) - set(op_scores.key_ids)
+        only_op = set(op_scores.key_ids) - set(e2e_scores.key_ids)
+        if only_e2e or only_op:
+            notes.append(
+                f"the runs cover different cases: {len(only_e2e)} only in the End-to-End run, "
+                f"{len(only_op)} only in the Oracle-Passed run"
+            )
+
+    counts = _counts(matrix, e2e_scores, op_scores)
+    counts["unfinished_cases"] = {r.oracle: len(r.failed) for r in runs if r.failed}
+    parse = {s: _parse_stats(cs) for s, cs in scores.items()}
+    notes += _answer_notes(parse, mode)
+    model_name = name or next((r.model for r in runs if r.model), "") or "model"
+    return ModelScores(
+        name=model_name,
+        mode=mode,
+        values=values,
+        sources=sources,
+        notes=notes,
+        counts=counts,
+        runs=_run_rows(by_setting, scores),
+        parse=parse,
+        matrix=matrix,
+        scores=scores,
+        fingerprint=next(iter({r.fingerprint for r in runs if r.fingerprint}), None),
+    )
+
+
+def _by_setting(runs: Sequence[Run]) -> dict[str, Run]:
+    """The runs by oracle setting: one run per setting, all made on one bundle."""
     by_setting: dict[str, Run] = {}
     for run in runs:
         if run.oracle in by_setting:
@@ -212,26 +249,17 @@ def build_report(
     fingerprints = {r.fingerprint for r in runs if r.fingerprint}
     if len(fingerprints) > 1:
         raise ValueError("the runs were made on different bundles (run.json bundle fingerprints differ)")
-    notes: list[str] = [n for r in runs for n in r.notes]
-    scores = {
-        s: known[s]
-        if s in known
-        else score_records(r.records, mode=mode, model=r.model, allow_missing=r.allow_missing)
-        for s, r in by_setting.items()
-    }
+    return by_setting
 
-    none_run = by_setting.get("none")
-    oracle_run = by_setting.get("implicit") or by_setting.get("explicit")
-    if "implicit" in by_setting and "explicit" in by_setting:
-        notes.append(
-            "both implicit and explicit runs given; Oracle-Passed numbers come from the implicit one"
-        )
-    for run in runs:
-        if run.parse_mode and run.parse_mode != mode and run.oracle != "none":
-            notes.append(
-                f"{run.label}: its oracle acted on {run.parse_mode} parsing; re-scored here with {mode} parsing"
-            )
 
+def _choose_sources(
+    none_run: Run | None,
+    oracle_run: Run | None,
+    scores: Mapping[str, CaseScores],
+    mode: str,
+    notes: list[str],
+) -> tuple[dict[str, Source | None], Run | None]:
+    """(where End-to-End and Oracle-Passed numbers come from, the End-to-End run); appends notes."""
     sources: dict[str, Source | None] = {"e2e": None, "op": None}
     if oracle_run is not None:
         sources["op"] = Source("op", oracle_run.oracle, f"oracle {oracle_run.oracle} run", _p(oracle_run))
@@ -264,24 +292,11 @@ def build_report(
             f"End-to-End numbers are N/A: the {oracle_run.label} {why}, so its gated chain is not the "
             "End-to-End result; run with --oracle none (or pass --greedy if decoding was greedy)"
         )
+    return sources, e2e_run
 
-    op_scores = scores[oracle_run.oracle] if oracle_run is not None else None
-    e2e_scores = scores[e2e_run.oracle] if e2e_run is not None else None
-    matrix, values = _assemble(e2e_scores, op_scores)
-    if e2e_scores is not None and op_scores is not None and e2e_run is not oracle_run:
-        only_e2e = set(e2e_scores.key_ids) - set(op_scores.key_ids)
-        only_op = set(op_scores.key_ids) - set(e2e_scores.key_ids)
-        if only_e2e or only_op:
-            notes.append(
-                f"the runs cover different cases: {len(only_e2e)} only in the End-to-End run, "
-                f"{len(only_op)} only in the Oracle-Passed run"
-            )
 
-    counts = _counts(matrix, e2e_scores, op_scores)
-    counts["unfinished_cases"] = {r.oracle: len(r.failed) for r in runs if r.failed}
-    parse = {s: _parse_stats(cs) for s, cs in scores.items()}
-    notes += _answer_notes(parse, mode)
-    run_rows = [
+def _run_rows(by_setting: Mapping[str, Run], scores: Mapping[str, CaseScores]) -> list[dict[str, Any]]:
+    return [
         {
             "oracle": r.oracle,
             "kind": r.kind,
@@ -294,20 +309,6 @@ def build_report(
         }
         for s, r in by_setting.items()
     ]
-    model_name = name or next((r.model for r in runs if r.model), "") or "model"
-    return Report(
-        name=model_name,
-        mode=mode,
-        values=values,
-        sources=sources,
-        notes=notes,
-        counts=counts,
-        runs=run_rows,
-        parse=parse,
-        matrix=matrix,
-        scores=scores,
-        fingerprint=next(iter(fingerprints), None),
-    )
 
 
 def _p(run: Run) -> str | None:

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path as FsPath
 from typing import Any
 
-from .report_csv import write_csv
+from .reference_csv import write_csv
 
 SETTING_KEYS: dict[str, tuple[str, ...]] = {
     "e2e": ("e2e/stage1/all", "e2e/stage2/all", "e2e/stage3/all", "e2e/stage4/all"),
@@ -40,7 +40,7 @@ CSV_COLUMNS = (
 def leaderboard_rows(reports: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Rows for both settings: setting, rank (None when N/A), model, score and the stage values.
 
-    reports: model name -> the metric library's Report (``values``, optional ``intervals``).
+    reports: model name -> the metric library's ModelScores (``values``, optional ``intervals``).
     """
     rows: list[dict[str, Any]] = []
     for setting, keys in SETTING_KEYS.items():

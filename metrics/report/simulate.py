@@ -19,9 +19,9 @@ from chexpercept import templates
 from chexpercept.answers import oracle_answer_text
 from chexpercept.bundle import Bundle
 from chexpercept.case import Case
+from chexpercept.metrics.simulate import answer_text, wrong_indices
 from chexpercept.results import RESULTS_NAME, RUN_NAME, CaseResult, TurnResult, judge_turn
-
-from .simulate import answer_text, wrong_indices
+from chexpercept.run_metadata import BundleInfo, RunMetadata, SamplingInfo
 
 
 def simulate_case(
@@ -81,24 +81,22 @@ def simulate_run(
                 case, accuracy=accuracy, oracle=oracle, unparsed_rate=unparsed_rate, seed=seed
             )
             f.write(rec.to_json() + "\n")
-    meta = {
-        "model": model,
-        "backend": "simulated",
-        "oracle": oracle,
-        "parse_mode": "reference",
-        "sampling": {"temperature": 0.0, "top_p": 1.0, "max_tokens": 16, "greedy": True},
-        "seed": seed,
-        "bundle": {
-            "path": str(bundle.root),
-            "fingerprint": bundle.fingerprint(),
-            "synthetic": bundle.synthetic,
-        },
-        "versions": {},
-        "git_commit": None,
-        "started": "2026-01-01T00:00:00Z",
-        "finished": "2026-01-01T00:00:01Z",
-    }
-    (run_dir / RUN_NAME).write_text(json.dumps(meta, indent=2), encoding="utf-8")
+    meta = RunMetadata(
+        model=model,
+        backend="simulated",
+        oracle=oracle,
+        parse_mode="reference",
+        sampling=SamplingInfo(temperature=0.0, top_p=1.0, max_tokens=16, greedy=True),
+        seed=seed,
+        bundle=BundleInfo(
+            path=str(bundle.root), fingerprint=bundle.fingerprint(), synthetic=bundle.synthetic
+        ),
+        versions={},
+        git_commit=None,
+        started="2026-01-01T00:00:00Z",
+        finished="2026-01-01T00:00:01Z",
+    )
+    (run_dir / RUN_NAME).write_text(json.dumps(meta.to_json(), indent=2), encoding="utf-8")
     return run_dir
 
 

@@ -2,7 +2,7 @@
 
 Each function takes plain numbers (fractions in [0, 1], or None where a cell does not apply) and writes
 one PNG. File names and titles follow the reference; unlike the reference, a cell that does not apply
-reads N/A instead of 0.0, and colours follow metrics/report_style.py (one colour per meaning).
+reads N/A instead of 0.0, and colours follow metrics/report/style.py (one colour per meaning).
 matplotlib is imported only here, and only when a figure is drawn (it is in the ``report`` extra);
 figures are drawn on their own canvas, so no pyplot state or backend is touched.
 """
@@ -16,7 +16,7 @@ from typing import Any
 
 from chexpercept.vocab import STAGE3_TASKS, STAGE4_TASKS
 
-from . import report_style as style
+from . import style
 
 DPI = 150
 STAGE_ACCURACY_PNG = "plot_stage_accuracy.png"

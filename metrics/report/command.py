@@ -52,7 +52,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .report_build import write_report
+    from .build import write_report
 
     if args.bootstrap < 0:
         print("chexpercept report: --bootstrap must be 0 or more", file=sys.stderr)

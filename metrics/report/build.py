@@ -1,15 +1,15 @@
 """``write_report``: every output of ``chexpercept report`` from a folder of runs, in one call.
 
-It finds the runs (metrics/report_runs.py), loads and scores them with the metric library
-(``load_run``, ``build_report``, intervals, ``render_table``), then writes:
+It finds the runs (metrics/discovery.py), loads and scores them with the metric library
+(``load_run``, ``score_model``, intervals, ``render_table``), then writes:
 
 - ``tables.md`` and ``tables/table<N>.{md,csv}``: the paper's Tables 2, 3, 8, 9, 10, 11 (with intervals);
 - ``leaderboard.{md,csv}``: models ranked under End-to-End and under Oracle-Passed;
-- the reference's CSVs per run and across models (metrics/report_csv.py);
+- the reference's CSVs per run and across models (metrics/report/reference_csv.py);
 - ``figures/``: the four plots of the reference and a per-lesion heatmap for the models' headline
-  numbers, and the reference's figures per oracle setting beside its CSVs (metrics/report_plots.py);
-- ``index.html`` with ``data/`` and ``assets/``: the summary and the case viewer (metrics/report_html.py,
-  metrics/report_cases.py); ``metrics.json``: every number as data.
+  numbers, and the reference's figures per oracle setting beside its CSVs (metrics/report/plots.py);
+- ``index.html`` with ``data/`` and ``assets/``: the summary and the case viewer (metrics/report/page.py,
+  metrics/report/cases.py); ``metrics.json``: every number as data.
 
 A model's headline numbers combine its runs as the metric library decides (End-to-End from the
 ``none`` run or exactly from a greedy oracle run; Oracle-Passed from the ``implicit`` run). The per-run
@@ -28,16 +28,16 @@ from pathlib import Path as FsPath
 from typing import Any
 
 from chexpercept.bundle import Bundle
+from chexpercept.metrics.discovery import RunFolder, discover_runs
+from chexpercept.metrics.runs import open_bundle
+from chexpercept.metrics.tables import TABLE_IDS
 from chexpercept.results import ORACLE_SETTINGS
 from chexpercept.vocab import LESIONS, PATHS
 
-from . import report_csv, report_plots
-from .report_cases import ViewerRun, write_viewer_data
-from .report_html import Figure, Section, figures_html, markdown_to_html, write_index_html
-from .report_leaderboard import leaderboard_rows, render_leaderboard, write_leaderboard_csv
-from .report_runs import RunFolder, discover_runs
-from .runs import open_bundle
-from .tables import TABLE_IDS
+from . import plots, reference_csv
+from .cases import ViewerRun, write_viewer_data
+from .leaderboard import leaderboard_rows, render_leaderboard, write_leaderboard_csv
+from .page import Figure, Section, figures_html, markdown_to_html, write_index_html
 
 FIGURES_DIR = "figures"
 PHANTOM_BANNER = (
@@ -83,11 +83,7 @@ def resolve_bundle(
     notes: list[str] = []
     found = open_bundle(bundle)
     if found is None:
-        recorded = [
-            (r, (r.meta.get("bundle") or {}).get("path"))
-            for r in runs
-            if (r.meta.get("bundle") or {}).get("path")
-        ]
+        recorded = [(r, r.meta.bundle.path) for r in runs if r.meta.bundle and r.meta.bundle.path]
         existing = [(r, p) for r, p in recorded if (FsPath(p) / "chexpercept.json").is_file()]
         if not existing:
             where = f" (run.json names {recorded[0][1]})" if recorded else ""
@@ -99,7 +95,7 @@ def resolve_bundle(
         found = open_bundle(existing[0][1])
     fingerprint = found.fingerprint()
     for run in runs:
-        recorded_fp = (run.meta.get("bundle") or {}).get("fingerprint")
+        recorded_fp = run.meta.bundle.fingerprint if run.meta.bundle else None
         if recorded_fp and recorded_fp != fingerprint:
             raise ValueError(
                 f"{run.folder}: run.json's bundle fingerprint {recorded_fp[:12]}... differs from the bundle "
@@ -125,8 +121,8 @@ def _load(folders: Sequence[RunFolder], bundle: Bundle | None) -> list[Any]:
 def _summary_rows(model: str, flat: dict[str, float | None]) -> list[dict[str, Any]]:
     """Rows of the stage-accuracy figure, read from the same CSV rows the reference writes."""
     out = []
-    for row in report_csv.summary_rows(model, flat):
-        setting = report_csv.SETTINGS[row["setting"]]
+    for row in reference_csv.summary_rows(model, flat):
+        setting = reference_csv.SETTINGS[row["setting"]]
         path = next(p.value for p in PATHS if p.reference_name == row["path"])
         out.append(
             {
@@ -162,16 +158,16 @@ def _draw_figures(
                 key: values.get(
                     f"lesion/{les}/e2e/stage1/all" if key == "stage1" else f"lesion/{les}/{key}/all"
                 )
-                for key, _ in report_plots.LESION_PANELS
+                for key, _ in plots.LESION_PANELS
             }
             if any(v is not None for v in cells.values()):
                 lesion[name][les] = cells
     return [
-        report_plots.plot_stage_accuracy(rows, folder / report_plots.STAGE_ACCURACY_PNG, oracle=label),
-        report_plots.plot_contour_revision_detail(sub, folder / report_plots.CONTOUR_REVISION_PNG),
-        report_plots.plot_attribute_extraction_detail(sub, folder / report_plots.ATTRIBUTE_EXTRACTION_PNG),
-        report_plots.plot_depth_heatmap(depth, folder / report_plots.DEPTH_HEATMAP_PNG),
-        report_plots.plot_lesion_heatmap(lesion, folder / report_plots.LESION_HEATMAP_PNG),
+        plots.plot_stage_accuracy(rows, folder / plots.STAGE_ACCURACY_PNG, oracle=label),
+        plots.plot_contour_revision_detail(sub, folder / plots.CONTOUR_REVISION_PNG),
+        plots.plot_attribute_extraction_detail(sub, folder / plots.ATTRIBUTE_EXTRACTION_PNG),
+        plots.plot_depth_heatmap(depth, folder / plots.DEPTH_HEATMAP_PNG),
+        plots.plot_lesion_heatmap(lesion, folder / plots.LESION_HEATMAP_PNG),
     ]
 
 
@@ -185,11 +181,11 @@ def _sources_label(reports: dict[str, Any]) -> str:
 
 
 _FIGURE_CAPTIONS = {
-    report_plots.STAGE_ACCURACY_PNG: "Stage accuracy per path (End-to-End rows blue, Oracle-Passed rows orange)",
-    report_plots.CONTOUR_REVISION_PNG: "Stage 3 sub-tasks on RR, Oracle-Passed",
-    report_plots.ATTRIBUTE_EXTRACTION_PNG: "Stage 4 sub-tasks on RR and RF, Oracle-Passed",
-    report_plots.DEPTH_HEATMAP_PNG: "Mean End-to-End depth per path",
-    report_plots.LESION_HEATMAP_PNG: "Stage accuracy per lesion",
+    plots.STAGE_ACCURACY_PNG: "Stage accuracy per path (End-to-End rows blue, Oracle-Passed rows orange)",
+    plots.CONTOUR_REVISION_PNG: "Stage 3 sub-tasks on RR, Oracle-Passed",
+    plots.ATTRIBUTE_EXTRACTION_PNG: "Stage 4 sub-tasks on RR and RF, Oracle-Passed",
+    plots.DEPTH_HEATMAP_PNG: "Mean End-to-End depth per path",
+    plots.LESION_HEATMAP_PNG: "Stage accuracy per lesion",
 }
 
 
@@ -205,7 +201,7 @@ def _runs_section(
     ]
     for rf, run in zip(folders, loaded):
         greedy = {True: "yes", False: "no", None: "unknown"}[run.greedy]
-        backend = str(rf.meta.get("backend") or rf.layout)
+        backend = str(rf.meta.backend or rf.layout)
         lines.append(
             f"| {rf.model} | {rf.oracle} | {backend} | {len(run.records)} | {greedy} | "
             f"{run.parse_mode or 'unknown'} | `{rf.folder}` |"
@@ -217,42 +213,14 @@ def _runs_section(
     return Section("runs", "Runs", markdown_to_html("\n".join(lines)))
 
 
-def write_report(
-    results: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
-    out: str | os.PathLike[str] = "report",
-    *,
-    bundle: str | os.PathLike[str] | Bundle | None = None,
-    mode: str = "reference",
-    embed_images: bool = False,
-    n_resamples: int = 1000,
-    seed: int = 0,
-    na_as_zero: bool = False,
-    plots: bool = True,
-    html: bool = True,
-    title: str = "CheXpercept report",
-) -> ReportOutput:
-    """Write the whole report for the runs under ``results`` into ``out`` (see the module docstring).
-
-    n_resamples: bootstrap replicates for the 95% intervals (0: no intervals). na_as_zero: write the
-    reference's 0.0 instead of an empty cell where a CSV cell does not apply.
-    """
-    start = time.perf_counter()
-    clock = _Clock()
+def _score(
+    folders: Sequence[RunFolder], loaded: Sequence[Any], mode: str
+) -> tuple[dict[tuple[str, str], Any], list[str], dict[str, Any]]:
+    """(per run scores, model names, per model scores): each run is scored once, and a model's
+    scores reuse its runs' scores."""
     m = _metrics()
-    roots = [results] if isinstance(results, (str, os.PathLike)) else list(results)
-    folders = discover_runs(*roots)
-    bundle_obj, notes = resolve_bundle(bundle, folders)
-    loaded = _load(folders, bundle_obj)
-    clock.lap("load")
-    notes.extend(note for rf in folders for note in rf.notes)
-
-    out = FsPath(out)
-    out.mkdir(parents=True, exist_ok=True)
-    files: list[FsPath] = []
-
-    # --- scores: per model (headline numbers) and per run (the reference's per-run view)
     per_run = {
-        (rf.model, rf.oracle): m.build_report([run], mode=mode, name=rf.model)
+        (rf.model, rf.oracle): m.score_model([run], mode=mode, name=rf.model)
         for rf, run in zip(folders, loaded)
     }
     models = sorted({rf.model for rf in folders})
@@ -260,14 +228,28 @@ def write_report(
     for name in models:
         runs = [run for rf, run in zip(folders, loaded) if rf.model == name]
         scored = {run.oracle: per_run[(name, run.oracle)].scores[run.oracle] for run in runs}
-        reports[name] = m.build_report(runs, mode=mode, name=name, scores=scored)
-    clock.lap("score")
-    if n_resamples > 0:
-        for rep in reports.values():
-            rep.with_intervals(n_resamples, seed=seed)
-    clock.lap("intervals")
+        reports[name] = m.score_model(runs, mode=mode, name=name, scores=scored)
+    return per_run, models, reports
 
-    # --- the paper's tables and the leaderboard
+
+@dataclass
+class _Tables:
+    """The paper's tables and the leaderboard, as written."""
+
+    files: list[FsPath]
+    #: each table in markdown, in paper order
+    blocks: list[str]
+    ci_note: str
+    tables_md: FsPath
+    board: list[dict[str, Any]]
+    leaderboard_md: FsPath
+
+
+def _write_tables(
+    out: FsPath, reports: dict[str, Any], *, n_resamples: int, seed: int, title: str
+) -> _Tables:
+    m = _metrics()
+    files: list[FsPath] = []
     (out / "tables").mkdir(exist_ok=True)
     blocks = []
     for tid in TABLE_IDS:
@@ -291,45 +273,163 @@ def write_report(
     board = leaderboard_rows(reports)
     leaderboard_md = _write(out / "leaderboard.md", render_leaderboard(board))
     files += [leaderboard_md, write_leaderboard_csv(out / "leaderboard.csv", board)]
-    clock.lap("tables")
+    return _Tables(files, blocks, ci_note, tables_md, board, leaderboard_md)
 
-    # --- the reference's CSVs and figures, per run and per oracle setting
+
+def _write_reference_csvs(
+    out: FsPath, per_run: dict[tuple[str, str], Any], settings: Sequence[str], na_as_zero: bool
+) -> list[FsPath]:
+    """The reference's CSVs: per run, then across models per oracle setting."""
+    files: list[FsPath] = []
     for (name, oracle), rep in per_run.items():
-        files += report_csv.write_run_csvs(
+        files += reference_csv.write_run_csvs(
             out / model_dirname(name) / f"oracle_{oracle}", name, rep.flat, na_as_zero=na_as_zero
         )
-    settings = [s for s in ORACLE_SETTINGS if any(o == s for _, o in per_run)]
-    figures: list[Figure] = []
-    per_setting_figures: dict[str, list[FsPath]] = {}
     for setting in settings:
         folder = out / f"all_models_oracle_{setting}"
         chosen = {name: rep for (name, oracle), rep in per_run.items() if oracle == setting}
-        files += report_csv.write_all_models_csvs(
+        files += reference_csv.write_all_models_csvs(
             folder, {n: r.flat for n, r in chosen.items()}, na_as_zero=na_as_zero
         )
+    return files
+
+
+def _write_figures(
+    out: FsPath, reports: dict[str, Any], per_run: dict[tuple[str, str], Any], settings: Sequence[str]
+) -> tuple[list[FsPath], list[Figure], dict[str, list[FsPath]]]:
+    """(files, the headline figures, per oracle setting the per-run figures)."""
+    files: list[FsPath] = []
+    per_setting_figures: dict[str, list[FsPath]] = {}
+    headline_values = {n: r.values for n, r in reports.items()}
+    label = _sources_label(reports)
+    headline = _draw_figures(out / FIGURES_DIR, headline_values, label=label)
+    files += headline
+    figures = [Figure(str(p.relative_to(out)), _FIGURE_CAPTIONS[p.name]) for p in headline]
+    for setting in settings:
+        chosen = {name: rep.values for (name, oracle), rep in per_run.items() if oracle == setting}
+        folder = out / f"all_models_oracle_{setting}"
+        if label == setting and chosen == headline_values:  # the same numbers: same figures
+            folder.mkdir(parents=True, exist_ok=True)
+            per_setting_figures[setting] = [FsPath(shutil.copy2(p, folder / p.name)) for p in headline]
+        else:
+            per_setting_figures[setting] = _draw_figures(folder, chosen, label=setting)
+        files += per_setting_figures[setting]
+    return files, figures, per_setting_figures
+
+
+def _viewer_runs(
+    folders: Sequence[RunFolder], loaded: Sequence[Any], per_run: dict[tuple[str, str], Any]
+) -> list[ViewerRun]:
+    viewer_runs = []
+    for i, (rf, run) in enumerate(zip(folders, loaded)):
+        scores = per_run[(rf.model, rf.oracle)].scores[rf.oracle]
+        scored = {key: scores.case(j) for j, key in enumerate(scores.key_ids)}
+        viewer_runs.append(
+            ViewerRun(f"r{i}", rf.label, rf.model, rf.oracle, {r.key_id: r for r in run.records}, scored)
+        )
+    return viewer_runs
+
+
+def _page_sections(
+    out: FsPath,
+    tables: _Tables,
+    figures: Sequence[Figure],
+    per_setting_figures: dict[str, list[FsPath]],
+    runs_section: Section,
+    files: Sequence[FsPath],
+) -> list[Section]:
+    sections = [
+        Section("leaderboard", "Leaderboard", markdown_to_html(render_leaderboard(tables.board))),
+        Section("tables", "Tables", markdown_to_html(tables.ci_note + "\n\n" + "\n".join(tables.blocks))),
+    ]
+    if figures:
+        extra = "".join(
+            f"<details><summary>Per-run figures, oracle {s} (each run scored on its own, as the reference "
+            f"does)</summary>{figures_html([Figure(str(p.relative_to(out)), p.name) for p in ps])}</details>"
+            for s, ps in per_setting_figures.items()
+        )
+        sections.append(Section("figures", "Figures", figures_html(figures) + extra))
+    sections.append(runs_section)
+    sections.append(Section("files", "Files", _files_html(out, files)))
+    return sections
+
+
+def _banners(
+    folders: Sequence[RunFolder], bundle: Bundle | None, embed_images: bool, notes: Sequence[str]
+) -> list[str]:
+    banners = []
+    synthetic = (bundle is not None and bundle.synthetic) or any(
+        rf.meta.bundle.synthetic if rf.meta.bundle else None for rf in folders
+    )
+    if synthetic:
+        banners.append(PHANTOM_BANNER)
+    if embed_images:
+        banners.append(EMBEDDED_BANNER)
+    banners.extend(notes)
+    return banners
+
+
+def write_report(
+    results: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    out: str | os.PathLike[str] = "report",
+    *,
+    bundle: str | os.PathLike[str] | Bundle | None = None,
+    mode: str = "reference",
+    embed_images: bool = False,
+    n_resamples: int = 1000,
+    seed: int = 0,
+    na_as_zero: bool = False,
+    plots: bool = True,
+    html: bool = True,
+    title: str = "CheXpercept report",
+) -> ReportOutput:
+    """Write the whole report for the runs under ``results`` into ``out`` (see the module docstring).
+
+    n_resamples: bootstrap replicates for the 95% intervals (0: no intervals). na_as_zero: write the
+    reference's 0.0 instead of an empty cell where a CSV cell does not apply.
+    """
+    start = time.perf_counter()
+    clock = _Clock()
+    roots = [results] if isinstance(results, (str, os.PathLike)) else list(results)
+    folders = discover_runs(*roots)
+    bundle_obj, notes = resolve_bundle(bundle, folders)
+    loaded = _load(folders, bundle_obj)
+    clock.lap("load")
+    notes.extend(note for rf in folders for note in rf.notes)
+
+    out = FsPath(out)
+    out.mkdir(parents=True, exist_ok=True)
+    files: list[FsPath] = []
+
+    # --- scores: per model (headline numbers) and per run (the reference's per-run view)
+    per_run, models, reports = _score(folders, loaded, mode)
+    clock.lap("score")
+    if n_resamples > 0:
+        for rep in reports.values():
+            rep.with_intervals(n_resamples, seed=seed)
+    clock.lap("intervals")
+
+    # --- the paper's tables and the leaderboard
+    tables = _write_tables(out, reports, n_resamples=n_resamples, seed=seed, title=title)
+    files += tables.files
+    clock.lap("tables")
+
+    # --- the reference's CSVs and figures, per run and per oracle setting
+    settings = [s for s in ORACLE_SETTINGS if any(o == s for _, o in per_run)]
+    files += _write_reference_csvs(out, per_run, settings, na_as_zero)
     clock.lap("csv")
+    figures: list[Figure] = []
+    per_setting_figures: dict[str, list[FsPath]] = {}
     if plots:
-        headline_values = {n: r.values for n, r in reports.items()}
-        label = _sources_label(reports)
-        headline = _draw_figures(out / FIGURES_DIR, headline_values, label=label)
-        files += headline
-        figures = [Figure(str(p.relative_to(out)), _FIGURE_CAPTIONS[p.name]) for p in headline]
-        for setting in settings:
-            chosen = {name: rep.values for (name, oracle), rep in per_run.items() if oracle == setting}
-            folder = out / f"all_models_oracle_{setting}"
-            if label == setting and chosen == headline_values:  # the same numbers: same figures
-                folder.mkdir(parents=True, exist_ok=True)
-                per_setting_figures[setting] = [FsPath(shutil.copy2(p, folder / p.name)) for p in headline]
-            else:
-                per_setting_figures[setting] = _draw_figures(folder, chosen, label=setting)
-            files += per_setting_figures[setting]
+        figure_files, figures, per_setting_figures = _write_figures(out, reports, per_run, settings)
+        files += figure_files
     clock.lap("figures")
 
     # --- everything as data
     data = {
         "models": {name: rep.to_dict() for name, rep in reports.items()},
         "runs": {f"{name}/oracle_{oracle}": rep.flat for (name, oracle), rep in per_run.items()},
-        "leaderboard": board,
+        "leaderboard": tables.board,
         "notes": notes,
     }
     files.append(_write(out / "metrics.json", json.dumps(data, indent=1, default=str)))
@@ -338,39 +438,13 @@ def write_report(
     index_html = None
     n_cases = len({r.key_id for run in loaded for r in run.records})
     if html:
-        viewer_runs = []
-        for i, (rf, run) in enumerate(zip(folders, loaded)):
-            scores = per_run[(rf.model, rf.oracle)].scores[rf.oracle]
-            scored = {key: scores.case(j) for j, key in enumerate(scores.key_ids)}
-            viewer_runs.append(
-                ViewerRun(f"r{i}", rf.label, rf.model, rf.oracle, {r.key_id: r for r in run.records}, scored)
-            )
         if (out / "images").exists():
             shutil.rmtree(out / "images")
-        write_viewer_data(out, viewer_runs, bundle_obj, embed_images=embed_images)
+        write_viewer_data(out, _viewer_runs(folders, loaded, per_run), bundle_obj, embed_images=embed_images)
         clock.lap("viewer")
-        sections = [
-            Section("leaderboard", "Leaderboard", markdown_to_html(render_leaderboard(board))),
-            Section("tables", "Tables", markdown_to_html(ci_note + "\n\n" + "\n".join(blocks))),
-        ]
-        if figures:
-            extra = "".join(
-                f"<details><summary>Per-run figures, oracle {s} (each run scored on its own, as the reference "
-                f"does)</summary>{figures_html([Figure(str(p.relative_to(out)), p.name) for p in ps])}</details>"
-                for s, ps in per_setting_figures.items()
-            )
-            sections.append(Section("figures", "Figures", figures_html(figures) + extra))
-        sections.append(_runs_section(folders, loaded, reports, mode))
-        sections.append(Section("files", "Files", _files_html(out, files)))
-        banners = []
-        synthetic = (bundle_obj is not None and bundle_obj.synthetic) or any(
-            (rf.meta.get("bundle") or {}).get("synthetic") for rf in folders
-        )
-        if synthetic:
-            banners.append(PHANTOM_BANNER)
-        if embed_images:
-            banners.append(EMBEDDED_BANNER)
-        banners.extend(notes)
+        runs_section = _runs_section(folders, loaded, reports, mode)
+        sections = _page_sections(out, tables, figures, per_setting_figures, runs_section, files)
+        banners = _banners(folders, bundle_obj, embed_images, notes)
         subtitle = f"{len(models)} model(s), {len(folders)} run(s), {n_cases} cases"
         index_html = write_index_html(out, title=title, sections=sections, banners=banners, subtitle=subtitle)
         files.append(index_html)
@@ -382,13 +456,13 @@ def write_report(
         runs=[rf.label for rf in folders],
         cases=n_cases,
         index_html=index_html,
-        tables_md=tables_md,
-        leaderboard_md=leaderboard_md,
+        tables_md=tables.tables_md,
+        leaderboard_md=tables.leaderboard_md,
         files=files,
         notes=notes + [f"{name}: {n}" for name, rep in reports.items() for n in rep.notes],
         seconds=time.perf_counter() - start,
         timings=clock.laps,
-        table2=m.render_table("2", reports, fmt="markdown", intervals=False),
+        table2=_metrics().render_table("2", reports, fmt="markdown", intervals=False),
     )
 
 

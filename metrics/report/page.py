@@ -1,7 +1,7 @@
 """The static HTML report: one folder, opened from disk, nothing fetched from anywhere.
 
 ``index.html`` has two tabs: a summary (leaderboard, the paper's tables, the figures, the runs) and the
-case viewer (metrics/report_assets/report.js over the data written by metrics/report_cases.py). The
+case viewer (metrics/report/assets/report.js over the data written by metrics/report/cases.py). The
 tables arrive as the markdown the metric library renders; this module only turns that markdown into
 HTML, it does not compute or lay out any table itself.
 """
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path as FsPath
 
-from .report_style import css_variables
+from .style import css_variables
 
 ASSETS = ("report.js", "report.css")
 _NA_CELLS = {"N/A", "–", "-", "—", "null", ""}
@@ -159,7 +159,7 @@ def figures_html(figures: Sequence[Figure]) -> str:
 def copy_assets(out: FsPath) -> None:
     target = out / "assets"
     target.mkdir(parents=True, exist_ok=True)
-    package = resources.files("chexpercept.metrics") / "report_assets"
+    package = resources.files("chexpercept.metrics.report") / "assets"
     for name in ASSETS:
         with resources.as_file(package / name) as src:
             shutil.copyfile(src, target / name)

@@ -1,0 +1,175 @@
+"""run.json as one typed record: what the runner writes and what the scorer and the report read.
+
+``RunMetadata.from_json(path_or_dict, source=...)`` validates on read: a field of the wrong type is an
+error naming the file and the field (``runs/x/oracle_none/run.json: field 'sampling.temperature' must
+be a number, got 'hot'``). Every field may be missing (older runs, the reference's results, which
+have no run.json): it is then None. Keys this record does not know are kept (``extra``).
+
+``to_json()`` gives the dict the runner writes: the known keys in the order below, then unknown ones.
+A field that is None is left out, except those the runner writes as null on purpose (``finished``
+while a run is going, ``git_commit`` outside a checkout, ``sampling.temperature`` left to the server,
+the selection's unset filters).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path as FsPath
+from typing import Any, ClassVar
+
+#: (check, description) per kind of value
+_KINDS: dict[str, tuple[Any, str]] = {
+    "str": (lambda v: isinstance(v, str), "a string"),
+    "int": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
+    "number": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "a number"),
+    "bool": (lambda v: isinstance(v, bool), "true or false"),
+    "object": (lambda v: isinstance(v, dict), "a JSON object"),
+    "list": (lambda v: isinstance(v, list), "a list"),
+    "str_list": (lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v), "a list of strings"),
+}
+
+
+def _kind(kind: str, *, always: bool = False) -> dict[str, Any]:
+    """A field's metadata: the kind of its value; ``always``: written even when None."""
+    return {"kind": kind, "always": always}
+
+
+class RunMetadataError(ValueError):
+    """run.json (or a dict standing for it) holds a field of the wrong type."""
+
+
+@dataclass
+class _Record:
+    #: keys this record does not know, kept as read (written after the known ones)
+    extra: dict[str, Any] = field(default_factory=dict, repr=False, kw_only=True)
+
+    NESTED: ClassVar[dict[str, type[_Record]]] = {}
+
+    @classmethod
+    def _known(cls) -> list[Any]:
+        return [f for f in fields(cls) if f.name != "extra"]
+
+    @classmethod
+    def _parse(cls, data: Any, source: str, prefix: str = "") -> Any:
+        if not isinstance(data, dict):
+            where = f"field '{prefix[:-1]}'" if prefix else "the top level"
+            raise RunMetadataError(f"{source}: {where} must be a JSON object, got {data!r}")
+        values: dict[str, Any] = {}
+        known = cls._known()
+        for f in known:
+            if f.name not in data or data[f.name] is None:
+                continue
+            value = data[f.name]
+            nested = cls.NESTED.get(f.name)
+            if nested is not None:
+                values[f.name] = nested._parse(value, source, f"{prefix}{f.name}.")
+                continue
+            check, what = _KINDS[f.metadata["kind"]]
+            if not check(value):
+                raise RunMetadataError(f"{source}: field '{prefix}{f.name}' must be {what}, got {value!r}")
+            values[f.name] = value
+        names = {f.name for f in known}
+        extra = {k: v for k, v in data.items() if k not in names}
+        return cls(**values, extra=extra)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in self._known():
+            value = getattr(self, f.name)
+            if value is None and not f.metadata["always"]:
+                continue
+            out[f.name] = value.to_json() if isinstance(value, _Record) else value
+        out.update(self.extra)
+        return out
+
+
+@dataclass
+class SamplingInfo(_Record):
+    """How the model decoded (``sampling`` in run.json)."""
+
+    temperature: float | None = field(default=None, metadata=_kind("number", always=True))
+    top_p: float | None = field(default=None, metadata=_kind("number", always=True))
+    max_tokens: int | None = field(default=None, metadata=_kind("int", always=True))
+    #: True when a response is a deterministic function of the conversation
+    greedy: bool | None = field(default=None, metadata=_kind("bool", always=True))
+
+
+@dataclass
+class BundleInfo(_Record):
+    """The bundle a run was made on (``bundle`` in run.json)."""
+
+    path: str | None = field(default=None, metadata=_kind("str"))
+    fingerprint: str | None = field(default=None, metadata=_kind("str"))
+    synthetic: bool | None = field(default=None, metadata=_kind("bool"))
+    n_cases: int | None = field(default=None, metadata=_kind("int"))
+
+
+@dataclass
+class Selection(_Record):
+    """Which of the bundle's cases were run (``selection``; None = no such filter)."""
+
+    lesions: list[str] | None = field(default=None, metadata=_kind("str_list", always=True))
+    paths: list[str] | None = field(default=None, metadata=_kind("str_list", always=True))
+    per_cell: int | None = field(default=None, metadata=_kind("int", always=True))
+    limit: int | None = field(default=None, metadata=_kind("int", always=True))
+    n_selected: int | None = field(default=None, metadata=_kind("int", always=True))
+
+
+@dataclass
+class RunMetadata(_Record):
+    """One run's run.json (see the module docstring); the runner writes the fields in this order."""
+
+    model: str | None = field(default=None, metadata=_kind("str"))
+    display_name: str | None = field(default=None, metadata=_kind("str"))
+    model_id: str | None = field(default=None, metadata=_kind("str"))
+    backend: str | None = field(default=None, metadata=_kind("str"))
+    oracle: str | None = field(default=None, metadata=_kind("str"))
+    parse_mode: str | None = field(default=None, metadata=_kind("str"))
+    sampling: SamplingInfo | None = field(default=None, metadata=_kind("object"))
+    seed: int | None = field(default=None, metadata=_kind("int"))
+    chat_template_kwargs: dict[str, Any] | None = field(default=None, metadata=_kind("object"))
+    bundle: BundleInfo | None = field(default=None, metadata=_kind("object"))
+    selection: Selection | None = field(default=None, metadata=_kind("object"))
+    batch_size: int | None = field(default=None, metadata=_kind("int"))
+    num_processes: int | None = field(default=None, metadata=_kind("int"))
+    versions: dict[str, Any] | None = field(default=None, metadata=_kind("object"))
+    git_commit: str | None = field(default=None, metadata=_kind("str", always=True))
+    command: list[str] | None = field(default=None, metadata=_kind("str_list"))
+    started: str | None = field(default=None, metadata=_kind("str"))
+    #: what must match for a rerun to continue the run (eval/store.py compares it)
+    settings: dict[str, Any] | None = field(default=None, metadata=_kind("object"))
+    #: start times of the sessions that continued the run
+    resumed: list[str] | None = field(default=None, metadata=_kind("str_list"))
+    #: None until every selected case has a result
+    finished: str | None = field(default=None, metadata=_kind("str", always=True))
+    unfinished_cases: int | None = field(default=None, metadata=_kind("int"))
+    backend_settings: dict[str, Any] | None = field(default=None, metadata=_kind("object"))
+    n_results: int | None = field(default=None, metadata=_kind("int"))
+    last_session: dict[str, Any] | None = field(default=None, metadata=_kind("object"))
+    #: not written by the runner: the reference layout's provider, and where the record came from
+    provider: str | None = field(default=None, metadata=_kind("str"))
+    source: str | None = field(default=None, metadata=_kind("str"))
+
+    NESTED: ClassVar[dict[str, type[_Record]]] = {
+        "sampling": SamplingInfo,
+        "bundle": BundleInfo,
+        "selection": Selection,
+    }
+
+    @classmethod
+    def from_json(
+        cls, data: str | os.PathLike[str] | dict[str, Any] | RunMetadata, source: str | None = None
+    ) -> RunMetadata:
+        """A run.json file (errors name it), or its dict (errors name ``source``, default run.json)."""
+        if isinstance(data, RunMetadata):
+            return data
+        if not isinstance(data, dict):
+            path = FsPath(data)
+            source = source or str(path)
+            try:
+                data = json.loads(path.read_text(encoding="utf-8"))
+            except json.JSONDecodeError as e:
+                raise RunMetadataError(f"{source}: not valid JSON: {e}") from e
+        return cls._parse(data, source or "run.json")

@@ -1,0 +1,189 @@
+"""Finding runs on disk, for ``chexpercept score`` (``load_runs``) and ``chexpercept report`` (``discover_runs``).
+
+Two layouts hold a run (one model under one oracle setting):
+
+- ours: ``OUT/<model>/oracle_<setting>/results.jsonl`` with ``run.json`` beside it (which names the
+  model and the oracle setting; the folder names stand in when it is missing);
+- the reference's: ``<provider>_<model>/oracle_<setting>/all_results.json``. Its model name is the
+  folder name after the first underscore, as the reference's analysis splits it (``reference_model_name``);
+  the provider is kept in the run's metadata.
+
+``detect`` says what one path holds, ``load_run`` / ``load_runs`` load the run(s) at a path (a run
+folder, a results file, or a model folder of ``oracle_*`` runs), and ``discover_runs`` finds every
+run at any depth below folders of many models.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path as FsPath
+from typing import Any, Literal
+
+from chexpercept.results import ORACLE_SETTINGS, RESULTS_NAME, RUN_NAME
+from chexpercept.run_metadata import RunMetadata
+
+from .reference import read_reference_results, reference_model_name
+from .runs import REFERENCE_RESULTS_NAME, Run, oracle_from_folder, read_chexpercept_run
+
+Layout = Literal["chexpercept", "reference"]
+
+
+def results_layout(folder: FsPath) -> Layout | None:
+    """Which layout's results file FOLDER holds, if any (ours first)."""
+    if (folder / RESULTS_NAME).is_file():
+        return "chexpercept"
+    if (folder / REFERENCE_RESULTS_NAME).is_file():
+        return "reference"
+    return None
+
+
+@dataclass
+class RunFolder:
+    """One run on disk: one model under one oracle setting."""
+
+    folder: FsPath
+    model: str
+    oracle: str
+    layout: Layout
+    #: run.json (for reference runs, which have none: the provider)
+    meta: RunMetadata = field(default_factory=RunMetadata)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        return f"{self.model} · {self.oracle}"
+
+    @property
+    def results_file(self) -> FsPath:
+        name = RESULTS_NAME if self.layout == "chexpercept" else REFERENCE_RESULTS_NAME
+        return self.folder / name
+
+
+def find_run(folder: FsPath) -> RunFolder | None:
+    """The run FOLDER holds (its model and oracle setting, without reading the results), or None."""
+    layout = results_layout(folder)
+    if layout == "chexpercept":
+        notes: list[str] = []
+        meta = RunMetadata()
+        if (folder / RUN_NAME).is_file():
+            meta = RunMetadata.from_json(folder / RUN_NAME)
+        else:
+            notes.append(f"{RUN_NAME} is missing: model and oracle taken from the folder names")
+        model = meta.model or folder.parent.name
+        oracle = meta.oracle or oracle_from_folder(folder) or ""
+        if oracle not in ORACLE_SETTINGS:
+            raise ValueError(
+                f"{folder}: cannot tell the oracle setting (run.json has none and the folder is not "
+                f"named oracle_<{'|'.join(ORACLE_SETTINGS)}>)"
+            )
+        return RunFolder(folder, model, oracle, "chexpercept", meta, notes)
+    if layout == "reference":
+        oracle = oracle_from_folder(folder)
+        if oracle is None:
+            raise ValueError(f"{folder}: a reference {REFERENCE_RESULTS_NAME} must sit in oracle_<setting>/")
+        provider, model = reference_model_name(folder.parent.name)
+        return RunFolder(folder, model, oracle, "reference", RunMetadata(provider=provider))
+    return None
+
+
+def _runs_under(root: FsPath) -> list[RunFolder]:
+    if not root.is_dir():
+        raise FileNotFoundError(f"results folder {root} does not exist")
+    runs: list[RunFolder] = []
+    for dirpath, dirnames, _ in os.walk(root):
+        dirnames.sort()
+        run = find_run(FsPath(dirpath))
+        if run is not None:
+            runs.append(run)
+            dirnames[:] = []
+    if not runs:
+        raise FileNotFoundError(
+            f"no runs found under {root}: expected <model>/oracle_<setting>/{RESULTS_NAME} (this toolkit) "
+            f"or <provider>_<model>/oracle_<setting>/{REFERENCE_RESULTS_NAME} (reference)"
+        )
+    return runs
+
+
+def discover_runs(*results: str | os.PathLike[str]) -> list[RunFolder]:
+    """Every run folder at or below each of ``results`` (sorted by model, then oracle setting);
+    two runs of one model and oracle setting are an error."""
+    runs = [run for root in results for run in _runs_under(FsPath(root))]
+    seen: dict[tuple[str, str], RunFolder] = {}
+    for run in runs:
+        key = (run.model, run.oracle)
+        if key in seen:
+            raise ValueError(
+                f"two runs of model {run.model!r} with oracle {run.oracle!r}: {seen[key].folder} and "
+                f"{run.folder}; point --results at one of them"
+            )
+        seen[key] = run
+    order = {s: i for i, s in enumerate(ORACLE_SETTINGS)}
+    return sorted(runs, key=lambda r: (r.model, order[r.oracle]))
+
+
+def detect(path: str | os.PathLike[str]) -> tuple[str, FsPath]:
+    """What PATH holds: ("chexpercept", run folder), ("reference", all_results.json) or
+    ("model", folder with oracle_* runs)."""
+    p = FsPath(path).expanduser()
+    if not p.exists():
+        raise FileNotFoundError(f"{p} does not exist")
+    if p.is_file():
+        if p.name == RESULTS_NAME or p.suffix == ".jsonl":
+            return "chexpercept", p.parent
+        if p.suffix == ".json":
+            if p.name == RUN_NAME:
+                return "chexpercept", p.parent
+            return "reference", p
+        raise ValueError(f"{p}: not a results file (expected {RESULTS_NAME} or {REFERENCE_RESULTS_NAME})")
+    layout = results_layout(p)
+    if layout == "chexpercept":
+        return "chexpercept", p
+    if layout == "reference":
+        return "reference", p / REFERENCE_RESULTS_NAME
+    if _run_folders(p):
+        return "model", p
+    raise ValueError(
+        f"{p}: found no results: expected {RESULTS_NAME} (our runner), {REFERENCE_RESULTS_NAME} "
+        "(the reference implementation) or oracle_<setting>/ folders holding either"
+    )
+
+
+def _run_folders(p: FsPath) -> list[FsPath]:
+    return [d for d in sorted(p.glob("oracle_*")) if d.is_dir() and results_layout(d) is not None]
+
+
+def load_run(
+    path: str | os.PathLike[str],
+    *,
+    bundle: Any = None,
+    oracle: str | None = None,
+    greedy: bool | None = None,
+    model: str | None = None,
+    missing: str = "wrong",
+) -> Run:
+    """Load one run: our run folder (or its results.jsonl) or a reference all_results.json (or folder).
+
+    oracle / greedy / model override what the run's metadata says (needed for reference results,
+    whose decoding is not recorded). bundle (folder or Bundle) is required for reference results.
+    missing: for reference results, how turns the reference did not score are counted: "wrong"
+    (default) or "skip" (the reference analysis: the stage drops out of the denominators).
+    """
+    kind, where = detect(path)
+    if kind == "model":
+        raise ValueError(
+            f"{where} holds several runs ({', '.join(d.name for d in _run_folders(where))}); use load_runs"
+        )
+    if kind == "reference":
+        return read_reference_results(
+            where, bundle, oracle=oracle, greedy=greedy, model=model, missing=missing
+        )
+    return read_chexpercept_run(where, oracle=oracle, greedy=greedy, model=model)
+
+
+def load_runs(path: str | os.PathLike[str], **kwargs: Any) -> list[Run]:
+    """Load every run under PATH: one run, or all oracle_* runs of a model folder."""
+    kind, where = detect(path)
+    if kind != "model":
+        return [load_run(path, **kwargs)]
+    return [load_run(d, **kwargs) for d in _run_folders(where)]

@@ -1,0 +1,116 @@
+"""run.json as a typed record: validation errors name the file and the field; writing keeps the JSON."""
+
+import json
+
+import pytest
+
+from chexpercept.metrics import load_run
+from chexpercept.metrics.discovery import discover_runs
+from chexpercept.metrics.simulate import fixture_cases, simulate_records
+from chexpercept.run_metadata import BundleInfo, RunMetadata, RunMetadataError, SamplingInfo, Selection
+
+#: run.json as the runner writes it after a resumed, finished session (keys in the runner's order)
+WRITTEN = {
+    "model": "m",
+    "display_name": "M",
+    "model_id": "org/m",
+    "backend": "openai",
+    "oracle": "none",
+    "parse_mode": "reference",
+    "sampling": {"temperature": None, "top_p": 1.0, "max_tokens": 64, "greedy": False},
+    "seed": 0,
+    "chat_template_kwargs": {},
+    "bundle": {"path": "/b", "fingerprint": "f" * 64, "synthetic": True, "n_cases": 42},
+    "selection": {"lesions": ["nodule"], "paths": None, "per_cell": None, "limit": 3, "n_selected": 3},
+    "batch_size": 8,
+    "num_processes": 1,
+    "versions": {"python": "3.11"},
+    "git_commit": None,
+    "command": ["chexpercept", "run"],
+    "started": "2026-01-01T00:00:00+0000",
+    "settings": {"model_id": "org/m", "seed": 0},
+    "resumed": ["2026-01-02T00:00:00+0000"],
+    "finished": None,
+    "unfinished_cases": 1,
+    "backend_settings": {"base_url": "http://x"},
+    "n_results": 2,
+    "last_session": {"cases": 1, "model_calls_main_process": 5},
+}
+
+
+def test_round_trip_keeps_keys_order_and_values():
+    meta = RunMetadata.from_json(WRITTEN)
+    assert meta.sampling == SamplingInfo(temperature=None, top_p=1.0, max_tokens=64, greedy=False)
+    assert meta.selection == Selection(lesions=["nodule"], paths=None, per_cell=None, limit=3, n_selected=3)
+    assert meta.bundle.fingerprint == "f" * 64 and meta.resumed == ["2026-01-02T00:00:00+0000"]
+    assert json.dumps(meta.to_json()) == json.dumps(WRITTEN)
+
+
+def test_unknown_keys_are_kept_and_missing_fields_are_none(tmp_path):
+    meta = RunMetadata.from_json({"model": "m", "new_field": [1]})
+    assert meta.oracle is None and meta.sampling is None and meta.bundle is None
+    assert meta.to_json() == {"model": "m", "git_commit": None, "finished": None, "new_field": [1]}
+    assert RunMetadata().provider is None
+
+
+def test_a_file_is_read_and_named_in_errors(tmp_path):
+    path = tmp_path / "runs" / "x" / "oracle_none" / "run.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({**WRITTEN, "sampling": {"temperature": "hot"}}))
+    with pytest.raises(RunMetadataError) as e:
+        RunMetadata.from_json(path)
+    assert str(e.value) == f"{path}: field 'sampling.temperature' must be a number, got 'hot'"
+    path.write_text("{not json")
+    with pytest.raises(RunMetadataError, match=r"run\.json: not valid JSON"):
+        RunMetadata.from_json(path)
+    path.write_text("[1, 2]")
+    with pytest.raises(RunMetadataError, match="the top level must be a JSON object, got"):
+        RunMetadata.from_json(path)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("model", 3, "field 'model' must be a string, got 3"),
+        ("seed", 1.5, "field 'seed' must be an integer, got 1.5"),
+        ("seed", True, "field 'seed' must be an integer, got True"),
+        ("bundle", "b", "field 'bundle' must be a JSON object, got 'b'"),
+        ("bundle", {"synthetic": "yes"}, "field 'bundle.synthetic' must be true or false, got 'yes'"),
+        ("selection", {"lesions": ["a", 1]}, "field 'selection.lesions' must be a list of strings"),
+        ("sampling", {"greedy": 0}, "field 'sampling.greedy' must be true or false, got 0"),
+        ("command", "run", "field 'command' must be a list of strings, got 'run'"),
+        ("versions", [], "field 'versions' must be a JSON object, got []"),
+    ],
+)
+def test_wrong_types_name_the_source_and_the_field(field, value, message):
+    with pytest.raises(RunMetadataError) as e:
+        RunMetadata.from_json({**WRITTEN, field: value}, source="runs/x/oracle_none/run.json")
+    assert str(e.value).startswith(f"runs/x/oracle_none/run.json: {message}")
+
+
+def test_scorer_and_report_refuse_a_malformed_run_json(tmp_path):
+    folder = tmp_path / "m" / "oracle_none"
+    folder.mkdir(parents=True)
+    records = simulate_records(fixture_cases(per_cell=1), lambda case, turn: True, oracle="none")
+    (folder / "results.jsonl").write_text("".join(r.to_json() + "\n" for r in records))
+    (folder / "run.json").write_text(json.dumps({"model": "m", "oracle": "none", "bundle": {"n_cases": "4"}}))
+    expected = f"{folder / 'run.json'}: field 'bundle.n_cases' must be an integer, got '4'"
+    with pytest.raises(ValueError, match="bundle.n_cases"):
+        load_run(folder)
+    with pytest.raises(ValueError) as e:
+        discover_runs(tmp_path)
+    assert str(e.value) == expected
+    (folder / "run.json").write_text(json.dumps({"model": "m", "oracle": "none"}))
+    run = load_run(folder)
+    assert run.meta.bundle is None and run.fingerprint is None
+    assert any("no 'bundle' field" in n for n in run.notes)
+
+
+def test_a_record_built_in_code_writes_only_what_was_set():
+    meta = RunMetadata(model="m", bundle=BundleInfo(fingerprint="a"))
+    assert meta.to_json() == {
+        "model": "m",
+        "bundle": {"fingerprint": "a"},
+        "git_commit": None,
+        "finished": None,
+    }
