@@ -317,6 +317,26 @@ class _Runner:
         return True
 
 
+def parse_lesions(names: list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    """``--lesions`` in the vocabulary's order; unknown names raise SourceError."""
+    lesions = tuple(name for name in LESIONS if name in {x.lower() for x in names})
+    unknown = sorted({x.lower() for x in names} - set(LESIONS))
+    if unknown or not lesions:
+        raise SourceError(
+            f"unknown lesion(s) {', '.join(unknown) or '(none given)'}; expected {', '.join(LESIONS)}"
+        )
+    return lesions
+
+
+def plan_candidates(ils: dict, lesions: tuple[str, ...], *, seed: int, rosalia: bool, review=None):
+    """generate's candidate selection (shared with ``chexpercept review``): (positives, negatives,
+    seeded cell queues, has_mask). With ROSALIA predictions every positive has a mask."""
+    positives, negatives = ils_candidates(ils, lesions)
+    has_mask = (lambda c: True) if rosalia else (lambda c: c.seg_mask_path is not None)
+    cells = plan_cells(positives, negatives, seed=seed, lesions=lesions, review=review, has_mask=has_mask)
+    return positives, negatives, cells, has_mask
+
+
 def generate(config: GenerateConfig) -> Report:
     """Run the whole pipeline; see the module docstring. Raises SourceError for bad global inputs."""
     if config.per_cell < 1:
@@ -325,12 +345,7 @@ def generate(config: GenerateConfig) -> Report:
         raise SourceError(f"--deformer must be one of {', '.join(DEFORMERS)}")
     if config.partition not in PARTITION_MODES:
         raise SourceError(f"--partition must be one of {', '.join(PARTITION_MODES)}")
-    lesions = tuple(name for name in LESIONS if name in {x.lower() for x in config.lesions})
-    unknown = sorted({x.lower() for x in config.lesions} - set(LESIONS))
-    if unknown or not lesions:
-        raise SourceError(
-            f"unknown lesion(s) {', '.join(unknown) or '(none given)'}; expected {', '.join(LESIONS)}"
-        )
+    lesions = parse_lesions(config.lesions)
     if bool(config.mimic_cxr_jpg) == bool(config.cxr_png):
         raise SourceError(
             "give exactly one of --mimic-cxr-jpg (the JPG tree) or --cxr-png (flat 1024x1024 PNGs)"
@@ -354,10 +369,8 @@ def generate(config: GenerateConfig) -> Report:
     if config.deformer == "sam3":
         _check_checkpoint(config.sam3_checkpoint)
 
-    positives, negatives = ils_candidates(ils, lesions)
-    has_mask = (lambda c: True) if config.rosalia_pred else (lambda c: c.seg_mask_path is not None)
-    cells = plan_cells(
-        positives, negatives, seed=config.seed, lesions=lesions, review=review, has_mask=has_mask
+    positives, negatives, cells, has_mask = plan_candidates(
+        ils, lesions, seed=config.seed, rosalia=bool(config.rosalia_pred), review=review
     )
 
     fingerprint = _settings_fingerprint(config)
