@@ -15,7 +15,7 @@ from chexpercept.vocab import LESIONS
 
 from ..sources import SourceError
 from .export import RULES, export
-from .prepare import MANIFEST, ReviewSources, prepare
+from .manifest import MANIFEST
 from .server import LOOPBACK, ReviewServerError, make_server
 from .store import StoreError
 
@@ -103,6 +103,8 @@ def run(args: argparse.Namespace) -> int:
 
         check_host(args.host)  # before any work
         if _has_sources(args) or not (Path(review_dir) / MANIFEST).is_file():
+            from .prepare import ReviewSources, prepare  # generation code: only when preparing
+
             sources = ReviewSources(
                 mimic_cxr_jpg=args.mimic_cxr_jpg,
                 cxr_png=args.cxr_png,

@@ -30,7 +30,7 @@ import numpy as np
 from chexpercept.vocab import CARDIOMEGALY
 
 from .kappa import cohen_kappa, fleiss_kappa
-from .prepare import _write_atomic, load_manifest
+from .manifest import load_manifest, write_atomic
 from .store import decisions_path, latest, read_decisions
 
 EXPORT_DIR = "export"
@@ -205,12 +205,12 @@ def export(review_dir: str | os.PathLike[str], rule: str = "unanimous") -> Expor
             )
     result.agreement = agreement
 
-    _write_atomic(out / POSITIVE_SHEET, _csv(positives, POSITIVE_COLUMNS))
-    _write_atomic(out / NEGATIVE_SHEET, _csv(negatives, NEGATIVE_COLUMNS))
-    _write_atomic(
+    write_atomic(out / POSITIVE_SHEET, _csv(positives, POSITIVE_COLUMNS))
+    write_atomic(out / NEGATIVE_SHEET, _csv(negatives, NEGATIVE_COLUMNS))
+    write_atomic(
         out / AGREEMENT, _csv(agreement, ("measure", "annotators", "cases", "observed_agreement", "kappa"))
     )
-    _write_atomic(
+    write_atomic(
         out / DISAGREEMENTS,
         _csv(disagreements, ("key_id", "lesion", "kind", "accepted_by", "rejected_by", "notes", "verdict")),
     )

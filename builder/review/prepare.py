@@ -39,11 +39,10 @@ from ..sources import (
     load_ils,
     load_mask,
 )
+from .manifest import MANIFEST, MANIFEST_VERSION, load_manifest, write_atomic
 
-MANIFEST = "review.json"
 OVERLAY_DIR = "overlays"
 PREPARE_ERRORS = "prepare_errors.csv"
-MANIFEST_VERSION = 1
 
 
 @dataclass
@@ -168,30 +167,6 @@ def _settings(src: ReviewSources, lesions: tuple[str, ...], annotators: list[str
     return d
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def load_manifest(review_dir: str | os.PathLike[str]) -> dict:
-    path = Path(review_dir) / MANIFEST
-    if not path.is_file():
-        raise SourceError(
-            f"{review_dir} holds no prepared review ({MANIFEST}); run chexpercept review with the source options first"
-        )
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise SourceError(f"{path} is not valid JSON: {e}") from e
-    if manifest.get("version") != MANIFEST_VERSION:
-        raise SourceError(f"{path}: unknown review format version {manifest.get('version')!r}")
-    return manifest
-
-
 @dataclass
 class Prepared:
     manifest: dict
@@ -270,7 +245,7 @@ def prepare(
             if c.positive:
                 mask = load_mask(lesion_mask_path(c, src.rosalia_pred, lesion_masks))
                 overlay = f"{OVERLAY_DIR}/{c.key_id}.png"
-                _write_atomic(root / overlay, overlay_png(mask))
+                write_atomic(root / overlay, overlay_png(mask))
         except CaseInputError as e:
             errors.append((c.key_id, str(e)))
             bar.update()
@@ -304,7 +279,7 @@ def prepare(
         writer = csv.writer(buf)
         writer.writerow(["key_id", "error"])
         writer.writerows(errors)
-        _write_atomic(root / PREPARE_ERRORS, buf.getvalue().encode("utf-8"))
+        write_atomic(root / PREPARE_ERRORS, buf.getvalue().encode("utf-8"))
     manifest = {
         "version": MANIFEST_VERSION,
         "settings": settings,
@@ -314,5 +289,5 @@ def prepare(
         "items": [asdict(i) for i in items],
         "left_out": [{"key_id": k, "error": e} for k, e in errors],
     }
-    _write_atomic(root / MANIFEST, json.dumps(manifest, indent=1, ensure_ascii=False).encode("utf-8"))
+    write_atomic(root / MANIFEST, json.dumps(manifest, indent=1, ensure_ascii=False).encode("utf-8"))
     return Prepared(manifest, time.perf_counter() - start, False, errors)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from .prepare import load_manifest
+from .manifest import load_manifest
 from .store import DecisionStore, StoreError
 
 LOOPBACK = "127.0.0.1"
