@@ -34,9 +34,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="per-image mask folders (CheXmask-U output) or a CheXmask-style CSV table",
     )
     parser.add_argument("--with-cxas", action="store_true", help="also write CXAS-style lung masks (cxas/)")
+    parser.add_argument(
+        "--layout",
+        choices=("physionet", "reference"),
+        default="physionet",
+        help="physionet (default: MIMIC-CXR-JPG tree, anatomy/) or the reference implementation's folders "
+        "(mimic_cxr/<dicom_id>.png, chexmasku_pred/, cxas_pred/, rosalia_pred/)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.layout == "reference":
+        return _run_reference(args)
     try:
         root = synthesize_sources(
             args.out,
@@ -56,5 +65,28 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"next: chexpercept generate --mimic-cxr-jpg {root / 'mimic-cxr-jpg'} --mimic-ils {root / 'mimic-ils'} "
         f"--anatomy {anatomy} --out BUNDLE --per-cell {args.per_cell}"
+    )
+    return 0
+
+
+def _run_reference(args: argparse.Namespace) -> int:
+    from .reference_layout import write_reference_layout
+
+    try:
+        root = write_reference_layout(
+            args.out,
+            per_cell=args.per_cell,
+            seed=args.seed,
+            lesions=tuple(args.lesions),
+            progress=progress_enabled(args),
+        )
+    except ValueError as e:
+        print(f"chexpercept synth-sources: {e}", file=sys.stderr)
+        return 2
+    print(f"phantom sources in the reference layout (testing only) written to {root}")
+    print(
+        f"next: chexpercept generate --cxr-png {root / 'mimic_cxr'} --mimic-ils {root / 'mimic_ils'} "
+        f"--anatomy {root / 'chexmasku_pred'} --cxas {root / 'cxas_pred'} "
+        f"[--rosalia-pred {root / 'rosalia_pred'}] --out BUNDLE --per-cell {args.per_cell}"
     )
     return 0

@@ -9,6 +9,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "chexpercept.builder.cmd_synth_sources",
         "Write phantom PhysioNet-shaped sources (MIMIC-CXR-JPG, MIMIC-ILS, anatomy) for testing",
     ),
+    "review": (
+        "chexpercept.builder.review.cmd_review",
+        "Expert review of the generation candidates as a local web app (127.0.0.1); export the review sheets",
+    ),
     "synth": (
         "chexpercept.builder.cmd_synth",
         "Write a phantom release bundle (synth-sources + generate --deformer morphology); testing only",

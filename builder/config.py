@@ -48,6 +48,18 @@ FINGERPRINT_PATHS = (
 )
 
 
+def parse_lesions(names: list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    """``--lesions`` in the benchmark's order (SourceError for an unknown name or an empty list)."""
+    asked = {x.lower() for x in names}
+    lesions = tuple(name for name in LESIONS if name in asked)
+    unknown = sorted(asked - set(LESIONS))
+    if unknown or not lesions:
+        raise SourceError(
+            f"unknown lesion(s) {', '.join(unknown) or '(none given)'}; expected {', '.join(LESIONS)}"
+        )
+    return lesions
+
+
 @dataclass
 class GenerateConfig:
     """Everything ``generate`` needs; the command line maps onto this one to one."""
@@ -96,14 +108,7 @@ class GenerateConfig:
 
     def selected_lesions(self) -> tuple[str, ...]:
         """The lesions asked for, in the benchmark's order (SourceError for an unknown or empty list)."""
-        asked = {x.lower() for x in self.lesions}
-        lesions = tuple(name for name in LESIONS if name in asked)
-        unknown = sorted(asked - set(LESIONS))
-        if unknown or not lesions:
-            raise SourceError(
-                f"unknown lesion(s) {', '.join(unknown) or '(none given)'}; expected {', '.join(LESIONS)}"
-            )
-        return lesions
+        return parse_lesions(self.lesions)
 
     def lesion_mask_root(self) -> str:
         """--lesion-masks, or MIMIC-ILS's lesion_mask/ folder."""

@@ -46,16 +46,23 @@ from .workspace import PHANTOM_SOURCES_DIR, Workspace
 Cell = tuple[str, Path]
 
 
+def plan_candidates(ils: dict, lesions: tuple[str, ...], *, seed: int, rosalia: bool, review=None):
+    """generate's candidate selection (shared with ``chexpercept review``): (positives, negatives,
+    seeded cell queues, has_mask). With ROSALIA predictions every positive has a mask."""
+    positives, negatives = ils_candidates(ils, lesions)
+    has_mask = (lambda c: True) if rosalia else (lambda c: c.seg_mask_path is not None)
+    cells = plan_cells(positives, negatives, seed=seed, lesions=lesions, review=review, has_mask=has_mask)
+    return positives, negatives, cells, has_mask
+
+
 def generate(config: GenerateConfig) -> GenerationSummary:
     """Run the whole pipeline; see the module docstring. Raises SourceError for bad global inputs."""
     config.check()
     lesions = config.selected_lesions()
     cxr, ils, lesion_masks, review = _read_sources(config)
 
-    positives, negatives = ils_candidates(ils, lesions)
-    has_mask = (lambda c: True) if config.rosalia_pred else (lambda c: c.seg_mask_path is not None)
-    cells = plan_cells(
-        positives, negatives, seed=config.seed, lesions=lesions, review=review, has_mask=has_mask
+    positives, negatives, cells, has_mask = plan_candidates(
+        ils, lesions, seed=config.seed, rosalia=bool(config.rosalia_pred), review=review
     )
 
     workspace = Workspace(config.out)

@@ -1,0 +1,217 @@
+"""``chexpercept review export REVIEW_DIR``: the review sheets ``generate --review`` reads, agreement
+between annotators and the disagreements to adjudicate.
+
+Written to ``REVIEW_DIR/export/``:
+
+* ``positive_labeling_sheet.csv``: the reference's positive sheet (key_id, dicom_id, target, pair_id,
+  mapped_location, segmentation_source, plot_path, optimal?);
+* ``negative_labeling_sheet.csv``: the reference's negative sheet (lesion, key_id, dicom_id, optimal?);
+  ``optimal?`` is ``y`` for an accepted case and empty otherwise (any non-empty value accepts, spec 5.2);
+* ``agreement.csv``: Cohen's kappa for every pair of annotators, Fleiss' kappa over the cases with the
+  full number of ratings (accept/reject; skips are no rating);
+* ``disagreements.csv``: cases with both an accept and a reject, each annotator's decision and note.
+
+A case is accepted under ``unanimous`` (default) when at least one annotator accepted it and none
+rejected it; under ``majority`` when accepts outnumber rejects. The last decision of an annotator for
+a case wins.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import itertools
+import os
+from dataclasses import dataclass, field
+from pathlib import Path as FsPath
+
+import numpy as np
+
+from chexpercept.vocab import CARDIOMEGALY
+
+from .kappa import cohen_kappa, fleiss_kappa
+from .manifest import load_manifest, write_atomic
+from .store import decisions_path, latest, read_decisions
+
+EXPORT_DIR = "export"
+POSITIVE_SHEET = "positive_labeling_sheet.csv"
+NEGATIVE_SHEET = "negative_labeling_sheet.csv"
+AGREEMENT = "agreement.csv"
+DISAGREEMENTS = "disagreements.csv"
+RULES = ("unanimous", "majority")
+POSITIVE_COLUMNS = (
+    "key_id",
+    "dicom_id",
+    "target",
+    "pair_id",
+    "mapped_location",
+    "segmentation_source",
+    "plot_path",
+    "optimal?",
+)
+NEGATIVE_COLUMNS = ("lesion", "key_id", "dicom_id", "optimal?")
+
+
+def mapped_location(lesion: str, location: list[str]) -> str:
+    """The reference's ``mapped_location``: heart for cardiomegaly, else the deduplicated locations
+    joined in words (none: 'right lung and left lung')."""
+    if lesion == CARDIOMEGALY:
+        return "heart"
+    seen = list(dict.fromkeys(x for x in location if x))
+    if not seen:
+        return "right lung and left lung"
+    return seen[0] if len(seen) == 1 else f"{', '.join(seen[:-1])} and {seen[-1]}"
+
+
+def verdict(decisions: list[str], rule: str) -> bool:
+    accepts, rejects = decisions.count("accept"), decisions.count("reject")
+    if rule == "majority":
+        return accepts > rejects
+    return accepts > 0 and rejects == 0
+
+
+@dataclass
+class ExportResult:
+    out: FsPath
+    accepted: int = 0
+    rejected: int = 0
+    undecided: int = 0
+    disagreements: int = 0
+    agreement: list[dict] = field(default_factory=list)
+
+    def summary(self) -> str:
+        lines = [
+            f"wrote {self.out}/{POSITIVE_SHEET} and {NEGATIVE_SHEET}: {self.accepted} accepted, "
+            f"{self.rejected} not accepted, {self.undecided} without a decision (not accepted)",
+            f"  {self.disagreements} disagreement(s) to adjudicate: {self.out}/{DISAGREEMENTS}",
+        ]
+        for row in self.agreement:
+            kappa = "n/a" if row["kappa"] == "" else f"{float(row['kappa']):.3f}"
+            lines.append(f"  {row['measure']} {row['annotators']}: kappa {kappa} over {row['cases']} case(s)")
+        lines.append(
+            f"next: chexpercept generate ... --review {self.out / POSITIVE_SHEET} {self.out / NEGATIVE_SHEET}"
+        )
+        return "\n".join(lines)
+
+
+def _csv(rows: list[dict], columns: tuple[str, ...] | list[str]) -> bytes:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(columns), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return buf.getvalue().encode("utf-8")
+
+
+def _fmt(x: float) -> str:
+    return "" if np.isnan(x) else f"{x:.6f}"
+
+
+def export(review_dir: str | os.PathLike[str], rule: str = "unanimous") -> ExportResult:
+    if rule not in RULES:
+        raise ValueError(f"rule must be one of {', '.join(RULES)}")
+    root = FsPath(review_dir)
+    manifest = load_manifest(root)
+    annotators = manifest["annotators"]
+    k = int(manifest["reviews_per_case"])
+    # annotator -> key_id -> last record (decisions for cases not in this review are ignored)
+    last = {a: latest(read_decisions(decisions_path(root, a))) for a in annotators}
+    out = root / EXPORT_DIR
+    out.mkdir(exist_ok=True)
+    result = ExportResult(out)
+    positives, negatives, disagreements = [], [], []
+    for item in manifest["items"]:
+        records = {a: last[a][item["key_id"]] for a in annotators if item["key_id"] in last[a]}
+        rated = [r["decision"] for r in records.values() if r["decision"] != "skip"]
+        ok = verdict(rated, rule)
+        if not rated:
+            result.undecided += 1
+        elif ok:
+            result.accepted += 1
+        else:
+            result.rejected += 1
+        mark = "y" if ok else ""
+        if item["positive"]:
+            positives.append(
+                {
+                    "key_id": item["key_id"],
+                    "dicom_id": item["dicom_id"],
+                    "target": item["lesion"],
+                    "pair_id": item["pair_id"],
+                    "mapped_location": mapped_location(item["lesion"], item["location"]),
+                    "segmentation_source": item["pair_type"],
+                    "plot_path": "",
+                    "optimal?": mark,
+                }
+            )
+        else:
+            negatives.append(
+                {
+                    "lesion": item["lesion"],
+                    "key_id": item["key_id"],
+                    "dicom_id": item["dicom_id"],
+                    "optimal?": mark,
+                }
+            )
+        if "accept" in rated and "reject" in rated:
+            disagreements.append(
+                {
+                    "key_id": item["key_id"],
+                    "lesion": item["lesion"],
+                    "kind": "positive" if item["positive"] else "negative",
+                    "accepted_by": " ".join(a for a, r in records.items() if r["decision"] == "accept"),
+                    "rejected_by": " ".join(a for a, r in records.items() if r["decision"] == "reject"),
+                    "notes": " | ".join(f"{a}: {r['note']}" for a, r in records.items() if r.get("note")),
+                    "verdict": "accepted" if ok else "not accepted",
+                }
+            )
+    result.disagreements = len(disagreements)
+
+    agreement = []
+    rated_by = {
+        a: {key: r["decision"] for key, r in last[a].items() if r["decision"] != "skip"} for a in annotators
+    }
+    for a, b in itertools.combinations(annotators, 2):
+        common = sorted(set(rated_by[a]) & set(rated_by[b]))
+        if not common:
+            continue
+        x = [rated_by[a][key] for key in common]
+        y = [rated_by[b][key] for key in common]
+        agreement.append(
+            {
+                "measure": "cohen",
+                "annotators": f"{a}-{b}",
+                "cases": len(common),
+                "observed_agreement": f"{np.mean([p == q for p, q in zip(x, y)]):.6f}",
+                "kappa": _fmt(cohen_kappa(x, y)),
+            }
+        )
+    if k >= 2:
+        table = []
+        for item in manifest["items"]:
+            votes = [rated_by[a][item["key_id"]] for a in annotators if item["key_id"] in rated_by[a]]
+            if len(votes) == k:
+                table.append([votes.count("accept"), votes.count("reject")])
+        if table:
+            counts = np.asarray(table)
+            observed = float(np.mean((counts == k).any(axis=1)))
+            agreement.append(
+                {
+                    "measure": "fleiss",
+                    "annotators": " ".join(annotators),
+                    "cases": len(table),
+                    "observed_agreement": f"{observed:.6f}",
+                    "kappa": _fmt(fleiss_kappa(counts)),
+                }
+            )
+    result.agreement = agreement
+
+    write_atomic(out / POSITIVE_SHEET, _csv(positives, POSITIVE_COLUMNS))
+    write_atomic(out / NEGATIVE_SHEET, _csv(negatives, NEGATIVE_COLUMNS))
+    write_atomic(
+        out / AGREEMENT, _csv(agreement, ("measure", "annotators", "cases", "observed_agreement", "kappa"))
+    )
+    write_atomic(
+        out / DISAGREEMENTS,
+        _csv(disagreements, ("key_id", "lesion", "kind", "accepted_by", "rejected_by", "notes", "verdict")),
+    )
+    return result

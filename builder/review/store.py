@@ -1,0 +1,181 @@
+"""Decisions on disk: one append-only JSON-lines file per annotator, ``<review dir>/decisions/<A>.jsonl``.
+
+Each decision is one line written with a single ``write`` on an ``O_APPEND`` descriptor and ``fsync``ed
+before the server answers, so an acknowledged decision survives a crash or a power cut. Annotators
+never share a file; within a file, a lock (a thread lock plus ``flock`` on ``<A>.jsonl.lock``) keeps
+two tabs of the same annotator from interleaving. The last decision per case wins on export.
+
+A crash in the middle of a write can leave a torn last line (no newline). Opening the store repairs
+it: the fragment moves to ``<A>.jsonl.torn`` (kept, never silently dropped) and the file is cut back to
+its last complete line. That decision was never acknowledged, so the page still holds it and sends it
+again.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import threading
+import time
+from pathlib import Path as FsPath
+from typing import Any
+
+DECISIONS_DIR = "decisions"
+DECISIONS = ("accept", "reject", "skip")
+ANNOTATOR_RE = re.compile(r"^[A-Za-z0-9_-]{1,40}$")
+
+_LOCKS: dict[str, threading.Lock] = {}
+_LOCKS_GUARD = threading.Lock()
+
+
+class StoreError(Exception):
+    """A decision file cannot be read or a decision is malformed; the message names the file."""
+
+
+def _thread_lock(path: FsPath) -> threading.Lock:
+    with _LOCKS_GUARD:
+        return _LOCKS.setdefault(str(path.resolve()), threading.Lock())
+
+
+def _fsync_dir(folder: FsPath) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def decisions_path(review_dir: str | os.PathLike[str], annotator: str) -> FsPath:
+    if not ANNOTATOR_RE.match(annotator):
+        raise StoreError(f"bad annotator name {annotator!r} (letters, digits, - and _ only)")
+    return FsPath(review_dir) / DECISIONS_DIR / f"{annotator}.jsonl"
+
+
+def read_decisions(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Every complete decision in a file, in order (a torn last line is ignored here; see repair)."""
+    p = FsPath(path)
+    if not p.is_file():
+        return []
+    data = p.read_bytes()
+    lines = data.split(b"\n")
+    if not data.endswith(b"\n"):
+        lines = lines[:-1]  # torn tail: not a decision yet
+    out = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise StoreError(f"{p}, line {number}: not a JSON decision ({e})") from e
+        if not isinstance(record, dict) or "key_id" not in record or record.get("decision") not in DECISIONS:
+            raise StoreError(f"{p}, line {number}: not a decision record")
+        out.append(record)
+    return out
+
+
+def latest(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """key_id -> the last decision for it (the last line wins)."""
+    last: dict[str, dict[str, Any]] = {}
+    for record in records:
+        last[record["key_id"]] = record
+    return last
+
+
+class DecisionStore:
+    """The decision file of one annotator."""
+
+    def __init__(self, review_dir: str | os.PathLike[str], annotator: str):
+        self.annotator = annotator
+        self.path = decisions_path(review_dir, annotator)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = _thread_lock(self.path)
+        self.repaired: bytes | None = None
+        with self._locked():
+            self._repair()
+
+    # ------------------------------------------------------------------------------------- locking
+    class _Both:
+        def __init__(self, store: DecisionStore):
+            self.store = store
+            self.fd = -1
+
+        def __enter__(self):
+            self.store._lock.acquire()
+            try:
+                self.fd = os.open(f"{self.store.path}.lock", os.O_WRONLY | os.O_CREAT, 0o600)
+                fcntl.flock(self.fd, fcntl.LOCK_EX)
+            except BaseException:
+                self.store._lock.release()
+                raise
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_UN)
+                os.close(self.fd)
+            finally:
+                self.store._lock.release()
+
+    def _locked(self) -> DecisionStore._Both:
+        return DecisionStore._Both(self)
+
+    # -------------------------------------------------------------------------------------- repair
+    def _repair(self) -> None:
+        if not self.path.is_file():
+            return
+        data = self.path.read_bytes()
+        if not data or data.endswith(b"\n"):
+            return
+        cut = data.rfind(b"\n") + 1
+        fragment = data[cut:]
+        torn = self.path.with_name(self.path.name + ".torn")
+        with open(torn, "ab") as f:
+            f.write(fragment + b"\n")
+            f.flush()
+            os.fsync(f.fileno())
+        with open(self.path, "r+b") as f:
+            f.truncate(cut)
+            f.flush()
+            os.fsync(f.fileno())
+        self.repaired = fragment
+
+    # ------------------------------------------------------------------------------- read / write
+    def records(self) -> list[dict[str, Any]]:
+        return read_decisions(self.path)
+
+    def latest(self) -> dict[str, dict[str, Any]]:
+        return latest(self.records())
+
+    def append(self, key_id: str, decision: str, note: str = "", **extra: Any) -> dict[str, Any]:
+        """Write one decision durably (fsync) and return the stored record."""
+        if decision not in DECISIONS:
+            raise StoreError(f"decision must be one of {', '.join(DECISIONS)}, got {decision!r}")
+        if not isinstance(key_id, str) or not key_id:
+            raise StoreError("a decision needs a key_id")
+        record = {
+            "key_id": key_id,
+            "annotator": self.annotator,
+            "decision": decision,
+            "note": str(note or ""),
+            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            **extra,
+        }
+        line = (json.dumps(record, ensure_ascii=False, sort_keys=True) + "\n").encode("utf-8")
+        with self._locked():
+            self._repair()  # a torn line left by another process that crashed
+            new = not self.path.exists()
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            try:
+                view = memoryview(line)
+                while view:
+                    written = os.write(fd, view)
+                    view = view[written:]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            if new:
+                _fsync_dir(self.path.parent)
+        return record
