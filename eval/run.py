@@ -37,6 +37,7 @@ from chexpercept.eval.backend_transformers import DEFAULT_MAX_BATCH_TOKENS, DTYP
 from chexpercept.eval.backend_vllm import DEFAULT_GPU_MEMORY_UTILIZATION, EXECUTOR_BACKENDS
 from chexpercept.eval.distributed import Distributed
 from chexpercept.eval.engine import EngineStats, run_conversations
+from chexpercept.eval.hub import add_revision_option, prepare_model
 from chexpercept.eval.protocol import Backend, BackendError, RunContext, Sampling
 from chexpercept.eval.provenance import git_commit, now, versions
 from chexpercept.eval.registry import BACKENDS, REGISTRY, ModelSpec, resolve
@@ -98,6 +99,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--model-id", help="load/send this id or folder instead of the registry's (e.g. a local copy)"
     )
+    add_revision_option(g)  # Hub (chexpercept.eval.hub)
     g.add_argument(
         "--oracle", choices=ORACLE_SETTINGS, default="implicit", help="oracle setting (default: implicit)"
     )
@@ -376,8 +378,11 @@ def execute(args: argparse.Namespace, dist: Distributed) -> int:
     chat_kwargs, note = chat_kwargs_for(spec, args)
     if note and dist.is_main:
         print(f"note: {note}", file=sys.stderr)
+    # Hub: weights resolved, checked and fetched once per machine before any engine starts;
+    # the backend loads the snapshot folder (chexpercept.eval.hub)
+    load_spec, weights = prepare_model(spec, args.revision, dist)
     # arguments first: a wrong one fails before the bundle's images are checked
-    backend = make_backend(spec, args, sampling, chat_kwargs)
+    backend = make_backend(load_spec, args, sampling, chat_kwargs)
     sampling = backend.sampling()
     batch_size = args.batch_size or backend.default_batch_size
     if batch_size < 1:
@@ -417,6 +422,7 @@ def execute(args: argparse.Namespace, dist: Distributed) -> int:
             "limit": args.limit,
             "n_selected": len(cases),
         },
+        **({"weights": weights.record()} if weights is not None else {}),  # Hub: revision and commit
         "batch_size": batch_size,
         "num_processes": dist.count,
         "versions": versions(),
