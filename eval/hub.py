@@ -18,6 +18,7 @@ and none of them goes to the network again. run.json records the requested revis
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shutil
@@ -28,6 +29,8 @@ from typing import Any
 
 #: the backends that load weights; the openai and baseline backends need none
 WEIGHT_BACKENDS = ("vllm", "transformers")
+#: the package each of them loads weights with
+ENGINE_PACKAGES = {"vllm": "vllm", "transformers": "transformers"}
 _REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 #: room left free beyond the files themselves (file system overhead, temporary files)
@@ -263,6 +266,11 @@ def resolve_weights(
         )
     except (RepositoryNotFoundError, RevisionNotFoundError) as e:
         raise _not_found(model_id, revision, url, e, token) from None
+    except Exception as e:  # network, disk, a file the Hub no longer serves
+        raise HubError(
+            f"downloading {model_id} (commit {commit[:12]}) into {storage} failed ({type(e).__name__}: {e}); "
+            "the files already fetched stay in the cache: run the same command again to continue"
+        ) from e
     _write_ref(storage, wanted, commit)
     return Weights(model_id, path, revision, commit, "download", total, needed)
 
@@ -291,6 +299,10 @@ def prepare_model(spec: Any, revision: str | None, dist: Any) -> tuple[Any, Weig
     if is_local(spec.model_id):
         weights = resolve_weights(spec.model_id, revision)
         return spec, weights
+    if importlib.util.find_spec(ENGINE_PACKAGES[spec.backend]) is None:
+        # no engine to load them: the backend says what to install when it starts; fetching
+        # gigabytes first would only delay that
+        return spec, None
     # 1. the main process resolves the revision to one commit (and fetches it on its machine)
     outcome: dict[str, Any] = {"ok": True}
     error: HubError | None = None

@@ -33,6 +33,8 @@ class FakeModel:
     refs: dict[str, str] = field(default_factory=dict)
     #: sizes reported by the info endpoint instead of the real ones (to test the disk check)
     reported_sizes: dict[str, int] = field(default_factory=dict)
+    #: files listed but no longer served (404 EntryNotFound on download)
+    lost: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         if not self.commit:
@@ -131,7 +133,7 @@ class FakeHub:
             status, headers, body = _error("GatedRepo", repo)
             return status, headers, json.dumps(body).encode()
         data = model.files.get(name)
-        if data is None:
+        if data is None or name in model.lost:
             status, headers, body = _error("EntryNotFound", repo)
             return status, headers, json.dumps(body).encode()
         return 200, {"X-Repo-Commit": commit, "ETag": f'"{sha1(data)}"'}, data

@@ -164,6 +164,20 @@ def test_not_enough_disk_says_how_much_is_needed_where(hub, cache):
     assert not hub.downloads()
 
 
+def test_a_failed_download_says_what_happened_and_that_a_rerun_continues(hub, cache):
+    hub.models["org/toy"].lost.add("model.safetensors")
+    with pytest.raises(HubError) as e:
+        resolve_weights("org/toy")
+    msg = str(e.value)
+    assert "downloading org/toy" in msg and "failed" in msg and "run the same command again" in msg
+    hub.models["org/toy"].lost.clear()
+    w = resolve_weights("org/toy")
+    assert (
+        w.source == "download"
+        and (Path(w.path) / "model.safetensors").read_bytes() == FILES["model.safetensors"]
+    )
+
+
 def test_unreachable_hub_falls_back_to_the_cache(hub, cache, monkeypatch, capsys):
     commit = hub_cache(cache, "org/cached", FILES)
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
@@ -206,18 +220,25 @@ def test_main_fetches_and_the_other_processes_read_the_cache(hub, cache):
 def test_first_process_of_another_machine_fetches_the_main_commit(hub, tmp_path, monkeypatch):
     commit = hub.models["org/toy"].commit
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "node2"))
-    spec = resolve("org/toy", backend="vllm")
+    spec = resolve("org/toy", backend="transformers")
     load, w = prepare_model(spec, "v1", FakeDist(2, 0, {"ok": True, "commit": commit}))
     assert w.commit == commit and w.revision == "v1" and load.model_id.startswith(str(tmp_path / "node2"))
 
 
 def test_a_failure_on_the_main_process_stops_the_others_quietly(hub):
-    spec = resolve("google/medgemma-toy", backend="vllm")
+    spec = resolve("google/medgemma-toy", backend="transformers")
     with pytest.raises(HubError, match="gated"):
         prepare_model(spec, None, FakeDist(0, 0))
     with pytest.raises(SystemExit) as e:
         prepare_model(spec, None, FakeDist(1, 1, {"ok": False}))
     assert e.value.code == 2
+
+
+def test_no_weights_are_fetched_for_an_engine_that_is_not_installed(hub, monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", None)  # as if vLLM were not installed
+    spec = resolve("org/toy", backend="vllm")
+    assert prepare_model(spec, None, FakeDist(0, 0)) == (spec, None)
+    assert hub.requests == []
 
 
 def test_backends_without_weights_need_nothing(tmp_path):
@@ -285,7 +306,14 @@ def test_run_fetches_a_hub_model_once_and_records_its_commit(
 
 def test_run_stops_on_a_gated_model_before_reading_the_bundle(hub, tmp_path, capsys):
     rc = run_main(
-        ["--data-dir", str(tmp_path / "no-bundle"), "--model", "google/medgemma-toy", "--backend", "vllm"]
+        [
+            "--data-dir",
+            str(tmp_path / "no-bundle"),
+            "--model",
+            "google/medgemma-toy",
+            "--backend",
+            "transformers",
+        ]
     )
     assert rc == 2
     err = capsys.readouterr().err
