@@ -132,6 +132,8 @@ class RunMetadata(_Record):
     chat_template_kwargs: dict[str, Any] | None = field(default=None, metadata=_kind("object"))
     bundle: BundleInfo | None = field(default=None, metadata=_kind("object"))
     selection: Selection | None = field(default=None, metadata=_kind("object"))
+    #: the weights a local engine loaded: model id, requested revision, resolved commit, source, size
+    weights: dict[str, Any] | None = field(default=None, metadata=_kind("object"))
     batch_size: int | None = field(default=None, metadata=_kind("int"))
     num_processes: int | None = field(default=None, metadata=_kind("int"))
     versions: dict[str, Any] | None = field(default=None, metadata=_kind("object"))
@@ -148,6 +150,9 @@ class RunMetadata(_Record):
     backend_settings: dict[str, Any] | None = field(default=None, metadata=_kind("object"))
     n_results: int | None = field(default=None, metadata=_kind("int"))
     last_session: dict[str, Any] | None = field(default=None, metadata=_kind("object"))
+    #: the estimator's tokens and cost for the conversations this run had, beside what the API
+    #: reported (eval/estimate.py; runs whose backend reports usage)
+    estimate: dict[str, Any] | None = field(default=None, metadata=_kind("object"))
     #: not written by the runner: the reference layout's provider, and where the record came from
     provider: str | None = field(default=None, metadata=_kind("str"))
     source: str | None = field(default=None, metadata=_kind("str"))

@@ -13,4 +13,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "chexpercept.eval.cmd_make_tiny_model",
         "Build, offline, a tiny random vision-language model (Gemma 3 or Qwen2.5-VL) for tests and demos",
     ),
+    "download-model": (
+        "chexpercept.eval.cmd_download_model",
+        "Fetch a model's weights into the Hugging Face cache ahead of a run (gated access, revision, disk checked)",
+    ),
 }

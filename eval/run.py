@@ -29,13 +29,14 @@ if (
     sys.path.pop(0)
 
 from chexpercept.answers import PARSE_MODES
-from chexpercept.bundle import IMAGE_CHECKS, Bundle, read_bundle
+from chexpercept.bundle import IMAGE_CHECKS, Bundle, check_release_dir, read_bundle
 from chexpercept.case import Case
 from chexpercept.cli_options import add_progress_option, progress_enabled
 from chexpercept.errors import BundleValidationError, ReleaseNotFoundError
 from chexpercept.eval.backends import backend_class, json_object_arg
 from chexpercept.eval.distributed import Distributed
 from chexpercept.eval.engine import EngineStats, run_conversations
+from chexpercept.eval.hub import add_revision_option, prepare_model
 from chexpercept.eval.protocol import Backend, BackendError, RunContext, Sampling
 from chexpercept.eval.provenance import git_commit, now, versions
 from chexpercept.eval.registry import BACKENDS, REGISTRY, ModelSpec, resolve
@@ -89,6 +90,7 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--model-id", help="load/send this id or folder instead of the registry's (e.g. a local copy)"
     )
+    add_revision_option(g)  # Hub (chexpercept.eval.hub)
     g.add_argument(
         "--oracle", choices=ORACLE_SETTINGS, default="implicit", help="oracle setting (default: implicit)"
     )
@@ -267,6 +269,7 @@ def _backend_for(
     chat_kwargs, note = chat_kwargs_for(spec, args)
     if note and dist.is_main:
         print(f"note: {note}", file=sys.stderr)
+    # arguments first: a wrong one fails before the bundle's images are checked
     backend = make_backend(spec, args, sampling, chat_kwargs)
     sampling = backend.sampling()
     batch_size = args.batch_size or backend.default_batch_size
@@ -292,6 +295,13 @@ def _selected_cases(
 def execute(args: argparse.Namespace, dist: Distributed) -> int:
     # arguments first: a wrong one fails before the bundle's images are checked
     spec, backend, sampling, chat_kwargs, batch_size = _backend_for(args, dist)
+    check_release_dir(args.data_dir)  # a wrong --data-dir fails before any download
+    # Hub: the weights are resolved and checked (gated, missing, disk space), then fetched once per
+    # machine, before the bundle's images are read and before any engine starts; the backend then
+    # loads that snapshot folder
+    load_spec, weights = prepare_model(spec, args.revision, dist)
+    if load_spec is not spec:
+        backend = make_backend(load_spec, args, sampling, chat_kwargs)
     bundle, lesions, paths, cases = _selected_cases(args)
     folder = RunFolder(FsPath(args.output_dir) / (args.run_name or spec.name) / f"oracle_{args.oracle}")
     settings = {
@@ -327,6 +337,7 @@ def execute(args: argparse.Namespace, dist: Distributed) -> int:
             limit=args.limit,
             n_selected=len(cases),
         ),
+        weights=weights.record() if weights is not None else None,  # Hub: revision and commit
         batch_size=batch_size,
         num_processes=dist.count,
         versions=versions(),

@@ -13,4 +13,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "chexpercept.metrics.report.command",
         "Tables, leaderboard, reference CSVs, figures and an HTML case viewer for a folder of runs",
     ),
+    "push-results": (
+        "chexpercept.metrics.cmd_push_results",
+        "Publish scores (tables, intervals, leaderboard, provenance) to a Hub dataset repo; never data",
+    ),
 }

@@ -1,0 +1,60 @@
+"""``chexpercept download-model NAME [--revision R]``: fetch a model's weights into the Hugging Face
+cache ahead of a run (e.g. on a login node before a cluster job), with the same checks as ``run``:
+gated access, missing model or revision, free disk. ``HF_HOME`` / ``HF_HUB_CACHE`` say where."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    from chexpercept.eval.hub import add_revision_option
+
+    parser.add_argument(
+        "name", metavar="NAME", help="registry name (see chexpercept run --list-models) or Hugging Face id"
+    )
+    add_revision_option(parser)
+    parser.add_argument(
+        "--cache-dir",
+        metavar="DIR",
+        help="Hugging Face cache folder (default: HF_HUB_CACHE, else HF_HOME/hub)",
+    )
+
+
+def model_id_of(name: str) -> str:
+    """The Hugging Face id a registry name stands for (any other name is taken as an id)."""
+    from chexpercept.eval.hub import WEIGHT_BACKENDS
+    from chexpercept.eval.registry import lookup
+
+    spec = lookup(name)
+    if spec is None:
+        return name
+    if spec.backend not in WEIGHT_BACKENDS:
+        raise ValueError(
+            f"{spec.name} runs through the {spec.backend} backend: it has no weights to download"
+        )
+    return spec.model_id
+
+
+def run(args: argparse.Namespace) -> int:
+    from chexpercept.eval.hub import HubError, human_size, resolve_weights
+
+    try:
+        model_id = model_id_of(args.name)
+        weights = resolve_weights(model_id, args.revision, cache_dir=args.cache_dir)
+    except (HubError, ValueError) as e:
+        print(f"chexpercept download-model: error: {e}", file=sys.stderr)
+        return 2
+    if weights.source == "local":
+        print(f"{model_id} is a local folder: nothing to download")
+        return 0
+    size = f", {human_size(weights.size)}" if weights.size is not None else ""
+    how = {"cache": "already in the cache", "download": f"downloaded {human_size(weights.downloaded)}"}
+    print(f"{model_id} commit {weights.commit} ({how[weights.source]}{size})")
+    print(f"  {weights.path}")
+    print(
+        f"offline runs read it from the cache: HF_HUB_OFFLINE=1 chexpercept run --model {args.name} "
+        f"--revision {weights.commit} ..."
+    )
+    return 0

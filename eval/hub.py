@@ -1,0 +1,334 @@
+"""Model weights from the Hugging Face Hub: resolved, checked and fetched once before any engine starts.
+
+``chexpercept run`` (vllm and transformers backends) and ``chexpercept download-model`` call this.
+A model is a local folder (used as it is), or a Hub id resolved with ``huggingface_hub``:
+
+- ``HF_HUB_OFFLINE`` set: the cache (``HF_HOME`` / ``HF_HUB_CACHE``) must hold the revision, else a
+  clear error says how to fetch it first;
+- online: the model's info with file metadata names the commit and the file sizes; a gated model
+  without a token or without accepted terms, a missing model and a missing revision are errors that
+  say what to do; files already in the cache are used; the rest are downloaded after a free-space
+  check (how much is needed, where);
+- under ``accelerate launch``, the first process of each machine fetches; the others wait at a
+  barrier and then read the same snapshot from the cache.
+
+The backends are handed the snapshot folder, so every process loads exactly the resolved commit
+and none of them goes to the network again. run.json records the requested revision and the commit.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path as FsPath
+from typing import Any
+
+#: the backends that load weights; the openai and baseline backends need none
+WEIGHT_BACKENDS = ("vllm", "transformers")
+#: the package each of them loads weights with
+ENGINE_PACKAGES = {"vllm": "vllm", "transformers": "transformers"}
+_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+#: room left free beyond the files themselves (file system overhead, temporary files)
+DISK_MARGIN = 1 << 20
+
+
+class HubError(ValueError):
+    """A model cannot be resolved or fetched; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class Weights:
+    """Where a model's files are, and which version they are."""
+
+    model_id: str
+    #: the folder the backends load
+    path: str
+    #: the revision asked for (None: the default branch)
+    revision: str | None
+    #: the commit the revision resolved to (None for a local folder)
+    commit: str | None
+    #: "local" (a folder given), "cache" (all files already cached), "download" (fetched now)
+    source: str
+    #: bytes of all files of the snapshot (None when unknown)
+    size: int | None = None
+    #: bytes downloaded now
+    downloaded: int = 0
+
+    def record(self) -> dict[str, Any]:
+        """What run.json keeps (``weights``)."""
+        return {
+            "model_id": self.model_id,
+            "revision": self.revision,
+            "commit": self.commit,
+            "source": self.source,
+            "size_bytes": self.size,
+        }
+
+
+def human_size(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n} B"  # pragma: no cover
+
+
+def is_local(model_id: str) -> bool:
+    return os.path.isdir(os.path.expanduser(model_id))
+
+
+def _offline() -> bool:
+    from huggingface_hub import constants
+
+    return bool(constants.is_offline_mode())
+
+
+def _endpoint(endpoint: str | None) -> str:
+    from huggingface_hub import constants
+
+    return (endpoint or os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
+
+
+def _cache_dir(cache_dir: str | os.PathLike[str] | None) -> FsPath:
+    from huggingface_hub import constants
+
+    return FsPath(cache_dir if cache_dir is not None else constants.HF_HUB_CACHE).expanduser()
+
+
+def _storage(cache_dir: FsPath, model_id: str) -> FsPath:
+    from huggingface_hub.file_download import repo_folder_name
+
+    return cache_dir / repo_folder_name(repo_id=model_id, repo_type="model")
+
+
+def _gated_message(model_id: str, endpoint: str, token: str | None) -> str:
+    page = f"{endpoint}/{model_id}"
+    from huggingface_hub import get_token
+
+    if token is None and get_token() is None:
+        return (
+            f"{model_id} is a gated model and this machine has no Hugging Face token: accept the model's "
+            f"terms at {page} (logged in), then run `hf auth login` (or set HF_TOKEN) with that account"
+        )
+    return (
+        f"{model_id} is a gated model and the Hugging Face account of this machine's token has no access "
+        f"to it: accept the model's terms at {page} (access may need approval), check that `hf auth "
+        "whoami` names that account, and retry"
+    )
+
+
+def _not_found(
+    model_id: str, revision: str | None, endpoint: str, error: Exception, token: str | None
+) -> HubError:
+    from huggingface_hub.errors import GatedRepoError, RevisionNotFoundError
+
+    if isinstance(error, GatedRepoError):
+        return HubError(_gated_message(model_id, endpoint, token))
+    if isinstance(error, RevisionNotFoundError):
+        return HubError(
+            f"revision {revision!r} of {model_id} does not exist on {endpoint}: check --revision "
+            f"(a branch, tag or commit of {endpoint}/{model_id})"
+        )
+    return HubError(
+        f"model {model_id} was not found on {endpoint}: check the name (`chexpercept run --list-models` "
+        "lists the registry) or, for a private model, run `hf auth login` with an account that can read it"
+    )
+
+
+def _from_cache(model_id: str, revision: str | None, cache: FsPath) -> str | None:
+    """The cached snapshot folder of this revision, or None."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        return snapshot_download(model_id, revision=revision, cache_dir=cache, local_files_only=True)
+    except LocalEntryNotFoundError:  # IncompleteSnapshotError is one
+        return None
+
+
+def _free_space(folder: FsPath) -> tuple[int, FsPath]:
+    probe = folder
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    return shutil.disk_usage(probe).free, probe
+
+
+def _write_ref(storage: FsPath, revision: str, commit: str) -> None:
+    """refs/<revision> -> commit, so that offline runs find the snapshot by branch or tag name."""
+    if revision == commit:
+        return
+    ref = storage / "refs" / revision
+    ref.parent.mkdir(parents=True, exist_ok=True)
+    if ref.exists() and ref.read_text().strip() == commit:
+        return
+    tmp = ref.with_name(f".{ref.name}.{os.getpid()}.tmp")
+    tmp.write_text(commit)
+    os.replace(tmp, ref)
+
+
+def resolve_weights(
+    model_id: str,
+    revision: str | None = None,
+    *,
+    cache_dir: str | os.PathLike[str] | None = None,
+    endpoint: str | None = None,
+    token: str | None = None,
+    local_only: bool = False,
+) -> Weights:
+    """Resolve ``model_id`` at ``revision`` to a folder of files, downloading what is missing.
+
+    ``local_only``: never go to the network (as with ``HF_HUB_OFFLINE``). Raises HubError with a
+    message for the user (gated, not found, no such revision, not cached offline, not enough disk).
+    """
+    expanded = os.path.expanduser(model_id)
+    if os.path.isdir(expanded):
+        if revision is not None:
+            raise HubError(f"--revision applies to Hugging Face ids; {model_id} is a local folder")
+        return Weights(model_id, os.path.abspath(expanded), None, None, "local")
+    if not _REPO_ID.match(model_id):
+        raise HubError(
+            f"model {model_id!r} is neither a local folder nor a Hugging Face id (organisation/name)"
+        )
+    from huggingface_hub import HfApi, snapshot_download
+    from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundError
+
+    cache = _cache_dir(cache_dir)
+    storage = _storage(cache, model_id)
+    url = _endpoint(endpoint)
+    wanted = revision or "main"
+    if local_only or _offline():
+        path = _from_cache(model_id, wanted, cache)
+        if path is None:
+            raise HubError(
+                f"{model_id} (revision {wanted}) is not in the Hugging Face cache {cache} and the Hub may "
+                "not be used (HF_HUB_OFFLINE is set): fetch it first where there is network access with "
+                f"`chexpercept download-model {model_id}"
+                + (f" --revision {revision}" if revision else "")
+                + "` (same HF_HOME), or unset HF_HUB_OFFLINE"
+            )
+        return Weights(model_id, path, revision, FsPath(path).name, "cache")
+
+    api = HfApi(endpoint=url, token=token)
+    try:
+        info = api.model_info(model_id, revision=revision, files_metadata=True)
+        if info.gated:
+            api.auth_check(model_id)
+    except (RepositoryNotFoundError, RevisionNotFoundError) as e:  # GatedRepoError is one
+        raise _not_found(model_id, revision, url, e, token) from None
+    except Exception as e:  # the Hub cannot be reached or answered (HTTP, connection): the cache may do
+        path = _from_cache(model_id, wanted, cache)
+        if path is None:
+            raise HubError(
+                f"cannot reach the Hugging Face Hub at {url} ({type(e).__name__}: {e}) and {model_id} "
+                f"(revision {wanted}) is not in the cache {cache}"
+            ) from None
+        print(
+            f"warning: the Hub at {url} could not be reached ({type(e).__name__}); using the cached "
+            f"{model_id} at {path}",
+            file=sys.stderr,
+        )
+        return Weights(model_id, path, revision, FsPath(path).name, "cache")
+    commit = info.sha
+    if not commit or not _COMMIT.match(commit):
+        raise HubError(f"the Hub at {url} gave no commit for {model_id} (revision {wanted})")
+    files = {s.rfilename: s.size or 0 for s in (info.siblings or [])}
+    total = sum(files.values())
+    snapshot = storage / "snapshots" / commit
+    missing = {name: size for name, size in files.items() if not (snapshot / name).exists()}
+    if not missing and snapshot.is_dir():
+        _write_ref(storage, wanted, commit)
+        return Weights(model_id, str(snapshot), revision, commit, "cache", total)
+    needed = sum(missing.values())
+    free, where = _free_space(storage)
+    if needed + DISK_MARGIN > free:
+        raise HubError(
+            f"not enough free disk for {model_id} (commit {commit[:12]}): {len(missing)} file(s) need "
+            f"{human_size(needed)} in {storage}, but only {human_size(free)} is free on {where}; free "
+            "some space or point HF_HOME (or HF_HUB_CACHE) at a larger disk"
+        )
+    print(
+        f"downloading {model_id} (commit {commit[:12]}): {len(missing)} file(s), {human_size(needed)} "
+        f"into {storage}",
+        file=sys.stderr,
+    )
+    try:
+        path = snapshot_download(
+            model_id,
+            revision=commit,
+            cache_dir=cache,
+            endpoint=url,
+            token=token,
+        )
+    except (RepositoryNotFoundError, RevisionNotFoundError) as e:
+        raise _not_found(model_id, revision, url, e, token) from None
+    except Exception as e:  # network, disk, a file the Hub no longer serves
+        raise HubError(
+            f"downloading {model_id} (commit {commit[:12]}) into {storage} failed ({type(e).__name__}: {e}); "
+            "the files already fetched stay in the cache: run the same command again to continue"
+        ) from e
+    _write_ref(storage, wanted, commit)
+    return Weights(model_id, path, revision, commit, "download", total, needed)
+
+
+# ------------------------------------------------------------------------------------ the run
+def add_revision_option(parser: Any) -> None:
+    """``--revision R`` for commands that load a Hub model."""
+    parser.add_argument(
+        "--revision",
+        help="Hugging Face branch, tag or commit of the model (default: main); run.json records the commit",
+    )
+
+
+def prepare_model(spec: Any, revision: str | None, dist: Any) -> tuple[Any, Weights | None]:
+    """Before any engine starts: resolve (and fetch once per machine) the weights of ``spec``.
+
+    Returns the spec the backend should load (``model_id`` replaced by the snapshot folder for a Hub
+    model) and the Weights (None for backends that need no weights). The first process of each
+    machine resolves and downloads; the others wait at a barrier, then read the cache. A failure on
+    the main process is raised there; the other processes exit quietly with status 2.
+    """
+    if spec.backend not in WEIGHT_BACKENDS:
+        if revision is not None:
+            raise HubError(f"--revision applies to the vllm and transformers backends, not {spec.backend}")
+        return spec, None
+    if is_local(spec.model_id):
+        weights = resolve_weights(spec.model_id, revision)
+        return spec, weights
+    if importlib.util.find_spec(ENGINE_PACKAGES[spec.backend]) is None:
+        # no engine to load them: the backend says what to install when it starts; fetching
+        # gigabytes first would only delay that
+        return spec, None
+    # 1. the main process resolves the revision to one commit (and fetches it on its machine)
+    outcome: dict[str, Any] = {"ok": True}
+    error: HubError | None = None
+    weights = None
+    if dist.is_main:
+        try:
+            weights = resolve_weights(spec.model_id, revision)
+            outcome = {"ok": True, "commit": weights.commit}
+        except HubError as e:
+            error, outcome = e, {"ok": False}
+    first = dist.broadcast(outcome)
+    if error is not None:
+        raise error
+    if not first["ok"]:
+        raise SystemExit(2)  # the main process said why
+    # 2. the first process of every other machine fetches that commit; the rest wait
+    if weights is None and dist.local_index == 0:
+        try:
+            weights = resolve_weights(spec.model_id, first["commit"])
+        except HubError as e:
+            error = e
+    dist.barrier()
+    if error is not None:
+        raise error
+    # 3. everyone else reads the cache
+    if weights is None:
+        weights = resolve_weights(spec.model_id, first["commit"], local_only=True)
+    weights = replace(weights, revision=revision)
+    return replace(spec, model_id=weights.path), weights
