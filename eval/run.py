@@ -458,6 +458,8 @@ def _run_locked(
         "batches_main_process": stats.steps,  # one generate call per step
         "seconds_main_process": round(stats.seconds, 3),
     }
+    if spec.backend == "openai" and records:
+        info.estimate = usage_estimate(spec, bundle, cases, records, args.oracle, args.parse_mode)
     write_json_atomic(folder.run_json, info.to_json())
     if failed:
         first = next(iter(failed.values()))
@@ -476,6 +478,45 @@ def _run_locked(
     if not args.no_score:
         print_scores(folder.path.parent, spec.display or spec.name, args.parse_mode)
     return 0
+
+
+def usage_estimate(
+    spec: ModelSpec,
+    bundle: Bundle,
+    cases: list[Case],
+    records: dict[str, dict[str, Any]],
+    oracle: str,
+    parse_mode: str,
+) -> dict[str, Any] | None:
+    """run.json's ``estimate``: what ``chexpercept estimate`` counts for the conversations this run had
+    (its answers replayed) beside the usage the API reported, so the estimator's error is visible in
+    ``chexpercept score --details``. A failure here never fails the run: it is a warning."""
+    from chexpercept.eval.estimate import ApiCounter, compare, estimate_recorded
+    from chexpercept.eval.pricing import rules_for
+
+    try:
+        results = [CaseResult.from_dict(r) for r in records.values()]
+        counter = ApiCounter(bundle.root, rules_for(spec.model_id))
+        estimate = estimate_recorded(
+            cases,
+            results,
+            oracle,
+            counter,
+            model_id=spec.model_id,
+            parse_mode=parse_mode,
+            model=spec.model_id,
+        )
+        comparison = compare(estimate, results)
+    except Exception as e:  # the estimate is a by-product; the run's results are what matter
+        print(f"warning: could not estimate this run's tokens for comparison ({e!r})", file=sys.stderr)
+        return None
+    return {
+        "counter": counter.name,
+        "exact": counter.exact,
+        "estimated": comparison.estimated,
+        "actual": comparison.actual,
+        "relative_error": comparison.relative_error,
+    }
 
 
 class EmptyAnswerWarning:

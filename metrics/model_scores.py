@@ -296,8 +296,9 @@ def _choose_sources(
 
 
 def _run_rows(by_setting: Mapping[str, Run], scores: Mapping[str, CaseScores]) -> list[dict[str, Any]]:
-    return [
-        {
+    rows = []
+    for s, r in by_setting.items():
+        row = {
             "oracle": r.oracle,
             "kind": r.kind,
             "path": _p(r),
@@ -307,8 +308,11 @@ def _run_rows(by_setting: Mapping[str, Run], scores: Mapping[str, CaseScores]) -
             "parse_mode": r.parse_mode,
             "verdict_agreement": _agreement(scores[s]),
         }
-        for s, r in by_setting.items()
-    ]
+        estimate = getattr(r.meta, "estimate", None)
+        if estimate:  # tokens and cost estimated beside those the API reported (eval/estimate.py)
+            row["usage"] = estimate
+        rows.append(row)
+    return rows
 
 
 def _p(run: Run) -> str | None:

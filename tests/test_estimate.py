@@ -153,3 +153,33 @@ def test_recorded_estimate_against_usage_a_loopback_api_reports(tmp_path):
     assert abs(comparison.relative_error["input_tokens"]) < 0.10
     assert abs(comparison.relative_error["cached_input_tokens"]) < 0.15
     assert abs(comparison.relative_error["cost_usd"]) < 0.10
+
+
+def test_score_details_sets_the_estimate_beside_the_reported_usage(tmp_path, capsys):
+    """A real run through the openai backend (loopback API reporting usage as the API counts it):
+    run.json records the estimate of the conversations the run had, score --details shows it."""
+    from chexpercept.eval.run import main as run_main
+
+    from .fake_openai import FakeServer, RealisticUsage
+
+    root = write_fixture_bundle(
+        tmp_path / "b", per_cell=1, image_size=1024, image_style="smooth", image_pool=2
+    )
+    with FakeServer(usage=RealisticUsage(reasoning=100)) as server:
+        argv = ["--data-dir", str(root), "--model", "gpt-5.4", "--base-url", server.url, "--paths", "RF"]
+        rc = run_main([*argv, "--output-dir", str(tmp_path / "runs"), "--no-progress", "--no-score"])
+    assert rc == 0
+    capsys.readouterr()
+    assert cli(["score", str(tmp_path / "runs" / "gpt-5.4"), "--details"]) == 0
+    details = json.loads(capsys.readouterr().out)
+    usage = details["runs"][0]["usage"]
+    assert (
+        usage["actual"]["calls"] == usage["estimated"]["calls"] == 7 * 6 - 4
+    )  # RF: 6 turns, 4 for cardiomegaly
+    assert (
+        usage["actual"]["output_tokens"]
+        == usage["estimated"]["output_tokens"]
+        == 140 * usage["actual"]["calls"]
+    )
+    assert usage["actual"]["input_tokens"] > 0 and abs(usage["relative_error"]["input_tokens"]) < 0.10
+    assert usage["actual"]["cost_usd"] > 0 and abs(usage["relative_error"]["cost_usd"]) < 0.10
