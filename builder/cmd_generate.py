@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from chexpercept.cli_options import add_progress_option, progress_enabled
+from chexpercept.cli_options import add_option, add_progress_option, progress_enabled
 from chexpercept.vocab import LESIONS
 
 from .config import GenerateConfig
@@ -66,7 +66,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     src.add_argument("--config", metavar="YAML", help="options as YAML (keys are the long option names)")
     out = parser.add_argument_group("output")
-    out.add_argument("--out", metavar="DIR", help="bundle folder to write (resumable)")
+    add_option(
+        out, "--output-dir", "--out", dest="out", metavar="DIR", help="bundle folder to write (resumable)"
+    )
     out.add_argument(
         "--per-cell", type=int, default=None, help="cases per (lesion, path) cell (100 in the release)"
     )
@@ -78,7 +80,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="name revision option images option_<i>_mask.png (the reference's names reveal the answer)",
     )
-    out.add_argument("--overwrite", action="store_true", default=None, help="discard an earlier run in --out")
+    out.add_argument(
+        "--overwrite", action="store_true", default=None, help="discard an earlier run in --output-dir"
+    )
     run = parser.add_argument_group("method and execution")
     run.add_argument(
         "--deformer", choices=DEFORMERS, default=None, help="mask deformation (default morphology)"
@@ -102,6 +106,8 @@ def build_config(args: argparse.Namespace) -> GenerateConfig:
     values: dict = {}
     if args.config:
         values.update({k.replace("-", "_"): v for k, v in _load_yaml(args.config).items()})
+        if "output_dir" in values:  # the option's name; "out" (its earlier name) is read as well
+            values["out"] = values.pop("output_dir")
     for key, value in vars(args).items():
         if key == "config" or value is None or value == []:
             continue
@@ -110,7 +116,7 @@ def build_config(args: argparse.Namespace) -> GenerateConfig:
         values["review"] = [values["review"]]
     no_progress = values.pop("no_progress", False)
     if "out" not in values or "per_cell" not in values:
-        raise SourceError("--out and --per-cell are required")
+        raise SourceError("--output-dir and --per-cell are required")
     known = set(GenerateConfig.__dataclass_fields__)
     unknown = sorted(set(values) - known)
     if unknown:

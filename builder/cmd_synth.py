@@ -7,7 +7,7 @@ import sys
 
 from chexpercept.cli_options import progress_enabled
 
-from .cmd_synth_sources import add_phantom_arguments
+from .cmd_synth_sources import add_phantom_arguments, require_output_dir
 from .regions import PARTITION_MODES
 from .sources import SourceError
 from .synth import synthesize_run
@@ -24,6 +24,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    require_output_dir(args, "chexpercept synth")
     try:
         summary = synthesize_run(
             args.out,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from chexpercept.cli_options import add_progress_option, progress_enabled
+from chexpercept.cli_options import add_option, add_progress_option, progress_enabled
 from chexpercept.vocab import LESIONS
 
 from .synth_sources import ANATOMY_FORMATS, CHEXMASK_NAME, synthesize_sources
@@ -13,7 +13,7 @@ from .synth_sources import ANATOMY_FORMATS, CHEXMASK_NAME, synthesize_sources
 
 def add_phantom_arguments(parser: argparse.ArgumentParser, *, out_help: str, per_cell_help: str) -> None:
     """The options `synth` and `synth-sources` share (synth passes them on to synth-sources)."""
-    parser.add_argument("--out", required=True, metavar="DIR", help=out_help)
+    add_option(parser, "--output-dir", "--out", dest="out", metavar="DIR", help=f"{out_help} (required)")
     parser.add_argument("--per-cell", type=int, default=1, help=per_cell_help)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--num-proc", type=int, default=1, help="worker processes")
@@ -43,7 +43,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def require_output_dir(args: argparse.Namespace, prog: str) -> None:
+    """--output-dir (dest ``out``) is required; argparse cannot require it beside its old spelling."""
+    if not args.out:
+        print(f"{prog}: error: the following arguments are required: --output-dir", file=sys.stderr)
+        raise SystemExit(2)
+
+
 def run(args: argparse.Namespace) -> int:
+    require_output_dir(args, "chexpercept synth-sources")
     if args.layout == "reference":
         return _run_reference(args)
     try:

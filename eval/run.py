@@ -42,8 +42,8 @@ from chexpercept.eval.provenance import git_commit, now, versions
 from chexpercept.eval.registry import BACKENDS, REGISTRY, ModelSpec, resolve
 from chexpercept.eval.selection import add_selection_options, select_cases, shard, split_list
 from chexpercept.eval.store import (
-    RunFolder,
     RunLockedError,
+    RunStore,
     StoreError,
     append_results,
     read_records,
@@ -231,7 +231,7 @@ class _Progress:
             self.bar.close()
 
 
-def _prepare_folder(folder: RunFolder, settings: dict[str, Any], header: RunMetadata) -> dict[str, Any]:
+def _prepare_folder(folder: RunStore, settings: dict[str, Any], header: RunMetadata) -> dict[str, Any]:
     """Main process: take the lock, check resumability, repair a torn tail, write run.json."""
     folder.path.mkdir(parents=True, exist_ok=True)
     folder.lock.acquire()
@@ -303,7 +303,7 @@ def execute(args: argparse.Namespace, dist: Distributed) -> int:
     if load_spec is not spec:
         backend = make_backend(load_spec, args, sampling, chat_kwargs)
     bundle, lesions, paths, cases = _selected_cases(args)
-    folder = RunFolder(FsPath(args.output_dir) / (args.run_name or spec.name) / f"oracle_{args.oracle}")
+    folder = RunStore(FsPath(args.output_dir) / (args.run_name or spec.name) / f"oracle_{args.oracle}")
     settings = {
         "model_id": spec.model_id,
         "backend": spec.backend,
@@ -375,7 +375,7 @@ def _run_locked(
     cases: list[Case],
     backend: Backend,
     batch_size: int,
-    folder: RunFolder,
+    folder: RunStore,
     outcome: dict[str, Any],
 ) -> int:
     if dist.is_main and outcome.get("dropped"):

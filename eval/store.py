@@ -260,7 +260,7 @@ def read_json(path: str | os.PathLike[str]) -> dict[str, Any] | None:
         raise StoreError(f"{path} is not valid JSON ({e})") from e
 
 
-class RunFolder:
+class RunStore:
     """Paths of one run: OUT/<model>/oracle_<setting>/."""
 
     def __init__(self, path: str | os.PathLike[str]):

@@ -13,7 +13,7 @@ PER_CELL="${PER_CELL:-2}"
 rm -rf "$DEMO_DIR/bundle" "$DEMO_DIR/runs" "$DEMO_DIR/report"
 
 echo "== 1. phantom release bundle (synth-sources + generate, morphology deformer)"
-chexpercept synth --out "$DEMO_DIR/bundle" --per-cell "$PER_CELL" --seed 0 --num-proc 2
+chexpercept synth --output-dir "$DEMO_DIR/bundle" --per-cell "$PER_CELL" --seed 0 --num-proc 2
 
 echo "== 2. validate and load it with load_dataset"
 chexpercept validate "$DEMO_DIR/bundle"
@@ -29,4 +29,4 @@ python eval/run.py --data-dir "$DEMO_DIR/bundle" --model "$DEMO_DIR/tiny-vlm" --
   --oracle implicit --max-tokens 8 --output-dir "$DEMO_DIR/runs" --no-progress
 
 echo "== 4. report (tables, plots, HTML case viewer)"
-chexpercept report --results "$DEMO_DIR/runs" --out "$DEMO_DIR/report"
+chexpercept report --results "$DEMO_DIR/runs" --output-dir "$DEMO_DIR/report"

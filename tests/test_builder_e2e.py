@@ -373,7 +373,7 @@ def test_cli_synth_sources_then_generate_and_clear_errors(tmp_path, capsys):
         main(
             [
                 "synth-sources",
-                "--out",
+                "--output-dir",
                 str(src),
                 "--per-cell",
                 "1",
@@ -391,7 +391,7 @@ def test_cli_synth_sources_then_generate_and_clear_errors(tmp_path, capsys):
         "--mimic-cxr-jpg", str(src / "mimic-cxr-jpg"),
         "--mimic-ils", str(src / "mimic-ils"),
         "--anatomy", str(src / "anatomy"),
-        "--out", str(tmp_path / "bundle"),
+        "--output-dir", str(tmp_path / "bundle"),
         "--per-cell", "1",
         "--lesions", "cardiomegaly",
     ]  # fmt: skip
@@ -401,20 +401,25 @@ def test_cli_synth_sources_then_generate_and_clear_errors(tmp_path, capsys):
     assert len(read_bundle(tmp_path / "bundle")) == 3
     bad = ["generate", "--mimic-cxr-jpg", str(src / "mimic-cxr-jpg"), "--mimic-ils", str(tmp_path / "nope")]
     assert (
-        main([*bad, "--anatomy", str(src / "anatomy"), "--out", str(tmp_path / "b2"), "--per-cell", "1"]) == 2
+        main(
+            [*bad, "--anatomy", str(src / "anatomy"), "--output-dir", str(tmp_path / "b2"), "--per-cell", "1"]
+        )
+        == 2
     )
     err = capsys.readouterr().err
     assert str(tmp_path / "nope") in err and "mimic_ils_instruction_answer.json" in err
-    assert main([*args[:7], "--out", str(tmp_path / "b4"), "--per-cell", "1", "--deformer", "sam3"]) == 2
+    assert (
+        main([*args[:7], "--output-dir", str(tmp_path / "b4"), "--per-cell", "1", "--deformer", "sam3"]) == 2
+    )
     assert "--sam3-checkpoint" in capsys.readouterr().err
     sam3_args = ["--deformer", "sam3", "--sam3-checkpoint", str(tmp_path / "no-model")]
-    assert main([*args[:7], "--out", str(tmp_path / "b5"), "--per-cell", "1", *sam3_args]) == 2
+    assert main([*args[:7], "--output-dir", str(tmp_path / "b5"), "--per-cell", "1", *sam3_args]) == 2
     assert "no-model" in capsys.readouterr().err
     missing_anatomy = [
         *args[:5],
         "--anatomy",
         str(tmp_path / "no-anatomy"),
-        "--out",
+        "--output-dir",
         str(tmp_path / "b3"),
         "--per-cell",
         "1",
@@ -436,7 +441,7 @@ def test_generate_options_from_a_yaml_config(tmp_path):
     parser = argparse.ArgumentParser()
     configure(parser)
     config = build_config(
-        parser.parse_args(["--config", str(config_file), "--out", "/tmp/x", "--num-proc", "4"])
+        parser.parse_args(["--config", str(config_file), "--output-dir", "/tmp/x", "--num-proc", "4"])
     )
     assert (config.mimic_cxr_jpg, config.mimic_ils, config.anatomy) == (
         "/data/mimic-cxr-jpg",

@@ -18,13 +18,24 @@ from chexpercept.cli_options import PROGRESS_HELP
 def test_seed_2_sources_fill_every_cell_although_a_candidate_is_rejected(tmp_path, capsys):
     """The issue's commands: synth-sources --per-cell 1 --seed 2, then generate --per-cell 1."""
     src = tmp_path / "src"
-    assert cli(["synth-sources", "--out", str(src), "--per-cell", "1", "--seed", "2", "--no-progress"]) == 0
+    assert (
+        cli(["synth-sources", "--output-dir", str(src), "--per-cell", "1", "--seed", "2", "--no-progress"])
+        == 0
+    )
     out = tmp_path / "bundle"
     rc = cli(
         [
             "generate",
             *("--mimic-cxr-jpg", str(src / "mimic-cxr-jpg"), "--mimic-ils", str(src / "mimic-ils")),
-            *("--anatomy", str(src / "anatomy"), "--out", str(out), "--per-cell", "1", "--no-progress"),
+            *(
+                "--anatomy",
+                str(src / "anatomy"),
+                "--output-dir",
+                str(out),
+                "--per-cell",
+                "1",
+                "--no-progress",
+            ),
         ]
     )
     summary = capsys.readouterr().out
@@ -94,3 +105,24 @@ def test_validate_takes_the_bundle_positionally_or_as_data_dir(tmp_path, capsys)
     assert "DATA_DIR or --data-dir" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["validate", bundle, "--data-dir", str(tmp_path)])
+
+
+@pytest.mark.parametrize(
+    ("command", "module", "dest"),
+    [
+        ("report", "chexpercept.metrics.report.command", "output_dir"),
+        ("generate", "chexpercept.builder.cmd_generate", "out"),
+        ("synth-sources", "chexpercept.builder.cmd_synth_sources", "out"),
+        ("synth", "chexpercept.builder.cmd_synth", "out"),
+        ("make-tiny-model", "chexpercept.eval.cmd_make_tiny_model", "output_dir"),
+    ],
+)
+def test_output_folder_is_output_dir_everywhere_and_out_still_works(capsys, command, module, dest):
+    parser = argparse.ArgumentParser(prog=f"chexpercept {command}")
+    importlib.import_module(module).configure(parser)
+    base = ["--results", "runs"] if command == "report" else []
+    assert getattr(parser.parse_args([*base, "--output-dir", "somewhere"]), dest) == "somewhere"
+    assert capsys.readouterr().err == ""
+    assert getattr(parser.parse_args([*base, "--out", "somewhere"]), dest) == "somewhere"
+    assert "--out is deprecated and will be removed; use --output-dir" in capsys.readouterr().err
+    assert "--output-dir" in parser.format_help() and "--out " not in parser.format_help()

@@ -98,7 +98,9 @@ def test_tables_for_several_models(runs, capsys):
 
 def test_details_with_intervals_and_cases(runs, tmp_path, capsys):
     target = tmp_path / "details.json"
-    code, _, err = _score(capsys, runs / "good", "--details", "--bootstrap", "50", "--cases", "--out", target)
+    code, _, err = _score(
+        capsys, runs / "good", "--details", "--bootstrap", "50", "--cases", "--output", target
+    )
     assert code == 0 and f"wrote {target}" in err
     details = json.loads(target.read_text())
     assert set(details) >= {"flat", "tables", "intervals", "sources", "notes", "parse", "counts", "cases"}

@@ -388,7 +388,7 @@ def test_export_then_generate_review(sources, tmp_path, capsys):
             *LESIONS2,
             "--per-cell",
             "1",
-            "--out",
+            "--output-dir",
             str(bundle),
             "--no-progress",
             "--review",

@@ -242,7 +242,7 @@ def test_two_annotators_at_once_and_generate_review(browser, review, sources, tm
             *LESIONS1,
             "--per-cell",
             "1",
-            "--out",
+            "--output-dir",
             str(bundle),
             "--no-progress",
             "--review",

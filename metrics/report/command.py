@@ -1,11 +1,11 @@
-"""``chexpercept report --results runs/ --out report/``: tables, leaderboard, CSVs, figures and HTML."""
+"""``chexpercept report --results runs/ --output-dir report/``: tables, leaderboard, CSVs, figures and HTML."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from chexpercept.answers import PARSE_MODES
+from chexpercept.cli_options import add_data_dir_option, add_output_dir_option, add_parse_mode_option
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -17,16 +17,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="folder of runs: <model>/oracle_<setting>/results.jsonl (this toolkit) or "
         "<provider>_<model>/oracle_<setting>/all_results.json (reference); repeat to combine folders",
     )
-    parser.add_argument("--out", default="report", metavar="DIR", help="report folder (default: report)")
-    parser.add_argument(
-        "--bundle",
-        metavar="DIR",
+    add_output_dir_option(parser, default="report", help="report folder (default: report)")
+    add_data_dir_option(
+        parser,
         help="the bundle the runs were made on (default: the one run.json names); needed for reference "
         "results and for images in the case viewer",
     )
-    parser.add_argument(
-        "--parse-mode", choices=PARSE_MODES, default="reference", help="answer parsing (default: reference)"
-    )
+    add_parse_mode_option(parser, help="answer parsing (default: reference)")
     parser.add_argument(
         "--embed-images",
         action="store_true",
@@ -60,8 +57,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         result = write_report(
             args.results,
-            args.out,
-            bundle=args.bundle,
+            args.output_dir,
+            bundle=args.data_dir,
             mode=args.parse_mode,
             embed_images=args.embed_images,
             n_resamples=args.bootstrap,
