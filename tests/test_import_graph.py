@@ -1,35 +1,59 @@
-"""builder/ has no import cycles (module- and function-level imports) and one meaning per name."""
+"""No import cycles in any package (module- and function-level imports; ``if TYPE_CHECKING:`` blocks
+are left out, they never run) and one meaning per name in builder/."""
 
 import ast
 from pathlib import Path as FsPath
 
-BUILDER = FsPath(__file__).resolve().parents[1] / "builder"
+import pytest
+
+ROOT = FsPath(__file__).resolve().parents[1]
+BUILDER = ROOT / "builder"
+#: folder -> the name it is installed as
+PACKAGES = {
+    "chexpercept": "chexpercept",
+    "builder": "chexpercept.builder",
+    "metrics": "chexpercept.metrics",
+    "eval": "chexpercept.eval",
+}
 
 
-def _modules() -> dict[str, FsPath]:
+def _modules(folder: FsPath = BUILDER) -> dict[str, FsPath]:
     out = {}
-    for f in sorted(BUILDER.rglob("*.py")):
-        parts = list(f.relative_to(BUILDER).with_suffix("").parts)
+    for f in sorted(folder.rglob("*.py")):
+        parts = list(f.relative_to(folder).with_suffix("").parts)
         out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = f
     return out
 
 
-def _graph() -> dict[str, set[str]]:
-    """Module -> the builder modules it imports, by name relative to builder/ ("" is the package)."""
-    modules = _modules()
+def _imports(tree: ast.AST):
+    """Every ImportFrom node that can run (not inside ``if TYPE_CHECKING:``)."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            yield from (n for child in node.orelse for n in _imports_in(child))
+            continue
+        yield from _imports_in(node)
+
+
+def _imports_in(node: ast.AST):
+    if isinstance(node, ast.ImportFrom):
+        yield node
+    yield from _imports(node)
+
+
+def _graph(folder: FsPath = BUILDER, installed: str = "chexpercept.builder") -> dict[str, set[str]]:
+    """Module -> the package's modules it imports, by name relative to the folder ("" is the package)."""
+    modules = _modules(folder)
     graph: dict[str, set[str]] = {}
     for name, f in modules.items():
         package = name if f.name == "__init__.py" else name.rpartition(".")[0]
         deps: set[str] = set()
-        for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
-            if not isinstance(node, ast.ImportFrom):
-                continue
+        for node in _imports(ast.parse(f.read_text(encoding="utf-8"))):
             if node.level:
                 base = [p for p in package.split(".") if p]
                 base = base[: len(base) - (node.level - 1)]
                 target = ".".join([*base, *([node.module] if node.module else [])])
-            elif (node.module or "").startswith("chexpercept.builder"):
-                target = node.module.removeprefix("chexpercept.builder").lstrip(".")
+            elif node.module == installed or (node.module or "").startswith(installed + "."):
+                target = node.module.removeprefix(installed).lstrip(".")
             else:
                 continue
             deps.add(target)
@@ -43,9 +67,12 @@ def _graph() -> dict[str, set[str]]:
     return graph
 
 
-def test_builder_has_no_import_cycles():
-    graph = _graph()
-    assert "deformers" in graph and "deformers.sam3" in graph
+@pytest.mark.parametrize("folder", sorted(PACKAGES))
+def test_no_import_cycles(folder):
+    graph = _graph(ROOT / folder, PACKAGES[folder])
+    assert len(graph) > 5
+    if folder == "builder":
+        assert "deformers" in graph and "deformers.sam3" in graph
     done: set[str] = set()
 
     def visit(module: str, trail: list[str]) -> None:
