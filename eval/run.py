@@ -378,25 +378,10 @@ def _run_locked(
     folder: RunStore,
     outcome: dict[str, Any],
 ) -> int:
-    if dist.is_main and outcome.get("dropped"):
-        print(
-            f"note: removed a torn last line ({outcome['dropped']} bytes) left by an interrupted run",
-            file=sys.stderr,
-        )
-    # 2. everyone takes its share of what the main process found left to do (one snapshot for all:
-    #    reading the file here could already see another process's first results)
-    finished = set(outcome["finished"])
-    remaining = [c for c in cases if c.key_id not in finished]
-    mine = shard(remaining, dist.index, dist.count)
-    if dist.is_main and finished:
-        done_here = len(cases) - len(remaining)
-        print(
-            f"resuming {folder.path}: {done_here} of {len(cases)} selected cases already done",
-            file=sys.stderr,
-        )
-    stats = EngineStats()
-    progress = None
+    remaining, mine = _shares(dist, cases, folder, outcome)
+    stats, progress = EngineStats(), None
     try:
+        enabled = dist.is_main and progress_enabled(args)
         if mine:
             backend.setup(
                 RunContext(
@@ -409,30 +394,9 @@ def _run_locked(
                     local_num_processes=dist.local_count,
                 )
             )
-        enabled = dist.is_main and progress_enabled(args)
         progress = _Progress(folder.results, len(remaining), enabled, outcome["results_size"])
         if mine:
-
-            def on_finished(results: list[CaseResult]) -> None:
-                append_results(folder.results, results)
-                progress.refresh()
-
-            def on_failed(failures: list[CaseFailure]) -> None:
-                append_results(folder.failures, failures)
-                for f in failures:
-                    print(f"warning: {f.key_id} ({f.task}) left unfinished: {f.error}", file=sys.stderr)
-
-            stats = run_conversations(
-                mine,
-                backend,
-                oracle=args.oracle,
-                parse_mode=args.parse_mode,
-                model=spec.model_id,
-                batch_size=batch_size,
-                on_finished=on_finished,
-                on_failed=on_failed,
-                on_empty=EmptyAnswerWarning(spec.model_id),
-            )
+            stats = _converse(args, spec, backend, batch_size, folder, mine, progress)
     finally:
         backend.close()
     # 3. the main process checks that every selected case is there once, orders the file, signs off
@@ -441,6 +405,77 @@ def _run_locked(
         progress.close()
     if not dist.is_main:
         return 0
+    return _sign_off(args, spec, bundle, cases, backend, folder, outcome, remaining, stats)
+
+
+def _shares(
+    dist: Distributed, cases: list[Case], folder: RunStore, outcome: dict[str, Any]
+) -> tuple[list[Case], list[Case]]:
+    """(cases left to do, this process's share of them). Everyone takes its share of what the main
+    process found left to do: one snapshot for all (reading the file here could already see another
+    process's first results)."""
+    if dist.is_main and outcome.get("dropped"):
+        print(
+            f"note: removed a torn last line ({outcome['dropped']} bytes) left by an interrupted run",
+            file=sys.stderr,
+        )
+    finished = set(outcome["finished"])
+    remaining = [c for c in cases if c.key_id not in finished]
+    if dist.is_main and finished:
+        done_here = len(cases) - len(remaining)
+        print(
+            f"resuming {folder.path}: {done_here} of {len(cases)} selected cases already done",
+            file=sys.stderr,
+        )
+    return remaining, shard(remaining, dist.index, dist.count)
+
+
+def _converse(
+    args: argparse.Namespace,
+    spec: ModelSpec,
+    backend: Backend,
+    batch_size: int,
+    folder: RunStore,
+    mine: list[Case],
+    progress: _Progress,
+) -> EngineStats:
+    """This process's conversations, each finished case appended at once (failed ones apart)."""
+
+    def on_finished(results: list[CaseResult]) -> None:
+        append_results(folder.results, results)
+        progress.refresh()
+
+    def on_failed(failures: list[CaseFailure]) -> None:
+        append_results(folder.failures, failures)
+        for f in failures:
+            print(f"warning: {f.key_id} ({f.task}) left unfinished: {f.error}", file=sys.stderr)
+
+    return run_conversations(
+        mine,
+        backend,
+        oracle=args.oracle,
+        parse_mode=args.parse_mode,
+        model=spec.model_id,
+        batch_size=batch_size,
+        on_finished=on_finished,
+        on_failed=on_failed,
+        on_empty=EmptyAnswerWarning(spec.model_id),
+    )
+
+
+def _sign_off(
+    args: argparse.Namespace,
+    spec: ModelSpec,
+    bundle: Bundle,
+    cases: list[Case],
+    backend: Backend,
+    folder: RunStore,
+    outcome: dict[str, Any],
+    remaining: list[Case],
+    stats: EngineStats,
+) -> int:
+    """Main process: every selected case there once (or failed), results in bundle order, run.json
+    completed; the exit status, and the model's scores unless --no-score."""
     records = read_records(folder.results)
     failed = {f.key_id: f for f in read_failures(folder.failures) if f.key_id not in records}
     missing = [c.key_id for c in cases if c.key_id not in records and c.key_id not in failed]
