@@ -32,7 +32,7 @@ if ! "$VENV/bin/python" -c "import chexpercept, sam3" >/dev/null 2>&1; then
   # torch. The constraint pins torch to the installed version (its local label, e.g. +cpu, kept).
   CONSTRAINTS="$(mktemp)"
   trap 'rm -f "$CONSTRAINTS"' EXIT
-  "$VENV/bin/python" -c "import torch; print('torch==' + torch.__version__.split('+')[0])" > "$CONSTRAINTS"
+  "$VENV/bin/python" -W ignore -c "import torch; print('torch==' + torch.__version__.split('+')[0])" 2>/dev/null > "$CONSTRAINTS"
   quiet_pip install -q -c "$CONSTRAINTS" -e "$ROOT[hf,test,sam3-meta]"
   # torchaudio and torchcodec, if anything pulled them in, are CUDA builds that cannot load beside a CPU
   # torch, and transformers imports torchaudio whenever it is installed; nothing here uses them.

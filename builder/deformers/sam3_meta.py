@@ -1,9 +1,10 @@
 """The ``sam3`` deformer on Meta's ``sam3`` package (``--sam3-impl meta``), the reference's implementation.
 
 Same prompts, pre- and post-processing and outputs as the transformers implementation (``Sam3Prompting``
-in ``sam3.py``); only the network differs. The model is built with Meta's
-``build_sam3_image_model(enable_inst_interactivity=True)`` and its weights come from Meta's checkpoint
-file (``sam3.pt``); nothing is downloaded. Per case the image goes once through the model's vision
+in ``sam3.py``); only the network differs. The model is built from Meta's own
+builder pieces as ``build_sam3_image_model(enable_inst_interactivity=True)`` builds them, without the
+text encoder and the detector heads (``build_meta_model``), and its weights come from Meta's checkpoint
+file (``sam3.pt``) through Meta's loader; nothing is downloaded. Per case the image goes once through the model's vision
 backbone and the interactive predictor's feature preparation (the first two feature levels through the
 mask decoder's ``conv_s0``/``conv_s1``, ``no_mem_embed`` added to the last), as Meta's
 ``Sam3Processor.set_image`` and ``Sam3Image.predict_inst`` do; every deformation runs the tracker's
@@ -40,38 +41,52 @@ def import_model_builder() -> Any:
 
 
 def build_meta_model(checkpoint_path: str | None, *, vit: dict[str, Any] | None = None) -> Any:
-    """Meta's ``build_sam3_image_model(enable_inst_interactivity=True)`` on the CPU, without its text encoder.
+    """The parts of Meta's SAM 3 image model that interactive prediction uses, on the CPU.
 
-    Deformation gives no text prompts, so the text encoder (about 350M parameters, and a BPE vocabulary
-    that the PyPI wheel of sam3 0.1.4 does not ship) is left out: the builder's ``_create_text_encoder``
-    returns None while it runs (``SAM3VLBackbone`` accepts ``text=None``; the checkpoint's text weights
-    are then unused keys, which Meta's loader ignores). ``vit`` overrides arguments of Meta's ViT
-    (``embed_dim``, ``depth``, ``num_heads``, ``global_att_blocks``, ...) to build a smaller random model
-    for tests and benchmarks; None keeps the released architecture. Without ``checkpoint_path`` the
-    weights are random.
+    Built from ``sam3.model_builder``'s own pieces as ``build_sam3_image_model(enable_inst_interactivity=
+    True)`` builds them: the vision backbone with the tracker's feature pyramid (``backbone``, a
+    ``SAM3VLBackbone`` without text encoder) and the interactive predictor around the tracker
+    (``inst_interactive_predictor``), so the parameter names are those of ``Sam3Image`` and Meta's
+    ``_load_checkpoint`` fills them from ``sam3.pt``. Left out: the text encoder (deformation has no
+    text prompts; the PyPI wheel of sam3 0.1.4 also lacks the BPE vocabulary it reads) and the
+    detector's transformer, scoring and segmentation heads (unused by ``predict_inst``); their weights
+    in the checkpoint are unused keys, which Meta's loader ignores. Two measures for sam3 0.1.4 on a CPU
+    torch: its position encodings and the detector's box tables are precomputed on ``device="cuda"``;
+    here the encodings are computed on the first forward instead (same values, input's device), and the
+    detector is not built. ``vit`` overrides arguments of Meta's ViT (``embed_dim``, ``depth``,
+    ``num_heads``, ``global_att_blocks``, ...) to build a smaller random model for tests and benchmarks;
+    None keeps the released architecture. Without ``checkpoint_path`` the weights are random.
     """
     builder = import_model_builder()
-    saved = builder._create_text_encoder, builder._create_vit_backbone
+    import torch
+    from sam3.model.sam1_task_predictor import SAM3InteractiveImagePredictor
+    from sam3.model.vl_combiner import SAM3VLBackbone
 
-    def other_vit(compile_mode=None):
+    position_encoding = builder.PositionEmbeddingSine
+
+    def lazy_position_encoding(*args: Any, precompute_resolution: Any = None, **kwargs: Any) -> Any:
+        return position_encoding(*args, **kwargs)
+
+    def other_vit(compile_mode: Any = None) -> Any:
         from sam3.model.vitdet import ViT
 
         return ViT(**{**_VIT_ARGS, **(vit or {}), "compile_mode": compile_mode})
 
-    builder._create_text_encoder = lambda bpe_path: None
+    saved = builder.PositionEmbeddingSine, builder._create_vit_backbone
+    builder.PositionEmbeddingSine = lazy_position_encoding
     if vit:
         builder._create_vit_backbone = other_vit
     try:
-        return builder.build_sam3_image_model(
-            device="cpu",
-            eval_mode=True,
-            checkpoint_path=checkpoint_path,
-            load_from_HF=False,
-            enable_segmentation=False,
-            enable_inst_interactivity=True,
-        )
+        visual = builder._create_vision_backbone(enable_inst_interactivity=True)
+        tracker = builder.build_tracker(apply_temporal_disambiguation=False)
     finally:
-        builder._create_text_encoder, builder._create_vit_backbone = saved
+        builder.PositionEmbeddingSine, builder._create_vit_backbone = saved
+    model = torch.nn.Module()
+    model.backbone = SAM3VLBackbone(visual=visual, text=None, scalp=1)
+    model.inst_interactive_predictor = SAM3InteractiveImagePredictor(tracker)
+    if checkpoint_path is not None:
+        builder._load_checkpoint(model, checkpoint_path)
+    return model.eval()
 
 
 #: the arguments of the released model's ViT (sam3 0.1.4, ``model_builder._create_vit_backbone``)
