@@ -9,7 +9,7 @@ from chexpercept.cli_options import add_option, add_progress_option, progress_en
 from chexpercept.vocab import LESIONS
 
 from .config import GenerateConfig
-from .deformers import DEFORMERS
+from .deformers import DEFORMERS, implementations
 from .pipeline import generate
 from .regions import PARTITION_MODES
 from .sources import SourceError
@@ -88,7 +88,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--deformer", choices=DEFORMERS, default=None, help="mask deformation (default morphology)"
     )
     run.add_argument(
-        "--sam3-checkpoint", metavar="PATH_OR_ID", help="Sam3TrackerModel weights (folder or Hub id)"
+        "--sam3-checkpoint",
+        metavar="PATH_OR_ID",
+        help="transformers: Sam3TrackerModel weights (folder or Hub id); meta: Meta's checkpoint file (sam3.pt)",
+    )
+    run.add_argument(
+        "--sam3-impl",
+        choices=implementations("sam3"),
+        default=None,
+        help="SAM 3 implementation: transformers (default) or meta (Meta's sam3 package, "
+        "pip install 'chexpercept[sam3-meta]' or scripts/setup_sam3_meta.sh)",
     )
     run.add_argument("--device", help="torch device for sam3 (default: cuda if available, else cpu)")
     run.add_argument(

@@ -8,6 +8,7 @@ rerun must match them to resume).
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path as FsPath
 from typing import Any
@@ -15,7 +16,7 @@ from typing import Any
 import chexpercept
 from chexpercept.vocab import LESIONS
 
-from .deformers import DEFORMERS
+from .deformers import DEFORMERS, implementations
 from .regions import PARTITION_MODES
 from .sources import ILS_MASK_DIR, SourceError
 
@@ -78,6 +79,7 @@ class GenerateConfig:
     lesions: list[str] = field(default_factory=lambda: list(LESIONS))
     deformer: str = "morphology"
     sam3_checkpoint: str | None = None
+    sam3_impl: str = "transformers"
     device: str | None = None
     num_proc: int = 1
     fail_fast: bool = False
@@ -104,7 +106,12 @@ class GenerateConfig:
         if not self.anatomy:
             raise SourceError("--anatomy is required: per-image mask folders or the CheXmask table")
         if self.deformer == "sam3":
-            _check_checkpoint(self.sam3_checkpoint)
+            if self.sam3_impl not in implementations("sam3"):
+                raise SourceError(f"--sam3-impl must be one of {', '.join(implementations('sam3'))}")
+            if self.sam3_impl == "meta":
+                _check_meta_checkpoint(self.sam3_checkpoint)
+            else:
+                _check_checkpoint(self.sam3_checkpoint)
 
     def selected_lesions(self) -> tuple[str, ...]:
         """The lesions asked for, in the benchmark's order (SourceError for an unknown or empty list)."""
@@ -120,12 +127,14 @@ class GenerateConfig:
     def deformer_options(self) -> dict[str, Any]:
         """The keyword arguments of ``make_deformer`` besides the name."""
         if self.deformer == "sam3":
-            return {"checkpoint": self.sam3_checkpoint, "device": self.device}
+            return {"impl": self.sam3_impl, "checkpoint": self.sam3_checkpoint, "device": self.device}
         return {}
 
     def fingerprint(self) -> dict[str, Any]:
         """The settings that decide the bundle's content; a rerun must match them to resume."""
         d = {k: getattr(self, k) for k in FINGERPRINT_KEYS}
+        if self.deformer == "sam3" and self.sam3_impl != "transformers":
+            d["sam3_impl"] = self.sam3_impl  # only when not the default, so earlier runs still resume
         for k in FINGERPRINT_PATHS:
             if d[k]:
                 d[k] = str(FsPath(d[k]).resolve())
@@ -148,3 +157,15 @@ def _check_checkpoint(checkpoint: str | None) -> None:
         return
     if checkpoint.startswith((".", "/", "~")) or checkpoint.count("/") != 1:
         raise SourceError(f"--sam3-checkpoint: {checkpoint} is neither an existing folder nor a Hub id")
+
+
+def _check_meta_checkpoint(checkpoint: str | None) -> None:
+    """Meta's checkpoint must be an existing file, and Meta's package must be installed."""
+    from .deformers.sam3_meta import INSTALL_HINT
+
+    if not checkpoint:
+        raise SourceError("--sam3-impl meta needs --sam3-checkpoint (Meta's checkpoint file, sam3.pt)")
+    if not FsPath(checkpoint).expanduser().is_file():
+        raise SourceError(f"--sam3-checkpoint: {checkpoint} is not a file (Meta's checkpoint, sam3.pt)")
+    if importlib.util.find_spec("sam3") is None:
+        raise SourceError(INSTALL_HINT)

@@ -79,6 +79,7 @@ def generate(config: GenerateConfig) -> GenerationSummary:
         "generator": f"chexpercept {chexpercept.__version__}",
         "seed": config.seed,
         "deformer": config.deformer,
+        **({"sam3_impl": config.sam3_impl} if config.deformer == "sam3" else {}),
         "reviewed": review is not None,
     }
     settings = Settings(

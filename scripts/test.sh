@@ -2,7 +2,10 @@
 # One command for the tests on a fresh machine: venv, package with test extras, ruff, pytest (offline),
 # then the real-engine tests (marker `vllm`) with vLLM: in this venv where vLLM is installed (a CUDA
 # machine with the vllm extra), else in the CPU environment of scripts/setup_vllm_cpu.sh (.venv-vllm,
-# built on first use). CHEXPERCEPT_SKIP_VLLM=1 leaves them out, and says so.
+# built on first use). CHEXPERCEPT_SKIP_VLLM=1 leaves them out, and says so. Then the tests of Meta's SAM 3
+# package (marker `sam3_meta`) in the environment of scripts/setup_sam3_meta.sh (.venv-sam3, built on
+# first use: sam3 pins numpy<2.4 and huggingface-hub<2); CHEXPERCEPT_SKIP_SAM3=1 leaves them out, and
+# says so.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -10,7 +13,20 @@ cd "$ROOT"
 . "$ROOT/scripts/setup_env.sh" "hf,test"
 ruff check .
 ruff format --check .
-python -m pytest -n "${PYTEST_WORKERS:-2}" -m "not vllm" "$@"
+python -m pytest -n "${PYTEST_WORKERS:-2}" -m "not vllm and not sam3_meta" "$@"
+
+if [ "${CHEXPERCEPT_SKIP_SAM3:-0}" = "1" ]; then
+  echo "test.sh: SAM3 META TESTS NOT RUN (CHEXPERCEPT_SKIP_SAM3=1): --sam3-impl meta was not tested" >&2
+else
+  SAM3_VENV="${CHEXPERCEPT_SAM3_VENV:-$ROOT/.venv-sam3}"
+  bash "$ROOT/scripts/setup_sam3_meta.sh" "$SAM3_VENV"
+  # exit status 5 = the arguments selected none
+  status=0
+  "$SAM3_VENV/bin/python" -m pytest -p no:xdist -m sam3_meta "$@" || status=$?
+  if [ "$status" != "0" ] && [ "$status" != "5" ]; then
+    exit "$status"
+  fi
+fi
 
 if [ "${CHEXPERCEPT_SKIP_VLLM:-0}" = "1" ]; then
   echo "test.sh: REAL-ENGINE TESTS NOT RUN (CHEXPERCEPT_SKIP_VLLM=1): the vllm backend was not tested" >&2

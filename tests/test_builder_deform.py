@@ -1,5 +1,6 @@
 """Point prompts and the morphology deformer: direction and confinement of every change."""
 
+import importlib.util
 import subprocess
 import sys
 
@@ -125,7 +126,7 @@ def test_make_deformer_names():
     assert make_deformer("morphology").name == "morphology"
     assert isinstance(make_deformer("morphology", impl="numpy"), MorphologyDeformer)
     assert DEFORMERS == ("morphology", "sam3")
-    assert implementations("sam3")[0] == "transformers"
+    assert implementations("sam3") == ("transformers", "meta")
     with pytest.raises(ValueError, match="unknown deformer"):
         make_deformer("paint")
     with pytest.raises(ValueError, match="unknown sam3 implementation"):
@@ -141,6 +142,61 @@ def test_deformers_import_torch_only_when_sam3_is_built():
         "assert 'torch' not in sys.modules, 'torch imported before a sam3 deformer was built'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_sam3_impl_option_checks(tmp_path):
+    from chexpercept.builder.config import GenerateConfig
+    from chexpercept.builder.sources import SourceError
+
+    def config(**kw):
+        base = dict(out=str(tmp_path / "o"), per_cell=1, cxr_png="x", mimic_ils="y", anatomy="z")
+        return GenerateConfig(**{**base, "deformer": "sam3", **kw})
+
+    with pytest.raises(SourceError, match="--sam3-impl must be one of transformers, meta"):
+        config(sam3_checkpoint="a/b", sam3_impl="paint").check()
+    with pytest.raises(SourceError, match=r"needs --sam3-checkpoint \(Meta's checkpoint file"):
+        config(sam3_impl="meta").check()
+    with pytest.raises(SourceError, match="is not a file"):
+        config(sam3_impl="meta", sam3_checkpoint=str(tmp_path)).check()
+    default = config(sam3_checkpoint="owner/sam3")
+    assert default.deformer_options() == {"impl": "transformers", "checkpoint": "owner/sam3", "device": None}
+    assert "sam3_impl" not in default.fingerprint()  # runs made before --sam3-impl existed still resume
+    checkpoint = tmp_path / "sam3.pt"
+    checkpoint.write_bytes(b"")
+    meta = config(sam3_impl="meta", sam3_checkpoint=str(checkpoint))
+    assert meta.deformer_options()["impl"] == "meta" and meta.fingerprint()["sam3_impl"] == "meta"
+
+
+def test_sam3_meta_missing_package_names_the_extra_and_the_script(tmp_path):
+    code = (
+        "import sys\n"
+        "sys.modules['sam3'] = None  # as if Meta's package were not installed\n"
+        "from chexpercept.builder.deformers.sam3_meta import import_model_builder\n"
+        "try:\n"
+        "    import_model_builder()\n"
+        "except ImportError as e:\n"
+        "    print(e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    assert "chexpercept[sam3-meta]" in out and "scripts/setup_sam3_meta.sh" in out
+    if importlib.util.find_spec("sam3") is None:
+        from chexpercept.builder.config import GenerateConfig
+        from chexpercept.builder.sources import SourceError
+
+        checkpoint = tmp_path / "sam3.pt"
+        checkpoint.write_bytes(b"")
+        config = GenerateConfig(
+            out=str(tmp_path / "o"),
+            per_cell=1,
+            cxr_png="x",
+            mimic_ils="y",
+            anatomy="z",
+            deformer="sam3",
+            sam3_impl="meta",
+            sam3_checkpoint=str(checkpoint),
+        )
+        with pytest.raises(SourceError, match=r"setup_sam3_meta\.sh"):
+            config.check()
 
 
 def _lungs(shape=(600, 600)):

@@ -4,11 +4,12 @@
 
     deformer = make_deformer("morphology")
     deformer = make_deformer("sam3", checkpoint="/models/sam3", device="cuda")
+    deformer = make_deformer("sam3", impl="meta", checkpoint="/models/sam3.pt")  # Meta's sam3 package
 
 ``base`` holds the protocol and the request types every deformer shares; each implementation lives in
 its own module and is imported only when it is built, so importing this package (or building the
-morphology deformer) never imports torch. A deformer may have several implementations (SAM 3: today
-transformers' ``Sam3TrackerModel``); ``impl=`` picks one, the first listed being the default, and a new
+morphology deformer) never imports torch. A deformer may have several implementations (SAM 3:
+transformers' ``Sam3TrackerModel``, the default, and Meta's ``sam3`` package); ``impl=`` picks one, the first listed being the default, and a new
 implementation is one more entry in ``IMPLEMENTATIONS``.
 """
 
@@ -22,7 +23,7 @@ from .base import Deformer, DeformRequest, Prompt, center_of, satisfies
 #: deformer name -> implementation name -> "module:attribute" in this package (first = default)
 IMPLEMENTATIONS: dict[str, dict[str, str]] = {
     "morphology": {"numpy": "morphology:MorphologyDeformer"},
-    "sam3": {"transformers": "sam3:Sam3Deformer"},
+    "sam3": {"transformers": "sam3:Sam3Deformer", "meta": "sam3_meta:MetaSam3Deformer"},
 }
 #: the names ``--deformer`` accepts
 DEFORMERS: tuple[str, ...] = tuple(IMPLEMENTATIONS)

@@ -1,7 +1,9 @@
 """The ``sam3`` deformer: SAM 3 interactive prediction from a mask prompt plus point prompts (spec 5.4.6).
 
-Built on transformers' ``Sam3TrackerModel`` (weights from a local folder or a Hub id) with our own
-image pre- and post-processing, so torchvision is not needed: the CXR is resized to the model's input
+Two implementations share everything but the network (``Sam3Prompting`` below): transformers'
+``Sam3TrackerModel`` (``Sam3Deformer``, weights from a local folder or a Hub id; the default) and Meta's
+``sam3`` package (``sam3_meta.MetaSam3Deformer``, the reference's code). Both use our own image pre- and
+post-processing, so the transformers path needs no torchvision: the CXR is resized to the model's input
 size (1008) with bilinear anti-aliased interpolation, scaled by 1/255 and normalised with mean and std
 0.5; points are scaled to that frame; the low-resolution logits (288 x 288) are interpolated back to
 1024 x 1024 and thresholded at 0. The image is encoded once per case; every deformation only runs the
@@ -15,6 +17,8 @@ the 288 frame. Positive points whose mask-input logit is not positive are droppe
 masks the one with the best predicted IoU is kept; components under 1000 px are removed.
 
 torch and transformers are imported only when this deformer is built (``pip install chexpercept[sam3]``).
+An implementation provides ``input_size``, ``mask_size``, ``_dtype``, ``_encode(pixel_values)`` (run once
+per case) and ``_decode(points, labels, mask_input)`` -> (low-resolution logits (3, h, w), IoU scores (3,)).
 """
 
 from __future__ import annotations
@@ -51,29 +55,25 @@ def organic_kernel(rng: np.random.Generator, radius: int = KERNEL_RADIUS) -> np.
     return noise * falloff
 
 
-class Sam3Deformer:
-    name = "sam3"
+class Sam3Prompting:
+    """The prompts, pre- and post-processing every SAM 3 implementation shares (see the module docstring)."""
 
-    def __init__(self, checkpoint: str | Any, device: str | None = None, dtype: str = "float32"):
-        try:
-            import torch
-            from transformers import Sam3TrackerModel
-        except ImportError as e:  # pragma: no cover - depends on the install
-            raise ImportError(
-                "the sam3 deformer needs torch and transformers>=5: pip install 'chexpercept[sam3]'"
-            ) from e
-        self.torch = torch
-        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        if isinstance(checkpoint, Sam3TrackerModel):
-            model = checkpoint
-        else:
-            model = Sam3TrackerModel.from_pretrained(checkpoint, dtype=getattr(torch, dtype))
-        self.model = model.to(self.device).eval()
-        encoder = self.model.prompt_encoder
-        self.input_size = int(encoder.input_image_size)
-        self.mask_size = tuple(int(s) for s in encoder.mask_input_size)
-        self.embeddings: list[Any] | None = None
-        self.image_shape: tuple[int, int] | None = None
+    name = "sam3"
+    torch: Any
+    device: str
+    input_size: int
+    mask_size: tuple[int, int]
+    embeddings: Any = None
+    image_shape: tuple[int, int] | None = None
+
+    def _dtype(self) -> Any:
+        raise NotImplementedError
+
+    def _encode(self, pixel_values: Any) -> Any:
+        raise NotImplementedError
+
+    def _decode(self, points: Any, labels: Any, mask_input: Any) -> tuple[Any, Any]:
+        raise NotImplementedError
 
     # ------------------------------------------------------------------------------ pre-processing
     def pixel_values(self, image: np.ndarray) -> Any:
@@ -84,11 +84,11 @@ class Sam3Deformer:
             x, size=(self.input_size, self.input_size), mode="bilinear", align_corners=False, antialias=True
         )
         x = x / 255.0
-        return ((x - 0.5) / 0.5).to(self.device, dtype=next(self.model.parameters()).dtype)
+        return ((x - 0.5) / 0.5).to(self.device, dtype=self._dtype())
 
     def begin_case(self, image: np.ndarray) -> None:
         with self.torch.inference_mode():
-            self.embeddings = self.model.get_image_embeddings(self.pixel_values(image))
+            self.embeddings = self._encode(self.pixel_values(image))
         self.image_shape = image.shape[:2]
 
     def _to_mask_frame(self, mask: np.ndarray) -> np.ndarray:
@@ -159,17 +159,58 @@ class Sam3Deformer:
         logits = self.mask_input(request, rng)
         points, labels = self.point_prompts(request, logits)
         scale = np.asarray([self.input_size / w, self.input_size / h], dtype=np.float32)
-        dtype = next(self.model.parameters()).dtype
+        dtype = self._dtype()
         with torch.inference_mode():
-            out = self.model(
-                image_embeddings=self.embeddings,
-                input_points=torch.from_numpy(points * scale)[None, None].to(self.device, dtype=dtype),
-                input_labels=torch.from_numpy(labels)[None, None].to(self.device),
-                input_masks=torch.from_numpy(logits)[None, None].to(self.device, dtype=dtype),
-                multimask_output=True,
+            low_res, scores = self._decode(
+                torch.from_numpy(points * scale).to(self.device, dtype=dtype),
+                torch.from_numpy(labels).to(self.device),
+                torch.from_numpy(logits).to(self.device, dtype=dtype),
             )
-            best = int(out.iou_scores[0, 0].argmax())
-            low_res = out.pred_masks[0, 0, best][None, None].float()
-            full = torch.nn.functional.interpolate(low_res, size=(h, w), mode="bilinear", align_corners=False)
+            best = int(scores.argmax())
+            full = torch.nn.functional.interpolate(
+                low_res[best][None, None].float(), size=(h, w), mode="bilinear", align_corners=False
+            )
             mask = (full[0, 0] > 0).cpu().numpy()
         return remove_small_components(mask, MIN_COMPONENT)
+
+
+class Sam3Deformer(Sam3Prompting):
+    """SAM 3 through transformers' ``Sam3TrackerModel`` (``--sam3-impl transformers``, the default)."""
+
+    def __init__(self, checkpoint: str | Any, device: str | None = None, dtype: str = "float32"):
+        try:
+            import torch
+            from transformers import Sam3TrackerModel
+        except ImportError as e:  # pragma: no cover - depends on the install
+            raise ImportError(
+                "the sam3 deformer needs torch and transformers>=5: pip install 'chexpercept[sam3]'"
+            ) from e
+        self.torch = torch
+        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        if isinstance(checkpoint, Sam3TrackerModel):
+            model = checkpoint
+        else:
+            model = Sam3TrackerModel.from_pretrained(checkpoint, dtype=getattr(torch, dtype))
+        self.model = model.to(self.device).eval()
+        encoder = self.model.prompt_encoder
+        self.input_size = int(encoder.input_image_size)
+        self.mask_size = tuple(int(s) for s in encoder.mask_input_size)
+        self.embeddings = None
+        self.image_shape = None
+
+    def _dtype(self) -> Any:
+        return next(self.model.parameters()).dtype
+
+    def _encode(self, pixel_values: Any) -> Any:
+        return self.model.get_image_embeddings(pixel_values)
+
+    def _decode(self, points: Any, labels: Any, mask_input: Any) -> tuple[Any, Any]:
+        """points (N, 2) in the input frame, labels (N,), mask_input (h, w) -> ((3, h, w), (3,))."""
+        out = self.model(
+            image_embeddings=self.embeddings,
+            input_points=points[None, None],
+            input_labels=labels[None, None],
+            input_masks=mask_input[None, None],
+            multimask_output=True,
+        )
+        return out.pred_masks[0, 0], out.iou_scores[0, 0]
