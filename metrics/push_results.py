@@ -18,13 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path as FsPath
 from typing import Any
 
-#: the tables of the paper the scorer renders
-TABLE_IDS = ("2", "3", "8", "9", "10", "11")
-#: the leaderboard's settings: mean of the four stage accuracies (Stage 1 is shared)
-LEADERBOARD_KEYS: dict[str, tuple[str, ...]] = {
-    "End-to-End": ("e2e/stage1/all", "e2e/stage2/all", "e2e/stage3/all", "e2e/stage4/all"),
-    "Oracle-Passed": ("e2e/stage1/all", "op/stage2/all", "op/stage3/all", "op/stage4/all"),
-}
+from .report.leaderboard import leaderboard_rows, render_leaderboard, write_leaderboard_csv
+from .tables import TABLE_IDS
+
 #: the only kinds of file a results repo holds
 ALLOWED_SUFFIXES = (".md", ".csv", ".json")
 #: names of the per-case and raw files of runs (ours and the reference's)
@@ -135,62 +131,6 @@ def _json(data: Any) -> str:
     return json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
 
 
-def _pct(v: float | None) -> str:
-    return "N/A" if v is None else f"{100 * v:.1f}"
-
-
-def leaderboard(reports: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Models ranked per setting by the mean of their four stage accuracies (N/A last)."""
-    rows = []
-    for setting, keys in LEADERBOARD_KEYS.items():
-        entries = []
-        for name, rep in reports.items():
-            stages = [rep.flat.get(k) for k in keys]
-            score = sum(stages) / 4 if all(v is not None for v in stages) else None
-            entries.append({"setting": setting, "model": name, "score": score, "stages": stages})
-        entries.sort(key=lambda e: (e["score"] is None, -(e["score"] or 0), e["model"]))
-        rank, previous = 0, None
-        for i, e in enumerate(entries, start=1):
-            if e["score"] is not None and e["score"] != previous:
-                rank, previous = i, e["score"]
-            e["rank"] = rank if e["score"] is not None else None
-        rows.extend(entries)
-    return rows
-
-
-def _leaderboard_md(rows: Sequence[Mapping[str, Any]]) -> str:
-    out = []
-    for setting in LEADERBOARD_KEYS:
-        out += [f"**{setting}** (mean of the four stage accuracies, %)", ""]
-        out += ["| rank | model | score | S1 | S2 | S3 | S4 |", "| --- | --- | --- | --- | --- | --- | --- |"]
-        for r in (r for r in rows if r["setting"] == setting):
-            rank = "" if r["rank"] is None else str(r["rank"])
-            cells = " | ".join(_pct(v) for v in r["stages"])
-            out.append(f"| {rank} | {r['model']} | {_pct(r['score'])} | {cells} |")
-        out.append("")
-    return "\n".join(out)
-
-
-def _leaderboard_csv(rows: Sequence[Mapping[str, Any]]) -> str:
-    import csv
-    import io
-
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(["setting", "rank", "model", "score", "stage1", "stage2", "stage3", "stage4"])
-    for r in rows:
-        w.writerow(
-            [
-                r["setting"],
-                r["rank"] or "",
-                r["model"],
-                "" if r["score"] is None else r["score"],
-                *("" if v is None else v for v in r["stages"]),
-            ]
-        )
-    return buf.getvalue()
-
-
 def stage(
     runs_dir: str | os.PathLike[str],
     staging: str | os.PathLike[str],
@@ -249,9 +189,10 @@ def stage(
         files.append(
             _write(out, f"tables/table{tid}.csv", render_table(tid, reports, fmt="csv", intervals=ci))
         )
-    rows = leaderboard(reports)
-    files.append(_write(out, "leaderboard.md", _leaderboard_md(rows)))
-    files.append(_write(out, "leaderboard.csv", _leaderboard_csv(rows)))
+    rows = leaderboard_rows(reports)
+    files.append(_write(out, "leaderboard.md", render_leaderboard(rows)))
+    write_leaderboard_csv(out / "leaderboard.csv", rows)
+    files.append("leaderboard.csv")
     card = dataset_card(reports, provenance, rows, parse_mode=parse_mode, bootstrap=bootstrap, repo=repo)
     files.append(_write(out, "README.md", card))
     return Staged(out, list(reports), sorted(files))
@@ -320,7 +261,7 @@ def dataset_card(
             f"{sampling.get('temperature', '')} | {sampling.get('top_p', '')} | {sampling.get('max_tokens', '')} | "
             f"{weights.get('commit') or ''} |"
         )
-    lines += ["", "## Leaderboard", "", _leaderboard_md(rows), "## Table 2", "", render_table(2, reports)]
+    lines += ["", "## Leaderboard", "", render_leaderboard(rows), "## Table 2", "", render_table(2, reports)]
     lines += [
         "## Files",
         "",
