@@ -38,7 +38,21 @@ def test_light_imports_leave_heavy_libraries_out(code: str) -> None:
     assert _child(f"import json, sys\n{code}\n{LOADED}") == []
 
 
-@pytest.mark.parametrize("command", ["run", "score", "report", "generate", "validate", "inspect"])
+@pytest.mark.parametrize(
+    "command",
+    [
+        "run",
+        "score",
+        "report",
+        "generate",
+        "validate",
+        "inspect",
+        "estimate",
+        "review",
+        "download-model",
+        "push-results",
+    ],
+)
 def test_command_help_imports_no_heavy_library(command: str) -> None:
     code = (
         "import contextlib, io, json, sys\nfrom chexpercept.cli import main\n"
