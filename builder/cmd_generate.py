@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from chexpercept.cli_options import add_option, add_progress_option, progress_enabled
 from chexpercept.vocab import LESIONS
@@ -28,25 +29,29 @@ def _load_yaml(path: str) -> dict:
     return data
 
 
-def configure(parser: argparse.ArgumentParser) -> None:
-    src = parser.add_argument_group("inputs")
-    cxr = src.add_mutually_exclusive_group()
+def add_candidate_sources(group: Any, *, rosalia_help: str) -> None:
+    """The inputs candidates are chosen from (``generate`` and ``review`` spell them alike): the CXRs
+    (--mimic-cxr-jpg or --cxr-png), --mimic-ils, --lesion-masks, --rosalia-pred."""
+    cxr = group.add_mutually_exclusive_group()
     cxr.add_argument(
         "--mimic-cxr-jpg", metavar="DIR", help="MIMIC-CXR-JPG root (files/pXX/pXXXXXXXX/sXXXXXXXX/*.jpg)"
     )
     cxr.add_argument(
         "--cxr-png", metavar="DIR", help="flat folder of 1024x1024 <dicom_id>.png (the reference's layout)"
     )
-    src.add_argument(
+    group.add_argument(
         "--mimic-ils", metavar="DIR", help="MIMIC-ILS root (mimic_ils_instruction_answer.json, lesion_mask/)"
     )
-    src.add_argument(
+    group.add_argument(
         "--lesion-masks", metavar="DIR", help="lesion mask root (default: MIMIC-ILS lesion_mask/)"
     )
-    src.add_argument(
-        "--rosalia-pred",
-        metavar="DIR",
-        help="use the reference's ROSALIA predictions <lesion>/<pair_id>/pred_mask.png",
+    group.add_argument("--rosalia-pred", metavar="DIR", help=rosalia_help)
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    src = parser.add_argument_group("inputs")
+    add_candidate_sources(
+        src, rosalia_help="use the reference's ROSALIA predictions <lesion>/<pair_id>/pred_mask.png"
     )
     src.add_argument(
         "--anatomy",

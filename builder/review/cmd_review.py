@@ -13,6 +13,7 @@ import sys
 from chexpercept.cli_options import add_output_dir_option, add_progress_option, progress_enabled
 from chexpercept.vocab import LESIONS
 
+from ..cmd_generate import add_candidate_sources
 from ..sources import SourceError
 from .export import RULES, export
 from .manifest import MANIFEST
@@ -28,24 +29,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("review_dir", nargs="?", metavar="REVIEW_DIR", help="the review folder (for export)")
     src = parser.add_argument_group("inputs (spelled as chexpercept generate's)")
-    cxr = src.add_mutually_exclusive_group()
-    cxr.add_argument(
-        "--mimic-cxr-jpg", metavar="DIR", help="MIMIC-CXR-JPG root (files/pXX/pXXXXXXXX/sXXXXXXXX/*.jpg)"
-    )
-    cxr.add_argument(
-        "--cxr-png", metavar="DIR", help="flat folder of 1024x1024 <dicom_id>.png (the reference's layout)"
-    )
-    src.add_argument(
-        "--mimic-ils", metavar="DIR", help="MIMIC-ILS root (mimic_ils_instruction_answer.json, lesion_mask/)"
-    )
-    src.add_argument(
-        "--lesion-masks", metavar="DIR", help="lesion mask root (default: MIMIC-ILS lesion_mask/)"
-    )
-    src.add_argument(
-        "--rosalia-pred",
-        metavar="DIR",
-        help="review the ROSALIA predictions <lesion>/<pair_id>/pred_mask.png",
-    )
+    add_candidate_sources(src, rosalia_help="review the ROSALIA predictions <lesion>/<pair_id>/pred_mask.png")
     src.add_argument("--seed", type=int, default=0, help="random seed, as given to generate (default 0)")
     src.add_argument(
         "--lesions", nargs="+", metavar="LESION", default=list(LESIONS), help="subset of lesions"
