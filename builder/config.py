@@ -61,6 +61,27 @@ def parse_lesions(names: list[str] | tuple[str, ...]) -> tuple[str, ...]:
     return lesions
 
 
+def check_cxr_choice(mimic_cxr_jpg: str | None, cxr_png: str | None) -> None:
+    """Exactly one CXR source (shared by ``generate`` and ``review prepare``)."""
+    if bool(mimic_cxr_jpg) == bool(cxr_png):
+        raise SourceError(
+            "give exactly one of --mimic-cxr-jpg (the JPG tree) or --cxr-png (flat 1024x1024 PNGs)"
+        )
+
+
+def check_ils_given(mimic_ils: str | None) -> None:
+    """--mimic-ils must be given (shared by ``generate`` and ``review prepare``)."""
+    if not mimic_ils:
+        raise SourceError("--mimic-ils is required")
+
+
+def lesion_mask_root(mimic_ils: str, lesion_masks: str | None) -> str:
+    """--lesion-masks, or the lesion_mask/ folder beside the MIMIC-ILS JSON (or inside its folder)."""
+    ils_root = FsPath(mimic_ils)
+    ils_root = ils_root if ils_root.is_dir() else ils_root.parent
+    return lesion_masks or str(ils_root / ILS_MASK_DIR)
+
+
 @dataclass
 class GenerateConfig:
     """Everything ``generate`` needs; the command line maps onto this one to one."""
@@ -97,12 +118,8 @@ class GenerateConfig:
         if self.partition not in PARTITION_MODES:
             raise SourceError(f"--partition must be one of {', '.join(PARTITION_MODES)}")
         self.selected_lesions()
-        if bool(self.mimic_cxr_jpg) == bool(self.cxr_png):
-            raise SourceError(
-                "give exactly one of --mimic-cxr-jpg (the JPG tree) or --cxr-png (flat 1024x1024 PNGs)"
-            )
-        if not self.mimic_ils:
-            raise SourceError("--mimic-ils is required")
+        check_cxr_choice(self.mimic_cxr_jpg, self.cxr_png)
+        check_ils_given(self.mimic_ils)
         if not self.anatomy:
             raise SourceError("--anatomy is required: per-image mask folders or the CheXmask table")
         if self.deformer == "sam3":
@@ -116,13 +133,6 @@ class GenerateConfig:
     def selected_lesions(self) -> tuple[str, ...]:
         """The lesions asked for, in the benchmark's order (SourceError for an unknown or empty list)."""
         return parse_lesions(self.lesions)
-
-    def lesion_mask_root(self) -> str:
-        """--lesion-masks, or MIMIC-ILS's lesion_mask/ folder."""
-        assert self.mimic_ils
-        ils_root = FsPath(self.mimic_ils)
-        ils_root = ils_root if ils_root.is_dir() else ils_root.parent
-        return self.lesion_masks or str(ils_root / ILS_MASK_DIR)
 
     def deformer_options(self) -> dict[str, Any]:
         """The keyword arguments of ``make_deformer`` besides the name."""

@@ -26,7 +26,7 @@ from chexpercept.vocab import Path
 
 from .case_builder import Outcome, Settings
 from .case_selection import Queued, ils_candidates, plan_cells, selection_notes
-from .config import GenerateConfig
+from .config import GenerateConfig, check_cxr_choice, check_ils_given, lesion_mask_root
 from .export import read_record, remove_stale_case_folders, write_atomic, write_bundle_json
 from .sources import (
     Anatomy,
@@ -103,17 +103,33 @@ def generate(config: GenerateConfig) -> GenerationSummary:
     return summary
 
 
+def read_sources(
+    mimic_cxr_jpg: str | None,
+    cxr_png: str | None,
+    mimic_ils: str | None,
+    lesion_masks: str | None,
+    rosalia_pred: str | None,
+) -> tuple[CxrTree, dict, str]:
+    """The CXR tree, the MIMIC-ILS table and the lesion mask folder, each checked as it is read
+    (shared by ``generate`` and ``review prepare``)."""
+    check_cxr_choice(mimic_cxr_jpg, cxr_png)
+    cxr = CxrTree.jpg_tree(mimic_cxr_jpg) if mimic_cxr_jpg else CxrTree.png_folder(cxr_png)  # type: ignore[arg-type]
+    check_ils_given(mimic_ils)
+    assert mimic_ils
+    ils = load_ils(mimic_ils)
+    masks = lesion_mask_root(mimic_ils, lesion_masks)
+    if not rosalia_pred and not FsPath(masks).is_dir():
+        raise SourceError(f"lesion masks folder {masks} does not exist (MIMIC-ILS lesion_mask/)")
+    if rosalia_pred and not FsPath(rosalia_pred).is_dir():
+        raise SourceError(f"--rosalia-pred: folder {rosalia_pred} does not exist")
+    return cxr, ils, masks
+
+
 def _read_sources(config: GenerateConfig) -> tuple[CxrTree, dict, str, dict[str, bool] | None]:
     """The CXR tree, the MIMIC-ILS table, the lesion mask folder and the review sheets (or None)."""
-    cxr = (
-        CxrTree.jpg_tree(config.mimic_cxr_jpg) if config.mimic_cxr_jpg else CxrTree.png_folder(config.cxr_png)
-    )  # type: ignore[arg-type]
-    ils = load_ils(config.mimic_ils)  # type: ignore[arg-type]
-    lesion_masks = config.lesion_mask_root()
-    if not config.rosalia_pred and not FsPath(lesion_masks).is_dir():
-        raise SourceError(f"lesion masks folder {lesion_masks} does not exist (MIMIC-ILS lesion_mask/)")
-    if config.rosalia_pred and not FsPath(config.rosalia_pred).is_dir():
-        raise SourceError(f"--rosalia-pred: folder {config.rosalia_pred} does not exist")
+    cxr, ils, lesion_masks = read_sources(
+        config.mimic_cxr_jpg, config.cxr_png, config.mimic_ils, config.lesion_masks, config.rosalia_pred
+    )
     review = read_review_sheets(config.review) if config.review else None
     return cxr, ils, lesion_masks, review
 

@@ -194,24 +194,14 @@ def resolve_weights(
         raise HubError(
             f"model {model_id!r} is neither a local folder nor a Hugging Face id (organisation/name)"
         )
-    from huggingface_hub import HfApi, snapshot_download
+    from huggingface_hub import HfApi
     from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundError
 
     cache = _cache_dir(cache_dir)
     storage = _storage(cache, model_id)
     url = _endpoint(endpoint)
-    wanted = revision or "main"
     if local_only or _offline():
-        path = _from_cache(model_id, wanted, cache)
-        if path is None:
-            raise HubError(
-                f"{model_id} (revision {wanted}) is not in the Hugging Face cache {cache} and the Hub may "
-                "not be used (HF_HUB_OFFLINE is set): fetch it first where there is network access with "
-                f"`chexpercept download-model {model_id}"
-                + (f" --revision {revision}" if revision else "")
-                + "` (same HF_HOME), or unset HF_HUB_OFFLINE"
-            )
-        return Weights(model_id, path, revision, FsPath(path).name, "cache")
+        return _offline_weights(model_id, revision, cache)
 
     api = HfApi(endpoint=url, token=token)
     try:
@@ -221,18 +211,22 @@ def resolve_weights(
     except (RepositoryNotFoundError, RevisionNotFoundError) as e:  # GatedRepoError is one
         raise _not_found(model_id, revision, url, e, token) from None
     except Exception as e:  # the Hub cannot be reached or answered (HTTP, connection): the cache may do
-        path = _from_cache(model_id, wanted, cache)
-        if path is None:
-            raise HubError(
-                f"cannot reach the Hugging Face Hub at {url} ({type(e).__name__}: {e}) and {model_id} "
-                f"(revision {wanted}) is not in the cache {cache}"
-            ) from None
-        print(
-            f"warning: the Hub at {url} could not be reached ({type(e).__name__}); using the cached "
-            f"{model_id} at {path}",
-            file=sys.stderr,
-        )
-        return Weights(model_id, path, revision, FsPath(path).name, "cache")
+        return _unreachable_weights(model_id, revision, cache, url, e)
+    return _snapshot_weights(model_id, revision, info, cache, storage, url, token)
+
+
+def _snapshot_weights(
+    model_id: str,
+    revision: str | None,
+    info: Any,
+    cache: FsPath,
+    storage: FsPath,
+    url: str,
+    token: str | None,
+) -> Weights:
+    """The snapshot of the commit the Hub's model info names: from the cache when all its files are
+    there, else downloaded after a free-space check."""
+    wanted = revision or "main"
     commit = info.sha
     if not commit or not _COMMIT.match(commit):
         raise HubError(f"the Hub at {url} gave no commit for {model_id} (revision {wanted})")
@@ -244,20 +238,77 @@ def resolve_weights(
         _write_ref(storage, wanted, commit)
         return Weights(model_id, str(snapshot), revision, commit, "cache", total)
     needed = sum(missing.values())
-    free, where = _free_space(storage)
-    if needed + DISK_MARGIN > free:
-        raise HubError(
-            f"not enough free disk for {model_id} (commit {commit[:12]}): {len(missing)} file(s) need "
-            f"{human_size(needed)} in {storage}, but only {human_size(free)} is free on {where}; free "
-            "some space or point HF_HOME (or HF_HUB_CACHE) at a larger disk"
-        )
+    _check_free_space(model_id, commit, len(missing), needed, storage)
     print(
         f"downloading {model_id} (commit {commit[:12]}): {len(missing)} file(s), {human_size(needed)} "
         f"into {storage}",
         file=sys.stderr,
     )
+    path = _download(model_id, revision, commit, cache, storage, url, token)
+    _write_ref(storage, wanted, commit)
+    return Weights(model_id, path, revision, commit, "download", total, needed)
+
+
+def _offline_weights(model_id: str, revision: str | None, cache: FsPath) -> Weights:
+    """The cached snapshot when the Hub may not be used; HubError saying how to fetch it otherwise."""
+    wanted = revision or "main"
+    path = _from_cache(model_id, wanted, cache)
+    if path is None:
+        raise HubError(
+            f"{model_id} (revision {wanted}) is not in the Hugging Face cache {cache} and the Hub may "
+            "not be used (HF_HUB_OFFLINE is set): fetch it first where there is network access with "
+            f"`chexpercept download-model {model_id}"
+            + (f" --revision {revision}" if revision else "")
+            + "` (same HF_HOME), or unset HF_HUB_OFFLINE"
+        )
+    return Weights(model_id, path, revision, FsPath(path).name, "cache")
+
+
+def _unreachable_weights(
+    model_id: str, revision: str | None, cache: FsPath, url: str, error: Exception
+) -> Weights:
+    """The cached snapshot (with a warning) when the Hub could not be reached; HubError when none."""
+    wanted = revision or "main"
+    path = _from_cache(model_id, wanted, cache)
+    if path is None:
+        raise HubError(
+            f"cannot reach the Hugging Face Hub at {url} ({type(error).__name__}: {error}) and {model_id} "
+            f"(revision {wanted}) is not in the cache {cache}"
+        ) from None
+    print(
+        f"warning: the Hub at {url} could not be reached ({type(error).__name__}); using the cached "
+        f"{model_id} at {path}",
+        file=sys.stderr,
+    )
+    return Weights(model_id, path, revision, FsPath(path).name, "cache")
+
+
+def _check_free_space(model_id: str, commit: str, n_files: int, needed: int, storage: FsPath) -> None:
+    """HubError when the disk under ``storage`` cannot hold ``needed`` bytes (plus DISK_MARGIN)."""
+    free, where = _free_space(storage)
+    if needed + DISK_MARGIN > free:
+        raise HubError(
+            f"not enough free disk for {model_id} (commit {commit[:12]}): {n_files} file(s) need "
+            f"{human_size(needed)} in {storage}, but only {human_size(free)} is free on {where}; free "
+            "some space or point HF_HOME (or HF_HUB_CACHE) at a larger disk"
+        )
+
+
+def _download(
+    model_id: str,
+    revision: str | None,
+    commit: str,
+    cache: FsPath,
+    storage: FsPath,
+    url: str,
+    token: str | None,
+) -> str:
+    """Fetch the snapshot of ``commit`` into the cache (its folder); HubError saying what went wrong."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundError
+
     try:
-        path = snapshot_download(
+        return snapshot_download(
             model_id,
             revision=commit,
             cache_dir=cache,
@@ -271,8 +322,6 @@ def resolve_weights(
             f"downloading {model_id} (commit {commit[:12]}) into {storage} failed ({type(e).__name__}: {e}); "
             "the files already fetched stay in the cache: run the same command again to continue"
         ) from e
-    _write_ref(storage, wanted, commit)
-    return Weights(model_id, path, revision, commit, "download", total, needed)
 
 
 # ------------------------------------------------------------------------------------ the run

@@ -105,12 +105,7 @@ def read_reference_results(
         raise ValueError(f"unknown missing-turn policy {missing!r}; expected one of {MISSING_POLICIES}")
     path = FsPath(path)
     folder = path.parent
-    setting = oracle or oracle_from_folder(folder)
-    if setting is None:
-        raise ValueError(
-            f"{path}: cannot tell the oracle setting (the folder is not named oracle_<setting>); pass --oracle"
-        )
-    check_oracle(setting, str(path))
+    setting = _oracle_setting(path, oracle)
     b = _as_bundle(bundle)
     cases: dict[str, Case] = {c.key_id: c for c in b.cases}
     data = read_json_object(path, "an object keyed by key_id (the reference's all_results.json)")
@@ -119,53 +114,12 @@ def read_reference_results(
     records: list[CaseResult] = []
     n_from_stored = n_missing = 0
     for key, result in data.items():
-        if not isinstance(result, dict) or "qa_path" not in result:
-            raise ValueError(f"{path}: entry {key!r} is not a reference case result (no qa_path)")
-        case = cases.get(key)
-        if case is None:
-            raise ValueError(
-                f"{path}: case {key} is not in the bundle {b.root}; was it run on another release?"
-            )
-        try:
-            route = parse_path(result["qa_path"])
-        except ValueError as e:
-            raise ValueError(f"{path}: case {key}: {e}") from None
-        if route is not case.path:
-            raise ValueError(
-                f"{path}: case {key} ran on path {route.value} but the bundle says {case.path.value}"
-            )
-        turns: list[TurnResult] = []
-        for turn in case.turns:
-            stored, truth, stored_correct = _stored(result, turn.task)
-            gold = list(turn.answer_index)
-            truth_list = _gold_list(truth)
-            if truth_list is not None and sorted(truth_list) != sorted(gold):
-                raise ValueError(
-                    f"{path}: case {key}, {turn.task}: stored ground truth {truth} differs from the bundle's "
-                    f"{gold}; the results were made on another release"
-                )
-            if stored is None:
-                n_missing += 1
-            if missing == "skip" and not result.get(_step(turn.task)[0]):
-                continue
-            raw = _raw(result, turn.task)
-            if raw is None and stored is not None:
-                raw = stored
-                n_from_stored += 1
-            turns.append(_turn_result(turn, raw or "", stored_correct, model_name))
+        case = _bundle_case(path, key, result, cases, b)
+        turns, case_missing, case_from_stored = _case_turns(path, key, result, case, missing, model_name)
+        n_missing += case_missing
+        n_from_stored += case_from_stored
         records.append(
             CaseResult(key_id=key, lesion=case.lesion, path=case.path.value, oracle=setting, turns=turns)
-        )
-    notes = []
-    unrun = len(cases) - len(records)
-    if unrun:
-        notes.append(f"{path}: {unrun} of the bundle's {len(cases)} cases have no result")
-    if n_missing:
-        how = "left out as the reference analysis does" if missing == "skip" else "scored as wrong"
-        notes.append(f"{path}: {n_missing} asked turns have no scored response in the file ({how})")
-    if n_from_stored:
-        notes.append(
-            f"{path}: {n_from_stored} turns have no chat history; re-parsed from the stored pass-1 string"
         )
     meta = RunMetadata(
         model=model_name,
@@ -184,9 +138,85 @@ def read_reference_results(
         greedy=greedy,
         model=model_name,
         path=folder,
-        notes=notes,
+        notes=_notes(path, len(cases), len(records), n_missing, n_from_stored, missing),
         allow_missing=missing == "skip",
     )
+
+
+def _oracle_setting(path: FsPath, oracle: str | None) -> str:
+    """--oracle, else the setting the folder is named after (oracle_<setting>); checked."""
+    setting = oracle or oracle_from_folder(path.parent)
+    if setting is None:
+        raise ValueError(
+            f"{path}: cannot tell the oracle setting (the folder is not named oracle_<setting>); pass --oracle"
+        )
+    check_oracle(setting, str(path))
+    return setting
+
+
+def _bundle_case(path: FsPath, key: str, result: Any, cases: dict[str, Case], b: Bundle) -> Case:
+    """The bundle's case of one all_results.json entry; ValueError when the entry is not a case result,
+    the case is not in the bundle or it ran on another path."""
+    if not isinstance(result, dict) or "qa_path" not in result:
+        raise ValueError(f"{path}: entry {key!r} is not a reference case result (no qa_path)")
+    case = cases.get(key)
+    if case is None:
+        raise ValueError(f"{path}: case {key} is not in the bundle {b.root}; was it run on another release?")
+    try:
+        route = parse_path(result["qa_path"])
+    except ValueError as e:
+        raise ValueError(f"{path}: case {key}: {e}") from None
+    if route is not case.path:
+        raise ValueError(
+            f"{path}: case {key} ran on path {route.value} but the bundle says {case.path.value}"
+        )
+    return case
+
+
+def _case_turns(
+    path: FsPath, key: str, result: dict[str, Any], case: Case, missing: str, model: str
+) -> tuple[list[TurnResult], int, int]:
+    """(turn results, turns without a scored response, turns re-parsed from the pass-1 string) of one
+    case; ValueError when a stored ground truth differs from the bundle's."""
+    turns: list[TurnResult] = []
+    n_missing = n_from_stored = 0
+    for turn in case.turns:
+        stored, truth, stored_correct = _stored(result, turn.task)
+        gold = list(turn.answer_index)
+        truth_list = _gold_list(truth)
+        if truth_list is not None and sorted(truth_list) != sorted(gold):
+            raise ValueError(
+                f"{path}: case {key}, {turn.task}: stored ground truth {truth} differs from the bundle's "
+                f"{gold}; the results were made on another release"
+            )
+        if stored is None:
+            n_missing += 1
+        if missing == "skip" and not result.get(_step(turn.task)[0]):
+            continue
+        raw = _raw(result, turn.task)
+        if raw is None and stored is not None:
+            raw = stored
+            n_from_stored += 1
+        turns.append(_turn_result(turn, raw or "", stored_correct, model))
+    return turns, n_missing, n_from_stored
+
+
+def _notes(
+    path: FsPath, n_cases: int, n_records: int, n_missing: int, n_from_stored: int, missing: str
+) -> list[str]:
+    """The run's notes: cases without a result, turns without a scored response, turns re-parsed."""
+    notes = []
+    unrun = n_cases - n_records
+    if unrun:
+        notes.append(f"{path}: {unrun} of the bundle's {n_cases} cases have no result")
+    if n_missing:
+        how = "left out as the reference analysis does" if missing == "skip" else "scored as wrong"
+        notes.append(f"{path}: {n_missing} asked turns have no scored response in the file ({how})")
+    if n_from_stored:
+        notes.append(
+            f"{path}: {n_from_stored} turns have no chat history; re-parsed from the stored pass-1 string"
+        )
+    return notes
 
 
 def _turn_result(turn: Turn, response: str, stored_correct: bool, model: str) -> TurnResult:

@@ -129,80 +129,20 @@ def export(review_dir: str | os.PathLike[str], rule: str = "unanimous") -> Expor
             result.accepted += 1
         else:
             result.rejected += 1
-        mark = "y" if ok else ""
         if item["positive"]:
-            positives.append(
-                {
-                    "key_id": item["key_id"],
-                    "dicom_id": item["dicom_id"],
-                    "target": item["lesion"],
-                    "pair_id": item["pair_id"],
-                    "mapped_location": mapped_location(item["lesion"], item["location"]),
-                    "segmentation_source": item["pair_type"],
-                    "plot_path": "",
-                    "optimal?": mark,
-                }
-            )
+            positives.append(_positive_row(item, ok))
         else:
-            negatives.append(
-                {
-                    "lesion": item["lesion"],
-                    "key_id": item["key_id"],
-                    "dicom_id": item["dicom_id"],
-                    "optimal?": mark,
-                }
-            )
+            negatives.append(_negative_row(item, ok))
         if "accept" in rated and "reject" in rated:
-            disagreements.append(
-                {
-                    "key_id": item["key_id"],
-                    "lesion": item["lesion"],
-                    "kind": "positive" if item["positive"] else "negative",
-                    "accepted_by": " ".join(a for a, r in records.items() if r["decision"] == "accept"),
-                    "rejected_by": " ".join(a for a, r in records.items() if r["decision"] == "reject"),
-                    "notes": " | ".join(f"{a}: {r['note']}" for a, r in records.items() if r.get("note")),
-                    "verdict": "accepted" if ok else "not accepted",
-                }
-            )
+            disagreements.append(_disagreement(item, records, ok))
     result.disagreements = len(disagreements)
 
-    agreement = []
     rated_by = {
         a: {key: r["decision"] for key, r in last[a].items() if r["decision"] != "skip"} for a in annotators
     }
-    for a, b in itertools.combinations(annotators, 2):
-        common = sorted(set(rated_by[a]) & set(rated_by[b]))
-        if not common:
-            continue
-        x = [rated_by[a][key] for key in common]
-        y = [rated_by[b][key] for key in common]
-        agreement.append(
-            {
-                "measure": "cohen",
-                "annotators": f"{a}-{b}",
-                "cases": len(common),
-                "observed_agreement": f"{np.mean([p == q for p, q in zip(x, y)]):.6f}",
-                "kappa": _fmt(cohen_kappa(x, y)),
-            }
-        )
+    agreement = _cohen_rows(annotators, rated_by)
     if k >= 2:
-        table = []
-        for item in manifest["items"]:
-            votes = [rated_by[a][item["key_id"]] for a in annotators if item["key_id"] in rated_by[a]]
-            if len(votes) == k:
-                table.append([votes.count("accept"), votes.count("reject")])
-        if table:
-            counts = np.asarray(table)
-            observed = float(np.mean((counts == k).any(axis=1)))
-            agreement.append(
-                {
-                    "measure": "fleiss",
-                    "annotators": " ".join(annotators),
-                    "cases": len(table),
-                    "observed_agreement": f"{observed:.6f}",
-                    "kappa": _fmt(fleiss_kappa(counts)),
-                }
-            )
+        agreement += _fleiss_rows(manifest["items"], annotators, rated_by, k)
     result.agreement = agreement
 
     write_atomic(out / POSITIVE_SHEET, _csv(positives, POSITIVE_COLUMNS))
@@ -215,3 +155,85 @@ def export(review_dir: str | os.PathLike[str], rule: str = "unanimous") -> Expor
         _csv(disagreements, ("key_id", "lesion", "kind", "accepted_by", "rejected_by", "notes", "verdict")),
     )
     return result
+
+
+def _positive_row(item: dict, ok: bool) -> dict:
+    """The positive sheet's row of a review item (``optimal?`` y when accepted)."""
+    return {
+        "key_id": item["key_id"],
+        "dicom_id": item["dicom_id"],
+        "target": item["lesion"],
+        "pair_id": item["pair_id"],
+        "mapped_location": mapped_location(item["lesion"], item["location"]),
+        "segmentation_source": item["pair_type"],
+        "plot_path": "",
+        "optimal?": "y" if ok else "",
+    }
+
+
+def _negative_row(item: dict, ok: bool) -> dict:
+    """The negative sheet's row of a review item (``optimal?`` y when accepted)."""
+    return {
+        "lesion": item["lesion"],
+        "key_id": item["key_id"],
+        "dicom_id": item["dicom_id"],
+        "optimal?": "y" if ok else "",
+    }
+
+
+def _disagreement(item: dict, records: dict[str, dict], ok: bool) -> dict:
+    """disagreements.csv's row: who accepted, who rejected, their notes and the verdict."""
+    return {
+        "key_id": item["key_id"],
+        "lesion": item["lesion"],
+        "kind": "positive" if item["positive"] else "negative",
+        "accepted_by": " ".join(a for a, r in records.items() if r["decision"] == "accept"),
+        "rejected_by": " ".join(a for a, r in records.items() if r["decision"] == "reject"),
+        "notes": " | ".join(f"{a}: {r['note']}" for a, r in records.items() if r.get("note")),
+        "verdict": "accepted" if ok else "not accepted",
+    }
+
+
+def _cohen_rows(annotators: list[str], rated_by: dict[str, dict[str, str]]) -> list[dict]:
+    """Cohen's kappa for every pair of annotators with cases rated by both."""
+    rows = []
+    for a, b in itertools.combinations(annotators, 2):
+        common = sorted(set(rated_by[a]) & set(rated_by[b]))
+        if not common:
+            continue
+        x = [rated_by[a][key] for key in common]
+        y = [rated_by[b][key] for key in common]
+        rows.append(
+            {
+                "measure": "cohen",
+                "annotators": f"{a}-{b}",
+                "cases": len(common),
+                "observed_agreement": f"{np.mean([p == q for p, q in zip(x, y)]):.6f}",
+                "kappa": _fmt(cohen_kappa(x, y)),
+            }
+        )
+    return rows
+
+
+def _fleiss_rows(
+    items: list[dict], annotators: list[str], rated_by: dict[str, dict[str, str]], k: int
+) -> list[dict]:
+    """Fleiss' kappa over the cases with all k ratings (no row when there are none)."""
+    table = []
+    for item in items:
+        votes = [rated_by[a][item["key_id"]] for a in annotators if item["key_id"] in rated_by[a]]
+        if len(votes) == k:
+            table.append([votes.count("accept"), votes.count("reject")])
+    if not table:
+        return []
+    counts = np.asarray(table)
+    observed = float(np.mean((counts == k).any(axis=1)))
+    return [
+        {
+            "measure": "fleiss",
+            "annotators": " ".join(annotators),
+            "cases": len(table),
+            "observed_agreement": f"{observed:.6f}",
+            "kappa": _fmt(fleiss_kappa(counts)),
+        }
+    ]

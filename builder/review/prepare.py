@@ -27,17 +27,15 @@ from tqdm.auto import tqdm
 from chexpercept.vocab import LESIONS
 from chexpercept.vocab import Path as CasePath
 
-from ..case_selection import Candidate
+from ..case_selection import Candidate, Queued
 from ..config import parse_lesions
-from ..pipeline import plan_candidates
+from ..pipeline import plan_candidates, read_sources
 from ..sources import (
-    ILS_MASK_DIR,
     CaseInputError,
     CxrTree,
     SourceError,
     is_phantom,
     iter_studies,
-    load_ils,
     load_mask,
 )
 from .manifest import MANIFEST, MANIFEST_VERSION, load_manifest, write_atomic
@@ -193,94 +191,21 @@ def prepare(
     settings = _settings(src, lesions, names, reviews_per_case)
     split(0, names, reviews_per_case)  # checks K <= N before any work
     if (root / MANIFEST).is_file():
-        manifest = load_manifest(root)
-        if manifest["settings"] != settings:
-            old = manifest["settings"]
-            changed = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
-            raise SourceError(
-                f"{root} holds a review prepared with different settings ({', '.join(changed)}); "
-                "use a new --output-dir (decisions already made there are kept)"
-            )
-        return Prepared(manifest, time.perf_counter() - start, True, [])
-    if bool(src.mimic_cxr_jpg) == bool(src.cxr_png):
-        raise SourceError(
-            "give exactly one of --mimic-cxr-jpg (the JPG tree) or --cxr-png (flat 1024x1024 PNGs)"
-        )
-    cxr = CxrTree.jpg_tree(src.mimic_cxr_jpg) if src.mimic_cxr_jpg else CxrTree.png_folder(src.cxr_png)  # type: ignore[arg-type]
-    if not src.mimic_ils:
-        raise SourceError("--mimic-ils is required")
-    ils = load_ils(src.mimic_ils)
-    ils_root = FsPath(src.mimic_ils)
-    ils_root = ils_root if ils_root.is_dir() else ils_root.parent
-    lesion_masks = src.lesion_masks or str(ils_root / ILS_MASK_DIR)
-    if not src.rosalia_pred and not FsPath(lesion_masks).is_dir():
-        raise SourceError(f"lesion masks folder {lesion_masks} does not exist (MIMIC-ILS lesion_mask/)")
-    if src.rosalia_pred and not FsPath(src.rosalia_pred).is_dir():
-        raise SourceError(f"--rosalia-pred: folder {src.rosalia_pred} does not exist")
+        return Prepared(_reuse(root, settings), time.perf_counter() - start, True, [])
+    cxr, ils, lesion_masks = read_sources(
+        src.mimic_cxr_jpg, src.cxr_png, src.mimic_ils, src.lesion_masks, src.rosalia_pred
+    )
     if src.per_cell is not None and src.per_cell < 1:
         raise SourceError(f"--per-cell must be >= 1, got {src.per_cell}")
 
-    _, _, cells, _ = plan_candidates(ils, lesions, seed=src.seed, rosalia=bool(src.rosalia_pred))
-    pairs = _pairs_by_id(ils)
-    queued = []
-    for lesion in lesions:
-        for path in (CasePath.RR, CasePath.RF, CasePath.LF):
-            queue = cells[(lesion, path)]
-            queued += queue if src.per_cell is None else queue[: src.per_cell]
-
+    queued = _queue(ils, lesions, src)
     root.mkdir(parents=True, exist_ok=True)
     (root / OVERLAY_DIR).mkdir(exist_ok=True)
-    items: list[ReviewItem] = []
-    errors: list[tuple[str, str]] = []
-    bar = tqdm(
-        total=len(queued), desc="review: preparing", unit="case", disable=not progress, file=sys.stderr
-    )
-    for q in queued:
-        c = q.candidate
-        study, pair = pairs[c.pair_id]
-        try:
-            cxr_path = cxr.path(c.dicom_id, c.subject_id, c.study_id, c.image_path)
-            if not cxr_path.is_file():
-                raise CaseInputError(f"missing CXR image {cxr_path}")
-            overlay = None
-            if c.positive:
-                mask = load_mask(lesion_mask_path(c, src.rosalia_pred, lesion_masks))
-                overlay = f"{OVERLAY_DIR}/{c.key_id}.png"
-                write_atomic(root / overlay, overlay_png(mask))
-        except CaseInputError as e:
-            errors.append((c.key_id, str(e)))
-            bar.update()
-            continue
-        location = pair.get("location") or []
-        items.append(
-            ReviewItem(
-                key_id=c.key_id,
-                lesion=c.lesion,
-                positive=c.positive,
-                path=q.path.value,
-                rank=q.rank,
-                pair_id=c.pair_id,
-                pair_type=c.pair_type,
-                study_id=c.study_id,
-                dicom_id=c.dicom_id,
-                sentence=source_sentence(study, pair),
-                section=str(study.get("section_content") or ""),
-                instruction=str(pair.get("instruction") or ""),
-                location=[str(x) for x in (location if isinstance(location, list) else [location])],
-                cxr=str(cxr_path.resolve()),
-                overlay=overlay,
-            )
-        )
-        bar.update()
-    bar.close()
+    items, errors = _items(root, queued, _pairs_by_id(ils), cxr, src.rosalia_pred, lesion_masks, progress)
     for item, who in zip(items, split(len(items), names, reviews_per_case)):
         item.annotators = who
     if errors:
-        buf = io.StringIO()
-        writer = csv.writer(buf)
-        writer.writerow(["key_id", "error"])
-        writer.writerows(errors)
-        write_atomic(root / PREPARE_ERRORS, buf.getvalue().encode("utf-8"))
+        _write_errors(root, errors)
     manifest = {
         "version": MANIFEST_VERSION,
         "settings": settings,
@@ -292,3 +217,106 @@ def prepare(
     }
     write_atomic(root / MANIFEST, json.dumps(manifest, indent=1, ensure_ascii=False).encode("utf-8"))
     return Prepared(manifest, time.perf_counter() - start, False, errors)
+
+
+def _reuse(root: FsPath, settings: dict) -> dict:
+    """The review.json already in ``root``; SourceError when it was prepared with other settings."""
+    manifest = load_manifest(root)
+    if manifest["settings"] != settings:
+        old = manifest["settings"]
+        changed = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
+        raise SourceError(
+            f"{root} holds a review prepared with different settings ({', '.join(changed)}); "
+            "use a new --output-dir (decisions already made there are kept)"
+        )
+    return manifest
+
+
+def _queue(ils: dict, lesions: tuple[str, ...], src: ReviewSources) -> list[Queued]:
+    """generate's seeded cell queues, lesion by lesion in RR, RF, LF order (the first --per-cell of each)."""
+    _, _, cells, _ = plan_candidates(ils, lesions, seed=src.seed, rosalia=bool(src.rosalia_pred))
+    queued: list[Queued] = []
+    for lesion in lesions:
+        for path in (CasePath.RR, CasePath.RF, CasePath.LF):
+            queue = cells[(lesion, path)]
+            queued += queue if src.per_cell is None else queue[: src.per_cell]
+    return queued
+
+
+def _items(
+    root: FsPath,
+    queued: list[Queued],
+    pairs: dict[str, tuple[dict, dict]],
+    cxr: CxrTree,
+    rosalia: str | None,
+    lesion_masks: str,
+    progress: bool,
+) -> tuple[list[ReviewItem], list[tuple[str, str]]]:
+    """One ReviewItem per queued candidate (writing its overlay), and (key_id, error) for those whose
+    CXR image or lesion mask cannot be read."""
+    items: list[ReviewItem] = []
+    errors: list[tuple[str, str]] = []
+    bar = tqdm(
+        total=len(queued), desc="review: preparing", unit="case", disable=not progress, file=sys.stderr
+    )
+    for q in queued:
+        c = q.candidate
+        study, pair = pairs[c.pair_id]
+        try:
+            cxr_path, overlay = _case_files(root, c, cxr, rosalia, lesion_masks)
+        except CaseInputError as e:
+            errors.append((c.key_id, str(e)))
+            bar.update()
+            continue
+        items.append(_review_item(q, study, pair, cxr_path, overlay))
+        bar.update()
+    bar.close()
+    return items, errors
+
+
+def _case_files(
+    root: FsPath, c: Candidate, cxr: CxrTree, rosalia: str | None, lesion_masks: str
+) -> tuple[FsPath, str | None]:
+    """The candidate's CXR image (which must exist) and, for a positive, its overlay written under
+    ``root`` (the path relative to it); CaseInputError when either cannot be read."""
+    cxr_path = cxr.path(c.dicom_id, c.subject_id, c.study_id, c.image_path)
+    if not cxr_path.is_file():
+        raise CaseInputError(f"missing CXR image {cxr_path}")
+    overlay = None
+    if c.positive:
+        mask = load_mask(lesion_mask_path(c, rosalia, lesion_masks))
+        overlay = f"{OVERLAY_DIR}/{c.key_id}.png"
+        write_atomic(root / overlay, overlay_png(mask))
+    return cxr_path, overlay
+
+
+def _review_item(q: Queued, study: dict, pair: dict, cxr_path: FsPath, overlay: str | None) -> ReviewItem:
+    """The review.json item of a queued candidate (annotators are dealt afterwards)."""
+    c = q.candidate
+    location = pair.get("location") or []
+    return ReviewItem(
+        key_id=c.key_id,
+        lesion=c.lesion,
+        positive=c.positive,
+        path=q.path.value,
+        rank=q.rank,
+        pair_id=c.pair_id,
+        pair_type=c.pair_type,
+        study_id=c.study_id,
+        dicom_id=c.dicom_id,
+        sentence=source_sentence(study, pair),
+        section=str(study.get("section_content") or ""),
+        instruction=str(pair.get("instruction") or ""),
+        location=[str(x) for x in (location if isinstance(location, list) else [location])],
+        cxr=str(cxr_path.resolve()),
+        overlay=overlay,
+    )
+
+
+def _write_errors(root: FsPath, errors: list[tuple[str, str]]) -> None:
+    """prepare_errors.csv: the candidates left out and why."""
+    buf = io.StringIO()
+    writer = csv.writer(buf)
+    writer.writerow(["key_id", "error"])
+    writer.writerows(errors)
+    write_atomic(root / PREPARE_ERRORS, buf.getvalue().encode("utf-8"))
