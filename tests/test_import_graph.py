@@ -95,3 +95,23 @@ def test_builder_path_means_the_route():
             if isinstance(node, ast.ImportFrom) and node.module == "pathlib":
                 for alias in node.names:
                     assert alias.name != "Path" or alias.asname == "FsPath", f"{f.name}: {ast.unparse(node)}"
+
+
+def test_every_folder_of_the_packages_is_listed_for_the_wheel():
+    """A folder holding files but missing from pyproject's ``packages`` is left out of a wheel (or
+    shipped with setuptools' "Package would be ignored" warning): every one must be listed."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]
+    listed = set(config["packages"])
+    found = set()
+    for folder, installed in PACKAGES.items():
+        for d in [ROOT / folder, *(p for p in (ROOT / folder).rglob("*") if p.is_dir())]:
+            if (
+                d.name == "__pycache__"
+                or "__pycache__" in d.parts
+                or not any(f.is_file() for f in d.iterdir())
+            ):
+                continue
+            found.add(".".join([installed, *d.relative_to(ROOT / folder).parts]))
+    assert found - listed == set(), "add these to [tool.setuptools] packages in pyproject.toml"
