@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"phantom sources (testing only) written to {root}")
     print(
         f"next: chexpercept generate --mimic-cxr-jpg {root / 'mimic-cxr-jpg'} --mimic-ils {root / 'mimic-ils'} "
-        f"--anatomy {anatomy} --out BUNDLE --per-cell {args.per_cell}"
+        f"--anatomy {anatomy} --output-dir BUNDLE --per-cell {args.per_cell}"
     )
     return 0
 
@@ -95,6 +95,6 @@ def _run_reference(args: argparse.Namespace) -> int:
     print(
         f"next: chexpercept generate --cxr-png {root / 'mimic_cxr'} --mimic-ils {root / 'mimic_ils'} "
         f"--anatomy {root / 'chexmasku_pred'} --cxas {root / 'cxas_pred'} "
-        f"[--rosalia-pred {root / 'rosalia_pred'}] --out BUNDLE --per-cell {args.per_cell}"
+        f"[--rosalia-pred {root / 'rosalia_pred'}] --output-dir BUNDLE --per-cell {args.per_cell}"
     )
     return 0

@@ -1,4 +1,4 @@
-"""Phantom PhysioNet-shaped sources: ``chexpercept synth-sources --out DIR --per-cell N --seed S``.
+"""Phantom PhysioNet-shaped sources: ``chexpercept synth-sources --output-dir DIR --per-cell N --seed S``.
 
 Writes, under DIR:
 

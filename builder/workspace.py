@@ -48,7 +48,7 @@ class Workspace:
                     )
                     raise SourceError(
                         f"{root} holds a run with different settings ({', '.join(changed)}); "
-                        "use a new --out folder, or --overwrite to start over"
+                        "use a new --output-dir folder, or --overwrite to start over"
                     )
                 self.clear()
         elif root.is_dir() and any(root.iterdir()):
@@ -56,7 +56,7 @@ class Workspace:
             foreign = [p.name for p in root.iterdir() if p.name not in ours]
             if foreign and not overwrite:
                 raise SourceError(
-                    f"--out {root} is not empty and was not written by generate ({', '.join(sorted(foreign)[:5])})"
+                    f"--output-dir {root} is not empty and was not written by generate ({', '.join(sorted(foreign)[:5])})"
                 )
             if overwrite:
                 self.clear()

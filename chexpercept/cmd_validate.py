@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .bundle import read_bundle
+from .bundle import CHECKSUMS_NAME, read_bundle
 from .cli_options import add_data_dir_option, data_dir_of
 from .errors import BundleValidationError, ReleaseNotFoundError
 
@@ -31,6 +31,8 @@ def run(args: argparse.Namespace) -> int:
     except (BundleValidationError, ReleaseNotFoundError) as e:
         print(e, file=sys.stderr)
         return 1
+    if args.checksums and not (bundle.root / CHECKSUMS_NAME).is_file():
+        print(f"note: {bundle.root} has no {CHECKSUMS_NAME}: no checksum was verified", file=sys.stderr)
     kind = "phantom (synthetic)" if bundle.synthetic else "release"
     n_items = sum(len(c.tasks) for c in bundle.cases)
     print(f"OK: {len(bundle)} cases, {n_items} questions ({kind} bundle at {bundle.root})")

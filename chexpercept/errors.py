@@ -11,7 +11,7 @@ CheXpercept is credentialed data derived from MIMIC-CXR-JPG and MIMIC-ILS. To ge
   3. Sign the data use agreements of MIMIC-CXR-JPG, MIMIC-ILS and CheXpercept on PhysioNet.
   4. Download the CheXpercept release and pass its folder as data_dir.
 The folder must contain chexpercept.json (one object keyed by key_id) and chexpercept/<key_id>/...
-images (detection_qa/xray.png, contour_qa/...). Without credentials, `chexpercept synth --out DIR`
+images (detection_qa/xray.png, contour_qa/...). Without credentials, `chexpercept synth --output-dir DIR`
 writes a phantom bundle in the same format for testing software (never for comparing models)."""
 
 

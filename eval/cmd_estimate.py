@@ -44,7 +44,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--no-thinking", action="store_true", help="as for run (local models' chat template)")
     g = parser.add_argument_group("which cases (as for run)")
     add_selection_options(g)
-    g = parser.add_argument_group("time")
+    g = parser.add_argument_group("time (one of)").add_mutually_exclusive_group()
     g.add_argument(
         "--tokens-per-second",
         type=float,
@@ -67,18 +67,18 @@ def _counter(spec: Any, root: FsPath, answer_tokens: int, chat_kwargs: dict[str,
     if spec.backend == "openai":
         return ApiCounter(root, rules_for(spec.model_id), answer_tokens=answer_tokens)
     try:
-        return ProcessorCounter(root, spec.model_id, chat_kwargs)
+        return ProcessorCounter(root, spec.model_id, chat_kwargs, answer_tokens=answer_tokens)
     except ImportError as e:
         raise ValueError(f"counting a local model's tokens needs transformers ({e})") from e
     except OSError as e:
         raise ValueError(
-            f"cannot load the processor of {spec.model_id!r} to count its tokens: {e}. Estimates of "
+            f"cannot load the processor of {spec.model_id!r} to count its tokens: {str(e).rstrip('.')}. Estimates of "
             "local models need the model's files on this machine (a local folder, or the Hugging Face "
             "cache: chexpercept download-model)"
         ) from e
 
 
-def _seconds_per_case(run_dir: str) -> float:
+def _seconds_per_case(run_dir: str, model_id: str) -> float:
     from chexpercept.results import RUN_NAME
 
     path = FsPath(run_dir) / RUN_NAME
@@ -90,6 +90,11 @@ def _seconds_per_case(run_dir: str) -> float:
         raise ValueError(f"{path}: no timed session to measure throughput from ({e})") from e
     if cases < 1 or seconds <= 0:
         raise ValueError(f"{path}: its last session ran no case; run some cases first")
+    if info.get("backend") == "baseline" or info.get("model_id") != model_id:
+        raise ValueError(
+            f"{path}: a run of {info.get('model_id')!r} ({info.get('backend')}) cannot time {model_id!r}; "
+            "give a trial run of the same model (chexpercept run ... --limit 20)"
+        )
     return seconds / cases
 
 
@@ -174,7 +179,7 @@ def run(args: argparse.Namespace) -> int:
         chat_kwargs = {"enable_thinking": False} if args.no_thinking else {}
         counter = _counter(spec, bundle.root, args.answer_tokens, chat_kwargs)
         rate = args.tokens_per_second
-        per_case = _seconds_per_case(args.from_run) if args.from_run else None
+        per_case = _seconds_per_case(args.from_run, spec.model_id) if args.from_run else None
         rows, lows, highs = [], [], []
         for oracle in args.oracle:
             pair = [
@@ -213,6 +218,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         text = render(rows, spec.display or spec.name, counter.name, counter.exact)
     if args.output:
+        FsPath(args.output).parent.mkdir(parents=True, exist_ok=True)
         FsPath(args.output).write_text(text + "\n", encoding="utf-8")
         print(f"wrote {args.output}", file=sys.stderr)
     else:

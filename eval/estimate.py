@@ -187,11 +187,21 @@ class ProcessorCounter:
     exact = True
 
     def __init__(
-        self, root: str | FsPath, model_dir: str, chat_template_kwargs: dict[str, Any] | None = None
+        self,
+        root: str | FsPath,
+        model_dir: str,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        *,
+        answer_tokens: int | None = None,
     ):
         from transformers import AutoProcessor
 
         self.root = FsPath(root)
+        #: when set, every earlier answer in the history counts as this many tokens (the scenarios'
+        #: assumed answer length): the template is rendered with the stand-in's short answers, and
+        #: each one's own tokens are replaced by this length
+        self.answer_tokens = answer_tokens
+        self._answer_lengths: dict[str, int] = {}
         self.processor = AutoProcessor.from_pretrained(model_dir)
         tokenizer = getattr(self.processor, "tokenizer", self.processor)
         token = getattr(self.processor, "image_token", None)
@@ -219,6 +229,23 @@ class ProcessorCounter:
         ids = inputs["input_ids"]
         return list(ids[0] if ids and isinstance(ids[0], list) else ids)
 
+    def _answer_extra(self, messages: Sequence[Message]) -> int:
+        """Tokens to add so that each assistant message counts as ``answer_tokens`` (0 when unset)."""
+        if self.answer_tokens is None:
+            return 0
+        tokenizer = getattr(self.processor, "tokenizer", self.processor)
+        extra = 0
+        for m in messages:
+            if m.role != "assistant":
+                continue
+            n = self._answer_lengths.get(m.text)
+            if n is None:
+                n = self._answer_lengths[m.text] = len(
+                    tokenizer(m.text, add_special_tokens=False)["input_ids"]
+                )
+            extra += self.answer_tokens - n
+        return extra
+
     def count(self, request: Request, previous: Request | None) -> CallTokens:
         ids = self._token_ids(request)
         image = sum(1 for t in ids if t == self.image_token_id) if self.image_token_id is not None else 0
@@ -232,7 +259,15 @@ class ProcessorCounter:
                     shared += 1
         self._ids = {k: v for k, v in self._ids.items() if k[0] != request.key_id}
         self._ids[(request.key_id, len(request.messages))] = ids
-        return CallTokens(len(ids) - image, image, shared - shared % self.block)
+        if shared and previous is not None:  # the earlier answers the reused prefix holds
+            common = []
+            for mine, theirs in zip(request.messages, previous.messages):
+                if mine != theirs:
+                    break
+                common.append(mine)
+            shared += self._answer_extra(common)
+        text = len(ids) - image + self._answer_extra(request.messages)
+        return CallTokens(text, image, max(0, shared - shared % self.block))
 
 
 # ------------------------------------------------------------------------------------ walking

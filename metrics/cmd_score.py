@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
@@ -107,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
             report.with_intervals(args.bootstrap, seed=args.seed, level=args.level)
     text = _output(args, reports)
     if args.output:
+        os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
         with open(args.output, "w", encoding="utf-8") as f:
             f.write(text)
         print(f"wrote {args.output}", file=sys.stderr)

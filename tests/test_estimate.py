@@ -183,3 +183,34 @@ def test_score_details_sets_the_estimate_beside_the_reported_usage(tmp_path, cap
     )
     assert usage["actual"]["input_tokens"] > 0 and abs(usage["relative_error"]["input_tokens"]) < 0.10
     assert usage["actual"]["cost_usd"] > 0 and abs(usage["relative_error"]["cost_usd"]) < 0.10
+
+
+def test_local_estimate_resends_earlier_answers_at_the_assumed_length(bundle, tiny_model, capsys):
+    """Earlier answers are re-sent at --answer-tokens for local models too (found by a new user:
+    only the output column moved)."""
+    base = ["estimate", "--data-dir", str(bundle.root), "--model", str(tiny_model), "--backend", "vllm"]
+    totals = {}
+    for n in (1, 1000):
+        args = [*base, "--paths", "RR", "--limit", "2", "--oracle", "none", "--answer-tokens", str(n)]
+        assert cli([*args, "--format", "json"]) == 0
+        est = json.loads(capsys.readouterr().out)["estimates"]["none"]["min"]
+        totals[n] = est
+    calls = totals[1]["calls"]
+    earlier_answers = sum(range(calls // 2)) * 2  # 2 cases: turn k re-sends k earlier answers
+    assert totals[1000]["input_tokens"] - totals[1]["input_tokens"] == 999 * earlier_answers
+    assert totals[1000]["cached_input_tokens"] > totals[1]["cached_input_tokens"]
+
+
+def test_from_run_needs_a_timed_run_of_the_same_model(bundle, tmp_path, capsys):
+    from chexpercept.eval.run import main as run_main
+
+    out = tmp_path / "runs"
+    assert run_main(["--data-dir", str(bundle.root), "--model", "baseline:prior", "--output-dir", str(out),
+                     "--no-progress", "--no-score", "--limit", "3"]) == 0  # fmt: skip
+    args = ["estimate", "--data-dir", str(bundle.root), "--model", "gpt-5.4", "--oracle", "none"]
+    assert cli([*args, "--from-run", str(out / "baseline-prior" / "oracle_implicit")]) == 2
+    assert "cannot time 'gpt-5.4-2026-03-05'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # one way to give the throughput
+        cli([*args, "--from-run", str(out), "--tokens-per-second", "10"])
+    target = tmp_path / "new" / "folder" / "e.md"
+    assert cli([*args, "--output", str(target)]) == 0 and target.is_file()

@@ -74,7 +74,10 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     if not review_dir:
-        print(f"{prog}: error: the review folder is required (--output-dir REVIEW_DIR)", file=sys.stderr)
+        print(
+            f"{prog}: error: the review folder is required (chexpercept review export REVIEW_DIR, or --output-dir REVIEW_DIR)",
+            file=sys.stderr,
+        )
         return 2
     try:
         if args.action == "export" or args.export:
