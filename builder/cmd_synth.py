@@ -17,7 +17,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_phantom_arguments(
         parser, out_help="bundle folder to write", per_cell_help="cases per (lesion, path) cell (21 cells)"
     )
-    parser.add_argument("--partition", choices=PARTITION_MODES, default="reference")
+    parser.add_argument(
+        "--partition",
+        choices=PARTITION_MODES,
+        default="reference",
+        help="lung partition: reference (default, as published) or corrected (per-side footprint)",
+    )
     parser.add_argument(
         "--overwrite", action="store_true", help="discard an earlier bundle with other settings"
     )

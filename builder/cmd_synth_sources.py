@@ -15,9 +15,15 @@ def add_phantom_arguments(parser: argparse.ArgumentParser, *, out_help: str, per
     """The options `synth` and `synth-sources` share (synth passes them on to synth-sources)."""
     add_option(parser, "--output-dir", "--out", dest="out", metavar="DIR", help=f"{out_help} (required)")
     parser.add_argument("--per-cell", type=int, default=1, help=per_cell_help)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     parser.add_argument("--num-proc", type=int, default=1, help="worker processes")
-    parser.add_argument("--lesions", nargs="+", default=list(LESIONS), metavar="LESION")
+    parser.add_argument(
+        "--lesions",
+        nargs="+",
+        default=list(LESIONS),
+        metavar="LESION",
+        help="subset of lesions (default: all seven)",
+    )
     add_progress_option(parser)
 
 

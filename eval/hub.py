@@ -256,10 +256,10 @@ def _offline_weights(model_id: str, revision: str | None, cache: FsPath) -> Weig
     if path is None:
         raise HubError(
             f"{model_id} (revision {wanted}) is not in the Hugging Face cache {cache} and the Hub may "
-            "not be used (HF_HUB_OFFLINE is set): fetch it first where there is network access with "
-            f"`chexpercept download-model {model_id}"
+            "not be used (offline mode: HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE is set): fetch it first "
+            f"where there is network access with `chexpercept download-model {model_id}"
             + (f" --revision {revision}" if revision else "")
-            + "` (same HF_HOME), or unset HF_HUB_OFFLINE"
+            + f" --cache-dir {cache}`, or unset the offline variable"
         )
     return Weights(model_id, path, revision, FsPath(path).name, "cache")
 

@@ -78,7 +78,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def _add_run_options(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("what to run")
-    g.add_argument("--data-dir", help="folder of the release bundle (chexpercept.json + chexpercept/)")
+    g.add_argument(
+        "--data-dir", metavar="DIR", help="folder of the release bundle (chexpercept.json + chexpercept/)"
+    )
     g.add_argument(
         "--model",
         help="registry name (see --list-models), Hugging Face id, local folder, or "
@@ -116,7 +118,9 @@ def _add_selection_options(parser: argparse.ArgumentParser) -> None:
 
 def _add_output_options(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("output")
-    g.add_argument("--output-dir", default="runs", help="results go to OUTPUT_DIR/<model>/oracle_<setting>/")
+    g.add_argument(
+        "--output-dir", default="runs", metavar="DIR", help="results go to DIR/<model>/oracle_<setting>/"
+    )
     g.add_argument("--run-name", help="folder name instead of the model's")
     add_progress_option(g)
     g.add_argument(

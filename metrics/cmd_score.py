@@ -106,6 +106,11 @@ def run(args: argparse.Namespace) -> int:
             print(f"[{report.name}] note: {note}", file=sys.stderr)
         if args.bootstrap > 0 and not args.compare:
             report.with_intervals(args.bootstrap, seed=args.seed, level=args.level)
+    if args.cases and not args.details:
+        print(
+            "note: --cases adds every case's verdicts to --details; without --details it does nothing",
+            file=sys.stderr,
+        )
     text = _output(args, reports)
     if args.output:
         os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
