@@ -15,8 +15,8 @@ import tempfile
 import time
 
 from chexpercept.bundle import read_bundle
-from chexpercept.eval.cmd_estimate import _cell, _total
-from chexpercept.eval.estimate import ApiCounter, estimate_oracle
+from chexpercept.eval.cmd_estimate import _cell
+from chexpercept.eval.estimate import ApiCounter, estimate_bounds, total
 from chexpercept.eval.pricing import rules_for
 from chexpercept.eval.registry import REGISTRY
 from chexpercept.results import ORACLE_SETTINGS
@@ -42,19 +42,13 @@ def main() -> None:
                 continue
             start = time.perf_counter()
             counter = ApiCounter(bundle.root, rules_for(spec.model_id), answer_tokens=args.answer_tokens)
-            lows, highs = [], []
-            for oracle in ORACLE_SETTINGS:
-                pair = [
-                    estimate_oracle(
-                        bundle.cases, oracle, counter, model_id=spec.model_id, scenario=s,
-                        answer_tokens=args.answer_tokens,
-                    )
-                    for s in ("all_right", "all_wrong")
-                ]  # fmt: skip
-                lo, hi = sorted(pair, key=lambda e: (e.input_tokens, e.cost_usd or 0))
-                lows.append(lo)
-                highs.append(hi)
-            lo, hi = _total(lows, "min"), _total(highs, "max")
+            bounds = [
+                estimate_bounds(
+                    bundle.cases, o, counter, model_id=spec.model_id, answer_tokens=args.answer_tokens
+                )
+                for o in ORACLE_SETTINGS
+            ]
+            lo, hi = total((b[0] for b in bounds), "min"), total((b[1] for b in bounds), "max")
             print(
                 f"| {spec.display} | {counter.rules.name} | {_cell(lo.calls, hi.calls)} "
                 f"| {_cell(lo.input_tokens, hi.input_tokens)} "

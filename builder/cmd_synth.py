@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from chexpercept.cli_options import progress_enabled
+from chexpercept.cli_options import progress_enabled, require
 
-from .cmd_synth_sources import add_phantom_arguments, require_output_dir
+from .cmd_synth_sources import add_phantom_arguments
 from .regions import PARTITION_MODES
 from .sources import SourceError
 from .synth import synthesize_run
@@ -29,7 +29,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    require_output_dir(args, "chexpercept synth")
+    require(args, "chexpercept synth", "--output-dir", dest="out")
     try:
         summary = synthesize_run(
             args.out,

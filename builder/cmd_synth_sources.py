@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from chexpercept.cli_options import add_option, add_progress_option, progress_enabled
+from chexpercept.cli_options import add_option, add_progress_option, progress_enabled, require
 from chexpercept.vocab import LESIONS
 
 from .synth_sources import ANATOMY_FORMATS, CHEXMASK_NAME, synthesize_sources
@@ -49,15 +49,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def require_output_dir(args: argparse.Namespace, prog: str) -> None:
-    """--output-dir (dest ``out``) is required; argparse cannot require it beside its old spelling."""
-    if not args.out:
-        print(f"{prog}: error: the following arguments are required: --output-dir", file=sys.stderr)
-        raise SystemExit(2)
-
-
 def run(args: argparse.Namespace) -> int:
-    require_output_dir(args, "chexpercept synth-sources")
+    require(args, "chexpercept synth-sources", "--output-dir", dest="out")
     if args.layout == "reference":
         return _run_reference(args)
     try:

@@ -7,9 +7,7 @@ importing datasets itself: the builder is registered when datasets is (or alread
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
+from .lazy import lazy_attributes as _lazy_attributes
 from .registration import register_when_imported as _register_when_imported
 
 __version__ = "0.1.0"
@@ -35,14 +33,4 @@ __all__ = sorted([*_EXPORTS, "__version__"])
 _register_when_imported()
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = _lazy_attributes(__name__, _EXPORTS, globals())

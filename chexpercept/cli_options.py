@@ -10,7 +10,9 @@ deprecation note on stderr.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from pathlib import Path as FsPath
 from typing import Any
 
 PROGRESS_HELP = "no progress bar (by default a progress bar goes to stderr)"
@@ -55,11 +57,12 @@ def add_option(parser: Any, flag: str, *deprecated: str, **kwargs: Any) -> argpa
     return action
 
 
-def require(args: argparse.Namespace, prog: str, *flags: str) -> None:
-    """Exit with status 2 and argparse's kind of message when one of ``flags`` was not given."""
-    missing = [f for f in flags if getattr(args, f.lstrip("-").replace("-", "_"), None) in (None, "")]
-    if missing:
-        print(f"{prog}: error: the following arguments are required: {', '.join(missing)}", file=sys.stderr)
+def require(args: argparse.Namespace, prog: str, flag: str, *, dest: str | None = None) -> None:
+    """Exit with status 2 and argparse's kind of message when ``flag`` (stored in ``dest``, by default
+    its own name) was not given: argparse cannot require an option that has an old spelling."""
+    dest = dest or flag.lstrip("-").replace("-", "_")
+    if getattr(args, dest, None) in (None, ""):
+        print(f"{prog}: error: the following arguments are required: {flag}", file=sys.stderr)
         raise SystemExit(2)
 
 
@@ -86,14 +89,31 @@ def add_data_dir_option(
 
 
 def data_dir_of(args: argparse.Namespace, parser_name: str = "chexpercept") -> str | None:
-    """The bundle folder given as ``--data-dir`` or positionally (both: they must agree)."""
+    """The bundle folder given as ``--data-dir`` or positionally (both: they must agree); None, with
+    the error printed, when neither was given."""
     flag = getattr(args, "data_dir", None)
     positional = getattr(args, "data_dir_positional", None)
     if flag and positional and flag != positional:
         raise SystemExit(
             f"{parser_name}: error: two bundle folders given ({positional} and --data-dir {flag})"
         )
+    if not (flag or positional):
+        print(
+            f"{parser_name}: error: the bundle folder is required (DATA_DIR or --data-dir)", file=sys.stderr
+        )
     return flag or positional
+
+
+def write_output(path: str | os.PathLike[str] | None, text: str) -> None:
+    """``--output FILE``: write ``text`` there (creating its folder) and say so on stderr; without
+    a path, print it on stdout."""
+    if path is None:
+        sys.stdout.write(text)
+        return
+    target = FsPath(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(text, encoding="utf-8")
+    print(f"wrote {path}", file=sys.stderr)
 
 
 def add_output_dir_option(parser: Any, *, help: str, **kwargs: Any) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from collections import Counter
 from typing import Any
 
@@ -66,10 +65,6 @@ def run(args: argparse.Namespace) -> int:
 
     data_dir = data_dir_of(args, "chexpercept inspect")
     if not data_dir:
-        print(
-            "chexpercept inspect: error: the bundle folder is required (DATA_DIR or --data-dir)",
-            file=sys.stderr,
-        )
         return 2
     ds = datasets.load_dataset("chexpercept", data_dir=data_dir, num_proc=args.num_proc)["train"]
     items = datasets.load_dataset("chexpercept", "items", data_dir=data_dir, num_proc=args.num_proc)["train"]

@@ -19,10 +19,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     data_dir = data_dir_of(args, "chexpercept validate")
     if not data_dir:
-        print(
-            "chexpercept validate: error: the bundle folder is required (DATA_DIR or --data-dir)",
-            file=sys.stderr,
-        )
         return 2
     try:
         bundle = read_bundle(

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path as FsPath
 from typing import Any
 
-from chexpercept.cli_options import add_data_dir_option, add_option
+from chexpercept.cli_options import add_data_dir_option, add_option, write_output
 from chexpercept.results import ORACLE_SETTINGS
 
 from .selection import add_selection_options
@@ -134,28 +134,11 @@ def render(rows: list[tuple[str, Any, Any]], model: str, counter: str, exact: bo
     return "\n".join(lines)
 
 
-def _total(estimates: list[Any], scenario: str) -> Any:
-    from .estimate import Estimate
-
-    total = Estimate(oracle="total", scenario=scenario)
-    for e in estimates:
-        total.cases += e.cases
-        total.calls += e.calls
-        total.input_text_tokens += e.input_text_tokens
-        total.input_image_tokens += e.input_image_tokens
-        total.cached_input_tokens += e.cached_input_tokens
-        total.output_tokens += e.output_tokens
-        for key in ("cost_usd", "cost_usd_without_cache", "seconds"):
-            if getattr(e, key) is not None:
-                setattr(total, key, round((getattr(total, key) or 0) + getattr(e, key), 6))
-    return total
-
-
 def run(args: argparse.Namespace) -> int:
     from chexpercept.bundle import read_bundle
     from chexpercept.errors import BundleValidationError, ReleaseNotFoundError
 
-    from .estimate import estimate_oracle
+    from .estimate import estimate_bounds, total
     from .registry import resolve
     from .selection import select_cases, split_list
 
@@ -182,17 +165,13 @@ def run(args: argparse.Namespace) -> int:
         per_case = _seconds_per_case(args.from_run, spec.model_id) if args.from_run else None
         rows, lows, highs = [], [], []
         for oracle in args.oracle:
-            pair = [
-                estimate_oracle(
-                    cases, oracle, counter, model_id=spec.model_id, scenario=s,
-                    answer_tokens=args.answer_tokens, tokens_per_second=rate,
-                )
-                for s in ("all_right", "all_wrong")
-            ]  # fmt: skip
+            lo, hi = estimate_bounds(
+                cases, oracle, counter, model_id=spec.model_id, answer_tokens=args.answer_tokens,
+                tokens_per_second=rate,
+            )  # fmt: skip
             if per_case is not None:
-                for e in pair:
+                for e in (lo, hi):
                     e.seconds = round(per_case * e.cases, 1)
-            lo, hi = sorted(pair, key=lambda e: (e.input_tokens, e.cost_usd or 0))
             rows.append((oracle, lo, hi))
             lows.append(lo)
             highs.append(hi)
@@ -200,7 +179,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
     if len(rows) > 1:
-        rows.append(("**total**", _total(lows, "min"), _total(highs, "max")))
+        rows.append(("**total**", total(lows, "min"), total(highs, "max")))
     if args.format == "json":
         text = json.dumps(
             {
@@ -217,10 +196,5 @@ def run(args: argparse.Namespace) -> int:
         )
     else:
         text = render(rows, spec.display or spec.name, counter.name, counter.exact)
-    if args.output:
-        FsPath(args.output).parent.mkdir(parents=True, exist_ok=True)
-        FsPath(args.output).write_text(text + "\n", encoding="utf-8")
-        print(f"wrote {args.output}", file=sys.stderr)
-    else:
-        print(text)
+    write_output(args.output, text + "\n")
     return 0

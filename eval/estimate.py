@@ -211,7 +211,8 @@ class ProcessorCounter:
         self.kwargs = dict(chat_template_kwargs or {})
         self.name = f"{type(self.processor).__name__} of {model_dir}"
         self.block = 16
-        self._ids: dict[tuple[str, int], list[int]] = {}
+        #: the last call counted and its token ids (the next call of its case compares with them)
+        self._last: tuple[Request, list[int]] | None = None
 
     def _token_ids(self, request: Request) -> list[int]:
         from PIL import Image
@@ -250,15 +251,12 @@ class ProcessorCounter:
         ids = self._token_ids(request)
         image = sum(1 for t in ids if t == self.image_token_id) if self.image_token_id is not None else 0
         shared = 0
-        if previous is not None:
-            before = self._ids.get((previous.key_id, len(previous.messages)))
-            if before is not None:
-                for a, b in zip(ids, before):
-                    if a != b:
-                        break
-                    shared += 1
-        self._ids = {k: v for k, v in self._ids.items() if k[0] != request.key_id}
-        self._ids[(request.key_id, len(request.messages))] = ids
+        if previous is not None and self._last is not None and self._last[0] is previous:
+            for a, b in zip(ids, self._last[1]):
+                if a != b:
+                    break
+                shared += 1
+        self._last = (request, ids)
         if shared and previous is not None:  # the earlier answers the reused prefix holds
             common = []
             for mine, theirs in zip(request.messages, previous.messages):
@@ -365,6 +363,43 @@ def estimate_oracle(
     on_call = _tally(estimate, counter, model_id, lambda _request: answer_tokens)
     estimate.cases, estimate.calls = walk(cases, oracle, lambda case: _scripted(case, scenario), on_call)
     return _finish(estimate, counter, tokens_per_second)
+
+
+def estimate_bounds(
+    cases: Sequence[Case],
+    oracle: str,
+    counter: TokenCounter,
+    *,
+    model_id: str,
+    answer_tokens: int = DEFAULT_ANSWER_TOKENS,
+    tokens_per_second: float | None = None,
+) -> tuple[Estimate, Estimate]:
+    """(lower, upper) estimate of one oracle setting: the two scenarios, ordered by input tokens."""
+    pair = [
+        estimate_oracle(
+            cases, oracle, counter, model_id=model_id, scenario=s,
+            answer_tokens=answer_tokens, tokens_per_second=tokens_per_second,
+        )
+        for s in SCENARIOS
+    ]  # fmt: skip
+    lo, hi = sorted(pair, key=lambda e: (e.input_tokens, e.cost_usd or 0))
+    return lo, hi
+
+
+def total(estimates: Iterable[Estimate], scenario: str) -> Estimate:
+    """The sum of several estimates (e.g. all oracle settings); a cost or time known for none stays None."""
+    out = Estimate(oracle="total", scenario=scenario)
+    for e in estimates:
+        out.cases += e.cases
+        out.calls += e.calls
+        out.input_text_tokens += e.input_text_tokens
+        out.input_image_tokens += e.input_image_tokens
+        out.cached_input_tokens += e.cached_input_tokens
+        out.output_tokens += e.output_tokens
+        for key in ("cost_usd", "cost_usd_without_cache", "seconds"):
+            if getattr(e, key) is not None:
+                setattr(out, key, round((getattr(out, key) or 0) + getattr(e, key), 6))
+    return out
 
 
 def estimate_recorded(

@@ -56,9 +56,7 @@ Example:
 
 from __future__ import annotations
 
-import importlib
-import warnings
-from typing import Any
+from chexpercept.lazy import lazy_attributes
 
 _EXPORTS: dict[str, str] = {
     "Run": "runs",
@@ -94,22 +92,4 @@ _DEPRECATED: dict[str, str] = {"Report": "ModelScores", "build_report": "score_m
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    if name in _DEPRECATED:
-        new = _DEPRECATED[name]
-        warnings.warn(
-            f"chexpercept.metrics.{name} is deprecated; use chexpercept.metrics.{new}",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return __getattr__(new)
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_attributes(__name__, _EXPORTS, globals(), _DEPRECATED)

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from typing import Any
 
-from chexpercept.cli_options import add_data_dir_option, add_option, add_parse_mode_option
+from chexpercept.cli_options import add_data_dir_option, add_option, add_parse_mode_option, write_output
 from chexpercept.errors import BundleValidationError, ReleaseNotFoundError
 from chexpercept.results import ORACLE_SETTINGS
 
@@ -111,14 +110,7 @@ def run(args: argparse.Namespace) -> int:
             "note: --cases adds every case's verdicts to --details; without --details it does nothing",
             file=sys.stderr,
         )
-    text = _output(args, reports)
-    if args.output:
-        os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
-        with open(args.output, "w", encoding="utf-8") as f:
-            f.write(text)
-        print(f"wrote {args.output}", file=sys.stderr)
-    else:
-        sys.stdout.write(text)
+    write_output(args.output, _output(args, reports))
     return 0
 
 

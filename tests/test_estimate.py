@@ -118,17 +118,17 @@ def test_local_model_counts_with_its_own_processor(bundle, tiny_model, capsys):
 
 
 def test_estimate_total_is_the_sum(bundle):
-    from chexpercept.eval.cmd_estimate import _total
+    from chexpercept.eval.estimate import total
 
     counter = ApiCounter(bundle.root, OPENAI_GPT5, text=len, answer_tokens=5)
     parts = [
         estimate_oracle(bundle.cases, o, counter, model_id="gpt-5.4", scenario="all_right")
         for o in ("none", "implicit")
     ]
-    total = _total(parts, "min")
-    assert isinstance(total, Estimate)
-    assert total.calls == sum(p.calls for p in parts)
-    assert total.cost_usd == pytest.approx(sum(p.cost_usd for p in parts))
+    summed = total(parts, "min")
+    assert isinstance(summed, Estimate)
+    assert summed.calls == sum(p.calls for p in parts)
+    assert summed.cost_usd == pytest.approx(sum(p.cost_usd for p in parts))
 
 
 def test_recorded_estimate_against_usage_a_loopback_api_reports(tmp_path):

@@ -26,6 +26,22 @@ from chexpercept.cli import main as cli
 LESIONS2 = ["cardiomegaly", "edema"]
 
 
+def generate_reviewed(sources, lesions, export_dir, bundle) -> int:
+    """``chexpercept generate`` on the phantom sources, one case per cell, selected by the review
+    sheets of ``export_dir``; its exit status."""
+    return cli(
+        [
+            "generate",
+            *("--mimic-cxr-jpg", str(sources / "mimic-cxr-jpg"), "--mimic-ils", str(sources / "mimic-ils")),
+            *("--anatomy", str(sources / "anatomy"), "--lesions", *lesions, "--per-cell", "1"),
+            *("--output-dir", str(bundle), "--no-progress"),
+            "--review",
+            str(export_dir / "positive_labeling_sheet.csv"),
+            str(export_dir / "negative_labeling_sheet.csv"),
+        ]
+    )
+
+
 # ------------------------------------------------------------------------------------------- kappas
 def _pairs(yy: int, yn: int, ny: int, nn: int) -> tuple[list[str], list[str]]:
     a = ["y"] * (yy + yn) + ["n"] * (ny + nn)
@@ -375,27 +391,7 @@ def test_export_then_generate_review(sources, tmp_path, capsys):
     assert export(rev, rule="majority").accepted == 10
 
     bundle = tmp_path / "bundle"
-    rc = cli(
-        [
-            "generate",
-            "--mimic-cxr-jpg",
-            str(sources / "mimic-cxr-jpg"),
-            "--mimic-ils",
-            str(sources / "mimic-ils"),
-            "--anatomy",
-            str(sources / "anatomy"),
-            "--lesions",
-            *LESIONS2,
-            "--per-cell",
-            "1",
-            "--output-dir",
-            str(bundle),
-            "--no-progress",
-            "--review",
-            str(rev / "export" / "positive_labeling_sheet.csv"),
-            str(rev / "export" / "negative_labeling_sheet.csv"),
-        ]
-    )
+    rc = generate_reviewed(sources, LESIONS2, rev / "export", bundle)
     bundle_json = json.loads((bundle / "chexpercept.json").read_text())
     keys = set(bundle_json)
     assert keys and rejected not in keys and disputed not in keys

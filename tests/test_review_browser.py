@@ -15,6 +15,7 @@ from chexpercept.builder.review.store import read_decisions
 from chexpercept.cli import main as cli
 
 from .test_report_browser import _errors, _require_browser, browser  # noqa: F401 - the shared fixture
+from .test_review import generate_reviewed
 
 pytestmark = pytest.mark.browser
 
@@ -229,27 +230,7 @@ def test_two_annotators_at_once_and_generate_review(browser, review, sources, tm
     assert [r["measure"] for r in agreement] == ["cohen", "fleiss"] and agreement[0]["cases"] == "6"
 
     bundle = tmp_path / "bundle"
-    rc = cli(
-        [
-            "generate",
-            "--mimic-cxr-jpg",
-            str(sources / "mimic-cxr-jpg"),
-            "--mimic-ils",
-            str(sources / "mimic-ils"),
-            "--anatomy",
-            str(sources / "anatomy"),
-            "--lesions",
-            *LESIONS1,
-            "--per-cell",
-            "1",
-            "--output-dir",
-            str(bundle),
-            "--no-progress",
-            "--review",
-            str(root / "export" / "positive_labeling_sheet.csv"),
-            str(root / "export" / "negative_labeling_sheet.csv"),
-        ]
-    )
+    rc = generate_reviewed(sources, LESIONS1, root / "export", bundle)
     entries = json.loads((bundle / "chexpercept.json").read_text())
     accepted = {k for k, v in marks.items() if v == "y"}
     assert entries and set(entries) <= accepted
