@@ -1,0 +1,97 @@
+"""Every request the runner sends on a fixed bundle, as a hash per call plus a readable excerpt.
+
+The snapshot (tests/data/request_snapshot.json) is checked by tests/test_request_snapshot.py, so that no
+change to the engine, the conversation, the oracle texts or the message shape alters a prompt
+silently. The bundle is ``write_fixture_bundle(per_cell=1, seed=0)`` (fixed texts, noise images:
+nothing in it depends on a numeric library), the answers those of ``baseline:random`` (seed 0), so
+that right and wrong answers, and with them every oracle trigger, occur. Images enter the hash by
+their paths (relative to the bundle), not their bytes.
+
+Regenerate after a deliberate change of what is sent (then review the diff of the JSON file):
+
+    python tests/request_snapshot.py --update
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+SNAPSHOT = Path(__file__).with_name("data") / "request_snapshot.json"
+ORACLES = ("none", "implicit", "explicit")
+BASELINE = "baseline:random"
+
+
+def request_entry(request: Any) -> dict[str, Any]:
+    """One call: its identity, the hash of what is sent and an excerpt of the new user turn."""
+    sent = {
+        "records": [m.as_record() for m in request.messages],
+        "openai_messages": request.openai_messages(lambda p: p),
+    }
+    digest = hashlib.sha256(
+        json.dumps(sent, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    ).hexdigest()
+    last = request.messages[-1]
+    return {
+        "key_id": request.key_id,
+        "task": request.task,
+        "messages": len(request.messages),
+        "sha256": digest[:32],
+        "excerpt": last.text[:160],
+        "images": list(last.images),
+    }
+
+
+def record_requests(root: Path, oracle: str) -> list[dict[str, Any]]:
+    """Every request of a run of the baseline over the bundle at ``root``, in (case, turn) order."""
+    from chexpercept.bundle import read_bundle
+    from chexpercept.eval.backends.baselines import BaselineBackend
+    from chexpercept.eval.engine import run_conversations
+    from chexpercept.eval.protocol import RunContext
+
+    bundle = read_bundle(root)
+    sent: list[dict[str, Any]] = []
+
+    class Recording(BaselineBackend):
+        def generate(self, requests: Sequence[Any]) -> list[Any]:
+            sent.extend(request_entry(r) for r in requests)
+            return super().generate(requests)
+
+    backend = Recording(BASELINE)
+    backend.setup(RunContext(root=bundle.root, cases=bundle.cases, seed=0))
+    run_conversations(bundle.cases, backend, oracle=oracle, batch_size=7, on_finished=lambda _: None)
+    order = {c.key_id: i for i, c in enumerate(bundle.cases)}
+    return sorted(sent, key=lambda e: (order[e["key_id"]], e["messages"]))
+
+
+def snapshot() -> dict[str, list[dict[str, Any]]]:
+    """The snapshot of every oracle setting, computed now."""
+    from chexpercept.testing import write_fixture_bundle
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root = write_fixture_bundle(Path(tmp) / "bundle", per_cell=1, seed=0)
+        return {oracle: record_requests(root, oracle) for oracle in ORACLES}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--update", action="store_true", help=f"rewrite {SNAPSHOT}")
+    args = parser.parse_args(argv)
+    data = snapshot()
+    if not args.update:
+        same = SNAPSHOT.exists() and json.loads(SNAPSHOT.read_text(encoding="utf-8")) == data
+        print("request snapshot: " + ("unchanged" if same else f"DIFFERS from {SNAPSHOT}"))
+        return 0 if same else 1
+    SNAPSHOT.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    print(f"wrote {SNAPSHOT}: " + ", ".join(f"{o} {len(v)} calls" for o, v in data.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,37 @@
+"""No change alters a prompt silently: every request the runner sends, against the committed snapshot."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from request_snapshot import ORACLES, SNAPSHOT, snapshot
+
+
+def test_every_request_equals_the_committed_snapshot():
+    expected = json.loads(SNAPSHOT.read_text(encoding="utf-8"))
+    now = snapshot()
+    assert set(now) == set(ORACLES)
+    for oracle in ORACLES:
+        before = {(e["key_id"], e["messages"]): e for e in expected[oracle]}
+        after = {(e["key_id"], e["messages"]): e for e in now[oracle]}
+        assert before.keys() == after.keys(), f"oracle {oracle}: other calls than the snapshot's"
+        changed = [k for k in before if before[k] != after[k]]
+        assert not changed, (
+            f"oracle {oracle}: {len(changed)} request(s) differ from tests/data/request_snapshot.json, "
+            f"e.g. {changed[0]}: {before[changed[0]]} -> {after[changed[0]]}. If the change is meant, "
+            "run python tests/request_snapshot.py --update and review the diff."
+        )
+
+
+def test_the_snapshot_covers_every_oracle_text():
+    data = json.loads(SNAPSHOT.read_text(encoding="utf-8"))
+    # the explicit setting prepends oracle texts the none setting never sends; the implicit setting
+    # sends the same user turns as none but patched histories
+    explicit = {e["excerpt"] for e in data["explicit"]}
+    plain = {e["excerpt"] for e in data["none"]}
+    assert explicit - plain
+    assert {e["sha256"] for e in data["implicit"]} - {e["sha256"] for e in data["none"]}
+    assert len(data["none"]) == len(data["implicit"]) == len(data["explicit"])
