@@ -124,9 +124,24 @@ def check_release_dir(data_dir: str | os.PathLike[str] | None) -> FsPath:
 def iter_entries(root: FsPath) -> Iterator[tuple[str, Any, Span]]:
     """Stream (key_id, entry, byte span) from chexpercept.json, with errors naming the file."""
     path = root / JSON_NAME
+    seen: dict[str, int] = {}
     try:
         with open(path, "rb") as f:
-            yield from iter_object_items(f)
+            for n, (key_id, entry, span) in enumerate(iter_object_items(f), start=1):
+                if key_id in seen:  # json.loads would keep the last silently; a case must be one entry
+                    raise BundleValidationError(
+                        root,
+                        [
+                            Problem(
+                                key_id,
+                                JSON_NAME,
+                                f"key_id appears twice: entries {seen[key_id]} and {n} of the top-level "
+                                f"object (the second at byte {span.start}); a case is one entry",
+                            )
+                        ],
+                    )
+                seen[key_id] = n
+                yield key_id, entry, span
     except json.JSONDecodeError as e:
         raise BundleValidationError(root, [Problem("-", JSON_NAME, f"not valid JSON: {e}")]) from e
     except TypeError as e:

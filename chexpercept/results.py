@@ -10,8 +10,9 @@ mode; the parsed answer and correctness stored beside it are those of the run's 
 
 from __future__ import annotations
 
+import hashlib
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path as FsPath
 from typing import TYPE_CHECKING, Any
@@ -24,7 +25,45 @@ RUN_NAME = "run.json"
 #: cases a run could not finish because a request failed (one line per failure; never scored)
 FAILURES_NAME = "failures.jsonl"
 ORACLE_SETTINGS: tuple[str, ...] = ("none", "implicit", "explicit")
-SCHEMA_VERSION = 2  # 2: full_response and refusal per turn; failed requests kept apart
+SCHEMA_VERSION = 3  # 2: full_response and refusal per turn; failed requests kept apart; 3: run identity
+
+
+def settings_fingerprint(settings: Mapping[str, Any]) -> str:
+    """A short hash of a run's settings (run.json's ``settings``: model, backend, oracle, parse mode,
+    sampling, seed, chat template variables, bundle fingerprint)."""
+    canonical = json.dumps(settings, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:16]
+
+
+def run_identity(settings: Mapping[str, Any]) -> dict[str, str]:
+    """What each record carries of the run that made it: the model and the settings fingerprint."""
+    return {"model": str(settings.get("model_id", "")), "fingerprint": settings_fingerprint(settings)}
+
+
+def check_identity(
+    path: str | FsPath,
+    lines: Iterable[tuple[int, str, Mapping[str, Any] | None]],
+    identity: Mapping[str, str],
+) -> None:
+    """Raise ForeignRecordError when a (line number, key_id, record's ``run``) of ``path`` belongs to
+    another run than ``identity``; records without one (written before schema 3) are not judged."""
+    foreign = [
+        f"line {n} (case {key_id}: model {theirs.get('model')!r}, settings {theirs.get('fingerprint')})"
+        for n, key_id, theirs in lines
+        if theirs and theirs.get("fingerprint") != identity.get("fingerprint")
+    ]
+    if foreign:
+        more = f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
+        raise ForeignRecordError(
+            f"{path}: {len(foreign)} record(s) were made by another run than the one its run.json "
+            f"describes (model {identity.get('model')!r}, settings {identity.get('fingerprint')}): "
+            f"{'; '.join(foreign[:3])}{more}. They would change the scores. Remove those lines (or move "
+            "the folder away) and rerun."
+        )
+
+
+class ForeignRecordError(ValueError):
+    """A run folder holds records of another run (appended from another model or other settings)."""
 
 
 def check_oracle(value: str, where: str = "") -> str:
@@ -128,6 +167,9 @@ class CaseResult:
     conversation: list[dict[str, Any]] = field(default_factory=list)
     usage: dict[str, Any] = field(default_factory=dict)
     schema: int = SCHEMA_VERSION
+    #: the run that made this record (``run_identity``): resume, score and report refuse a record
+    #: of another run in a run folder; None in records written before schema 3
+    run: dict[str, str] | None = None
 
     def turn(self, task: str) -> TurnResult | None:
         for t in self.turns:
@@ -161,6 +203,8 @@ class CaseFailure:
     turn_index: int
     error: str
     time: str = ""
+    #: the run that made this record (``run_identity``); None before schema 3
+    run: dict[str, str] | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), ensure_ascii=False, separators=(",", ":"))
@@ -193,9 +237,15 @@ def complete_lines(path: str | FsPath) -> Iterator[tuple[int, str]]:
 
 def iter_results(path: str | FsPath) -> Iterator[CaseResult]:
     """Read a results.jsonl; a torn last line (crash mid-write) is ignored, any other bad line raises."""
+    for _n, result in iter_numbered_results(path):
+        yield result
+
+
+def iter_numbered_results(path: str | FsPath) -> Iterator[tuple[int, CaseResult]]:
+    """(line number, result) of every result of a results.jsonl (as ``iter_results``)."""
     path = FsPath(path)
     for n, line in complete_lines(path):
         try:
-            yield CaseResult.from_dict(json.loads(line))
+            yield n, CaseResult.from_dict(json.loads(line))
         except (json.JSONDecodeError, TypeError, KeyError) as e:
             raise ValueError(f"{path}:{n}: not a CheXpercept case result: {e}") from e

@@ -1,15 +1,19 @@
 """What the conversation engine hands a backend, and what it gets back.
 
-Every backend (vLLM, transformers, OpenAI-compatible, baselines) implements ``Backend``: it gets a
-batch of requests, each the whole conversation so far (system message, earlier turns, the new user
-turn), and answers each with the model's raw text. Images travel as paths relative to the bundle
-root; each backend turns them into what its model needs (file URLs, decoded images, data URLs)
+Every backend (vLLM, transformers, OpenAI-compatible, baselines) implements ``Backend``: the engine
+hands requests over as they arise (``submit``), each the whole conversation so far (system message,
+earlier turns, the new user turn), and takes each answer, the model's raw text, as soon as it is
+ready (``completed``). How the requests it holds are batched is the backend's own business: vLLM
+adds each to its running engine, the openai backend sends each at once within its in-flight limit,
+and a backend that answers a batch at a time (``BatchBackend``: transformers, the baselines) answers
+everything handed over since it was last free in one call. Images travel as paths relative to the
+bundle root; each backend turns them into what its model needs (file URLs, decoded images, data URLs)
 and never re-encodes an image that it has already prepared for a live conversation.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path as FsPath
 from typing import Any, Protocol
@@ -40,6 +44,11 @@ class Request:
     @property
     def task(self) -> str:
         return self.turn.task
+
+    @property
+    def request_id(self) -> str:
+        """``<key_id>/<task>``: unique within a run (a case asks each task once)."""
+        return f"{self.key_id}/{self.turn.task}"
 
     @property
     def images(self) -> list[str]:
@@ -131,15 +140,37 @@ class BackendError(RuntimeError):
     """A backend could not answer a request; the message names the case and the turn."""
 
 
+#: one answered request: the request as handed over, and the backend's answer to it
+Completion = tuple[Request, Response]
+
+
 class Backend(Protocol):
     #: the name recorded in run.json ("vllm", "transformers", "openai", "baseline")
     name: str
-    #: the batch size used when --batch-size is not given
+    #: the most conversations live at once when --batch-size is not given
     default_batch_size: int
 
     def setup(self, context: RunContext) -> None: ...
 
-    def generate(self, requests: Sequence[Request]) -> list[Response]: ...
+    def submit(self, requests: Sequence[Request]) -> None:
+        """Hand requests over; each one is answered exactly once by a later ``completed``.
+
+        A request the backend cannot take (one the engine rejects: too long, too many images) is
+        answered with a ``Response`` whose ``error`` says why; it never raises for one request.
+        """
+        ...
+
+    def completed(self) -> list[Completion]:
+        """The answers that are ready: at least one (waits until one is), every one that is ready.
+
+        Raises BackendError only for what ends the whole run (the engine died, every request
+        would fail the same way); only called while a submitted request is unanswered.
+        """
+        ...
+
+    def release(self, key_ids: Sequence[str]) -> None:
+        """These conversations have ended (finished or failed): drop what was kept for them."""
+        ...
 
     def sampling(self) -> Sampling: ...
 
@@ -148,3 +179,67 @@ class Backend(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+class BatchBackend:
+    """The ``Backend`` interface for a backend that answers a batch at a time (``generate``).
+
+    Whatever was handed over since the backend was last free is answered in one ``generate`` call,
+    which may split it as it must (the transformers backend by length, within its token budget).
+    While every live conversation waits for its answer that is every live conversation, so a
+    backend may drop what it caches for conversations not asked in a call (they have ended).
+    """
+
+    def generate(self, requests: Sequence[Request]) -> list[Response]:
+        raise NotImplementedError
+
+    def submit(self, requests: Sequence[Request]) -> None:
+        self.__dict__.setdefault("_pending", []).extend(requests)
+
+    def completed(self) -> list[Completion]:
+        batch: list[Request] = self.__dict__.pop("_pending", [])
+        if not batch:
+            raise BackendError(f"{type(self).__name__}: completed() called with no request handed over")
+        responses = self.generate(batch)
+        if len(responses) != len(batch):
+            raise BackendError(
+                f"backend {getattr(self, 'name', type(self).__name__)!r} returned {len(responses)} "
+                f"answers for {len(batch)} requests"
+            )
+        return list(zip(batch, responses))
+
+    def release(self, key_ids: Sequence[str]) -> None:
+        """Nothing to drop here: ``generate`` keeps only what the requests of its call use."""
+
+
+class _BatchAdapter(BatchBackend):
+    """A backend object that only has ``generate`` (e.g. a test's fake), seen through BatchBackend."""
+
+    def __init__(self, backend: Any):
+        self.backend = backend
+        self.name = getattr(backend, "name", type(backend).__name__)
+
+    def generate(self, requests: Sequence[Request]) -> list[Response]:
+        return self.backend.generate(requests)
+
+
+def streaming(backend: Any) -> Backend:
+    """``backend`` itself when it has the ``Backend`` interface, else its ``generate`` behind
+    BatchBackend."""
+    if callable(getattr(backend, "submit", None)) and callable(getattr(backend, "completed", None)):
+        return backend
+    return _BatchAdapter(backend)  # type: ignore[return-value]
+
+
+def answer_all(backend: Any, requests: Iterable[Request]) -> list[Response]:
+    """Submit ``requests`` at once and wait for every answer; the answers in request order (for
+    checks and benchmarks that need no conversation engine)."""
+    requests = list(requests)
+    live = streaming(backend)
+    live.submit(requests)
+    answers: dict[int, Response] = {}
+    positions = {id(r): i for i, r in enumerate(requests)}
+    while len(answers) < len(requests):
+        for request, response in live.completed():
+            answers[positions[id(request)]] = response
+    return [answers[i] for i in range(len(requests))]

@@ -35,8 +35,10 @@ from chexpercept.cli_options import add_progress_option, progress_enabled
 from chexpercept.errors import BundleValidationError, ReleaseNotFoundError
 from chexpercept.eval.backends import backend_class, json_object_arg
 from chexpercept.eval.distributed import Distributed
-from chexpercept.eval.engine import EngineStats, run_conversations
+from chexpercept.eval.engine import ConversationFailed, EngineStats, admission_order, run_conversations
 from chexpercept.eval.hub import add_revision_option, prepare_model
+from chexpercept.eval.interrupts import ChildProcesses, RunInterrupted, received, stop_on_signals
+from chexpercept.eval.outcome import READ_ONLY, Session, os_error_text, say_bug, say_end
 from chexpercept.eval.protocol import Backend, BackendError, RunContext, Sampling
 from chexpercept.eval.provenance import git_commit, now, versions
 from chexpercept.eval.registry import BACKENDS, REGISTRY, ModelSpec, resolve
@@ -51,7 +53,15 @@ from chexpercept.eval.store import (
     rewrite_in_order,
     write_json_atomic,
 )
-from chexpercept.results import ORACLE_SETTINGS, CaseFailure, CaseResult, read_failures
+from chexpercept.results import (
+    ORACLE_SETTINGS,
+    CaseFailure,
+    CaseResult,
+    ForeignRecordError,
+    check_identity,
+    read_failures,
+    run_identity,
+)
 from chexpercept.run_metadata import BundleInfo, RunMetadata, SamplingInfo, Selection
 
 #: exit status of a run that ended with cases left unfinished by failed requests (rerun to retry)
@@ -102,6 +112,14 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
         default="reference",
         help="how answers are read during the run, which drives oracle triggers (default: reference)",
     )
+    g.add_argument(
+        "--on-error",
+        choices=("stop", "record"),
+        default="stop",
+        help="when a request fails (after the backend's retries; or the engine refuses it): stop the run "
+        "(finished cases are saved; rerun to resume) or record the case as unfinished in failures.jsonl "
+        "and go on with the others (exit status 3; a rerun retries them). Default: stop",
+    )
     g.add_argument("--list-models", action="store_true", help="print the model registry and exit")
 
 
@@ -133,7 +151,10 @@ def _add_output_options(parser: argparse.ArgumentParser) -> None:
 def _add_decoding_options(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("decoding")
     g.add_argument(
-        "--batch-size", type=int, help="conversations advanced together (backend default otherwise)"
+        "--batch-size",
+        type=int,
+        help="most conversations live at once; a finished one's slot goes to the next case at once "
+        "(backend default otherwise)",
     )
     g.add_argument("--seed", type=int, default=0, help="seed for sampling and baseline:random (default 0)")
     g.add_argument(
@@ -244,7 +265,10 @@ def _prepare_folder(folder: RunStore, settings: dict[str, Any], header: RunMetad
         dropped = repair_tail(folder.results)
         repair_tail(folder.failures)
         size = folder.results.stat().st_size if folder.results.exists() else 0
-        finished = sorted(read_records(folder.results))
+        identity = run_identity(settings)
+        finished = sorted(read_records(folder.results, identity))
+        failures = read_failures(folder.failures)
+        check_identity(folder.failures, ((i + 1, f.key_id, f.run) for i, f in enumerate(failures)), identity)
         info = replace(header, settings=settings, finished=None)
         if previous:
             info.started = previous.get("started", header.started)
@@ -296,7 +320,7 @@ def _selected_cases(
     return bundle, lesions, paths, cases
 
 
-def execute(args: argparse.Namespace, dist: Distributed) -> int:
+def execute(args: argparse.Namespace, dist: Distributed, children: ChildProcesses) -> int:
     # arguments first: a wrong one fails before the bundle's images are checked
     spec, backend, sampling, chat_kwargs, batch_size = _backend_for(args, dist)
     check_release_dir(args.data_dir)  # a wrong --data-dir fails before any download
@@ -350,25 +374,105 @@ def execute(args: argparse.Namespace, dist: Distributed) -> int:
         started=now(),
     )
 
-    # 1. the main process takes the folder; everyone learns whether it could
+    # 1. the main process takes the folder (or, read-only, checks a finished run); everyone learns
+    # whether it could
     outcome: dict[str, Any] = {}
     error: Exception | None = None
     if dist.is_main:
         try:
             outcome = _prepare_folder(folder, settings, header)
-        except EXPECTED_ERRORS as e:
+        except OSError as e:
+            if e.errno not in READ_ONLY:
+                raise
+            outcome = {"ok": False, "status": recheck_read_only(folder, settings, cases, e, args, spec)}
+        except (*EXPECTED_ERRORS, ForeignRecordError) as e:
             error = e
             outcome = {"ok": False, "error": str(e)}
     outcome = dist.broadcast(outcome)
     if not outcome["ok"]:
         if error is not None:
             raise error
-        return 2
+        return int(outcome.get("status", 2))
+    session = Session(
+        folder=folder.path,
+        results=folder.results,
+        selected=len(cases),
+        prefix=f"process {dist.index} of {dist.count}: " if dist.count > 1 else "",
+    )
     try:
-        return _run_locked(args, dist, spec, bundle, cases, backend, batch_size, folder, outcome)
+        return _run_locked(args, dist, spec, bundle, cases, backend, batch_size, folder, outcome, session)
+    except RunInterrupted as e:
+        if dist.is_main or session.finished_now:
+            say_end(session, f"stopped by {e.name}", "rerun the same command to resume")
+        return e.exit_status
+    except ConversationFailed as e:
+        say_end(
+            session,
+            f"error: {e} (--on-error stop; {e.live} other live conversation(s) were not finished)",
+            "rerun the same command to resume, or pass --on-error record to leave the cases whose "
+            "requests fail unfinished and go on with the others",
+        )
+        return 2
+    except BackendError as e:
+        signum = received()
+        if signum is not None:  # the engine died of the same signal (Ctrl-C reaches it too)
+            stop = RunInterrupted(signum)
+            say_end(session, f"stopped by {stop.name}", "rerun the same command to resume")
+            return stop.exit_status
+        say_end(session, f"error: {e}", "rerun the same command to resume")
+        return 2
+    except OSError as e:
+        if e.errno is None:  # not the system's (e.g. PIL's UnidentifiedImageError)
+            say_end(
+                session, f"error: {type(e).__name__}: {e}", "fix it, then rerun the same command to resume"
+            )
+        else:
+            what, advice = os_error_text(e, folder.path)
+            say_end(session, f"error: {what}", advice)
+        return 2
+    except (*EXPECTED_ERRORS, ForeignRecordError) as e:
+        say_end(session, f"error: {e}", "fix it, then rerun the same command to resume")
+        return 2
+    except Exception as e:
+        say_bug(session, e)
+        return 1
     finally:
         if dist.is_main:
             folder.lock.release()
+        children.stop()
+
+
+def recheck_read_only(
+    folder: RunStore,
+    settings: dict[str, Any],
+    cases: list[Case],
+    error: OSError,
+    args: argparse.Namespace,
+    spec: ModelSpec,
+) -> int:
+    """A folder that cannot be written: a finished run with these settings is checked without
+    writing (and scored); anything else is one line saying why it cannot go on."""
+    what, advice = os_error_text(error, folder.path)
+    if not folder.run_json.is_file():
+        say_end(None, f"error: {what}", advice)
+        return 2
+    folder.check_settings(settings)  # reads only; names any difference
+    records = read_records(folder.results, run_identity(settings))
+    missing = [c.key_id for c in cases if c.key_id not in records]
+    if missing:
+        say_end(
+            None,
+            f"error: {what}; {len(missing)} of the {len(cases)} selected cases are not done (e.g. {missing[0]})",
+            advice,
+        )
+        return 2
+    print(
+        f"{len(cases)} cases of {spec.name} (oracle {args.oracle}) in {folder.path}: the run is complete "
+        "(checked read-only: nothing was written)"
+    )
+    if not args.no_score:
+        print_scores(folder.path.parent, spec.display or spec.name, args.parse_mode)
+    return 0
 
 
 def _run_locked(
@@ -381,26 +485,32 @@ def _run_locked(
     batch_size: int,
     folder: RunStore,
     outcome: dict[str, Any],
+    session: Session,
 ) -> int:
     remaining, mine = _shares(dist, cases, folder, outcome)
+    session.remaining = len(remaining)
+    context = RunContext(
+        root=bundle.root,
+        cases=cases,
+        seed=args.seed,
+        process_index=dist.index,
+        num_processes=dist.count,
+        local_process_index=dist.local_index,
+        local_num_processes=dist.local_count,
+    )
+    # 2. before any engine loads: does every conversation left fit the engine's limits?
+    verdict = _preflight(args, spec, backend, context, remaining, bundle) if dist.is_main else ""
+    verdict = dist.broadcast(verdict)
+    if verdict:
+        raise ValueError(verdict)
     stats, progress = EngineStats(), None
     try:
         enabled = dist.is_main and progress_enabled(args)
         if mine:
-            backend.setup(
-                RunContext(
-                    root=bundle.root,
-                    cases=cases,
-                    seed=args.seed,
-                    process_index=dist.index,
-                    num_processes=dist.count,
-                    local_process_index=dist.local_index,
-                    local_num_processes=dist.local_count,
-                )
-            )
+            backend.setup(context)
         progress = _Progress(folder.results, len(remaining), enabled, outcome["results_size"])
         if mine:
-            stats = _converse(args, spec, backend, batch_size, folder, mine, progress)
+            stats = _converse(args, spec, backend, batch_size, folder, mine, progress, session, outcome)
     finally:
         backend.close()
     # 3. the main process checks that every selected case is there once, orders the file, signs off
@@ -410,6 +520,51 @@ def _run_locked(
     if not dist.is_main:
         return 0
     return _sign_off(args, spec, bundle, cases, backend, folder, outcome, remaining, stats)
+
+
+def _preflight(
+    args: argparse.Namespace,
+    spec: ModelSpec,
+    backend: Backend,
+    context: RunContext,
+    cases: list[Case],
+    bundle: Bundle,
+) -> str:
+    """Main process: the preflight report (eval/preflight.py) of the cases left, before the engine
+    loads; returns the reason to stop ("" to go on). Cases that cannot run stop the run under
+    --on-error stop; under record they are reported and fail one by one."""
+    limits_of = getattr(backend, "context_limits", None)
+    model_dir = getattr(getattr(backend, "spec", None), "model_id", spec.model_id)  # the local snapshot
+    if not cases or not callable(limits_of) or not FsPath(model_dir).is_dir():
+        return ""
+    limits = limits_of(context)
+    if limits.max_model_len is None and limits.max_images is None:
+        return ""
+    from chexpercept.eval.estimate import ProcessorCounter
+    from chexpercept.eval.preflight import check_fit
+
+    try:
+        counter = ProcessorCounter(bundle.root, spec.model_id, getattr(backend, "chat_template_kwargs", None))
+    except Exception as e:  # no processor to count with: the engine will say what it refuses
+        print(
+            f"note: preflight check skipped (cannot load the processor of {spec.model_id}: {e})",
+            file=sys.stderr,
+        )
+        return ""
+    try:
+        report = check_fit(
+            cases, counter, limits, oracle=args.oracle, max_tokens=backend.sampling().max_tokens
+        )
+    except Exception as e:  # e.g. an image that no longer decodes: the backend names it when it meets it
+        print(f"note: preflight check skipped ({type(e).__name__}: {e})", file=sys.stderr)
+        return ""
+    print("\n".join(report.lines()), file=sys.stderr)
+    if report.cannot and args.on_error == "stop":
+        return (
+            f"{len(report.cannot)} selected case(s) cannot run within the engine's limits (listed above); "
+            "nothing was started"
+        )
+    return ""
 
 
 def _shares(
@@ -442,27 +597,37 @@ def _converse(
     folder: RunStore,
     mine: list[Case],
     progress: _Progress,
+    session: Session,
+    outcome: dict[str, Any],
 ) -> EngineStats:
-    """This process's conversations, each finished case appended at once (failed ones apart)."""
+    """This process's conversations, each finished case appended at once (failed ones apart), each
+    record marked with the run that made it."""
+    identity = run_identity(RunMetadata.from_json(outcome["info"]).settings or {})
 
     def on_finished(results: list[CaseResult]) -> None:
+        for r in results:
+            r.run = identity
         append_results(folder.results, results)
+        session.finished_now += len(results)
         progress.refresh()
 
     def on_failed(failures: list[CaseFailure]) -> None:
+        for f in failures:
+            f.run = identity
         append_results(folder.failures, failures)
+        session.failed_now += len(failures)
         for f in failures:
             print(f"warning: {f.key_id} ({f.task}) left unfinished: {f.error}", file=sys.stderr)
 
     return run_conversations(
-        mine,
+        admission_order(mine),
         backend,
         oracle=args.oracle,
         parse_mode=args.parse_mode,
         model=spec.model_id,
         batch_size=batch_size,
         on_finished=on_finished,
-        on_failed=on_failed,
+        on_failed=on_failed if args.on_error == "record" else None,
         on_empty=EmptyAnswerWarning(spec.model_id),
     )
 
@@ -494,7 +659,8 @@ def _sign_off(
     info.last_session = {
         "cases": len(remaining),
         "model_calls_main_process": stats.requests,
-        "batches_main_process": stats.steps,  # one generate call per step
+        "rounds_main_process": stats.rounds,  # each time the backend handed back answers
+        "most_live_main_process": stats.max_live,
         "seconds_main_process": round(stats.seconds, 3),
     }
     if spec.backend == "openai" and records:
@@ -514,6 +680,9 @@ def _sign_off(
         f"{len(cases)} cases of {spec.name} (oracle {args.oracle}) in {folder.path} "
         f"({len(remaining)} run now, {len(cases) - len(remaining)} from before)"
     )
+    occupancy = schedule_line((info.backend_settings or {}).get("schedule"))
+    if occupancy:
+        print(occupancy)
     if not args.no_score:
         print_scores(folder.path.parent, spec.display or spec.name, args.parse_mode)
     return 0
@@ -610,12 +779,40 @@ def run(args: argparse.Namespace) -> int:
         return 2
     dist = Distributed()
     try:
-        return execute(args, dist)
-    except EXPECTED_ERRORS as e:
+        with stop_on_signals() as children:
+            return execute(args, dist, children)
+    except RunInterrupted as e:
+        print(
+            f"chexpercept run: stopped by {e.name} before any case ran; nothing was written", file=sys.stderr
+        )
+        return e.exit_status
+    except (*EXPECTED_ERRORS, ForeignRecordError) as e:
         print(f"chexpercept run: error: {e}", file=sys.stderr)
         return 2
     finally:
         dist.close()
+
+
+def schedule_line(schedule: dict[str, Any] | None) -> str:
+    """The run summary's occupancy figure: the backend's span against the floor for its work."""
+    if not schedule:
+        return ""
+    if schedule.get("iterations_over_floor") is not None:
+        return (
+            f"engine: {schedule['iterations']:,} scheduler iterations for {schedule['generated_tokens']:,} "
+            f"generated tokens; the floor is {schedule['floor_iterations']:,} "
+            f"({schedule['iterations_over_floor']:.2f}x; up to {schedule['most_sequences_at_once']} "
+            "sequences at once)"
+        )
+    if schedule.get("span_over_floor") is not None:
+        limit = schedule.get("in_flight_limit") or {}
+        cut = f"; the limit was cut {limit['decreases']} time(s) by 429s" if limit.get("decreases") else ""
+        return (
+            f"requests: {schedule['span_seconds']:.1f} s in all against a floor of {schedule['floor_seconds']:.1f} s "
+            f"({schedule['span_over_floor']:.2f}x; {schedule['mean_in_flight']:.1f} of {limit.get('ceiling')} "
+            f"allowed in flight on average{cut})"
+        )
+    return ""
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -3,8 +3,8 @@
 - results.jsonl gets one line per finished case. Every append is one ``write`` of whole lines under
   an exclusive ``flock`` (processes of an accelerate run share the file), then ``fsync``. A crash can
   leave at most one torn last line, which ``repair_tail`` cuts off before the next run appends.
-- run.lock (pid, host, process start time) refuses a second run on the same folder; a lock whose
-  process is gone (kill -9, reboot) is recognised as stale and taken over.
+- run.lock refuses a second run on the same folder: a ``flock`` held for the whole run (freed by the
+  kernel when the holder dies, so it is never stale), the holder's pid, host and start time inside.
 - run.json is replaced atomically (write to a temporary file, then rename).
 """
 
@@ -19,8 +19,18 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path as FsPath
 from typing import Any
 
-from chexpercept.results import FAILURES_NAME, RESULTS_NAME, RUN_NAME, CaseFailure, CaseResult, complete_lines
+from chexpercept.results import (
+    FAILURES_NAME,
+    RESULTS_NAME,
+    RUN_NAME,
+    CaseFailure,
+    CaseResult,
+    ForeignRecordError,
+    check_identity,
+    complete_lines,
+)
 
+from .interrupts import deferred
 from .provenance import now
 
 LOCK_NAME = "run.lock"
@@ -56,11 +66,19 @@ def _alive(pid: int) -> bool:
 
 
 class RunLock:
-    """An exclusive, pid-stamped lock file in a run folder."""
+    """An exclusive lock on a run folder: ``flock`` on run.lock, held for the whole run.
+
+    The kernel releases a flock when its holder dies however it dies (kill -9, a crash, a reboot), so
+    there is no stale lock to judge and take over: among processes that start at once, exactly one
+    gets it. The file holds the holder's pid, host and start time, for the message the others get.
+    A holder that releases the lock removes the file while it still holds it; a process that locked
+    the removed file (opened just before) sees that the path no longer names its file and tries again.
+    """
 
     def __init__(self, folder: str | os.PathLike[str]):
         self.path = FsPath(folder) / LOCK_NAME
         self.held = False
+        self._fd: int | None = None
 
     def _info(self) -> dict[str, Any]:
         pid = os.getpid()
@@ -77,68 +95,59 @@ class RunLock:
         except (OSError, ValueError):
             return None
 
-    def is_stale(self, info: Mapping[str, Any] | None) -> bool:
-        """True when the holder is certainly gone: same host and its pid is dead or reused."""
-        if not info or info.get("host") != socket.gethostname():
-            return False
-        pid = info.get("pid")
-        if not isinstance(pid, int):
-            return False
-        if not _alive(pid):
-            return True
-        started = info.get("process_start")
-        return started is not None and _process_start(pid) not in (None, started)
-
     def acquire(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f"{LOCK_NAME}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(self._info()), encoding="utf-8")
-        try:
-            for _ in range(2):
-                try:
-                    self._create(tmp)
-                    self.held = True
-                    return
-                except FileExistsError:
-                    info = self._read()
-                    if self.is_stale(info):
-                        with contextlib.suppress(FileNotFoundError):
-                            self.path.unlink()
-                        continue
-                    raise RunLockedError(self._locked_message(info)) from None
-            raise RunLockedError(self._locked_message(self._read()))
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                tmp.unlink()
-
-    def _create(self, prepared: FsPath) -> None:
-        """Create the lock file with its content, failing with FileExistsError if it exists."""
-        try:
-            os.link(prepared, self.path)  # atomic, and never visible half-written
-        except FileExistsError:
-            raise
-        except OSError:  # a filesystem without hard links
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(prepared.read_text(encoding="utf-8"))
+        for _ in range(8):
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                raise RunLockedError(self._locked_message(self._read())) from None
+            except BaseException:
+                os.close(fd)
+                raise
+            try:
+                current = os.stat(self.path)
+                mine = os.fstat(fd)
+                same = (current.st_dev, current.st_ino) == (mine.st_dev, mine.st_ino)
+            except FileNotFoundError:
+                same = False
+            if not same:  # the holder released (and removed) it between our open and our lock
+                os.close(fd)
+                continue
+            data = json.dumps(self._info()).encode("utf-8")
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, data, 0)
+            self._fd, self.held = fd, True
+            return
+        raise RunLockedError(self._locked_message(self._read()))
 
     def _locked_message(self, info: Mapping[str, Any] | None) -> str:
         folder = self.path.parent
         if info:
             who = f"pid {info.get('pid')} on host {info.get('host')}, running since {info.get('since')}"
+            pid = info.get("pid")
+            if info.get("host") == socket.gethostname() and isinstance(pid, int) and not _alive(pid):
+                return (
+                    f"{folder} is locked by a process that pid {pid} left behind (pid {pid} itself is gone; "
+                    f"an engine process it started may still hold {self.path}): find it with "
+                    f"'fuser -v {self.path}', stop it, and rerun to resume"
+                )
         else:
             who = "a process whose lock file cannot be read"
         return (
             f"another run is writing to {folder} ({who}). Two runs on one folder would duplicate "
-            f"cases, so this one stops. Wait for that run to finish, or, if it is certainly dead "
-            f"(e.g. it ran on another machine), delete {self.path} and rerun to resume."
+            "cases, so this one stops. Wait for that run to finish (the lock is freed the moment its "
+            "process ends, however it ends)"
         )
 
     def release(self) -> None:
-        if self.held:
+        if self.held and self._fd is not None:
             with contextlib.suppress(FileNotFoundError):
-                self.path.unlink()
-            self.held = False
+                self.path.unlink()  # still holding the lock: nobody can have locked this file anew
+            os.close(self._fd)
+        self._fd, self.held = None, False
 
     def __enter__(self) -> RunLock:
         self.acquire()
@@ -182,8 +191,11 @@ def repair_tail(results: str | os.PathLike[str]) -> int:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def read_records(results: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
-    """key_id -> record (as a dict) of every complete line; a duplicate key_id is an error."""
+def read_records(
+    results: str | os.PathLike[str], identity: Mapping[str, str] | None = None
+) -> dict[str, dict[str, Any]]:
+    """key_id -> record (as a dict) of every complete line; a duplicate key_id is an error, and so
+    is a record of another run than ``identity`` (``chexpercept.results.run_identity``) when given."""
     path = FsPath(results)
     out: dict[str, dict[str, Any]] = {}
     first_line: dict[str, int] = {}
@@ -202,6 +214,11 @@ def read_records(results: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
             )
         out[key] = record
         first_line[key] = n
+    if identity is not None:
+        try:
+            check_identity(path, ((first_line[k], k, r.get("run")) for k, r in out.items()), identity)
+        except ForeignRecordError as e:
+            raise StoreError(str(e)) from None
     return out
 
 
@@ -211,19 +228,20 @@ def append_results(results: str | os.PathLike[str], cases: Iterable[CaseResult |
     payload = "".join(c.to_json() + "\n" for c in cases).encode("utf-8")
     if not payload:
         return
-    fd = os.open(results, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+    with deferred():  # a stop signal waits until the lines are whole and on disk
+        fd = os.open(results, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
-            view = memoryview(payload)
-            while view:
-                written = os.write(fd, view)
-                view = view[written:]
-            os.fsync(fd)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                view = memoryview(payload)
+                while view:
+                    written = os.write(fd, view)
+                    view = view[written:]
+                os.fsync(fd)
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
         finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-    finally:
-        os.close(fd)
+            os.close(fd)
 
 
 def rewrite_in_order(

@@ -22,9 +22,11 @@ from chexpercept.results import (
     RUN_NAME,
     CaseFailure,
     CaseResult,
+    check_identity,
     check_oracle,
-    iter_results,
+    iter_numbered_results,
     read_failures,
+    run_identity,
 )
 from chexpercept.run_metadata import RunMetadata
 
@@ -90,10 +92,28 @@ def open_bundle(bundle: Bundle | str | os.PathLike[str] | None) -> Bundle | None
     return read_bundle(bundle, check_images="none")
 
 
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
+
+
 def read_json_object(path: FsPath, expected: str = "a JSON object") -> dict[str, Any]:
-    """A JSON file whose top level must be an object; errors name the file."""
+    """A JSON file whose top level must be an object; errors name the file. A key that appears twice
+    in one object is an error (json.loads would keep the last one silently: a case given twice)."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=_no_duplicates)
+    except _DuplicateKey as e:
+        raise ValueError(
+            f"{path}: key {e} appears twice in one object; each key (case) must be given once"
+        ) from None
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}: not valid JSON: {e}") from e
     if not isinstance(data, dict):
@@ -119,7 +139,15 @@ def read_chexpercept_run(
     meta = RunMetadata.from_json(run_json) if has_meta else RunMetadata()
     if not has_meta:
         notes.append(f"{folder}: no {RUN_NAME}; oracle setting taken from the records, decoding unknown")
-    records = list(iter_results(folder / RESULTS_NAME))
+    numbered = list(iter_numbered_results(folder / RESULTS_NAME))
+    records = [r for _n, r in numbered]
+    if has_meta and meta.settings:  # records appended by another run would change the scores
+        identity = run_identity(meta.settings)
+        check_identity(folder / RESULTS_NAME, ((n, r.key_id, r.run) for n, r in numbered), identity)
+        failures = read_failures(folder / FAILURES_NAME)
+        check_identity(
+            folder / FAILURES_NAME, ((i + 1, f.key_id, f.run) for i, f in enumerate(failures)), identity
+        )
     if not records:
         raise ValueError(f"{folder / RESULTS_NAME}: no finished cases")
     settings = {r.oracle for r in records}

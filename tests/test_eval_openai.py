@@ -15,7 +15,7 @@ from chexpercept.eval.backends.openai import (
     check_endpoint,
     price_for,
 )
-from chexpercept.eval.engine import run_conversations
+from chexpercept.eval.engine import ConversationFailed, run_conversations
 from chexpercept.eval.protocol import BackendError, RunContext
 from chexpercept.eval.run import main
 from chexpercept.results import iter_results
@@ -71,7 +71,7 @@ def test_giving_up_stops_the_run_or_leaves_the_case_unfinished(fixture_bundle):
     bundle = read_bundle(fixture_bundle, lesions=["effusion"], paths=["LF"])
     with (
         FakeServer(failures=[500] * 10) as server,
-        pytest.raises(BackendError, match=r"effusion_\w+ \(detection\): gave up after 4 attempts.*resume"),
+        pytest.raises(ConversationFailed, match=r"effusion_\w+ \(detection\): gave up after 4 attempts"),
     ):
         run_cases(backend_for(server), bundle)
     with FakeServer(failures=[500] * 4 + [400]) as server:

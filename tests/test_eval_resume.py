@@ -145,17 +145,55 @@ def test_second_run_on_a_live_folder_is_refused(fixture_bundle, tmp_path, capsys
     assert run_cli(fixture_bundle, tmp_path) == 0
 
 
-def test_lock_of_a_dead_process_is_stale(tmp_path):
+def test_a_lock_left_by_a_dead_process_is_free(tmp_path):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     lock = RunLock(tmp_path)
     lock.path.write_text(json.dumps({"pid": dead.pid, "host": os.uname().nodename, "since": "then"}))
-    assert lock.is_stale(json.loads(lock.path.read_text()))
-    lock.acquire()
+    lock.acquire()  # no process holds its flock: nothing to judge, nothing to take over
     assert json.loads(lock.path.read_text())["pid"] == os.getpid()
     lock.release()
-    # a lock from another machine is never assumed dead
-    assert not lock.is_stale({"pid": dead.pid, "host": "another-host"})
+    assert not lock.path.exists()
+
+
+def _contend(folder, barrier, rounds, wins):
+    """One of several processes: every round, all try to take the lock at once."""
+    for _ in range(rounds):
+        barrier.wait()
+        lock = RunLock(folder)
+        try:
+            lock.acquire()
+            won = True
+        except RunLockedError:
+            won = False
+        wins.put(won)
+        barrier.wait()  # every process has tried
+        lock.release()
+        barrier.wait()  # released before the next round's dead lock file is written
+
+
+def test_exactly_one_process_takes_a_dead_runs_lock(tmp_path):
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    rounds, n = 300, 4
+    barrier, wins = ctx.Barrier(n + 1), ctx.Queue()
+    workers = [ctx.Process(target=_contend, args=(tmp_path, barrier, rounds, wins)) for _ in range(n)]
+    for w in workers:
+        w.start()
+    winners = []
+    try:
+        for _ in range(rounds):
+            # a run died holding the folder: its lock file is still there
+            (tmp_path / "run.lock").write_text(json.dumps({"pid": 999999, "host": os.uname().nodename}))
+            barrier.wait()
+            barrier.wait()
+            winners.append(sum(wins.get(timeout=30) for _ in range(n)))
+            barrier.wait()
+    finally:
+        for w in workers:
+            w.join(timeout=30)
+    assert winners == [1] * rounds
 
 
 def test_resume_with_other_settings_is_refused(fixture_bundle, tmp_path, capsys):

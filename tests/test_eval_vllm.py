@@ -8,17 +8,17 @@ import base64
 import os
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
 from chexpercept.bundle import read_bundle
 from chexpercept.eval.backends import vllm as backend_vllm
 from chexpercept.eval.backends.vllm import VLLMBackend, plan_cpus, plan_gpus
-from chexpercept.eval.engine import run_conversations
+from chexpercept.eval.engine import ConversationFailed, run_conversations
 from chexpercept.eval.protocol import BackendError, RunContext, Sampling
 from chexpercept.eval.registry import resolve
 from chexpercept.eval.run import main
+from chexpercept.eval.simulated_vllm import BatchOnlyLLM, SimulatedLLM, heavy_tailed_answers
 
 GREEDY = Sampling(temperature=0.0, top_p=1.0, max_tokens=8192, greedy=True)
 
@@ -28,24 +28,20 @@ class FakeSamplingParams:
         self.kwargs = kwargs
 
 
-class FakeLLM:
+class FakeLLM(SimulatedLLM):
+    """vLLM's LLM as far as the backend uses it (eval/simulated_vllm.py), keeping what it was given."""
+
     instances: list[FakeLLM] = []
 
     def __init__(self, **kwargs):
+        super().__init__(answer=kwargs.pop("answer", None), max_num_seqs=kwargs.pop("max_num_seqs", 256))
         self.kwargs = kwargs
         self.calls: list[dict] = []
         FakeLLM.instances.append(self)
 
-    def chat(self, messages, **kwargs):
-        self.calls.append({"messages": messages, **kwargs})
-        return [
-            SimpleNamespace(
-                prompt_token_ids=list(range(10 * len(conv))),
-                num_cached_tokens=3,
-                outputs=[SimpleNamespace(text="Answer: 1", token_ids=[7, 8, 9], finish_reason="stop")],
-            )
-            for conv in messages
-        ]
+    def enqueue_chat(self, messages, sampling_params=None, **kwargs):
+        self.calls.append({"messages": messages, "sampling_params": sampling_params, **kwargs})
+        return super().enqueue_chat(messages, sampling_params)
 
 
 def make_backend(model="qwen3.6-27b", gpus=("0",), platform="cuda", **kwargs):
@@ -79,6 +75,9 @@ def test_engine_arguments(fixture_bundle):
         "seed": 7,
     }
     assert backend.params.kwargs == {"temperature": 0.0, "top_p": 1.0, "max_tokens": 8192, "seed": 7}
+    # the preflight check sees the limits the engine will have
+    limits = backend.context_limits(RunContext(root=bundle.root, cases=bundle.cases))
+    assert limits.max_model_len == 65536 and limits.max_images == most_images
     # registry flags and user overrides
     glm = make_backend("glm-4.6v", gpus=["0", "1", "2"], engine_overrides={"max_model_len": 4096})
     glm.setup(RunContext(root=bundle.root, cases=bundle.cases))
@@ -110,24 +109,30 @@ def test_plan_gpus_for_data_parallel_processes():
         plan_gpus([], process_index=0, num_processes=1)
 
 
-def test_each_step_is_one_chat_call_with_a_list_of_conversations(fixture_bundle):
+def test_each_request_joins_the_running_engine_rendered_as_llm_chat_renders_it(fixture_bundle):
     bundle = read_bundle(fixture_bundle, lesions=["effusion", "cardiomegaly"])
     backend = make_backend(chat_template_kwargs={"enable_thinking": False})
     backend.setup(RunContext(root=bundle.root, cases=bundle.cases))
     llm = FakeLLM.instances[-1]
+    llm.answer = heavy_tailed_answers(median=6, sigma=1.0, cap=40)
     results = []
     stats = run_conversations(
         bundle.cases, backend, oracle="implicit", batch_size=64, on_finished=results.extend
     )
     assert len(results) == 6
-    longest = max(len(c.turns) for c in bundle.cases)
-    assert len(llm.calls) == stats.steps == longest  # one call per step, all live cases together
-    assert len(llm.calls[0]["messages"]) == 6
+    # one enqueue_chat per request (a refused one fails alone), with the run's parameters and kwargs
+    assert len(llm.calls) == stats.requests == sum(len(c.turns) for c in bundle.cases)
     first = llm.calls[0]
-    assert first["sampling_params"] is backend.params and first["use_tqdm"] is False
-    assert first["chat_template_kwargs"] == {"enable_thinking": False}
-    conv = first["messages"][0]
+    assert len(first["messages"]) == 1 and first["sampling_params"] is backend.params
+    assert first["use_tqdm"] is False and first["chat_template_kwargs"] == {"enable_thinking": False}
+    # answers of varied lengths: a conversation's next turn goes in while others still run, so the
+    # engine is stepped far fewer times than a step-by-step scheduler would need
+    schedule = backend.describe()["schedule"]
+    assert schedule["mode"] == "continuous" and schedule["iterations"] == llm.llm_engine.iterations
+    assert schedule["generated_tokens"] == sum(t.usage["output_tokens"] for r in results for t in r.turns)
+    assert schedule["iterations"] >= schedule["floor_iterations"] > 0
     key = bundle.cases[0].key_id
+    conv = next(c["messages"][0] for c in llm.calls if "detection_qa" in json_of(c) and key in json_of(c))
     assert conv[0] == {"role": "system", "content": conv[0]["content"]} and conv[0]["content"].startswith(
         "You are an expert radiologist."
     )
@@ -138,19 +143,98 @@ def test_each_step_is_one_chat_call_with_a_list_of_conversations(fixture_bundle)
     assert image["type"] == "image_url"
     url = image["image_url"]["url"]
     assert url.startswith("file:///") and url.endswith(f"chexpercept/{key}/detection_qa/xray.png")
-    assert Path(url[len("file://") :]).is_file()
+    path = Path(url[len("file://") :])
+    assert path.is_file()
+    # a stable id per image: the SHA-256 of the file, the same on every turn that re-sends it
+    import hashlib
+
+    assert image["uuid"] == "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
     # a later turn: history with text-only assistant answers, then the new user turn
-    later = llm.calls[4]["messages"][0]
+    later = next(c["messages"][0] for c in llm.calls if len(c["messages"][0]) == 10)
     assert [m["role"] for m in later] == ["system"] + ["user", "assistant"] * 4 + ["user"]
-    assert later[2] == {"role": "assistant", "content": [{"type": "text", "text": "Answer: 1"}]}
+    assert later[2]["role"] == "assistant" and later[2]["content"][0]["text"].startswith("Answer: ")
+    assert later[1]["content"][1]["uuid"].startswith("sha256:")
     assert [p["type"] for p in later[-1]["content"]][1:] == ["image_url"] * (len(later[-1]["content"]) - 1)
     record = next(r for r in results if r.key_id == key)
-    assert record.turns[0].usage == {
-        "input_tokens": 20,
-        "output_tokens": 3,
-        "cached_input_tokens": 3,
-        "finish_reason": "stop",
-    }
+    usage = record.turns[0].usage
+    assert usage["input_tokens"] > 0 and usage["output_tokens"] >= 1 and usage["finish_reason"] == "stop"
+
+
+def json_of(call):
+    import json
+
+    return json.dumps(call["messages"])
+
+
+def test_continuous_and_step_scheduling_give_the_same_answers_in_fewer_iterations(fixture_bundle):
+    bundle = read_bundle(fixture_bundle)
+    runs = {}
+    for schedule in ("continuous", "step"):
+        backend = make_backend()
+        backend.setup(RunContext(root=bundle.root, cases=bundle.cases))
+        llm = FakeLLM.instances[-1]
+        llm.answer = heavy_tailed_answers(median=20, sigma=1.0, cap=200)
+        results = []
+        run_conversations(
+            bundle.cases,
+            backend,
+            oracle="implicit",
+            batch_size=8,
+            on_finished=results.extend,
+            schedule=schedule,
+        )
+        runs[schedule] = (
+            {r.key_id: [t.response for t in r.turns] for r in results},
+            llm.llm_engine.iterations,
+        )
+    assert runs["continuous"][0] == runs["step"][0]
+    assert runs["continuous"][1] < runs["step"][1]
+
+
+def test_a_request_the_engine_refuses_fails_its_conversation_only(fixture_bundle):
+    bundle = read_bundle(fixture_bundle, lesions=["effusion"])
+    backend = make_backend()
+    backend.setup(RunContext(root=bundle.root, cases=bundle.cases))
+    llm = FakeLLM.instances[-1]
+    # the long RR route's late turns do not fit; the other routes finish
+    rr = next(c for c in bundle.cases if c.path.value == "RR")
+    llm.llm_engine.max_model_len = 950
+    results, failures = [], []
+    run_conversations(
+        bundle.cases,
+        backend,
+        oracle="implicit",
+        batch_size=8,
+        on_finished=results.extend,
+        on_failed=failures.extend,
+    )
+    assert [f.key_id for f in failures] == [rr.key_id]
+    assert "vLLM refused the request: ValueError: The decoder prompt (length" in failures[0].error
+    assert failures[0].turn_index > 0 and len(results) == len(bundle.cases) - 1
+    # without on_failed (--on-error stop) the run stops, naming the case; finished ones came first
+    backend = make_backend()
+    backend.setup(RunContext(root=bundle.root, cases=bundle.cases))
+    FakeLLM.instances[-1].llm_engine.max_model_len = 950
+    done = []
+    with pytest.raises(ConversationFailed, match=rr.key_id):
+        run_conversations(bundle.cases, backend, oracle="implicit", batch_size=8, on_finished=done.extend)
+
+
+def test_a_vllm_without_enqueue_chat_is_driven_a_batch_at_a_time(fixture_bundle):
+    bundle = read_bundle(fixture_bundle, lesions=["effusion"])
+    answers = {}
+    for llm_class in (SimulatedLLM, BatchOnlyLLM):
+        backend = make_backend()
+        backend._llm_class = llm_class
+        backend.setup(RunContext(root=bundle.root, cases=bundle.cases))
+        results = []
+        run_conversations(bundle.cases, backend, oracle="implicit", batch_size=8, on_finished=results.extend)
+        answers[llm_class] = {r.key_id: [t.response for t in r.turns] for r in results}
+        assert backend.continuous is (llm_class is SimulatedLLM)
+        assert backend.describe()["schedule"]["mode"].startswith(
+            "continuous" if backend.continuous else "step"
+        )
+    assert answers[SimulatedLLM] == answers[BatchOnlyLLM]
 
 
 def test_no_thinking_only_where_the_model_has_the_switch(fixture_bundle, tmp_path, capsys):

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from chexpercept.answers import oracle_answer_text
 from chexpercept.case import Turn
 
-from ..protocol import Request, Response, RunContext, Sampling
+from ..protocol import BatchBackend, Request, Response, RunContext, Sampling
 
 if TYPE_CHECKING:
     from ..registry import ModelSpec
@@ -56,7 +56,7 @@ def _answer_key(turn: Turn) -> Any:
     return "None" if turn.none_index is not None and gold == (turn.none_index,) else gold
 
 
-class BaselineBackend:
+class BaselineBackend(BatchBackend):
     """The four baselines behind the Backend interface."""
 
     name = "baseline"

@@ -1,12 +1,20 @@
 """Any OpenAI-compatible chat endpoint (vLLM serve, Azure OpenAI v1, Gemini's OpenAI endpoint).
 
-Requests of a step run concurrently (asyncio, at most ``concurrency`` in flight) over the standard
-library's HTTP client, with retries and exponential backoff on 408, 409, 429, 5xx, timeouts and
-dropped connections, waiting as long as the server's back-off hint says where it gives one (every
-form the supported APIs send: ``retry-after-ms``, ``Retry-After`` in seconds or as an HTTP date,
-Google's ``RetryInfo.retryDelay`` in the error body, OpenAI's ``x-ratelimit-reset-*`` durations).
-Token usage is read from each reply and priced with the paper's price table (spec 3.10). Images go
-as data URLs, encoded once per file while a conversation that shows it is live.
+Each request goes out as soon as the engine hands it over (a conversation's next turn as soon as its
+answer is in), on an asyncio event loop of its own (aiohttp), with at most ``--concurrency`` in
+flight: an adaptive limit that halves on a 429 and grows back by about one per round trip (AIMD,
+eval/inflight.py; the limits taken are in run.json). Each attempt has a deadline
+(``--timeout``, from sending to the reply's last byte, however slowly the bytes trickle). Retries
+with exponential backoff on 408, 409, 429, 5xx, timeouts, dropped connections and replies cut off
+mid-body (a bad Content-Length, a cut chunked body, or a close-delimited body that is not complete
+JSON), waiting as long as the server's back-off hint says where it gives one (every form the
+supported APIs send: ``retry-after-ms``, ``Retry-After`` in seconds or as an HTTP date, Google's
+``RetryInfo.retryDelay`` in the error body, OpenAI's ``x-ratelimit-reset-*`` durations). Redirects
+are not followed (the images go to the endpoint given and nowhere else). The model the server says
+it answered with is recorded per turn (``usage.served_model``; a warning when it is not the one asked
+for: proxies fall back silently). Token usage is read from each reply and priced with the paper's
+price table (spec 3.10). Images go as data URLs, encoded once per file while a conversation that
+shows it is live.
 
 What a reply can be, and what becomes of it:
 
@@ -17,9 +25,9 @@ What a reply can be, and what becomes of it:
   request rejected by a content filter (Azure's HTTP 400 ``content_filter``, with
   ``--on-error record``): an answer that is no option, scored as unparsed and counted as a refusal;
 * a failed request (transport errors and 5xx after the retries, any other rejected request such as
-  a 400 for a setting the model does not accept): no answer. ``--on-error stop`` (default) stops the
-  run; ``--on-error record`` leaves that case unfinished (failures.jsonl) and goes on with the
-  others. Either way it is never scored, and rerunning the command retries it.
+  a 400 for a setting the model does not accept): no answer. The run's ``--on-error stop`` (default)
+  stops the run; ``--on-error record`` leaves that case unfinished (failures.jsonl) and goes on with
+  the others. Either way it is never scored, and rerunning the command retries it.
 
 Data protection: the PhysioNet credentialed data use agreement forbids sending the data to ordinary
 public APIs, so any endpoint that is not on this machine (loopback) is refused unless the user
@@ -35,24 +43,26 @@ import base64
 import contextlib
 import datetime
 import email.utils
-import http.client
 import ipaddress
 import json
 import math
 import mimetypes
 import os
+import queue
 import random
 import re
+import sys
+import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from ..inflight import OK, OTHER, THROTTLED, AdaptiveLimit
+from ..occupancy import InFlightClock, WorkLedger, ratio, schedule_record
 from ..pricing import call_cost, price_for
-from ..protocol import BackendError, Request, Response, RunContext, Sampling
+from ..protocol import BackendError, Completion, Request, Response, RunContext, Sampling
 from ..registry import ModelSpec
 from ..replies import join_reasoning
 from . import json_object_arg
@@ -107,9 +117,10 @@ def read_usage(usage: dict[str, Any] | None) -> dict[str, int]:
 
 
 class _Retryable(Exception):
-    def __init__(self, message: str, retry_after: float | None = None):
+    def __init__(self, message: str, retry_after: float | None = None, *, status: int | None = None):
         super().__init__(message)
         self.retry_after = retry_after
+        self.status = status
 
 
 class _Filtered(Exception):
@@ -249,9 +260,18 @@ class OpenAIBackend:
             help="'Authorization' (Bearer) or e.g. 'api-key' (Azure)",
         )
         group.add_argument(
-            "--concurrency", type=int, default=8, help="requests in flight at once (default 8)"
+            "--concurrency",
+            type=int,
+            default=8,
+            help="most requests in flight at once (default 8); halved on a 429 and raised back as "
+            "answers come (the limits taken are in run.json)",
         )
-        group.add_argument("--timeout", type=float, default=600.0, help="seconds per request (default 600)")
+        group.add_argument(
+            "--timeout",
+            type=float,
+            default=600.0,
+            help="seconds one attempt may take, from sending to the reply's last byte (default 600)",
+        )
         group.add_argument(
             "--max-retries", type=int, default=6, help="retries on 429, 5xx, timeouts (default 6)"
         )
@@ -264,12 +284,6 @@ class OpenAIBackend:
             "--dua-compliant-endpoint",
             action="store_true",
             help="state that a non-local endpoint is allowed by the PhysioNet data use agreement",
-        )
-        group.add_argument(
-            "--on-error",
-            choices=("stop", "record"),
-            default="stop",
-            help="after retries: stop the run (resume later) or record the turn as unanswered",
         )
 
     @classmethod
@@ -292,7 +306,7 @@ class OpenAIBackend:
             timeout=args.timeout,
             retry=RetryPolicy(max_retries=args.max_retries),
             extra_body=args.request_extra,
-            on_error=args.on_error,
+            on_error=getattr(args, "on_error", "stop"),
         )
 
     def __init__(
@@ -313,6 +327,8 @@ class OpenAIBackend:
         check_endpoint(base_url, dua_compliant=dua_compliant_endpoint)
         if concurrency < 1:
             raise ValueError(f"--concurrency must be at least 1, got {concurrency}")
+        if timeout <= 0:
+            raise ValueError(f"--timeout must be positive, got {timeout}")
         if on_error not in ("stop", "record"):
             raise ValueError(f"on_error must be 'stop' or 'record', got {on_error!r}")
         self.spec = spec
@@ -324,10 +340,20 @@ class OpenAIBackend:
         self.timeout = timeout
         self.retry = retry or RetryPolicy()
         self.extra_body = dict(spec.api_extra) | dict(extra_body or {})
+        #: what a content-filter rejection is: the end of the run (stop) or a refusal (record)
         self.on_error = on_error
         self.root = ""
         self._data_urls: dict[str, str] = {}
         self.retries = 0
+        self.limit = AdaptiveLimit(concurrency)
+        self.clock = InFlightClock()
+        #: seconds of each conversation's answered attempts (the floor's work)
+        self.ledger = WorkLedger()
+        #: served model name -> turns it answered (what the server says it answered with)
+        self.served: dict[str, int] = {}
+        self._loop: _LoopThread | None = None
+        self._done: queue.SimpleQueue[tuple[Request, Response | BaseException]] = queue.SimpleQueue()
+        self._outstanding = 0
 
     def setup(self, context: RunContext) -> None:
         self.root = str(context.root)
@@ -357,93 +383,141 @@ class OpenAIBackend:
         # a null in --request-extra removes the field (servers that reject one of ours)
         return {k: v for k, v in payload.items() if v is not None}
 
-    # ------------------------------------------------------------------ HTTP
-    def _post(self, body: bytes) -> dict[str, Any]:
+    def _headers(self) -> dict[str, str]:
         headers = {"Content-Type": "application/json"}
         if self.api_key:
             value = (
                 f"Bearer {self.api_key}" if self.api_key_header.lower() == "authorization" else self.api_key
             )
             headers[self.api_key_header] = value
-        req = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as reply:
-                data = json.loads(reply.read().decode("utf-8"))
-        except urllib.error.HTTPError as e:
-            body = e.read().decode("utf-8", "replace")
-            detail = body[:500]
-            if e.code in RETRY_STATUS:
-                raise _Retryable(f"HTTP {e.code}: {detail}", retry_hint(e.headers, body)) from e
-            if e.code == 400 and _is_content_filter(body):
-                raise _Filtered(f"HTTP {e.code}: {detail}") from e
-            if e.code in RUN_LEVEL_STATUS:
-                raise _RunLevel(f"HTTP {e.code} from {self.url}: {detail}") from e
-            raise BackendError(f"HTTP {e.code} from {self.url}: {detail}") from e
-        except (TimeoutError, ConnectionError) as e:
-            raise _Retryable(f"{type(e).__name__}: {e}") from e
-        except urllib.error.URLError as e:
-            raise _Retryable(f"cannot reach {self.url}: {e.reason}") from e
-        except (http.client.HTTPException, OSError) as e:  # a reply cut off mid-body, a reset socket
-            raise _Retryable(f"{type(e).__name__}: {e}") from e
-        except ValueError as e:
-            raise BackendError(f"{self.url} did not return JSON: {e}") from e
-        error = data.get("error") if isinstance(data, dict) and not data.get("choices") else None
-        if error:  # an error inside a 200 reply (some gateways): retried where its code says so
-            code = error.get("code") if isinstance(error, dict) else None
-            detail = json.dumps(data)[:500]
-            if isinstance(code, int) and code in RETRY_STATUS:
-                raise _Retryable(f"error in the reply: {detail}")
-            raise BackendError(f"error in the reply from {self.url}: {detail}")
-        return data
+        return headers
 
-    async def _one(self, request: Request, gate: asyncio.Semaphore) -> Response:
-        body = json.dumps(self.build_payload(request)).encode("utf-8")
+    # ------------------------------------------------------------------ requests
+    def submit(self, requests: Sequence[Request]) -> None:
+        """Each request goes out at once (within the in-flight limit) on the backend's event loop."""
+        if self._loop is None:
+            self._loop = _LoopThread()
+        for request in requests:
+            body = json.dumps(self.build_payload(request)).encode("utf-8")
+            self._outstanding += 1
+            self._loop.start(self._answer(request, body))
+
+    def completed(self) -> list[Completion]:
+        if self._outstanding < 1:
+            raise BackendError("openai backend: completed() called with no request in flight")
+        items = [self._done.get()]
+        while True:
+            try:
+                items.append(self._done.get_nowait())
+            except queue.Empty:
+                break
+        self._outstanding -= len(items)
+        for _request, answer in items:
+            if isinstance(answer, BaseException):  # what ends the run (a wrong key, --on-error stop)
+                raise answer
+        return [(request, answer) for request, answer in items]  # type: ignore[misc]
+
+    def release(self, key_ids: Sequence[str]) -> None:
+        self.ledger.release(key_ids)
+        prefixes = tuple(f"chexpercept/{k}/" for k in key_ids)
+        self._data_urls = {p: u for p, u in self._data_urls.items() if not p.startswith(prefixes)}
+
+    async def _answer(self, request: Request, body: bytes) -> None:
+        try:
+            answer: Response | BaseException = await self._one(request, body)
+        except BackendError as e:
+            answer = e
+        except Exception as e:  # a bug here must end the run with its cause, not hang it
+            answer = BackendError(f"{request.key_id} ({request.task}): {type(e).__name__}: {e}")
+        self._done.put((request, answer))
+
+    async def _one(self, request: Request, body: bytes) -> Response:
         where = f"{request.key_id} ({request.task})"
         attempt = 0
         while True:
+            started = await self.limit.acquire()
+            self.clock.change(+1)
+            outcome, error, reply = OTHER, None, None
             try:
-                async with gate:
-                    started = time.perf_counter()
-                    reply = await asyncio.to_thread(self._post, body)
-                break
+                reply = await self._post(body)
+                outcome = OK
             except _Retryable as e:
+                outcome, error = (THROTTLED if e.status == 429 else OTHER), e
+            except (_RunLevel, _Filtered, BackendError) as e:
+                error = e
+            finally:
+                self.clock.change(-1)
+                await self.limit.release(started, outcome)
+            if reply is not None:
+                seconds = time.monotonic() - started
+                self.ledger.add(request.key_id, seconds)
+                return self._response(where, reply, attempts=attempt + 1, seconds=seconds)
+            if isinstance(error, _Retryable):
                 if attempt >= self.retry.max_retries:
-                    return self._failed(where, f"gave up after {attempt + 1} attempts: {e}")
-                await asyncio.sleep(self.retry.delay(attempt, e.retry_after))
+                    return _failed(f"gave up after {attempt + 1} attempts: {error}")
+                await asyncio.sleep(self.retry.delay(attempt, error.retry_after))
                 attempt += 1
                 self.retries += 1
-            except _RunLevel as e:
+                continue
+            if isinstance(error, _RunLevel):
                 raise BackendError(
-                    f"{where}: {e}. Every request would fail the same way (check --base-url, the model "
-                    "id and the API key); finished cases are saved, rerun to resume."
-                ) from e
-            except _Filtered as e:
+                    f"{where}: {error}. Every request would fail the same way (check --base-url, the model "
+                    "id and the API key)"
+                ) from error
+            if isinstance(error, _Filtered):
                 if self.on_error == "stop":
                     raise BackendError(
-                        f"{where}: a content filter rejected the request ({e}). Finished cases are "
-                        "saved. Rerun with --on-error record to record such rejections as the model's "
-                        "answers (scored as refusals) and go on."
-                    ) from e
-                return Response("", {"finish_reason": "content_filter"}, refusal=f"content filter: {e}")
-            except BackendError as e:
-                return self._failed(where, str(e))
-        return self._response(where, reply, attempts=attempt + 1, seconds=time.perf_counter() - started)
+                        f"{where}: a content filter rejected the request ({error}). Rerun with --on-error "
+                        "record to record such rejections as the model's answers (scored as refusals) and go on"
+                    ) from error
+                return Response("", {"finish_reason": "content_filter"}, refusal=f"content filter: {error}")
+            return _failed(str(error))
 
-    def _failed(self, where: str, message: str) -> Response:
-        if self.on_error == "stop":
-            raise BackendError(
-                f"{where}: {message}. Finished cases are saved; rerun the same command to resume "
-                "(or pass --on-error record to leave the cases whose requests fail unfinished and go "
-                "on with the others)."
+    # ------------------------------------------------------------------ HTTP
+    async def _exchange(self, body: bytes) -> tuple[int, Any, bytes]:
+        """(status, headers, body bytes) of one POST; redirects are not followed."""
+        assert self._loop is not None
+        session = await self._loop.session()
+        async with session.post(self.url, data=body, headers=self._headers(), allow_redirects=False) as reply:
+            return reply.status, reply.headers, await reply.read()
+
+    async def _post(self, body: bytes) -> dict[str, Any]:
+        """One attempt, within its deadline (``--timeout`` from sending to the reply's last byte)."""
+        import aiohttp
+
+        try:
+            status, headers, raw = await asyncio.wait_for(self._exchange(body), self.timeout)
+        except asyncio.TimeoutError as e:
+            raise _Retryable(f"no complete reply within {self.timeout:g} s (--timeout)") from e
+        except aiohttp.ClientPayloadError as e:  # Content-Length or chunked body cut short
+            raise _Retryable(f"the reply was cut off mid-body ({e})") from e
+        except aiohttp.ClientConnectorError as e:
+            raise _Retryable(f"cannot reach {self.url}: {e}") from e
+        except (aiohttp.ClientError, OSError) as e:  # a reset or closed connection
+            raise _Retryable(f"{type(e).__name__}: {e}") from e
+        text = raw.decode("utf-8", "replace")
+        detail = text[:500]
+        if 300 <= status < 400:
+            raise _RunLevel(
+                f"HTTP {status} from {self.url} redirects to {headers.get('Location')!r}; redirects are "
+                "not followed (the images go only to the endpoint given): pass the final URL as --base-url"
             )
-        return Response("", {}, error=message)
+        if status in RETRY_STATUS:
+            raise _Retryable(f"HTTP {status}: {detail}", retry_hint(headers, text), status=status)
+        if status == 400 and _is_content_filter(text):
+            raise _Filtered(f"HTTP {status}: {detail}")
+        if status in RUN_LEVEL_STATUS:
+            raise _RunLevel(f"HTTP {status} from {self.url}: {detail}")
+        if not 200 <= status < 300:
+            raise BackendError(f"HTTP {status} from {self.url}: {detail}")
+        return _reply_object(text, headers.get("Content-Type") or "", self.url)
 
     def _response(self, where: str, reply: dict[str, Any], *, attempts: int, seconds: float) -> Response:
         choices = reply.get("choices") or []
         if not choices:
-            return self._failed(where, f"reply has no choices: {json.dumps(reply)[:300]}")
+            return _failed(f"reply has no choices: {json.dumps(reply)[:300]}")
         if not isinstance(choices[0], dict):
-            return self._failed(where, f"reply's choice is not an object: {json.dumps(reply)[:300]}")
+            return _failed(f"reply's choice is not an object: {json.dumps(reply)[:300]}")
         message = choices[0].get("message") or {}
         text = message.get("content")
         if isinstance(text, list):  # some servers return content parts (text parts, or plain strings)
@@ -464,6 +538,7 @@ class OpenAIBackend:
         finish = choices[0].get("finish_reason")
         if finish:
             usage["finish_reason"] = finish
+        self._note_served(usage, reply)
         if not refusal and finish == "content_filter":
             refusal = "content filter (finish_reason content_filter)"
         # a refusal or an empty reply (content filter, token cap) is an answer: unparsed, so wrong
@@ -477,18 +552,41 @@ class OpenAIBackend:
             refusal=refusal if isinstance(refusal, str) and refusal else None,
         )
 
-    async def _all(self, requests: Sequence[Request]) -> list[Response]:
-        gate = asyncio.Semaphore(self.concurrency)
-        return list(await asyncio.gather(*(self._one(r, gate) for r in requests)))
-
-    def generate(self, requests: Sequence[Request]) -> list[Response]:
-        responses = asyncio.run(self._all(requests))
-        used = {p for r in requests for p in r.images}
-        self._data_urls = {p: u for p, u in self._data_urls.items() if p in used}
-        return responses
+    def _note_served(self, usage: dict[str, Any], reply: dict[str, Any]) -> None:
+        """Record what the server says it answered with (``model``, ``system_fingerprint``) and warn
+        once per model that is not the one asked for: proxies and routers fall back silently."""
+        served = reply.get("model")
+        if isinstance(served, str) and served:
+            usage["served_model"] = served
+            first = served not in self.served
+            self.served[served] = self.served.get(served, 0) + 1
+            if first and not same_model(self.spec.model_id, served):
+                print(
+                    f"warning: asked for {self.spec.model_id!r}, the server answered as {served!r} (a proxy "
+                    "or router may have fallen back to another model); each turn records the served model "
+                    "in usage.served_model and run.json counts them",
+                    file=sys.stderr,
+                )
+        fingerprint = reply.get("system_fingerprint")
+        if isinstance(fingerprint, str) and fingerprint:
+            usage["system_fingerprint"] = fingerprint
 
     def sampling(self) -> Sampling:
         return self._sampling
+
+    def schedule(self) -> dict[str, Any]:
+        """run.json's ``schedule``: the span against the floor at --concurrency, and occupancy."""
+        floor = self.ledger.floor(self.concurrency)
+        return schedule_record(
+            mode="continuous",
+            span_seconds=self.clock.span,
+            reply_seconds=self.ledger.total,
+            longest_conversation_seconds=self.ledger.longest_chain,
+            floor_seconds=floor,
+            span_over_floor=ratio(self.clock.span, floor),
+            mean_in_flight=self.clock.mean,
+            in_flight_limit=self.limit.record(),
+        )
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -496,9 +594,140 @@ class OpenAIBackend:
             "model_id": self.spec.model_id,
             "extra_body": self.extra_body,
             "concurrency": self.concurrency,
+            "timeout_seconds": self.timeout,
             "max_retries": self.retry.max_retries,
             "price_per_1m_tokens": price_for(self.spec.model_id),
+            "served_models": dict(self.served),
+            "schedule": self.schedule(),
         }
 
     def close(self) -> None:
+        loop, self._loop = self._loop, None
+        if loop is not None:
+            loop.stop()
         self._data_urls.clear()
+
+
+def _failed(message: str) -> Response:
+    """A failed request: no answer (the engine stops the run or records the case, per --on-error)."""
+    return Response("", {}, error=message)
+
+
+def same_model(asked: str, served: str) -> bool:
+    """Whether a served model name is the one asked for: the same name, or a dated or versioned
+    snapshot of it (``gpt-5.4`` answered as ``gpt-5.4-2026-03-05``), Google's ``models/`` prefix and
+    case apart."""
+
+    def norm(name: str) -> str:
+        name = name.strip().lower()
+        return name[len("models/") :] if name.startswith("models/") else name
+
+    a, b = norm(asked), norm(served)
+    return (
+        a == b
+        or b.startswith(a + "-")
+        or a.startswith(b + "-")
+        or a.rsplit("/", 1)[-1] == b.rsplit("/", 1)[-1]
+    )
+
+
+def _reply_object(text: str, content_type: str, url: str) -> dict[str, Any]:
+    """The reply of a 2xx as an object: JSON, or a streamed reply (server-sent events) put together;
+    a body that is not a complete reply (cut off, an HTML page) is retried."""
+    if "text/event-stream" in content_type.lower():
+        return _from_events(text)
+    try:
+        data = json.loads(text)
+    except ValueError as e:
+        raise _Retryable(
+            f"the reply is not complete JSON ({len(text)} characters, Content-Type {content_type or 'none'!r}): "
+            "cut off, or not an API's reply"
+        ) from e
+    if not isinstance(data, dict):
+        raise BackendError(f"{url} replied with JSON that is not an object: {text[:200]}")
+    error = data.get("error") if not data.get("choices") else None
+    if error:  # an error inside a 200 reply (some gateways): retried where its code says so
+        code = error.get("code") if isinstance(error, dict) else None
+        detail = json.dumps(data)[:500]
+        if isinstance(code, int) and code in RETRY_STATUS:
+            raise _Retryable(f"error in the reply: {detail}")
+        raise BackendError(f"error in the reply from {url}: {detail}")
+    return data
+
+
+def _from_events(text: str) -> dict[str, Any]:
+    """A streamed chat completion (``data: {...}`` chunks, ``data: [DONE]``) as one reply object; a
+    stream that ends before its last chunk is retried."""
+    message: dict[str, str] = {}
+    reply: dict[str, Any] = {}
+    finish = None
+    done = False
+    for line in text.splitlines():
+        if not line.startswith("data:"):
+            continue
+        data = line[len("data:") :].strip()
+        if data == "[DONE]":
+            done = True
+            continue
+        try:
+            chunk = json.loads(data)
+        except ValueError as e:
+            raise _Retryable(f"a streamed reply holds a chunk that is not JSON: {data[:200]}") from e
+        for key in ("model", "system_fingerprint", "usage"):
+            if chunk.get(key):
+                reply[key] = chunk[key]
+        for choice in chunk.get("choices") or []:
+            delta = choice.get("delta") or {}
+            for key in ("content", "reasoning", "reasoning_content", "refusal"):
+                if isinstance(delta.get(key), str):
+                    message[key] = message.get(key, "") + delta[key]
+            finish = choice.get("finish_reason") or finish
+    if not (done or finish):
+        raise _Retryable("a streamed reply ended before its last chunk")
+    reply["choices"] = [{"message": message, "finish_reason": finish}]
+    return reply
+
+
+class _LoopThread:
+    """An asyncio event loop on a daemon thread, with the backend's HTTP session (aiohttp)."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._session: Any = None
+        self.thread = threading.Thread(target=self.loop.run_forever, name="chexpercept-openai", daemon=True)
+        self.thread.start()
+
+    def start(self, coroutine: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+
+    async def session(self) -> Any:
+        if self._session is None:
+            import aiohttp
+
+            # no pool limit of its own (the in-flight limit is ours); proxies from the environment
+            # as urllib honours them
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0),
+                trust_env=True,
+                timeout=aiohttp.ClientTimeout(total=None),
+            )
+        return self._session
+
+    async def _shutdown(self) -> None:
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._session is not None:
+            await self._session.close()
+
+    def stop(self) -> None:
+        """Cancel what is in flight, close the session and end the thread (within seconds)."""
+        if self.loop.is_closed():
+            return
+        with contextlib.suppress(Exception):
+            self.start(self._shutdown()).result(timeout=5)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=5)
+        if not self.thread.is_alive():
+            self.loop.close()

