@@ -1,6 +1,7 @@
 """``chexpercept push-results RUNS_DIR --repo ORG/NAME [--private] [--dry-run]``: publish scores (flat
 metrics, tables, intervals, leaderboard, provenance, a dataset card) to a Hugging Face Hub dataset
-repo. Nothing derived from the credentialed data is uploaded: a guard checks every staged file."""
+repo. Nothing derived from the credentialed data is uploaded: only the files the stager wrote go, each
+checked against its schema and against the bundle's own case identifiers (metrics/hub/guard.py)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ import argparse
 import sys
 import tempfile
 
+PROG = "chexpercept push-results"
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    from chexpercept.answers import PARSE_MODES
+    from chexpercept.cli_options import add_data_dir_option, add_parse_mode_option
 
     parser.add_argument(
         "runs_dir", metavar="RUNS_DIR", help="folder of runs: <model>/oracle_<setting>/ (chexpercept run)"
@@ -25,9 +28,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="keep the staged files in DIR (must be empty or new) instead of a temporary folder",
     )
-    parser.add_argument(
-        "--parse-mode", choices=PARSE_MODES, default="reference", help="answer parsing (default: reference)"
+    add_data_dir_option(
+        parser,
+        help="the bundle the runs were made on (default: the one run.json names); the upload is checked "
+        "against its case identifiers, so it must be on this disk",
     )
+    add_parse_mode_option(parser, help="answer parsing (default: reference)")
     parser.add_argument(
         "--bootstrap",
         type=int,
@@ -38,22 +44,23 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
 
 
+def _fail(message: str, code: int = 2) -> int:
+    print(f"{PROG}: {message}", file=sys.stderr)
+    return code
+
+
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path as FsPath
 
-    from .push_results import PushRefused, check_staging, stage, upload
+    from .hub.guard import PushRefused
+    from .push_results import stage, upload
 
-    if "/" not in args.repo or args.repo.count("/") != 1:
-        print(f"chexpercept push-results: --repo must be ORG/NAME, got {args.repo!r}", file=sys.stderr)
-        return 2
+    if args.repo.count("/") != 1:
+        return _fail(f"--repo must be ORG/NAME, got {args.repo!r}")
     if args.bootstrap < 0:
-        print("chexpercept push-results: --bootstrap must be 0 or more", file=sys.stderr)
-        return 2
+        return _fail("--bootstrap must be 0 or more")
     with tempfile.TemporaryDirectory(prefix="chexpercept-push-") as tmp:
         staging = FsPath(args.output_dir) if args.output_dir else FsPath(tmp) / "staging"
-        if staging.exists() and any(staging.iterdir()):
-            print(f"chexpercept push-results: {staging} is not empty", file=sys.stderr)
-            return 2
         try:
             staged = stage(
                 args.runs_dir,
@@ -62,15 +69,14 @@ def run(args: argparse.Namespace) -> int:
                 bootstrap=args.bootstrap,
                 seed=args.seed,
                 repo=args.repo,
+                bundle=args.data_dir,
             )
-            files = check_staging(staging)
+            files = staged.verify()
         except PushRefused as e:
-            print(f"chexpercept push-results: {e}", file=sys.stderr)
-            return 2
+            return _fail(str(e))
         except (ValueError, FileNotFoundError) as e:
-            print(f"chexpercept push-results: error: {e}", file=sys.stderr)
-            return 2
-        size = sum((staging / f).stat().st_size for f in files)
+            return _fail(f"error: {e}")
+        size = sum(len(b) for b in files.values())
         verb = "would upload" if args.dry_run else "uploading"
         print(
             f"{verb} {len(files)} files ({size} bytes) for {len(staged.models)} model(s) to dataset {args.repo}:"
@@ -80,12 +86,10 @@ def run(args: argparse.Namespace) -> int:
         if args.dry_run:
             return 0
         try:
-            url = upload(staging, args.repo, private=args.private)
+            url = upload(staged, args.repo, private=args.private)
         except PushRefused as e:
-            print(f"chexpercept push-results: {e}", file=sys.stderr)
-            return 2
+            return _fail(str(e))
         except Exception as e:  # the Hub's errors (auth, network) as one line
-            print(f"chexpercept push-results: upload failed: {type(e).__name__}: {e}", file=sys.stderr)
-            return 1
+            return _fail(f"upload failed: {type(e).__name__}: {e}", 1)
     print(f"done: {url}")
     return 0

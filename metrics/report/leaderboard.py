@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path as FsPath
 from typing import Any
 
-from .reference_csv import write_csv
+from .reference_csv import csv_text, write_csv
 
 SETTING_KEYS: dict[str, tuple[str, ...]] = {
     "e2e": ("e2e/stage1/all", "e2e/stage2/all", "e2e/stage3/all", "e2e/stage4/all"),
@@ -116,3 +116,8 @@ def render_leaderboard(rows: Sequence[Mapping[str, Any]]) -> str:
 def write_leaderboard_csv(path: str | os.PathLike[str], rows: Sequence[Mapping[str, Any]]) -> FsPath:
     """Both boards as one CSV (fractions; empty where N/A)."""
     return write_csv(path, CSV_COLUMNS, rows)
+
+
+def leaderboard_csv(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The CSV ``write_leaderboard_csv`` writes, as text."""
+    return csv_text(CSV_COLUMNS, rows)
