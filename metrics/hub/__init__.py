@@ -9,3 +9,6 @@
 
 The dataset repo of scores (``push-results --repo``) is staged by ``chexpercept.metrics.push_results``.
 """
+
+#: eval.yaml's ``evaluation_framework`` unless ``benchmark-card --evaluation-framework`` says otherwise
+DEFAULT_FRAMEWORK = "chexpercept"

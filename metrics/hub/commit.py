@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from .guard import Manifest
+from .guard import AGREEMENT, Manifest, PushRefused, check_string
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,8 @@ def upload(
     endpoint: str | None = None,
     token: str | None = None,
 ) -> Uploaded:
-    """Check the staging folder once more (``manifest.verify``, PushRefused when it fails) and commit
+    """Check the staging folder once more (``manifest.verify``; the message and description against the
+    bundle's identifiers too; PushRefused when a check fails) and commit
     exactly the verified bytes to ``repo``: a new commit on main, or with ``create_pr`` a pull request
     (the repo must exist then; ``create_repo`` makes a missing repo first, for direct commits only).
 
@@ -46,6 +47,10 @@ def upload(
     from huggingface_hub import CommitOperationAdd
 
     files = manifest.verify()
+    texts = {"the commit message": message, "the pull request description": description or ""}
+    problems = [p for where, text in texts.items() for p in check_string(text, where, manifest.context)]
+    if problems:
+        raise PushRefused("refusing to upload:\n  " + "\n  ".join(problems) + f"\n{AGREEMENT}.")
     api = hub_api(endpoint, token)
     if create_repo and not create_pr:
         api.create_repo(repo, repo_type=repo_type, private=private, exist_ok=True)

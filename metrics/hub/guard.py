@@ -462,6 +462,21 @@ class MarkdownSchema(Schema):
         ]
 
 
+@dataclass
+class ExactSchema(Schema):
+    """A document rendered from a fixed template: the file must be exactly ``text``."""
+
+    text: str = ""
+    suffix: str = ".md"
+
+    def check(self, text: str, ctx: Context) -> list[str]:
+        if text == self.text:
+            return []
+        a, b = text.split("\n"), self.text.split("\n")
+        line = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        return [f"line {line + 1}: differs from the document the stager renders"]
+
+
 # ------------------------------------------------------------------------------------ the manifest
 @dataclass(frozen=True)
 class StagedFile:

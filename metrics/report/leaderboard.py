@@ -37,6 +37,13 @@ CSV_COLUMNS = (
 )
 
 
+def setting_score(values: Mapping[str, float | None], setting: str) -> float | None:
+    """A model's score under ``setting`` (e2e or op): the mean of its four stage accuracies, None
+    when one of them is N/A."""
+    stages = [values.get(k) for k in SETTING_KEYS[setting]]
+    return None if any(v is None for v in stages) else sum(stages) / len(stages)
+
+
 def leaderboard_rows(reports: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Rows for both settings: setting, rank (None when N/A), model, score and the stage values.
 
@@ -47,7 +54,7 @@ def leaderboard_rows(reports: Mapping[str, Any]) -> list[dict[str, Any]]:
         entries = []
         for name, rep in reports.items():
             stages = [rep.values.get(k) for k in keys]
-            score = sum(stages) / len(stages) if all(v is not None for v in stages) else None
+            score = setting_score(rep.values, setting)
             intervals = rep.intervals or {}
             entries.append(
                 {
