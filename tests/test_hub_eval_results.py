@@ -310,3 +310,25 @@ def test_side_by_side_ranks_local_and_hub_rows_together():
         ("mine", "local run"),
         ("acme/y", "Hub, submitted"),
     ]
+
+
+def test_the_pull_request_text_is_checked_too(staged, fixture_bundle, hub):
+    from chexpercept.metrics.hub.commit import upload
+
+    key = _key(fixture_bundle)
+    with pytest.raises(PushRefused, match="the pull request description: a key_id of the bundle"):
+        upload(staged.manifest, MODEL_REPO, repo_type="model", create_pr=True, message="m", description=key)
+    assert hub.requests == []
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--benchmark", BENCH], "--benchmark only apply to --model-repo"),
+        (["--allow-synthetic"], "--allow-synthetic only apply to --model-repo"),
+        (["--bootstrap", "-1"], "--bootstrap must be 0 or more"),
+    ],
+)
+def test_dataset_repo_options(runs, hub, capsys, extra, message):
+    assert cli(["push-results", str(runs), "--repo", "org/scores", *extra]) == 2
+    assert message in capsys.readouterr().err and hub.requests == []
