@@ -46,7 +46,6 @@ IMAGE_MAGIC: dict[bytes, str] = {
     b"GIF8": "GIF",
     b"II*\x00": "TIFF",
     b"MM\x00*": "TIFF",
-    b"BM": "BMP",
     b"RIFF": "RIFF (WebP)",
     b"\x00\x00\x00\x0cjP": "JPEG 2000",
     b"\x93NUMPY": "NumPy array",
@@ -75,6 +74,8 @@ def image_kind(data: bytes) -> str | None:
     """The kind of image (or binary array) ``data`` starts with, or None."""
     if data[128:132] == b"DICM":
         return "DICOM"
+    if data[:2] == b"BM" and data[6:10] == b"\x00\x00\x00\x00":  # two magic bytes: the reserved zeros too
+        return "BMP"
     return next((kind for magic, kind in IMAGE_MAGIC.items() if data.startswith(magic)), None)
 
 

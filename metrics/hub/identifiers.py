@@ -71,6 +71,7 @@ class Identifiers:
         self._letters: dict[str, tuple[str, str]] = {}
         self._digits: dict[str, tuple[str, str]] = {}
         self._heads: dict[str, list[str]] = {}
+        self._digit_lengths: list[int] = []
 
     def __len__(self) -> int:
         return len(self._letters) + len(self._digits)
@@ -141,6 +142,8 @@ class Identifiers:
             return
         if form.isdigit():
             self._digits.setdefault(form, (kind, value))
+            if len(form) not in self._digit_lengths:
+                self._digit_lengths = sorted([*self._digit_lengths, len(form)])
             return
         if form not in self._letters:
             self._letters[form] = (kind, value)
@@ -171,13 +174,14 @@ class Identifiers:
                 if folded.startswith(form, i):
                     return self._letters[form]
         if self._digits:
+            lengths = self._digit_lengths
             for m in _DIGIT_RUN.finditer(unicodedata.normalize("NFKC", text)):
                 run = re.sub(r"\D", "", m.group(0))
-                if len(run) < MIN_LENGTH:
-                    continue
-                for form, hit in self._digits.items():
-                    if form in run:
-                        return hit
+                for n in lengths:
+                    for i in range(len(run) - n + 1):
+                        hit = self._digits.get(run[i : i + n])
+                        if hit is not None:
+                            return hit
         return None
 
 
