@@ -79,9 +79,10 @@ def case(entries) -> dict:
 @pytest.fixture(scope="module")
 def runs(bundle, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("guard-runs") / "runs"
-    for oracle in ("none", "implicit"):
-        args = ["--data-dir", str(bundle), "--model", "baseline:oracle", "--oracle", oracle]
-        assert run_main([*args, "--output-dir", str(out), "--no-progress", "--no-score"]) == 0
+    for model in ("baseline:oracle", "baseline:random"):  # the random one's scores are real fractions
+        for oracle in ("none", "implicit"):
+            args = ["--data-dir", str(bundle), "--model", model, "--oracle", oracle]
+            assert run_main([*args, "--output-dir", str(out), "--no-progress", "--no-score"]) == 0
     return out
 
 
@@ -142,10 +143,6 @@ def _json_edit(path: str, value):
 
 def _append(line: str):
     return lambda text: text + line + "\n"
-
-
-def _replace_model(new: str):
-    return lambda text: text.replace("baseline-oracle", new, 1)
 
 
 def _shapes(c: dict) -> list[tuple[str, str, object, str]]:
@@ -297,7 +294,7 @@ SHAPE_NAMES = [s[0] for s in _shapes(_EXAMPLE)]
 
 def test_clean_staging_passes_the_guard(staged):
     files = staged.verify()
-    assert list(files) == staged.files and len(files) == 31
+    assert list(files) == staged.files and len(files) == 47
     assert all(data for data in files.values())
 
 
