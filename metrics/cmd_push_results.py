@@ -1,6 +1,12 @@
-"""``chexpercept push-results RUNS_DIR --repo ORG/NAME [--private] [--dry-run]``: publish scores (flat
-metrics, tables, intervals, leaderboard, provenance, a dataset card) to a Hugging Face Hub dataset
-repo. Nothing derived from the credentialed data is uploaded: a guard checks every staged file."""
+"""``chexpercept push-results RUNS_DIR (--repo ORG/NAME | --model-repo ORG/MODEL --benchmark ORG/NAME)``.
+
+With ``--repo``: scores (flat metrics, tables, intervals, leaderboard, provenance, a dataset card)
+committed to a Hub dataset repo of our own format. With ``--model-repo``: the Hub's Eval Results, one
+``.eval_results/*.yaml`` file per variant of one model's runs, proposed as a pull request on the model
+repo (never a direct push), so the scores show on the model page and on the benchmark's leaderboard.
+Either way only the files the stager wrote go, each checked against its schema and against the
+bundle's own case identifiers (metrics/hub/guard.py) right before the upload.
+"""
 
 from __future__ import annotations
 
@@ -8,84 +14,197 @@ import argparse
 import sys
 import tempfile
 
+PROG = "chexpercept push-results"
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    from chexpercept.answers import PARSE_MODES
+    from chexpercept.cli_options import add_data_dir_option, add_parse_mode_option
 
     parser.add_argument(
         "runs_dir", metavar="RUNS_DIR", help="folder of runs: <model>/oracle_<setting>/ (chexpercept run)"
     )
-    parser.add_argument("--repo", required=True, metavar="ORG/NAME", help="Hub dataset repo to publish to")
-    parser.add_argument("--private", action="store_true", help="create the repo as private (if it is new)")
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--repo", metavar="ORG/NAME", help="Hub dataset repo of scores to commit to")
+    where.add_argument(
+        "--model-repo",
+        metavar="ORG/MODEL",
+        help="the model's Hub repo: open a pull request adding .eval_results/ files (RUNS_DIR: one model)",
+    )
     parser.add_argument(
-        "--dry-run", action="store_true", help="list exactly what would be uploaded; upload nothing"
+        "--benchmark",
+        metavar="ORG/NAME",
+        help="with --model-repo: the benchmark dataset repo the results are for (chexpercept benchmark-card)",
+    )
+    parser.add_argument(
+        "--source-url",
+        metavar="URL",
+        help="with --model-repo: the link each result's source gives (default: the benchmark's Hub page)",
+    )
+    parser.add_argument(
+        "--allow-synthetic",
+        action="store_true",
+        help="with --model-repo: stage runs made on a phantom bundle too (tests, demos; the notes say so)",
+    )
+    parser.add_argument(
+        "--private", action="store_true", help="with --repo: create the repo as private (if it is new)"
+    )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="list exactly what would be uploaded (with --model-repo: print the YAML); upload nothing",
     )
     parser.add_argument(
         "--output-dir",
         metavar="DIR",
         help="keep the staged files in DIR (must be empty or new) instead of a temporary folder",
     )
-    parser.add_argument(
-        "--parse-mode", choices=PARSE_MODES, default="reference", help="answer parsing (default: reference)"
+    add_data_dir_option(
+        parser,
+        help="the bundle the runs were made on (default: the one run.json names); the upload is checked "
+        "against its case identifiers, so it must be on this disk",
     )
+    add_parse_mode_option(parser, help="answer parsing (default: reference)")
     parser.add_argument(
         "--bootstrap",
         type=int,
-        default=1000,
+        default=None,
         metavar="N",
-        help="bootstrap replicates (default 1000; 0 = none)",
+        help="with --repo: bootstrap replicates (default 1000; 0 = none)",
     )
-    parser.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
+    parser.add_argument("--seed", type=int, default=None, help="with --repo: bootstrap seed (default 0)")
+
+
+def _fail(message: str, code: int = 2) -> int:
+    print(f"{PROG}: {message}", file=sys.stderr)
+    return code
+
+
+def _misused(args: argparse.Namespace) -> str | None:
+    """An option given that the chosen mode does not take, or a repo id of the wrong shape."""
+    for flag, value in (
+        ("--repo", args.repo),
+        ("--model-repo", args.model_repo),
+        ("--benchmark", args.benchmark),
+    ):
+        if value is not None and value.count("/") != 1:
+            return f"{flag} must be ORG/NAME, got {value!r}"
+    if args.model_repo:
+        if not args.benchmark:
+            return "--model-repo needs --benchmark ORG/NAME (the benchmark dataset repo, see benchmark-card)"
+        options = (
+            ("--private", args.private),
+            ("--bootstrap", args.bootstrap is not None),
+            ("--seed", args.seed is not None),
+        )
+        given = [f for f, v in options if v]
+        return f"{', '.join(given)} only apply to --repo" if given else None
+    given = [
+        f
+        for f, v in (
+            ("--benchmark", args.benchmark),
+            ("--source-url", args.source_url),
+            ("--allow-synthetic", args.allow_synthetic),
+        )
+        if v
+    ]
+    if given:
+        return f"{', '.join(given)} only apply to --model-repo"
+    if args.bootstrap is not None and args.bootstrap < 0:
+        return "--bootstrap must be 0 or more"
+    return None
 
 
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path as FsPath
 
-    from .push_results import PushRefused, check_staging, stage, upload
+    from .hub.guard import PushRefused
 
-    if "/" not in args.repo or args.repo.count("/") != 1:
-        print(f"chexpercept push-results: --repo must be ORG/NAME, got {args.repo!r}", file=sys.stderr)
-        return 2
-    if args.bootstrap < 0:
-        print("chexpercept push-results: --bootstrap must be 0 or more", file=sys.stderr)
-        return 2
+    problem = _misused(args)
+    if problem:
+        return _fail(problem)
     with tempfile.TemporaryDirectory(prefix="chexpercept-push-") as tmp:
         staging = FsPath(args.output_dir) if args.output_dir else FsPath(tmp) / "staging"
-        if staging.exists() and any(staging.iterdir()):
-            print(f"chexpercept push-results: {staging} is not empty", file=sys.stderr)
-            return 2
         try:
-            staged = stage(
-                args.runs_dir,
-                staging,
-                parse_mode=args.parse_mode,
-                bootstrap=args.bootstrap,
-                seed=args.seed,
-                repo=args.repo,
-            )
-            files = check_staging(staging)
+            if args.model_repo:
+                return _model_repo(args, staging)
+            return _dataset_repo(args, staging)
         except PushRefused as e:
-            print(f"chexpercept push-results: {e}", file=sys.stderr)
-            return 2
+            return _fail(str(e))
         except (ValueError, FileNotFoundError) as e:
-            print(f"chexpercept push-results: error: {e}", file=sys.stderr)
-            return 2
-        size = sum((staging / f).stat().st_size for f in files)
-        verb = "would upload" if args.dry_run else "uploading"
-        print(
-            f"{verb} {len(files)} files ({size} bytes) for {len(staged.models)} model(s) to dataset {args.repo}:"
-        )
-        for f in files:
-            print(f"  {f}")
-        if args.dry_run:
-            return 0
-        try:
-            url = upload(staging, args.repo, private=args.private)
-        except PushRefused as e:
-            print(f"chexpercept push-results: {e}", file=sys.stderr)
-            return 2
-        except Exception as e:  # the Hub's errors (auth, network) as one line
-            print(f"chexpercept push-results: upload failed: {type(e).__name__}: {e}", file=sys.stderr)
-            return 1
+            return _fail(f"error: {e}")
+
+
+def _dataset_repo(args: argparse.Namespace, staging) -> int:
+    from .push_results import stage, upload
+
+    staged = stage(
+        args.runs_dir,
+        staging,
+        parse_mode=args.parse_mode,
+        bootstrap=1000 if args.bootstrap is None else args.bootstrap,
+        seed=args.seed or 0,
+        repo=args.repo,
+        bundle=args.data_dir,
+    )
+    files = staged.verify()
+    size = sum(len(b) for b in files.values())
+    verb = "would upload" if args.dry_run else "uploading"
+    print(
+        f"{verb} {len(files)} files ({size} bytes) for {len(staged.models)} model(s) to dataset {args.repo}:"
+    )
+    for f in files:
+        print(f"  {f}")
+    if args.dry_run:
+        return 0
+    try:
+        url = upload(staged, args.repo, private=args.private)
+    except (ValueError, FileNotFoundError):
+        raise
+    except Exception as e:  # the Hub's errors (auth, network) as one line
+        return _fail(f"upload failed: {type(e).__name__}: {e}", 1)
     print(f"done: {url}")
+    return 0
+
+
+def _model_repo(args: argparse.Namespace, staging) -> int:
+    from .hub.commit import upload
+    from .hub.eval_results import default_source_url, model_folder, pr_description, stage_eval_results
+
+    folder = model_folder(args.runs_dir)
+    staged = stage_eval_results(
+        folder,
+        staging,
+        benchmark=args.benchmark,
+        source_url=args.source_url or default_source_url(args.benchmark),
+        parse_mode=args.parse_mode,
+        bundle=args.data_dir,
+        allow_synthetic=args.allow_synthetic,
+    )
+    files = staged.verify()
+    for note in staged.notes:
+        print(f"note: {note}")
+    verb = "would open" if args.dry_run else "opening"
+    print(
+        f"{verb} a pull request on model {args.model_repo} adding {len(files)} file(s) "
+        f"for benchmark {args.benchmark}:"
+    )
+    for rel, data in files.items():
+        print(f"--- {rel}")
+        print(data.decode("utf-8"), end="")
+    if args.dry_run:
+        return 0
+    try:
+        done = upload(
+            staged.manifest,
+            args.model_repo,
+            repo_type="model",
+            create_pr=True,
+            message="Add CheXpercept evaluation results",
+            description=pr_description(staged, args.benchmark),
+        )
+    except (ValueError, FileNotFoundError):
+        raise
+    except Exception as e:  # the Hub's errors (auth, no such model, network) as one line
+        return _fail(f"upload failed: {type(e).__name__}: {e}", 1)
+    print(f"done: pull request {done.pr_url}")
     return 0

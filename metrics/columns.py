@@ -136,3 +136,11 @@ def add_derived(values: dict[str, float | None]) -> dict[str, float | None]:
     for name, target in ALIASES.items():
         out[name] = values.get(target)
     return out
+
+
+def metric_names() -> frozenset[str]:
+    """Every metric name ``ModelScores.values`` can hold: the columns, DERIVED and ALIASES."""
+    from .scoring import score_records
+
+    empty = score_records([])
+    return frozenset([*e2e_columns(empty), *op_columns(empty), *DERIVED, *ALIASES])

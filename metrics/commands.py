@@ -15,6 +15,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "push-results": (
         "chexpercept.metrics.cmd_push_results",
-        "Publish scores (tables, intervals, leaderboard, provenance) to a Hub dataset repo; never data",
+        "Publish scores to a Hub dataset repo, or as Eval Results in a pull request on a model repo; never data",
+    ),
+    "benchmark-card": (
+        "chexpercept.metrics.cmd_benchmark_card",
+        "Commit the benchmark's dataset card and eval.yaml to a Hub dataset repo (metadata only, no data)",
+    ),
+    "leaderboard": (
+        "chexpercept.metrics.cmd_leaderboard",
+        "Read the Hub's leaderboard of a benchmark back: rank, model, value, verified or not",
     ),
 }

@@ -6,6 +6,14 @@ Content-Length). A gated model answers 403 with ``X-Error-Code: GatedRepo`` wher
 are asked for; a missing model 404 ``RepoNotFound``; a missing revision 404 ``RevisionNotFound``.
 Dataset repos: create, validate-yaml, preupload (every file regular, never LFS) and commit
 (NDJSON with base64 file contents), which are kept in ``FakeHub.datasets``.
+Model repos: preupload and commit too; with ``?create_pr=1`` the commit opens a pull request (kept in
+``FakeModel.pulls``, the model's files untouched) and the answer carries ``pullRequestUrl``
+(``<url>/<repo>/discussions/<n>``), as the Hub's commit endpoint does.
+Leaderboards: ``GET /api/datasets/<repo>/leaderboard`` answers ``FakeHub.leaderboards[repo]`` (entries
+in the Hub's JSON: rank, modelId, value, filename, verified, source, author, pullRequest, notes) and
+records its query (``base_model``) in ``FakeHub.leaderboard_queries``; a repo that is neither a
+dataset nor a leaderboard here answers 404 RepoNotFound, a dataset without a leaderboard 404 with a
+plain message (what the real Hub says then was not observed).
 """
 
 from __future__ import annotations
@@ -35,6 +43,10 @@ class FakeModel:
     reported_sizes: dict[str, int] = field(default_factory=dict)
     #: files listed but no longer served (404 EntryNotFound on download)
     lost: set[str] = field(default_factory=set)
+    #: pull requests opened by commits with create_pr: {"num", "title", "description", "files"}
+    pulls: list[dict[str, Any]] = field(default_factory=list)
+    #: direct commits to main: {"summary", "files"}
+    commits: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.commit:
@@ -54,6 +66,9 @@ class FakeHub:
         self.models: dict[str, FakeModel] = {}
         self.datasets: dict[str, FakeDataset] = {}
         self.requests: list[tuple[str, str]] = []
+        #: benchmark dataset repo -> leaderboard entries (the Hub's JSON)
+        self.leaderboards: dict[str, list[dict[str, Any]]] = {}
+        self.leaderboard_queries: list[dict[str, list[str]]] = []
         self.lock = threading.Lock()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
@@ -169,20 +184,72 @@ class FakeHub:
         ds = self.datasets.get(repo)
         if ds is None:
             return _error("RepoNotFound", repo)
-        lines = [json.loads(line) for line in body.decode().splitlines() if line.strip()]
-        header = next(x["value"] for x in lines if x["key"] == "header")
-        added = {}
-        for x in lines:
-            if x["key"] == "file":
-                v = x["value"]
-                assert v["encoding"] == "base64", v
-                added[v["path"]] = base64.b64decode(v["content"])
-            elif x["key"] != "header":
-                return 400, {}, {"error": f"unexpected operation {x['key']} (only regular files here)"}
+        parsed = _commit_body(body)
+        if isinstance(parsed, str):
+            return 400, {}, {"error": parsed}
+        header, added = parsed
         ds.files.update(added)
         oid = sha1(body)
         ds.commits.append({"summary": header.get("summary"), "files": sorted(added), "oid": oid})
         return 200, {}, {"commitUrl": f"{self.url}/datasets/{repo}/commit/{oid}", "commitOid": oid}
+
+    def model_preupload(self, repo: str, payload: dict[str, Any]) -> tuple[int, dict[str, str], Any]:
+        if repo not in self.models:
+            return _error("RepoNotFound", repo)
+        files = [
+            {"path": f["path"], "uploadMode": "regular", "shouldIgnore": False, "oid": None}
+            for f in payload.get("files", [])
+        ]
+        return 200, {}, {"files": files, "commitOid": self.models[repo].commit}
+
+    def model_commit(self, repo: str, body: bytes, create_pr: bool) -> tuple[int, dict[str, str], Any]:
+        model = self.models.get(repo)
+        if model is None:
+            return _error("RepoNotFound", repo)
+        parsed = _commit_body(body)
+        if isinstance(parsed, str):
+            return 400, {}, {"error": parsed}
+        header, added = parsed
+        oid = sha1(body)
+        answer = {"commitUrl": f"{self.url}/{repo}/commit/{oid}", "commitOid": oid}
+        if create_pr:
+            num = len(model.pulls) + 1
+            model.pulls.append(
+                {
+                    "num": num,
+                    "title": header.get("summary"),
+                    "description": header.get("description"),
+                    "files": added,
+                }
+            )
+            answer["pullRequestUrl"] = f"{self.url}/{repo}/discussions/{num}"
+        else:
+            model.files.update(added)
+            model.commits.append({"summary": header.get("summary"), "files": sorted(added)})
+        return 200, {}, answer
+
+    def leaderboard(self, repo: str, query: dict[str, list[str]]) -> tuple[int, dict[str, str], Any]:
+        self.leaderboard_queries.append(query)
+        if repo in self.leaderboards:
+            return 200, {}, self.leaderboards[repo]
+        if repo in self.datasets:
+            return 404, {}, {"error": f"{repo} has no leaderboard"}
+        return _error("RepoNotFound", repo)
+
+
+def _commit_body(body: bytes) -> tuple[dict[str, Any], dict[str, bytes]] | str:
+    """(header, path -> bytes) of a commit's NDJSON; an error message for anything but added files."""
+    lines = [json.loads(line) for line in body.decode().splitlines() if line.strip()]
+    header = next(x["value"] for x in lines if x["key"] == "header")
+    added = {}
+    for x in lines:
+        if x["key"] == "file":
+            v = x["value"]
+            assert v["encoding"] == "base64", v
+            added[v["path"]] = base64.b64decode(v["content"])
+        elif x["key"] != "header":
+            return f"unexpected operation {x['key']} (only regular files here)"
+    return header, added
 
 
 def _error(code: str, repo: str) -> tuple[int, dict[str, str], Any]:
@@ -227,6 +294,15 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
             parts = path.strip("/").split("/")
             body = self._body() if method == "POST" else b""
             head = method == "HEAD"
+            query = parse_qs(url.query)
+            if parts[:2] == ["api", "models"] and len(parts) >= 5 and method == "POST":
+                repo = "/".join(parts[2:4])
+                if parts[4] == "preupload":
+                    return self._send(*hub.model_preupload(repo, json.loads(body)))
+                if parts[4] == "commit":
+                    return self._send(*hub.model_commit(repo, body, query.get("create_pr") == ["1"]))
+            if parts[:2] == ["api", "datasets"] and len(parts) == 5 and parts[4] == "leaderboard":
+                return self._send(*hub.leaderboard("/".join(parts[2:4]), query), head=head)
             if parts[:2] == ["api", "models"] and len(parts) >= 4:
                 repo = "/".join(parts[2:4])
                 rest = parts[4:]
@@ -251,7 +327,7 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
             if len(parts) >= 5 and parts[2] == "resolve":
                 repo = "/".join(parts[:2])
                 return self._send(*hub.resolve(repo, parts[3], "/".join(parts[4:])), head=head)
-            self._send(404, {}, {"error": f"fake hub: no route for {method} {path} ({parse_qs(url.query)})"})
+            self._send(404, {}, {"error": f"fake hub: no route for {method} {path} ({query})"})
 
         def do_GET(self) -> None:
             self._route("GET")

@@ -13,7 +13,7 @@ from huggingface_hub import constants
 
 from chexpercept.cli import main as cli
 from chexpercept.eval.run import main as run_main
-from chexpercept.metrics.push_results import PushRefused, check_staging, scrub, stage
+from chexpercept.metrics.push_results import PushRefused, provenance, scrub, stage
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fake_hub import FakeHub
@@ -66,10 +66,15 @@ def forbidden_folder(root: Path) -> Path:
     return root
 
 
-def test_the_guard_refuses_every_kind_of_credentialed_file(tmp_path):
+def test_the_guard_refuses_every_kind_of_credentialed_file(runs, tmp_path):
+    """What the deny-list used to look for, put into a staging folder: none of it was staged."""
+    staged = stage(runs, tmp_path / "staging", bootstrap=0)
     folder = forbidden_folder(tmp_path / "run")
+    for f in folder.iterdir():
+        shutil.copy(f, staged.folder / f.name)
+    shutil.copy(folder / "metrics.json", staged.folder / "models" / "baseline-oracle" / "metrics.json")
     with pytest.raises(PushRefused) as e:
-        check_staging(folder)
+        staged.verify()
     msg = str(e.value)
     for name in (
         "results.jsonl",
@@ -82,11 +87,10 @@ def test_the_guard_refuses_every_kind_of_credentialed_file(tmp_path):
         "raw_responses.md",
         "notes.md",
         "viewer.md",
-        "metrics.json",
     ):
-        assert name + ":" in msg, name
+        assert f"  {name}: not written by the stager" in msg, name
+    assert "models/baseline-oracle/metrics.json: changed after staging" in msg
     assert "PhysioNet" in msg and "Data Use Agreement" in msg
-    assert KEY in msg and "image bytes" in msg and "embedded image data" in msg
 
 
 def test_provenance_loses_local_paths():
@@ -105,9 +109,30 @@ def test_provenance_loses_local_paths():
     }
 
 
+def test_provenance_keeps_known_fields_only():
+    meta = {
+        "model": "m",
+        "model_id": "/home/me/models/x",
+        "sampling": {"temperature": 0.7000000001, "top_p": 1.0, "max_tokens": 64, "greedy": False, "n": 3},
+        "chat_template_kwargs": {"enable_thinking": False, "system": "free text"},
+        "backend_settings": {"api_base": "https://example.org/v1"},
+        "estimate": {"cost": 1.0},
+        "last_session": {"cases": 12},
+        "bundle": {"path": "/data/bundle", "fingerprint": "ab" * 32, "n_cases": 21},
+        "notes": ["anything"],
+    }
+    assert provenance(meta) == {
+        "model": "m",
+        "model_id": "<local path removed>",
+        "sampling": {"temperature": 0.7, "top_p": 1.0, "max_tokens": 64, "greedy": False},
+        "chat_template_kwargs": {"enable_thinking": False},
+        "bundle": {"fingerprint": "ab" * 32, "n_cases": 21},
+    }
+
+
 def test_staging_holds_scores_only(runs, tmp_path):
     staged = stage(runs, tmp_path / "staging", bootstrap=20, repo="org/scores")
-    assert check_staging(staged.folder) == staged.files
+    assert list(staged.verify()) == staged.files
     assert sorted(staged.models) == ["baseline-oracle", "baseline-random"]
     files = set(staged.files)
     for model in ("baseline-oracle", "baseline-random"):

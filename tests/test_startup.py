@@ -51,6 +51,8 @@ def test_light_imports_leave_heavy_libraries_out(code: str) -> None:
         "review",
         "download-model",
         "push-results",
+        "benchmark-card",
+        "leaderboard",
     ],
 )
 def test_command_help_imports_no_heavy_library(command: str) -> None:

@@ -4,7 +4,10 @@ It finds the runs (metrics/discovery.py), loads and scores them with the metric 
 (``load_run``, ``score_model``, intervals, ``render_table``), then writes:
 
 - ``tables.md`` and ``tables/table<N>.{md,csv}``: the paper's Tables 2, 3, 8, 9, 10, 11 (with intervals);
-- ``leaderboard.{md,csv}``: models ranked under End-to-End and under Oracle-Passed;
+- ``leaderboard.{md,csv}``: models ranked under End-to-End and under Oracle-Passed; with a leaderboard
+  read from the Hub (``hub_leaderboard``), ``leaderboard.md`` also shows the Hub's rows and a ranking of
+  the local End-to-End scores beside them, each row marked with where it comes from, and
+  ``hub_leaderboard.csv`` holds the Hub's rows;
 - the reference's CSVs per run and across models (metrics/report/reference_csv.py);
 - ``figures/``: the four plots of the reference and a per-lesion heatmap for the models' headline
   numbers, and the reference's figures per oracle setting beside its CSVs (metrics/report/plots.py);
@@ -34,6 +37,13 @@ from chexpercept.metrics.tables import TABLE_IDS
 from chexpercept.results import ORACLE_SETTINGS
 from chexpercept.vocab import LESIONS, PATHS
 
+from ..hub.leaderboard import (
+    HubBoard,
+    hub_leaderboard_csv,
+    render_hub_leaderboard,
+    render_side_by_side,
+    side_by_side,
+)
 from . import plots, reference_csv
 from .cases import ViewerRun, write_viewer_data
 from .leaderboard import leaderboard_rows, render_leaderboard, write_leaderboard_csv
@@ -243,10 +253,26 @@ class _Tables:
     tables_md: FsPath
     board: list[dict[str, Any]]
     leaderboard_md: FsPath
+    hub: HubBoard | None = None
+
+
+def _board_markdown(board: Sequence[dict[str, Any]], hub: HubBoard | None) -> str:
+    """The leaderboard in markdown; with ``hub``, the Hub's rows and both side by side after it."""
+    text = render_leaderboard(board)
+    if hub is not None:
+        text += "\n" + render_hub_leaderboard(hub.entries, hub.repo)
+        text += "\n" + render_side_by_side(side_by_side(board, hub), hub.repo)
+    return text
 
 
 def _write_tables(
-    out: FsPath, reports: dict[str, Any], *, n_resamples: int, seed: int, title: str
+    out: FsPath,
+    reports: dict[str, Any],
+    *,
+    n_resamples: int,
+    seed: int,
+    title: str,
+    hub: HubBoard | None = None,
 ) -> _Tables:
     m = _metrics()
     files: list[FsPath] = []
@@ -271,9 +297,11 @@ def _write_tables(
     tables_md = _write(out / "tables.md", f"# {title}: tables\n\n{ci_note}\n\n" + "\n".join(blocks))
     files.append(tables_md)
     board = leaderboard_rows(reports)
-    leaderboard_md = _write(out / "leaderboard.md", render_leaderboard(board))
+    leaderboard_md = _write(out / "leaderboard.md", _board_markdown(board, hub))
     files += [leaderboard_md, write_leaderboard_csv(out / "leaderboard.csv", board)]
-    return _Tables(files, blocks, ci_note, tables_md, board, leaderboard_md)
+    if hub is not None:
+        files.append(_write(out / "hub_leaderboard.csv", hub_leaderboard_csv(hub.entries)))
+    return _Tables(files, blocks, ci_note, tables_md, board, leaderboard_md, hub)
 
 
 def _write_reference_csvs(
@@ -339,7 +367,7 @@ def _page_sections(
     files: Sequence[FsPath],
 ) -> list[Section]:
     sections = [
-        Section("leaderboard", "Leaderboard", markdown_to_html(render_leaderboard(tables.board))),
+        Section("leaderboard", "Leaderboard", markdown_to_html(_board_markdown(tables.board, tables.hub))),
         Section("tables", "Tables", markdown_to_html(tables.ci_note + "\n\n" + "\n".join(tables.blocks))),
     ]
     if figures:
@@ -382,11 +410,14 @@ def write_report(
     plots: bool = True,
     html: bool = True,
     title: str = "CheXpercept report",
+    hub_leaderboard: HubBoard | None = None,
 ) -> ReportOutput:
     """Write the whole report for the runs under ``results`` into ``out`` (see the module docstring).
 
     n_resamples: bootstrap replicates for the 95% intervals (0: no intervals). na_as_zero: write the
-    reference's 0.0 instead of an empty cell where a CSV cell does not apply.
+    reference's 0.0 instead of an empty cell where a CSV cell does not apply. hub_leaderboard: a
+    leaderboard read from the Hub (``chexpercept.metrics.hub.leaderboard.read_leaderboard``) to show
+    beside the local runs, marked as taken from the Hub.
     """
     start = time.perf_counter()
     clock = _Clock()
@@ -410,7 +441,7 @@ def write_report(
     clock.lap("intervals")
 
     # --- the paper's tables and the leaderboard
-    tables = _write_tables(out, reports, n_resamples=n_resamples, seed=seed, title=title)
+    tables = _write_tables(out, reports, n_resamples=n_resamples, seed=seed, title=title, hub=hub_leaderboard)
     files += tables.files
     clock.lap("tables")
 
@@ -432,6 +463,11 @@ def write_report(
         "leaderboard": tables.board,
         "notes": notes,
     }
+    if hub_leaderboard is not None:
+        data["hub_leaderboard"] = {
+            "repo": hub_leaderboard.repo,
+            "entries": [{**vars(e), "status": e.status} for e in hub_leaderboard.entries],
+        }
     files.append(_write(out / "metrics.json", json.dumps(data, indent=1, default=str)))
 
     # --- the HTML report

@@ -46,6 +46,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-plots", action="store_true", help="skip the figures (no matplotlib needed)")
     parser.add_argument("--no-html", action="store_true", help="skip the HTML report and case viewer")
     parser.add_argument("--title", default="CheXpercept report", help="title of the HTML report")
+    parser.add_argument(
+        "--hub-leaderboard",
+        metavar="ORG/NAME",
+        help="also show the Hub's leaderboard of this benchmark dataset repo beside the local runs "
+        "(read with huggingface_hub; rows marked as taken from the Hub)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -54,6 +60,15 @@ def run(args: argparse.Namespace) -> int:
     if args.bootstrap < 0:
         print("chexpercept report: --bootstrap must be 0 or more", file=sys.stderr)
         return 2
+    hub = None
+    if args.hub_leaderboard:
+        from ..hub.leaderboard import HubBoard, LeaderboardError, read_leaderboard
+
+        try:
+            hub = HubBoard(args.hub_leaderboard, tuple(read_leaderboard(args.hub_leaderboard)))
+        except LeaderboardError as e:
+            print(f"chexpercept report: --hub-leaderboard: {e}", file=sys.stderr)
+            return 1
     try:
         result = write_report(
             args.results,
@@ -67,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
             plots=not args.no_plots,
             html=not args.no_html,
             title=args.title,
+            hub_leaderboard=hub,
         )
     except (FileNotFoundError, ValueError, ImportError) as e:
         print(f"chexpercept report: {e}", file=sys.stderr)

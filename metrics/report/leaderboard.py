@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path as FsPath
 from typing import Any
 
-from .reference_csv import write_csv
+from .reference_csv import csv_text, write_csv
 
 SETTING_KEYS: dict[str, tuple[str, ...]] = {
     "e2e": ("e2e/stage1/all", "e2e/stage2/all", "e2e/stage3/all", "e2e/stage4/all"),
@@ -37,6 +37,13 @@ CSV_COLUMNS = (
 )
 
 
+def setting_score(values: Mapping[str, float | None], setting: str) -> float | None:
+    """A model's score under ``setting`` (e2e or op): the mean of its four stage accuracies, None
+    when one of them is N/A."""
+    stages = [values.get(k) for k in SETTING_KEYS[setting]]
+    return None if any(v is None for v in stages) else sum(stages) / len(stages)
+
+
 def leaderboard_rows(reports: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Rows for both settings: setting, rank (None when N/A), model, score and the stage values.
 
@@ -47,7 +54,7 @@ def leaderboard_rows(reports: Mapping[str, Any]) -> list[dict[str, Any]]:
         entries = []
         for name, rep in reports.items():
             stages = [rep.values.get(k) for k in keys]
-            score = sum(stages) / len(stages) if all(v is not None for v in stages) else None
+            score = setting_score(rep.values, setting)
             intervals = rep.intervals or {}
             entries.append(
                 {
@@ -116,3 +123,8 @@ def render_leaderboard(rows: Sequence[Mapping[str, Any]]) -> str:
 def write_leaderboard_csv(path: str | os.PathLike[str], rows: Sequence[Mapping[str, Any]]) -> FsPath:
     """Both boards as one CSV (fractions; empty where N/A)."""
     return write_csv(path, CSV_COLUMNS, rows)
+
+
+def leaderboard_csv(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The CSV ``write_leaderboard_csv`` writes, as text."""
+    return csv_text(CSV_COLUMNS, rows)

@@ -14,6 +14,7 @@ left empty instead of the reference's 0.0; ``na_as_zero=True`` writes 0.0 like t
 from __future__ import annotations
 
 import csv
+import io
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path as FsPath
@@ -108,11 +109,18 @@ def write_csv(
     path = FsPath(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="", encoding="utf-8") as f:
-        writer = csv.writer(f, lineterminator="\n")
-        writer.writerow(columns)
-        for row in rows:
-            writer.writerow([_cell(row.get(c), na_as_zero) for c in columns])
+        f.write(csv_text(columns, rows, na_as_zero=na_as_zero))
     return path
+
+
+def csv_text(columns: Sequence[str], rows: Sequence[Mapping[str, Any]], *, na_as_zero: bool = False) -> str:
+    """The CSV ``write_csv`` writes, as text: a header, then one line per row (floats as repr)."""
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(columns)
+    for row in rows:
+        writer.writerow([_cell(row.get(c), na_as_zero) for c in columns])
+    return buf.getvalue()
 
 
 def write_run_csvs(

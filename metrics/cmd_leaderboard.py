@@ -1,0 +1,62 @@
+"""``chexpercept leaderboard ORG/NAME``: the Hub's leaderboard of a benchmark, read back as a table
+(rank, model, value, verified or not, notes), through huggingface_hub's get_dataset_leaderboard."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+PROG = "chexpercept leaderboard"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "repo", metavar="ORG/NAME", help="the benchmark dataset repo (chexpercept benchmark-card)"
+    )
+    parser.add_argument(
+        "--all-models",
+        action="store_true",
+        help="every submitted result, fine-tunes included (default: the Hub's view, models without a base_model)",
+    )
+    parser.add_argument(
+        "--format",
+        choices=("markdown", "csv", "json"),
+        default="markdown",
+        help="output format (default: markdown)",
+    )
+    parser.add_argument("--output", metavar="FILE", help="write the table to FILE instead of printing it")
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path as FsPath
+
+    from .hub.leaderboard import (
+        LeaderboardError,
+        hub_leaderboard_csv,
+        hub_leaderboard_json,
+        read_leaderboard,
+        render_hub_leaderboard,
+    )
+
+    if args.repo.count("/") != 1:
+        print(f"{PROG}: the repo must be ORG/NAME, got {args.repo!r}", file=sys.stderr)
+        return 2
+    try:
+        entries = read_leaderboard(args.repo, all_models=args.all_models)
+    except LeaderboardError as e:
+        print(f"{PROG}: {e}", file=sys.stderr)
+        return 1
+    if args.format == "csv":
+        text = hub_leaderboard_csv(entries)
+    elif args.format == "json":
+        text = hub_leaderboard_json(entries)
+    else:
+        text = render_hub_leaderboard(entries, args.repo)
+    if args.output:
+        out = FsPath(args.output)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text, encoding="utf-8")
+        print(f"{len(entries)} entries of {args.repo} written to {out}")
+    else:
+        print(text, end="")
+    return 0

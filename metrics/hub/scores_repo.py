@@ -1,0 +1,353 @@
+"""The scores dataset repo (``push-results --repo``): its dataset card and the schema of every file in it.
+
+Files (written by ``chexpercept.metrics.push_results.stage``):
+
+- ``models/<model>/metrics.json`` (``METRICS``): the flat metrics, fractions rounded to 6 decimals;
+- ``models/<model>/intervals.json`` (``INTERVALS``): the 95% bootstrap intervals of every metric;
+- ``models/<model>/run_oracle_<setting>.json`` (``PROVENANCE``): run.json reduced to known fields;
+- ``models/<model>/table<N>.md|csv``, ``tables/table<N>.md|csv`` (``table_schemas``);
+- ``leaderboard.md|csv`` (``leaderboard_schemas``); ``README.md`` (``dataset_card``, ``card_schema``).
+
+Every table shape and fixed line is read from the renderers themselves (``render_table``,
+``render_leaderboard`` with no rows), so a schema cannot drift from what the stager writes.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from chexpercept.answers import PARSE_MODES
+from chexpercept.results import ORACLE_SETTINGS
+from chexpercept.vocab import LESIONS, PATHS
+
+from ..columns import FLAT_KEYS, metric_names
+from ..report.leaderboard import CSV_COLUMNS, SETTING_KEYS, render_leaderboard
+from ..tables import TABLES, render_table, table_rows
+from .guard import (
+    AGREEMENT,
+    NUM_CELL,
+    PCT_CELL,
+    RANK_CELL,
+    SETTING_CELL,
+    SIGNED_CELL,
+    Boolean,
+    Cell,
+    CsvSchema,
+    JsonSchema,
+    ListOf,
+    MapOf,
+    MarkdownSchema,
+    Number,
+    Obj,
+    TableShape,
+    Text,
+)
+
+HEX64 = r"[0-9a-f]{64}"
+HEX40 = r"[0-9a-f]{40}"
+ISO_TIME = r"\d{4}-\d{2}-\d{2}(T\d{2}:\d{2}(:\d{2}(\.\d+)?)?(Z|[+-]\d{2}:?\d{2})?)?"
+VERSION = r"[0-9A-Za-z.+_-]{1,40}"
+LOCAL = "<local path removed>"
+#: a table number in CSV: repr of a float rounded to 6 decimals, or a formatted percentage
+CSV_NUMBER = Text(pattern=r"([+-]?\d+(\.\d{1,6})?|\d(\.\d+)?e-0[5-7])?")
+SETTING = Text(settings=True)
+SETTING_OR_EMPTY = Text(choices=("",), settings=True)
+
+#: run.json as published: only these fields (``PROVENANCE.project(run_json)``), local paths removed
+PROVENANCE = Obj(
+    {
+        "model": SETTING,
+        "display_name": SETTING,
+        "model_id": SETTING,
+        "backend": SETTING,
+        "oracle": Text(choices=ORACLE_SETTINGS),
+        "parse_mode": Text(choices=PARSE_MODES),
+        "sampling": Obj(
+            {
+                "temperature": Number(),
+                "top_p": Number(),
+                "max_tokens": Number(integer=True),
+                "greedy": Boolean(),
+            }
+        ),
+        "seed": Number(integer=True),
+        "chat_template_kwargs": Obj({"enable_thinking": Boolean()}),
+        "bundle": Obj(
+            {
+                "fingerprint": Text(pattern=HEX64, nullable=True),
+                "synthetic": Boolean(),
+                "n_cases": Number(integer=True),
+            }
+        ),
+        "selection": Obj(
+            {
+                "lesions": ListOf(Text(choices=LESIONS)),
+                "paths": ListOf(Text(choices=[p.value for p in PATHS])),
+                "per_cell": Number(integer=True),
+                "limit": Number(integer=True),
+                "n_selected": Number(integer=True),
+            }
+        ),
+        "weights": Obj(
+            {
+                "model_id": SETTING,
+                "revision": Text(settings=True, nullable=True),
+                "commit": Text(pattern=HEX40, nullable=True),
+                "source": Text(choices=("local", "cache", "download"), nullable=True),
+                "size_bytes": Number(integer=True),
+            }
+        ),
+        "versions": MapOf(Text(pattern=r"[a-z0-9_.-]{1,40}"), Text(pattern=VERSION, nullable=True)),
+        "git_commit": Text(pattern=f"{HEX40}(-dirty)?", nullable=True),
+        "started": Text(pattern=ISO_TIME, nullable=True),
+        "finished": Text(pattern=ISO_TIME, nullable=True),
+        "unfinished_cases": Number(integer=True),
+        "n_results": Number(integer=True),
+        "batch_size": Number(integer=True),
+        "num_processes": Number(integer=True),
+    }
+)
+
+METRICS = JsonSchema(
+    spec=Obj(
+        {
+            "model": SETTING,
+            "parse_mode": Text(choices=PARSE_MODES),
+            "bundle_fingerprint": Text(pattern=HEX64, nullable=True),
+            "sources": Obj({role: Text(choices=ORACLE_SETTINGS, nullable=True) for role in ("e2e", "op")}),
+            "flat": Obj({k: Number() for k in FLAT_KEYS}, required=FLAT_KEYS),
+        },
+        required=("model", "parse_mode", "flat"),
+    )
+)
+
+INTERVALS = JsonSchema(
+    spec=Obj(
+        {
+            "level": Number(),
+            "n_resamples": Number(integer=True),
+            "seed": Number(integer=True),
+            "stratified_by": ListOf(Text(choices=("lesion", "path"))),
+            "values": MapOf(Text(choices=metric_names()), ListOf(Number())),
+        },
+        required=("level", "n_resamples", "values"),
+    )
+)
+
+PROVENANCE_FILE = JsonSchema(spec=PROVENANCE)
+
+
+# ------------------------------------------------------------------------------------ tables
+def _split(markdown: str) -> tuple[set[str], list[tuple[str, ...]]]:
+    """(lines that are not table lines, table headers) of markdown rendered with no rows."""
+    lines, headers = set(), []
+    for line in markdown.split("\n"):
+        cells = tuple(c.strip() for c in line.strip("|").split("|"))
+        if line.startswith("|") and set(cells) != {"---"}:
+            headers.append(cells)
+        elif not line.startswith("|"):
+            lines.add(line)
+    return lines, headers
+
+
+_KIND_CELL = {"pct": PCT_CELL, "num": NUM_CELL, "signed": SIGNED_CELL}
+
+
+def _paper_cells(table_id: str, header: Sequence[str], csv_mode: bool) -> tuple[Cell, ...]:
+    table = TABLES[table_id]
+    labels = Text(choices=[label for label, _ in table.rows])
+    cols = {c.header: c for c in table.cols}
+    out: list[Cell] = []
+    for name in header:
+        if name == "Model":
+            out.append(SETTING_CELL)
+        elif name == table.row_header:
+            out.append(labels)
+        elif csv_mode:
+            out.append(CSV_NUMBER)
+        else:
+            out.append(_KIND_CELL[cols[name].kind])
+    return tuple(out)
+
+
+def table_schemas(table_id: str, *, intervals: bool) -> tuple[MarkdownSchema, CsvSchema]:
+    """The schemas of ``render_table(table_id, ..., intervals=intervals)`` in markdown and in CSV."""
+    lines, headers = _split(render_table(table_id, {}, intervals=intervals))
+    md = MarkdownSchema(
+        lines=lines, tables=[TableShape(h, _paper_cells(table_id, h, False)) for h in headers]
+    )
+    csv_header = tuple(table_rows(table_id, {}, intervals=intervals, csv_mode=True)[0])
+    return md, CsvSchema(tables=[TableShape(csv_header, _paper_cells(table_id, csv_header, True))])
+
+
+_BOARD_CELLS: dict[str, Cell] = {
+    "Rank": RANK_CELL,
+    "Model": SETTING_CELL,
+    "Score (%)": Text(pattern=r"–|\d+\.\d"),
+}
+
+
+def _board_cell(name: str) -> Cell:
+    return _BOARD_CELLS.get(name) or (NUM_CELL if name.startswith("Depth") else PCT_CELL)
+
+
+def leaderboard_shapes() -> tuple[set[str], list[TableShape]]:
+    """Lines and tables of ``render_leaderboard``."""
+    lines, headers = _split(render_leaderboard([]))
+    return lines, [TableShape(h, tuple(_board_cell(n) for n in h)) for h in headers]
+
+
+def leaderboard_schemas() -> tuple[MarkdownSchema, CsvSchema]:
+    lines, shapes = leaderboard_shapes()
+    cells = {"setting": Text(choices=SETTING_KEYS), "rank": Text(pattern=r"\d*"), "model": SETTING_CELL}
+    csv_shape = TableShape(tuple(CSV_COLUMNS), tuple(cells.get(c, CSV_NUMBER) for c in CSV_COLUMNS))
+    return MarkdownSchema(lines=lines, tables=shapes), CsvSchema(tables=[csv_shape])
+
+
+# ------------------------------------------------------------------------------------ the card
+CARD_FRONT = (
+    "---",
+    "pretty_name: CheXpercept scores",
+    "tags:",
+    "- chexpercept",
+    "- benchmark-results",
+    "- chest-x-ray",
+    "- vision-language-models",
+    "---",
+)
+CARD_INTRO = (
+    "Aggregate scores of vision-language models on **CheXpercept**, the chest X-ray lesion-perception "
+    "benchmark (detect, judge a contour, revise it, extract attributes; one multi-turn conversation per "
+    "case). Made with `chexpercept push-results`."
+)
+CARD_SCORES_ONLY = "This repository holds scores only. " + AGREEMENT + "."
+NO_FINGERPRINT = "- fingerprint: unknown (runs without run.json bundle fields)"
+SYNTHETIC = "- synthetic (phantom) bundle: the numbers say nothing about the models"
+MODELS_HEADER = (
+    "model",
+    "model id",
+    "backend",
+    "oracle runs",
+    "temperature",
+    "top_p",
+    "max tokens",
+    "revision (commit)",
+)
+CARD_FILES = (
+    "- `leaderboard.md`, `leaderboard.csv`: models ranked under End-to-End and Oracle-Passed",
+    "- `tables/table<N>.md|csv`: the paper's Tables 2, 3, 8, 9, 10, 11 for all models",
+    "- `models/<model>/metrics.json`: the flat metrics (fractions; null = N/A); `intervals.json`; "
+    "`table<N>.md|csv`; `run_oracle_<setting>.json`: run provenance (local paths removed)",
+)
+CARD_HEADINGS = ("## Benchmark bundle", "## Models and settings", "## Leaderboard", "## Table 2", "## Files")
+
+
+def _models_line(cells: Sequence[Any]) -> str:
+    return "| " + " | ".join("" if c is None else str(c) for c in cells) + " |"
+
+
+def dataset_card(
+    reports: Mapping[str, Any],
+    provenance: Mapping[str, Sequence[Mapping[str, Any]]],
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    parse_mode: str,
+    bootstrap: int,
+    repo: str | None,
+) -> str:
+    """The README.md of the scores repo: front matter, bundle, models and settings, leaderboard, Table 2."""
+    fingerprints = sorted({r.fingerprint for r in reports.values() if r.fingerprint})
+    synthetic = any(
+        bool((m.get("bundle") or {}).get("synthetic")) for metas in provenance.values() for m in metas
+    )
+    heading = f"# CheXpercept scores{f' ({repo})' if repo else ''}"
+    lines = [*CARD_FRONT, "", heading, "", CARD_INTRO, "", CARD_SCORES_ONLY, "", CARD_HEADINGS[0], ""]
+    lines += [f"- fingerprint `{fp}`" for fp in fingerprints] or [NO_FINGERPRINT]
+    lines += [SYNTHETIC] if synthetic else []
+    lines.append(
+        f"- answers parsed in `{parse_mode}` mode"
+        + (f"; 95% intervals from {bootstrap} stratified bootstrap replicates" if bootstrap else "")
+    )
+    lines += [
+        "",
+        CARD_HEADINGS[1],
+        "",
+        _models_line(MODELS_HEADER),
+        "|" + "|".join(" --- " for _ in MODELS_HEADER) + "|",
+    ]
+    for name, metas in provenance.items():
+        first = metas[0] if metas else {}
+        sampling = first.get("sampling") or {}
+        weights = first.get("weights") or {}
+        oracles = ", ".join(str(m.get("oracle")) for m in metas)
+        lines.append(
+            _models_line(
+                [
+                    name,
+                    first.get("model_id"),
+                    first.get("backend"),
+                    oracles,
+                    sampling.get("temperature"),
+                    sampling.get("top_p"),
+                    sampling.get("max_tokens"),
+                    weights.get("commit"),
+                ]
+            )
+        )
+    lines += [
+        "",
+        CARD_HEADINGS[2],
+        "",
+        render_leaderboard(rows),
+        CARD_HEADINGS[3],
+        "",
+        render_table(2, reports),
+    ]
+    lines += [CARD_HEADINGS[4], "", *CARD_FILES, ""]
+    return "\n".join(lines)
+
+
+def card_schema(repo: str | None) -> MarkdownSchema:
+    """The README.md's schema: its fixed lines, the lines with a fingerprint, a mode, a count, and the
+    models, leaderboard and Table 2 tables."""
+    board_lines, board_tables = leaderboard_shapes()
+    table_md, _ = table_schemas("2", intervals=False)
+    fixed = {
+        *CARD_FRONT,
+        "",
+        CARD_INTRO,
+        CARD_SCORES_ONLY,
+        NO_FINGERPRINT,
+        SYNTHETIC,
+        *CARD_FILES,
+        *CARD_HEADINGS,
+    }
+    heading = r"# CheXpercept scores" + (rf" \({re.escape(repo)}\)" if repo else "")
+    modes = "|".join(PARSE_MODES)
+    patterns = (
+        heading,
+        rf"- fingerprint `{HEX64}`",
+        rf"- answers parsed in `({modes})` mode(; 95% intervals from \d+ stratified bootstrap replicates)?",
+    )
+    number = Text(pattern=r"(-?\d+(\.\d{1,6})?)?")
+    oracles = "|".join(ORACLE_SETTINGS)
+    models = TableShape(
+        MODELS_HEADER,
+        (
+            SETTING_CELL,
+            SETTING_OR_EMPTY,
+            SETTING_OR_EMPTY,
+            Text(pattern=rf"({oracles})(, ({oracles}))*"),
+            number,
+            number,
+            number,
+            Text(pattern=f"({HEX40})?"),
+        ),
+    )
+    return MarkdownSchema(
+        lines=fixed | board_lines | set(table_md.lines),
+        patterns=patterns,
+        tables=[models, *board_tables, *table_md.tables],
+    )
