@@ -70,7 +70,10 @@ def os_error_text(error: OSError, folder: FsPath) -> tuple[str, str]:
             f"cannot write to {where} ({reason})",
             "make the folder writable, or copy it to a writable place and pass that --output-dir",
         )
-    return f"{type(error).__name__} on {where}: {reason}", "fix the cause, then rerun the same command to resume"
+    return (
+        f"{type(error).__name__} on {where}: {reason}",
+        "fix the cause, then rerun the same command to resume",
+    )
 
 
 def end_line(session: Session | None, what: str, advice: str) -> str:
