@@ -99,7 +99,7 @@ class ChildProcesses:
 
     def stop(self, timeout: float = 3.0) -> list[int]:
         """SIGTERM to each process the run started, SIGKILL to what is left after ``timeout``
-        seconds; returns the pids that had to be killed."""
+        seconds; returns the pids stopped."""
         pids = self.started()
         for pid in pids:
             with contextlib.suppress(OSError):
@@ -107,11 +107,11 @@ class ChildProcesses:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and any(_alive(p) for p in pids):
             time.sleep(0.05)
-        killed = [p for p in pids + self.started() if _alive(p)]
-        for pid in killed:
+        stubborn = [p for p in pids + self.started() if _alive(p)]
+        for pid in stubborn:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
-        return killed
+        return list(dict.fromkeys(pids + stubborn))
 
 
 # ------------------------------------------------------------------------------------- signals
@@ -147,8 +147,8 @@ def deferred() -> Iterator[None]:
 
 def _force_exit(signum: int, why: str) -> None:
     children = _state.children
-    killed = children.stop(timeout=1.0) if children is not None else []
-    note = f"; killed {len(killed)} process(es) it started" if killed else ""
+    stopped = children.stop(timeout=1.0) if children is not None else []
+    note = f"; stopped {len(stopped)} process(es) it started" if stopped else ""
     os.write(2, f"chexpercept run: {why}{note}; exiting now (finished cases are saved)\n".encode())
     os._exit(128 + signum)
 

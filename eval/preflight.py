@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path as FsPath
@@ -42,6 +43,9 @@ class ContextLimits:
     max_model_len_source: str = ""
     max_images: int | None = None
     max_images_source: str = ""
+    #: how to raise each limit, with ``{n}`` for the value (None: it cannot be raised here)
+    raise_length: str | None = None
+    raise_images: str | None = None
 
 
 def model_context_length(model_dir: str | FsPath) -> tuple[int, str] | None:
@@ -77,6 +81,7 @@ class FitReport:
     limits: ContextLimits
     max_tokens: int
     checked: int = 0
+    seconds: float = 0.0
     largest: CaseFit | None = None
     #: cases that cannot run whatever the answers (too many images, or too long with short answers)
     cannot: list[CaseFit] = field(default_factory=list)
@@ -92,9 +97,9 @@ class FitReport:
         lim = self.limits
         head = f"preflight: {self.checked} case(s) checked against "
         head += (
-            f"max_model_len {lim.max_model_len} ({lim.max_model_len_source})"
+            f"a context of {lim.max_model_len:,} tokens ({lim.max_model_len_source})"
             if lim.max_model_len
-            else "no known max_model_len"
+            else "no known context length"
         )
         if lim.max_images is not None:
             head += f", at most {lim.max_images} image(s) per prompt ({lim.max_images_source})"
@@ -104,7 +109,7 @@ class FitReport:
                 f"; the largest prompt: {big.worst:,} tokens with --max-tokens {self.max_tokens} answers "
                 f"({big.key_id}, turn {big.task})"
             )
-        out = [head]
+        out = [head + f" [{self.seconds:.1f} s]"]
         if self.cannot:
             out.append(
                 f"  {len(self.cannot)} case(s) cannot run at all: "
@@ -131,11 +136,9 @@ class FitReport:
         cases = self.cannot + self.may_not
         out = []
         if lim.max_model_len and any(f.worst >= lim.max_model_len for f in cases):
-            need = max(f.worst for f in cases) + self.max_tokens
-            out.append(
-                f"raise max_model_len to at least {1024 * math.ceil(need / 1024)} "
-                f"(--engine-args '{{\"max_model_len\": {1024 * math.ceil(need / 1024)}}}', memory permitting)"
-            )
+            need = 1024 * math.ceil((max(f.worst for f in cases) + self.max_tokens) / 1024)
+            if lim.raise_length:
+                out.append(f"allow a context of at least {need} tokens ({lim.raise_length.format(n=need)})")
             fitting = [f for f in cases if f.least is not None and f.least < lim.max_model_len and f.answers]
             if fitting:
                 room = min((lim.max_model_len - f.least) // (f.answers + 1) for f in fitting)
@@ -143,9 +146,8 @@ class FitReport:
                     out.append(f"lower --max-tokens to about {room}")
         if lim.max_images is not None and any(f.images > lim.max_images for f in cases):
             most = max(f.images for f in cases)
-            out.append(
-                f'allow {most} images per prompt (--engine-args \'{{"limit_mm_per_prompt": {{"image": {most}}}}}\')'
-            )
+            if lim.raise_images:
+                out.append(f"allow {most} images per prompt ({lim.raise_images.format(n=most)})")
         routes = sorted({f.route for f in cases})
         out.append(f"leave these cases out (--paths, --lesions; they are {', '.join(routes)} cases)")
         out.append("or pass --on-error record to run the rest and list them in failures.jsonl")
@@ -178,6 +180,7 @@ def check_fit(
     for the worst case and to None for the least.
     """
     report = FitReport(limits=limits, max_tokens=max_tokens)
+    start = time.perf_counter()
     for case in cases:
         request, images = largest_request(case, oracle)
         answers = sum(1 for m in request.messages if m.role == "assistant")
@@ -197,4 +200,5 @@ def check_fit(
             report.cannot.append(fit)
         else:
             report.may_not.append(fit)
+    report.seconds = time.perf_counter() - start
     return report

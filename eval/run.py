@@ -789,6 +789,12 @@ def run(args: argparse.Namespace) -> int:
     except (*EXPECTED_ERRORS, ForeignRecordError) as e:
         print(f"chexpercept run: error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # before the run folder was taken (e.g. a full disk writing run.json)
+        if e.errno is None:
+            raise
+        what, advice = os_error_text(e, FsPath(args.output_dir))
+        say_end(None, f"error: {what}", advice)
+        return 2
     finally:
         dist.close()
 

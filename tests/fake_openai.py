@@ -127,6 +127,13 @@ class FakeServer:
                 for name, value in headers.items():
                     self.send_header(name, value)
                 self.end_headers()
+                every = action.get("trickle") if isinstance(action, dict) else None
+                if every:  # one byte at a time, every `trickle` seconds
+                    for i in range(len(data)):
+                        self.wfile.write(data[i : i + 1])
+                        self.wfile.flush()
+                        time.sleep(every)
+                    return
                 self.wfile.write(data)
 
             def reply_for(self, action, body):
@@ -139,8 +146,17 @@ class FakeServer:
                     }
                 if isinstance(action, dict) and "raw" in action:  # bytes as they are, e.g. cut off
                     data = action["raw"]
-                    length = str(action.get("content_length", len(data)))
-                    return 200, {"Content-Type": "application/json", "Content-Length": length}, data
+                    headers = {"Content-Type": action.get("content_type", "application/json")}
+                    length = action.get("content_length", len(data))
+                    if length is not None:  # None: a close-delimited body (HTTP/1.0, no length)
+                        headers["Content-Length"] = str(length)
+                    return 200, headers, data
+                if isinstance(action, dict) and "events" in action:  # a streamed (SSE) reply
+                    lines = [f"data: {json.dumps(chunk)}\n\n" for chunk in action["events"]]
+                    if action.get("done", True):
+                        lines.append("data: [DONE]\n\n")
+                    data = "".join(lines).encode()
+                    return 200, {"Content-Type": "text/event-stream"}, data
                 if isinstance(action, dict) and "status" in action:
                     return (
                         action["status"],
@@ -149,7 +165,7 @@ class FakeServer:
                     )
                 message = {"content": "Answer: 1"}
                 finish = "stop"
-                if isinstance(action, dict):
+                if isinstance(action, dict) and "message" in action:
                     message = action["message"]
                     finish = action.get("finish_reason", finish)
                 if server.usage is None:
@@ -158,6 +174,10 @@ class FakeServer:
                     with server.lock:
                         usage = server.usage(body)
                 reply = {"choices": [{"message": message, "finish_reason": finish}], "usage": usage}
+                if isinstance(action, dict) and "model" in action:
+                    reply["model"] = action["model"]
+                else:
+                    reply["model"] = body.get("model")
                 data = json.dumps(reply).encode()
                 return 200, {"Content-Type": "application/json", "Content-Length": str(len(data))}, data
 

@@ -324,7 +324,14 @@ class VLLMBackend:
                 context.max_images_per_case,
                 "limit_mm_per_prompt: the largest conversation",
             )
-        return ContextLimits(length, length_source, images, images_source)
+        return ContextLimits(
+            length,
+            length_source,
+            images,
+            images_source,
+            raise_length="--engine-args '{{\"max_model_len\": {n}}}', memory permitting",
+            raise_images='--engine-args \'{{"limit_mm_per_prompt": {{"image": {n}}}}}\'',
+        )
 
     def _gpu_placement(self, args: dict[str, Any], context: RunContext) -> None:
         args.setdefault("gpu_memory_utilization", DEFAULT_GPU_MEMORY_UTILIZATION)

@@ -1,0 +1,322 @@
+"""How a run meets the real machine: signals, a full disk, a read-only folder, records of another run,
+a duplicate case, an engine's limits. Each run is a real ``eval/run.py`` process where the fault is
+the process's (signals, disks); the vLLM engine's own faults are in tests/test_vllm_engine.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from chexpercept.bundle import read_bundle
+from chexpercept.errors import BundleValidationError
+from chexpercept.eval.run import main
+from chexpercept.results import iter_results
+
+sys.path.insert(0, str(Path(__file__).parent))
+from fake_openai import FakeServer
+
+ROOT = Path(__file__).resolve().parents[1]
+RUN = [sys.executable, str(ROOT / "eval" / "run.py")]
+
+
+def answers(folder: Path) -> dict[str, list[tuple[str, str]]]:
+    return {r.key_id: [(t.task, t.response) for t in r.turns] for r in iter_results(folder / "results.jsonl")}
+
+
+def start(bundle: Path, out: Path, *extra: str, env: dict | None = None) -> subprocess.Popen:
+    argv = [*RUN, "--data-dir", str(bundle), "--output-dir", str(out), "--run-name", "m", "--no-progress"]
+    return subprocess.Popen(
+        [*argv, "--no-score", *extra],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def wait_for_lines(path: Path, n: int, proc: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_bytes().count(b"\n") >= n:
+            return
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    raise AssertionError(f"{path} never had {n} lines")
+
+
+# ----------------------------------------------------------------------------------- 2. signals
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_a_stop_signal_saves_what_is_finished_and_a_rerun_completes_it(fixture_bundle, tmp_path, signum):
+    slow = {"CHEXPERCEPT_TEST_STEP_DELAY": "0.2"}
+    proc = start(fixture_bundle, tmp_path, "--model", "baseline:random", "--batch-size", "2", env=slow)
+    folder = tmp_path / "m" / "oracle_implicit"
+    wait_for_lines(folder / "results.jsonl", 2, proc)
+    sent = time.monotonic()
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=30)
+    assert time.monotonic() - sent < 5
+    assert proc.returncode == 128 + signum
+    assert "Traceback" not in err
+    name = signal.Signals(signum).name
+    (line,) = [x for x in err.splitlines() if x.startswith("chexpercept run:")]
+    assert f"stopped by {name}." in line and "selected cases are saved in" in line and "resume" in line
+    saved = answers(folder)
+    assert 2 <= len(saved) < 21 and f"{len(saved)} of 21 selected cases are saved" in line
+    assert not (folder / "run.lock").exists()
+    # the rerun finishes exactly the rest: the same results as a run never interrupted
+    assert main([*start_args(fixture_bundle, tmp_path), "--model", "baseline:random"]) == 0
+    assert main([*start_args(fixture_bundle, tmp_path / "whole"), "--model", "baseline:random"]) == 0
+    assert answers(folder) == answers(tmp_path / "whole" / "m" / "oracle_implicit")
+
+
+def start_args(bundle: Path, out: Path) -> list[str]:
+    return [
+        "--data-dir",
+        str(bundle),
+        "--output-dir",
+        str(out),
+        "--run-name",
+        "m",
+        "--no-progress",
+        "--no-score",
+    ]
+
+
+def test_a_signal_stops_an_api_run_without_waiting_for_replies_in_flight(fixture_bundle, tmp_path):
+    with FakeServer(delay=30) as server:  # every reply takes half a minute
+        proc = start(
+            fixture_bundle,
+            tmp_path,
+            *("--model", "local-vlm", "--backend", "openai", "--base-url", server.url),
+        )
+        deadline = time.monotonic() + 60
+        while not server.requests and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert server.requests, "no request reached the server"
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    assert time.monotonic() - sent < 5 and proc.returncode == 128 + signal.SIGTERM
+    assert "stopped by SIGTERM. 0 of 21 selected cases are saved" in err and "Traceback" not in err
+
+
+def test_a_signal_stops_a_transformers_run(fixture_bundle, tiny_model, tmp_path):
+    proc = start(
+        fixture_bundle,
+        tmp_path,
+        *("--model", str(tiny_model), "--backend", "transformers", "--max-tokens", "4", "--batch-size", "2"),
+    )
+    folder = tmp_path / "m" / "oracle_implicit"
+    wait_for_lines(folder / "results.jsonl", 1, proc, timeout=300)
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert time.monotonic() - sent < 10 and proc.returncode == 128 + signal.SIGINT
+    assert "stopped by SIGINT" in err and "Traceback" not in err
+    assert not (folder / "run.lock").exists()
+
+
+STUCK = textwrap.dedent(
+    """
+    import subprocess, sys, time
+    from chexpercept.eval.interrupts import RunInterrupted, stop_on_signals
+    with stop_on_signals(grace=float(sys.argv[1])):
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+        print(child.pid, flush=True)
+        try:
+            time.sleep(300)
+        except RunInterrupted:
+            time.sleep(300)  # a shutdown that never ends (an engine that does not answer)
+    """
+)
+
+
+def test_a_stuck_shutdown_is_cut_short_and_a_second_signal_ends_it_at_once(tmp_path):
+    for grace, second in ((1.0, False), (60.0, True)):
+        proc = subprocess.Popen(
+            [sys.executable, "-c", STUCK, str(grace)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        child = int(proc.stdout.readline())
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        while second and proc.poll() is None and time.monotonic() - sent < 10:
+            time.sleep(0.5)  # Ctrl-C again (two signals before the first is handled count as one)
+            proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+        assert time.monotonic() - sent < 5 and proc.returncode == 128 + signal.SIGINT
+        assert ("SIGINT again" if second else "did not shut down within 1 s") in err
+        assert "stopped 1 process(es) it started" in err
+        time.sleep(0.2)
+        assert (
+            not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text().split()[2]
+        )
+
+
+# ------------------------------------------------------------------------- 3. operating system
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 40 KiB tmpfs (root only: the tests that need it say so and are skipped elsewhere)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("needs root to mount a small tmpfs")
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=40k", "tmpfs", str(disk)], capture_output=True
+    )
+    if mounted.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    yield disk
+    subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def remount(disk: Path, options: str) -> None:
+    subprocess.run(["mount", "-o", f"remount,{options}", str(disk)], check=True)
+
+
+def run_cli(bundle: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
+    argv = [
+        *RUN,
+        "--data-dir",
+        str(bundle),
+        "--output-dir",
+        str(out),
+        "--model",
+        "baseline:random",
+        "--no-progress",
+    ]
+    return subprocess.run([*argv, *extra], capture_output=True, text=True, timeout=300)
+
+
+def test_a_full_disk_ends_the_run_in_one_line_and_a_rerun_after_freeing_space_completes(
+    fixture_bundle, small_disk, tmp_path
+):
+    full = run_cli(fixture_bundle, small_disk, "--no-score")
+    assert full.returncode == 2 and "Traceback" not in full.stderr
+    (line,) = [x for x in full.stderr.splitlines() if x.startswith("chexpercept run:")]
+    assert "no space left on the device of" in line and "free space there" in line and "resume" in line
+    folder = small_disk / "baseline-random" / "oracle_implicit"
+    saved = len(answers(folder))
+    assert 0 < saved < 21 and f"{saved} of 21 selected cases are saved" in line
+    remount(small_disk, "size=4m")
+    again = run_cli(fixture_bundle, small_disk, "--no-score")
+    assert again.returncode == 0, again.stderr
+    assert run_cli(fixture_bundle, tmp_path / "whole", "--no-score").returncode == 0
+    assert answers(folder) == answers(tmp_path / "whole" / "baseline-random" / "oracle_implicit")
+
+
+def test_a_finished_run_on_a_read_only_disk_is_checked_and_scored_without_writing(fixture_bundle, small_disk):
+    remount(small_disk, "size=4m")
+    assert run_cli(fixture_bundle, small_disk, "--limit", "3", "--no-score").returncode == 0
+    remount(small_disk, "ro")
+    folder = small_disk / "baseline-random" / "oracle_implicit"
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    again = run_cli(fixture_bundle, small_disk, "--limit", "3")
+    assert again.returncode == 0 and "checked read-only: nothing was written" in again.stdout
+    assert "End-to-End" in again.stdout or "E2E" in again.stdout or "Stage" in again.stdout
+    score = subprocess.run(
+        [sys.executable, "-m", "chexpercept.cli", "score", str(folder)], capture_output=True, text=True
+    )
+    assert score.returncode == 0, score.stderr
+    # more cases than were run: one line saying what cannot be done, nothing written
+    more = run_cli(fixture_bundle, small_disk, "--limit", "5")
+    assert more.returncode == 2 and "Traceback" not in more.stderr
+    assert "cannot write to" in more.stderr and "Read-only file system" in more.stderr
+    assert "2 of the 5 selected cases are not done" in more.stderr
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+
+
+# ------------------------------------------------------------------- 4. records tied to their run
+def test_a_record_of_another_run_is_refused_by_resume_score_and_report(fixture_bundle, tmp_path, capsys):
+    base = ["--data-dir", str(fixture_bundle), "--output-dir", str(tmp_path), "--no-progress", "--no-score"]
+    assert main([*base, "--model", "baseline:oracle", "--limit", "3"]) == 0
+    assert main([*base, "--model", "baseline:random"]) == 0
+    mine = tmp_path / "baseline-oracle" / "oracle_implicit" / "results.jsonl"
+    other = (tmp_path / "baseline-random" / "oracle_implicit" / "results.jsonl").read_text().splitlines()
+    line = next(x for x in other if json.loads(x)["key_id"] not in mine.read_text())
+    with open(mine, "a") as f:
+        f.write(line + "\n")  # a line appended from another model's run
+    capsys.readouterr()
+    assert main([*base, "--model", "baseline:oracle", "--limit", "5"]) == 2
+    err = capsys.readouterr().err
+    assert "made by another run" in err and "line 4" in err and "baseline:random" in err
+    from chexpercept.metrics import score_path
+
+    with pytest.raises(ValueError, match="made by another run.*line 4"):
+        score_path(mine.parent)
+    from chexpercept.metrics.report.build import write_report
+
+    with pytest.raises(ValueError, match="made by another run"):
+        write_report(tmp_path, tmp_path / "report", n_resamples=0, plots=False)
+    # each record names its run
+    record = json.loads(mine.read_text().splitlines()[0])
+    assert record["run"]["model"] == "baseline:oracle" and len(record["run"]["fingerprint"]) == 16
+
+
+def test_a_duplicate_key_id_is_refused_by_every_reader_naming_both_entries(fresh_bundle, tmp_path, capsys):
+    index = fresh_bundle / "chexpercept.json"
+    text = index.read_text()
+    data = json.loads(text)
+    first = next(iter(data))
+    # the same key_id twice (json.loads would keep only the last)
+    body = text.rstrip().rstrip("}")
+    index.write_text(body + ", " + json.dumps(first) + ": " + json.dumps(data[first]) + "}")
+    with pytest.raises(BundleValidationError, match=f"{first}.*appears twice: entries 1 and 22"):
+        read_bundle(fresh_bundle)
+    from chexpercept.cli import main as cli
+
+    assert cli(["validate", str(fresh_bundle)]) != 0
+    out = capsys.readouterr()
+    assert "appears twice" in out.out + out.err
+    assert (
+        main(["--data-dir", str(fresh_bundle), "--model", "baseline:random", "--output-dir", str(tmp_path)])
+        == 2
+    )
+    assert "appears twice" in capsys.readouterr().err
+    from datasets import load_dataset
+
+    import chexpercept  # noqa: F401  (registers the builder)
+
+    with pytest.raises(Exception, match="appears twice"):
+        load_dataset("chexpercept", data_dir=str(fresh_bundle), cache_dir=str(tmp_path / "cache"))
+
+
+# ------------------------------------------------------------------------ 1. the engine's limits
+def test_conversations_that_cannot_fit_are_named_before_the_model_loads(
+    fixture_bundle, tiny_model, tmp_path, capsys
+):
+    small = tmp_path / "tiny-short"
+    shutil.copytree(tiny_model, small)
+    config = json.loads((small / "config.json").read_text())
+    config["text_config"]["max_position_embeddings"] = 700  # the longest routes' late turns do not fit
+    (small / "config.json").write_text(json.dumps(config))
+    argv = ["--data-dir", str(fixture_bundle), "--model", str(small), "--backend", "transformers"]
+    argv += [
+        "--max-tokens",
+        "8",
+        "--output-dir",
+        str(tmp_path / "runs"),
+        "--no-progress",
+        "--lesions",
+        "effusion",
+    ]
+    started = time.monotonic()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert time.monotonic() - started < 30
+    assert "preflight: 3 case(s) checked against a context of 700 tokens (config.json" in err
+    assert "cannot run at all" in err and "(RR) needs up to" in err and "even with short answers" in err
+    assert "leave these cases out" in err and "--on-error record" in err
+    assert "nothing was started" in err
+    assert not (tmp_path / "runs" / "tiny-short" / "oracle_implicit" / "results.jsonl").exists()
