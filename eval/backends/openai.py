@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import contextlib
 import datetime
 import email.utils
@@ -39,7 +38,6 @@ import http.client
 import ipaddress
 import json
 import math
-import mimetypes
 import os
 import random
 import re
@@ -50,6 +48,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
+
+from chexpercept.containment import image_data_url
 
 from ..pricing import call_cost, price_for
 from ..protocol import BackendError, Request, Response, RunContext, Sampling
@@ -335,11 +335,8 @@ class OpenAIBackend:
     # ------------------------------------------------------------------ payload
     def data_url(self, relative: str) -> str:
         url = self._data_urls.get(relative)
-        if url is None:
-            mime = mimetypes.guess_type(relative)[0] or "image/png"
-            with open(os.path.join(self.root, relative), "rb") as f:
-                url = f"data:{mime};base64," + base64.b64encode(f.read()).decode("ascii")
-            self._data_urls[relative] = url
+        if url is None:  # contained in the bundle, a PNG or JPEG, its MIME type from its bytes
+            url = self._data_urls[relative] = image_data_url(self.root, relative)
         return url
 
     def build_payload(self, request: Request) -> dict[str, Any]:

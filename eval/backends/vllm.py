@@ -22,8 +22,9 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Callable, Sequence
-from pathlib import Path as FsPath
 from typing import Any
+
+from chexpercept.containment import image_file
 
 from ..protocol import BackendError, Request, Response, RunContext, Sampling
 from ..registry import ModelSpec
@@ -338,7 +339,8 @@ class VLLMBackend:
         )
 
     def image_url(self, relative: str) -> str:
-        return FsPath(self.root, relative).as_uri()
+        """file:// URL of the image, resolved inside the bundle and checked to be a PNG or JPEG."""
+        return image_file(self.root, relative).as_uri()
 
     def build_messages(self, request: Request) -> list[dict[str, Any]]:
         """OpenAI-style messages with images as file:// URLs inside the bundle."""
