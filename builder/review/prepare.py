@@ -194,7 +194,7 @@ def prepare(
     queued = _queue(ils, lesions, src)
     # every id and path of the sources stays inside its folder, before anything is written
     check_candidates((q.candidate for q in queued), cxr, lesion_masks, src.rosalia_pred)
-    root.mkdir(parents=True, exist_ok=True)
+    root.mkdir(parents=True, exist_ok=True, mode=0o700)  # credentialed: overlays, report sentences
     (root / OVERLAY_DIR).mkdir(exist_ok=True)
     items, errors = _items(root, queued, _pairs_by_id(ils), cxr, src.rosalia_pred, lesion_masks, progress)
     for item, who in zip(items, split(len(items), names, reviews_per_case)):
