@@ -118,10 +118,28 @@ def png_is_8bit_rgb(data: bytes) -> bool:
     return len(data) > 25 and data[12:16] == b"IHDR" and data[24] == 8 and data[25] == 2
 
 
+def png_has_exif(data: bytes) -> bool:
+    """True when PNG ``data`` has an ``eXIf`` chunk (anywhere: the chunks are walked, not searched).
+
+    Browsers apply its orientation, Pillow (and so every model backend and mask) does not, so such a
+    file is re-encoded from its pixels rather than copied."""
+    pos = 8
+    while pos + 8 <= len(data):
+        length = int.from_bytes(data[pos : pos + 4], "big")
+        kind = data[pos + 4 : pos + 8]
+        if kind == b"eXIf":
+            return True
+        if kind == b"IEND":
+            return False
+        pos += 12 + length
+    return False
+
+
 def load_cxr(path: str | os.PathLike[str], size: int = IMAGE_SIZE, *, decode: bool = True) -> Cxr:
-    """Read a CXR. A size x size 8-bit RGB PNG passes through byte for byte (and is not decoded unless
-    ``decode``; its header and end marker are checked); anything else (MIMIC-CXR-JPG, a 16-bit or
-    grey PNG) is converted once: 8-bit grey (16-bit grey stretched from its own minimum to maximum),
+    """Read a CXR. A size x size 8-bit RGB PNG without EXIF passes through byte for byte (and is not
+    decoded unless ``decode``; its header and end marker are checked); anything else (MIMIC-CXR-JPG, a
+    16-bit or grey PNG, a PNG with an ``eXIf`` chunk) is converted once, its EXIF orientation ignored
+    as Pillow and every model backend ignore it, and written without metadata: 8-bit grey (16-bit grey stretched from its own minimum to maximum),
     scaled to size x size with Lanczos (x and y independently, no padding), RGB, as the reference's
     flat folder of 1024 x 1024 PNGs holds."""
     path = FsPath(path)
@@ -136,7 +154,9 @@ def load_cxr(path: str | os.PathLike[str], size: int = IMAGE_SIZE, *, decode: bo
         original = im.size
         # the copy-as-is shortcut: only what the release holds (8-bit RGB PNG at size x size); a
         # 16-bit or grey PNG is converted like a JPG, or models would see 16-bit grey as white
-        passthrough = im.format == "PNG" and im.size == (size, size) and png_is_8bit_rgb(raw)
+        passthrough = (
+            im.format == "PNG" and im.size == (size, size) and png_is_8bit_rgb(raw) and not png_has_exif(raw)
+        )
         if passthrough and b"IEND\xaeB`\x82" not in raw[-64:]:
             raise CaseInputError(f"truncated CXR image {path} (no PNG end marker)")
         if passthrough and not decode:

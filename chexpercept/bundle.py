@@ -43,6 +43,8 @@ UNSAFE_MODES: dict[str, str] = {
     "F": "32-bit float grey",
 }
 _JPEG_TRAILER = b"\xff\xd9"
+#: the EXIF tag browsers rotate an image by (Pillow, and so every backend, ignores it)
+EXIF_ORIENTATION = 0x0112
 
 
 @dataclass
@@ -278,8 +280,15 @@ def check_image_file(path: FsPath, mode: ImageCheck = "basic") -> str | None:
             image_mode = im.mode
             if mode == "full":
                 im.load()
+            orientation = im.getexif().get(EXIF_ORIENTATION, 1)
     except Exception as e:  # PIL raises many types for bad files
         return f"image does not decode: {e}"
+    if orientation != 1:
+        return (
+            f"image carries EXIF orientation {orientation}: browsers (the report's case viewer, the review "
+            "page) rotate it while models and masks use the stored pixels; store it without EXIF "
+            "(chexpercept generate writes none)"
+        )
     if image_mode in UNSAFE_MODES:
         return (
             f"image mode {image_mode} ({UNSAFE_MODES[image_mode]}) does not survive the conversion to "
