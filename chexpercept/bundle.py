@@ -19,7 +19,7 @@ from typing import Any, BinaryIO, Literal, get_args
 from PIL import Image
 
 from .case import Case
-from .containment import Tree, image_format
+from .containment import Tree, image_format, resolve_inside
 from .errors import BundleValidationError, Problem, ReleaseNotFoundError
 from .jsonstream import Span, iter_object_items, read_span
 from .validate import validate_entry
@@ -61,7 +61,8 @@ class Bundle:
         return iter(self.cases)
 
     def abspath(self, relative: str) -> str:
-        return str(self.root / relative)
+        """The file of a bundle-relative path, resolved inside the bundle (ContainmentError otherwise)."""
+        return str(resolve_inside(self.root, relative, what="bundle path"))
 
     @property
     def synthetic(self) -> bool:
