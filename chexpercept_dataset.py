@@ -17,6 +17,7 @@ import datasets
 
 from chexpercept.bundle import IMAGE_CHECKS, JSON_NAME, CaseRef, check_release_dir, read_case, scan_bundle
 from chexpercept.case import Turn
+from chexpercept.containment import Root, Tree, read_image, resolve_inside
 from chexpercept.vocab import LESIONS, PATHS
 
 _DESCRIPTION = (
@@ -153,14 +154,14 @@ class Chexpercept(datasets.GeneratorBasedBuilder):
             )
         ]
 
-    def _image(self, root: str, relative: str) -> dict[str, Any]:
-        path = f"{root}/{relative}"
+    def _image(self, root: Root, relative: str) -> dict[str, Any]:
+        """An Image feature value; the path must resolve inside the release (validated before, checked
+        again here, chexpercept.containment), and embedded bytes must be a PNG or JPEG."""
         if self.config.embed_images:
-            with open(path, "rb") as f:
-                return {"bytes": f.read(), "path": relative.rsplit("/", 1)[-1]}
-        return {"bytes": None, "path": path}
+            return {"bytes": read_image(root, relative).data, "path": relative.rsplit("/", 1)[-1]}
+        return {"bytes": None, "path": str(resolve_inside(root, relative))}
 
-    def _turn_row(self, root: str, turn: Turn) -> dict[str, Any]:
+    def _turn_row(self, root: Root, turn: Turn) -> dict[str, Any]:
         row = turn.as_dict()
         row["images"] = [self._image(root, rel) for rel in turn.images]
         return row
@@ -170,6 +171,7 @@ class Chexpercept(datasets.GeneratorBasedBuilder):
     ) -> Iterator[tuple[str, dict[str, Any]]]:
         items = self.config.name == "items"
         root_path = FsPath(root)
+        tree = Tree(root)
         for shard in shards:
             with open(root_path / JSON_NAME, "rb") as f:
                 cases = [read_case(f, ref) for ref in shard]
@@ -178,14 +180,14 @@ class Chexpercept(datasets.GeneratorBasedBuilder):
                 turns = case.turns
                 if items:
                     for i, turn in enumerate(turns):
-                        yield f"{case.key_id}/{i}", {**head, "turn_index": i, **self._turn_row(root, turn)}
+                        yield f"{case.key_id}/{i}", {**head, "turn_index": i, **self._turn_row(tree, turn)}
                 else:
                     yield (
                         case.key_id,
                         {
                             **head,
                             "dicom_id": case.dicom_id,
-                            "image": self._image(root, case.cxr_image),
-                            "turns": [self._turn_row(root, t) for t in turns],
+                            "image": self._image(tree, case.cxr_image),
+                            "turns": [self._turn_row(tree, t) for t in turns],
                         },
                     )

@@ -29,6 +29,7 @@ from .morph import MIN_COMPONENT, components, square_dilation, square_erosion_co
 from .overlap import component_overlap
 from .regions import partition, zones
 from .rng import derive
+from .source_paths import cxr_path, lesion_mask_path
 from .sources import Anatomy, CaseInputError, CxrTree, load_cxr, load_mask
 
 DEFAULT_KERNEL, DEFAULT_ITERATIONS = 5, 3  # default_dilated / default_eroded (OpenCV 5x5, 3 times)
@@ -123,16 +124,10 @@ class CaseBuilder:
 
     # ------------------------------------------------------------------------------------- inputs
     def _cxr_path(self, queued: Queued) -> FsPath:
-        c = queued.candidate
-        return self.settings.cxr.path(c.dicom_id, c.subject_id, c.study_id, c.image_path)
+        return cxr_path(queued.candidate, self.settings.cxr)
 
     def _lesion_mask_path(self, queued: Queued) -> FsPath:
-        c = queued.candidate
-        if self.settings.rosalia:
-            return FsPath(self.settings.rosalia) / c.lesion / c.pair_id / "pred_mask.png"
-        if not c.seg_mask_path:
-            raise CaseInputError(f"pair {c.pair_id} has no seg_mask_path")
-        return FsPath(self.settings.lesion_masks) / c.seg_mask_path
+        return lesion_mask_path(queued.candidate, self.settings.rosalia, self.settings.lesion_masks)
 
     def _entry_tail(self, queued: Queued) -> dict[str, Any]:
         c = queued.candidate

@@ -15,6 +15,7 @@ from pathlib import Path as FsPath
 from typing import Any
 
 from chexpercept.bundle import IMAGES_DIR, JSON_NAME
+from chexpercept.containment import check_name, check_relative
 
 WORK_DIR = ".chexpercept-work"
 CASES_DIR = "cases"
@@ -31,7 +32,11 @@ def write_atomic(path: FsPath, data: bytes) -> None:
 
 
 def write_case_folder(root: FsPath, key_id: str, files: dict[str, bytes]) -> None:
-    """Write ``files`` (relative path -> bytes) as ``chexpercept/<key_id>/`` in one rename."""
+    """Write ``files`` (relative path -> bytes) as ``chexpercept/<key_id>/`` in one rename; the key_id
+    and every file name must stay inside that folder (ContainmentError otherwise)."""
+    check_name(key_id, "key_id")
+    for rel in files:
+        check_relative(rel, f"{key_id}: image")
     images = root / IMAGES_DIR
     images.mkdir(parents=True, exist_ok=True)
     tmp = images / f".{key_id}.tmp-{os.getpid()}"
@@ -48,7 +53,7 @@ def write_case_folder(root: FsPath, key_id: str, files: dict[str, bytes]) -> Non
 
 
 def record_path(root: FsPath, key_id: str) -> FsPath:
-    return root / WORK_DIR / CASES_DIR / f"{key_id}.json"
+    return root / WORK_DIR / CASES_DIR / f"{check_name(key_id, 'key_id')}.json"
 
 
 def write_record(root: FsPath, key_id: str, record: dict[str, Any]) -> None:

@@ -28,6 +28,7 @@ from .case_builder import Outcome, Settings
 from .case_selection import Queued, ils_candidates, plan_cells, selection_notes
 from .config import GenerateConfig, check_cxr_choice, check_ils_given, lesion_mask_root
 from .export import read_record, remove_stale_case_folders, write_atomic, write_bundle_json
+from .source_paths import check_candidates
 from .sources import (
     Anatomy,
     CxrTree,
@@ -63,6 +64,15 @@ def generate(config: GenerateConfig) -> GenerationSummary:
 
     positives, negatives, cells, has_mask = plan_candidates(
         ils, lesions, seed=config.seed, rosalia=bool(config.rosalia_pred), review=review
+    )
+    anatomy_folder = config.anatomy if config.anatomy and FsPath(config.anatomy).is_dir() else None
+    check_candidates(  # every id and path of the sources stays inside its folder, before any work
+        (q.candidate for qs in cells.values() for q in qs),
+        cxr,
+        lesion_masks,
+        config.rosalia_pred,
+        anatomy_folder=anatomy_folder,
+        cxas=config.cxas,
     )
 
     workspace = Workspace(config.out)

@@ -6,7 +6,10 @@ x and y independently; CXR images are scaled the same way (see ``load_cxr``), so
 original image, on a 512 x 512 copy (MIMIC-ILS) or on the 1024 x 1024 copy stay aligned.
 
 Missing global inputs raise ``SourceError`` before any work starts; a missing or unreadable file of one
-case raises ``CaseInputError`` naming the file, and only that case fails.
+case raises ``CaseInputError`` naming the file, and only that case fails. Every file named by a source
+(an ``image_path``, a ``seg_mask_path``, a ``dicom_id`` or ``pair_id`` used as a folder or file name)
+must resolve inside its source folder, links followed (chexpercept.containment, ``source_file``);
+``builder.source_paths.check_candidates`` refuses the candidates that do not before any work starts.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from pathlib import Path as FsPath
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
+
+from chexpercept.containment import ContainmentError, check_name, resolve_inside
 
 from .render import encode_png
 
@@ -40,6 +45,29 @@ class SourceError(Exception):
 
 class CaseInputError(Exception):
     """A file one case needs is missing or unreadable; the message names the file."""
+
+
+class OutsideSourceError(CaseInputError):
+    """A source names a file outside its source folder (or a name unfit for a path); the message
+    names the value, the field and the folder."""
+
+
+def source_file(root: str | os.PathLike[str], relative: str, what: str) -> FsPath:
+    """``root/relative`` resolved inside the source folder ``root`` (links followed), else
+    OutsideSourceError naming ``what`` (the option or field the path came from)."""
+    try:
+        return resolve_inside(root, relative, what=what)
+    except ContainmentError as e:
+        raise OutsideSourceError(f"{e} (source folder {root})") from e
+
+
+def source_name(value: str, what: str) -> str:
+    """``value`` when it can be one part of a source path (a dicom_id, pair_id, ...), else
+    OutsideSourceError naming ``what``."""
+    try:
+        return check_name(value, what)
+    except ContainmentError as e:
+        raise OutsideSourceError(str(e)) from e
 
 
 def _open_image(path: FsPath) -> Image.Image:
@@ -90,10 +118,28 @@ def png_is_8bit_rgb(data: bytes) -> bool:
     return len(data) > 25 and data[12:16] == b"IHDR" and data[24] == 8 and data[25] == 2
 
 
+def png_has_exif(data: bytes) -> bool:
+    """True when PNG ``data`` has an ``eXIf`` chunk (anywhere: the chunks are walked, not searched).
+
+    Browsers apply its orientation, Pillow (and so every model backend and mask) does not, so such a
+    file is re-encoded from its pixels rather than copied."""
+    pos = 8
+    while pos + 8 <= len(data):
+        length = int.from_bytes(data[pos : pos + 4], "big")
+        kind = data[pos + 4 : pos + 8]
+        if kind == b"eXIf":
+            return True
+        if kind == b"IEND":
+            return False
+        pos += 12 + length
+    return False
+
+
 def load_cxr(path: str | os.PathLike[str], size: int = IMAGE_SIZE, *, decode: bool = True) -> Cxr:
-    """Read a CXR. A size x size 8-bit RGB PNG passes through byte for byte (and is not decoded unless
-    ``decode``; its header and end marker are checked); anything else (MIMIC-CXR-JPG, a 16-bit or
-    grey PNG) is converted once: 8-bit grey (16-bit grey stretched from its own minimum to maximum),
+    """Read a CXR. A size x size 8-bit RGB PNG without EXIF passes through byte for byte (and is not
+    decoded unless ``decode``; its header and end marker are checked); anything else (MIMIC-CXR-JPG, a
+    16-bit or grey PNG, a PNG with an ``eXIf`` chunk) is converted once, its EXIF orientation ignored
+    as Pillow and every model backend ignore it, and written without metadata: 8-bit grey (16-bit grey stretched from its own minimum to maximum),
     scaled to size x size with Lanczos (x and y independently, no padding), RGB, as the reference's
     flat folder of 1024 x 1024 PNGs holds."""
     path = FsPath(path)
@@ -108,7 +154,9 @@ def load_cxr(path: str | os.PathLike[str], size: int = IMAGE_SIZE, *, decode: bo
         original = im.size
         # the copy-as-is shortcut: only what the release holds (8-bit RGB PNG at size x size); a
         # 16-bit or grey PNG is converted like a JPG, or models would see 16-bit grey as white
-        passthrough = im.format == "PNG" and im.size == (size, size) and png_is_8bit_rgb(raw)
+        passthrough = (
+            im.format == "PNG" and im.size == (size, size) and png_is_8bit_rgb(raw) and not png_has_exif(raw)
+        )
         if passthrough and b"IEND\xaeB`\x82" not in raw[-64:]:
             raise CaseInputError(f"truncated CXR image {path} (no PNG end marker)")
         if passthrough and not decode:
@@ -156,17 +204,18 @@ class CxrTree:
         return cls(str(r), flat=True)
 
     def path(self, dicom_id: str, subject_id: str, study_id: str, image_path: str | None) -> FsPath:
-        root = FsPath(self.root)
+        """Where the CXR is, resolved inside the tree; OutsideSourceError when a value would leave it."""
         if self.flat:
-            return root / f"{dicom_id}.png"
+            what = "--cxr-png: dicom_id"
+            return source_file(self.root, f"{source_name(dicom_id, what)}.png", what)
+        files = FsPath(self.root) / "files"  # the image tree (it may itself be a link to another disk)
         if image_path:
-            rel = image_path.lstrip("/")
-            if rel.startswith("files/"):
-                rel = rel[len("files/") :]
-            return root / "files" / rel
-        subject = subject_id if subject_id.startswith("p") else f"p{subject_id}"
-        study = study_id if study_id.startswith("s") else f"s{study_id}"
-        return root / "files" / subject[:3] / subject / study / f"{dicom_id}.jpg"
+            rel = image_path[len("files/") :] if image_path.startswith("files/") else image_path
+            return source_file(files, rel, "MIMIC-ILS image_path")
+        subject = source_name(subject_id if subject_id.startswith("p") else f"p{subject_id}", "subject_id")
+        study = source_name(study_id if study_id.startswith("s") else f"s{study_id}", "study id")
+        dicom = source_name(dicom_id, "MIMIC-ILS dicom_id")
+        return source_file(files, f"{subject[:3]}/{subject}/{study}/{dicom}.jpg", "MIMIC-ILS ids")
 
 
 # ---------------------------------------------------------------------------------------- MIMIC-ILS
@@ -279,8 +328,11 @@ class Anatomy:
     ) -> dict[str, np.ndarray]:
         """{'right': mask, 'left': mask} from CheXmask(-U), in the 1024 frame."""
         if self.folder is not None:
-            base = FsPath(self.folder) / dicom_id
-            return {side: load_mask(base / name) for side, name in CHEX_FILES.items()}
+            name = source_name(dicom_id, "--anatomy: dicom_id")
+            return {
+                side: load_mask(source_file(self.folder, f"{name}/{file}", "--anatomy mask"))
+                for side, file in CHEX_FILES.items()
+            }
         assert self.chexmask_rows is not None and self.chexmask_offsets is not None
         if dicom_id not in self.chexmask_offsets:
             raise CaseInputError(f"image {dicom_id} has no row in the CheXmask table")
@@ -311,8 +363,11 @@ class Anatomy:
     def cxas_lungs(self, dicom_id: str) -> dict[str, np.ndarray] | None:
         if self.cxas is None:
             return None
-        base = FsPath(self.cxas) / dicom_id
-        return {side: load_mask(base / name) for side, name in CXAS_FILES.items()}
+        name = source_name(dicom_id, "--cxas: dicom_id")
+        return {
+            side: load_mask(source_file(self.cxas, f"{name}/{file}", "--cxas mask"))
+            for side, file in CXAS_FILES.items()
+        }
 
 
 def check_anatomy_folder(path: str | os.PathLike[str], what: str) -> None:

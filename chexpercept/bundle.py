@@ -19,6 +19,7 @@ from typing import Any, BinaryIO, Literal, get_args
 from PIL import Image
 
 from .case import Case
+from .containment import Tree, image_format, resolve_inside
 from .errors import BundleValidationError, Problem, ReleaseNotFoundError
 from .jsonstream import Span, iter_object_items, read_span
 from .validate import validate_entry
@@ -42,6 +43,8 @@ UNSAFE_MODES: dict[str, str] = {
     "F": "32-bit float grey",
 }
 _JPEG_TRAILER = b"\xff\xd9"
+#: the EXIF tag browsers rotate an image by (Pillow, and so every backend, ignores it)
+EXIF_ORIENTATION = 0x0112
 
 
 @dataclass
@@ -58,7 +61,8 @@ class Bundle:
         return iter(self.cases)
 
     def abspath(self, relative: str) -> str:
-        return str(self.root / relative)
+        """The file of a bundle-relative path, resolved inside the bundle (ContainmentError otherwise)."""
+        return str(resolve_inside(self.root, relative, what="bundle path"))
 
     @property
     def synthetic(self) -> bool:
@@ -174,9 +178,11 @@ def read_bundle(
 ) -> Bundle:
     """Read, validate and filter a bundle, keeping every case in memory.
 
-    check_images: ``none``; ``exists``; ``basic`` (default: exists, header parses, file not
-    truncated); ``full`` (every image is decoded). verify_checksums compares files against
-    PhysioNet's SHA256SUMS.txt when the folder has one.
+    check_images: ``none``; ``exists``; ``basic`` (default: exists, a PNG or JPEG whose header
+    parses, file not truncated); ``full`` (every image is decoded). Whatever the mode, every path the
+    bundle names must resolve inside ``data_dir`` (links followed; chexpercept.containment), or the
+    case is refused. verify_checksums compares files against PhysioNet's SHA256SUMS.txt when the
+    folder has one.
     """
     root = check_release_dir(data_dir)
     cases: list[Case] = []
@@ -216,7 +222,7 @@ def scan_bundle(
     pending: list[Case] = []
 
     def flush() -> None:
-        if check_images != "none" and pending:
+        if pending:  # containment is checked whatever check_images says
             problems.extend(check_case_images(root, pending, mode=check_images, workers=workers))
         pending.clear()
 
@@ -245,14 +251,22 @@ def scan_bundle(
 def check_case_images(
     root: FsPath, cases: Sequence[Case], *, mode: ImageCheck = "basic", workers: int = 8
 ) -> list[Problem]:
-    """Every image each case's turns need must exist (and, by mode, parse or decode)."""
+    """Every image each case's turns need must resolve inside the bundle folder, links followed
+    (always, whatever ``mode``: see chexpercept.containment), and exist (and, by mode, parse or
+    decode as PNG or JPEG)."""
     jobs = [(c.key_id, rel) for c in cases for t in c.turns for rel in t.images]
     if not jobs:
         return []
+    tree = Tree(root)
 
     def one(job: tuple[str, str]) -> Problem | None:
         key_id, rel = job
-        message = check_image_file(root / rel, mode)
+        outside = tree.problem(rel)
+        if outside:
+            return Problem(key_id, rel, f"refused: {outside}")
+        if mode == "none":
+            return None
+        message = check_image_file(tree.root / rel, mode)
         return Problem(key_id, rel, message) if message else None
 
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
@@ -260,38 +274,49 @@ def check_case_images(
 
 
 def check_image_file(path: FsPath, mode: ImageCheck = "basic") -> str | None:
-    """None if the image is fine, else what is wrong with it."""
+    """None if the image is fine, else what is wrong with it. ``basic`` and ``full`` accept only the
+    formats chexpercept.containment allows (PNG, JPEG), recognised by their first bytes."""
     try:
         size = path.stat().st_size
     except FileNotFoundError:
         return "image file is missing"
     except OSError as e:
         return f"image file cannot be read: {e}"
-    if mode == "exists":
+    if mode in ("exists", "none"):
         return None
     if size == 0:
         return "image file is empty"
     try:
-        with Image.open(path) as im:
-            fmt = im.format
+        with open(path, "rb") as f:
+            head = f.read(16)
+        fmt = image_format(head)
+        if fmt is None:
+            return f"image does not decode as PNG or JPEG: the file starts with {head[:8]!r}"
+        with Image.open(path, formats=[fmt]) as im:
             image_mode = im.mode
             if mode == "full":
                 im.load()
+            orientation = im.getexif().get(EXIF_ORIENTATION, 1)
     except Exception as e:  # PIL raises many types for bad files
         return f"image does not decode: {e}"
+    if orientation != 1:
+        return (
+            f"image carries EXIF orientation {orientation}: browsers (the report's case viewer, the review "
+            "page) rotate it while models and masks use the stored pixels; store it without EXIF "
+            "(chexpercept generate writes none)"
+        )
     if image_mode in UNSAFE_MODES:
         return (
             f"image mode {image_mode} ({UNSAFE_MODES[image_mode]}) does not survive the conversion to "
             "RGB that model backends make (values above 255 are clipped: a model would see a white "
             "image); store 8-bit RGB, e.g. regenerate with chexpercept generate, which converts it"
         )
-    if fmt in ("PNG", "JPEG"):
-        trailer = _PNG_TRAILER if fmt == "PNG" else _JPEG_TRAILER
-        with open(path, "rb") as f:
-            f.seek(max(0, size - 64))
-            tail = f.read()
-        if trailer not in tail:
-            return f"image is truncated (no {fmt} end marker)"
+    trailer = _PNG_TRAILER if fmt == "PNG" else _JPEG_TRAILER
+    with open(path, "rb") as f:
+        f.seek(max(0, size - 64))
+        tail = f.read()
+    if trailer not in tail:
+        return f"image is truncated (no {fmt} end marker)"
     return None
 
 
@@ -316,8 +341,15 @@ def verify_sha256sums(root: FsPath) -> list[Problem]:
     if not (root / CHECKSUMS_NAME).is_file():
         return []
     problems = []
+    tree = Tree(root)
     for name, digest in read_sha256sums(root).items():
-        path = root / name
+        outside = tree.problem(name)
+        if outside:
+            problems.append(
+                Problem(_key_of(name), f"{CHECKSUMS_NAME}: {name}", f"refused: {name!r} {outside}")
+            )
+            continue
+        path = tree.root / name
         if not path.is_file():
             problems.append(Problem(_key_of(name), name, "listed in SHA256SUMS.txt but missing"))
             continue

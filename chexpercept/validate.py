@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import templates
+from .containment import name_problem, relative_problem
 from .errors import Problem
 from .vocab import ATTRIBUTE_KEYS, CARDIOMEGALY, LESIONS, POINT_TASKS, TASK_INFO, lesion_of_key
 
@@ -82,6 +83,21 @@ class _Checker:
                 elif n and not 1 <= v <= n:
                     self.add(f"{where}answer_index[{j}]", f"{v} out of range 1..{n}")
 
+    def path_part(self, value: Any, where: str) -> None:
+        """A value used as one path part (key_id, pair_id, dicom_id) must be a safe name."""
+        problem = name_problem(value)
+        if problem:
+            self.add(where, f"refused as a path part: {value!r} {problem}")
+
+    def relative_path(self, qa: dict[str, Any], where: str) -> None:
+        """A stored relative_path must stay inside the case's folder (chexpercept.containment)."""
+        value = qa.get("relative_path")
+        if not isinstance(value, str):
+            return  # reported by typed()
+        problem = relative_problem(value)
+        if problem:
+            self.add(f"{where}relative_path", f"refused: {value!r} {problem}")
+
     def option_block(self, qa: dict[str, Any], labels: list[str] | None, where: str) -> None:
         """The question must end with the option block built from its options (spec 2)."""
         question = qa.get("question")
@@ -103,6 +119,7 @@ def validate_entry(key_id: str, entry: Any) -> list[Problem]:
         c.add("entry", f"expected an object, got {_type(entry)}")
         return c.problems
     lesion = lesion_of_key(key_id)
+    c.path_part(key_id, "key_id")
     if lesion not in LESIONS:
         c.add("key_id", f"unknown lesion prefix {lesion!r}; expected one of {', '.join(LESIONS)}")
     pair_id = entry.get("pair_id")
@@ -112,10 +129,14 @@ def validate_entry(key_id: str, entry: Any) -> list[Problem]:
         c.add("pair_id", f"expected a string, got {_type(pair_id)}")
     elif key_id != f"{lesion}_{pair_id}":
         c.add("pair_id", f"{pair_id!r} does not match key_id (expected key_id = <lesion>_<pair_id>)")
+    else:
+        c.path_part(pair_id, "pair_id")
     if "dicom_id" not in entry:
         c.add("dicom_id", "missing")
     elif entry["dicom_id"] is not None and not isinstance(entry["dicom_id"], str):
         c.add("dicom_id", f"expected a string or null, got {_type(entry['dicom_id'])}")
+    elif entry["dicom_id"] is not None:
+        c.path_part(entry["dicom_id"], "dicom_id")
 
     det = c.obj(entry, "detection_qa", "")
     if det is None:
@@ -157,6 +178,7 @@ def _validate_contour(c: _Checker, contour: dict[str, Any]) -> None:
     if ev is not None:
         c.qa(ev, f"{w}contour_eval_qa.", _SINGLE)
         c.typed(ev, "relative_path", f"{w}contour_eval_qa.", (str,), "a string")
+        c.relative_path(ev, f"{w}contour_eval_qa.")
         c.option_block(ev, list(templates.YES_NO), f"{w}contour_eval_qa.")
     for key in (TASK_INFO[task].key for task in POINT_TASKS):
         qa = c.obj(contour, key, w)
@@ -193,6 +215,8 @@ def _validate_contour(c: _Checker, contour: dict[str, Any]) -> None:
             for i, opt in enumerate(options):
                 if isinstance(opt, dict) and not isinstance(opt.get("relative_path"), str):
                     c.add(f"{where}answer_options[{i}].relative_path", "missing or not a string")
+                elif isinstance(opt, dict):
+                    c.relative_path(opt, f"{where}answer_options[{i}].")
             if len(options) > len(templates.mask_option_labels(8)):
                 c.add(f"{where}answer_options", f"{len(options)} options; at most 8 are supported")
             else:

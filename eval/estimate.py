@@ -28,6 +28,7 @@ from pathlib import Path as FsPath
 from typing import Any, Protocol
 
 from chexpercept.case import Case
+from chexpercept.containment import image_file, open_image
 from chexpercept.results import CaseResult
 
 from .conversation import Conversation
@@ -152,7 +153,7 @@ class ApiCounter:
     def _image(self, relative: str) -> int:
         tokens = self._images.get(relative)
         if tokens is None:
-            tokens = self._images[relative] = self.rules.image(*image_size(self.root / relative))
+            tokens = self._images[relative] = self.rules.image(*image_size(image_file(self.root, relative)))
         return tokens
 
     def message(self, m: Message) -> tuple[int, int]:
@@ -215,13 +216,11 @@ class ProcessorCounter:
         self._last: tuple[Request, list[int]] | None = None
 
     def _token_ids(self, request: Request) -> list[int]:
-        from PIL import Image
-
         conversation = []
         for m in request.messages:
             content: list[dict[str, Any]] = [{"type": "text", "text": m.text}]
             for p in m.images:
-                with Image.open(self.root / p) as im:
+                with open_image(self.root, p) as im:
                     content.append({"type": "image", "image": im.convert("RGB")})
             conversation.append({"role": m.role, "content": content})
         inputs = self.processor.apply_chat_template(

@@ -86,7 +86,8 @@ def greedy_from_meta(meta: RunMetadata) -> tuple[bool | None, str | None]:
 
 
 def open_bundle(bundle: Bundle | str | os.PathLike[str] | None) -> Bundle | None:
-    """A Bundle, or the one in a folder (read for its questions: images are not checked), or None."""
+    """A Bundle, or the one in a folder (read for its questions: images are not checked, but every
+    path it names must stay inside it), or None."""
     if bundle is None or isinstance(bundle, Bundle):
         return bundle
     return read_bundle(bundle, check_images="none")

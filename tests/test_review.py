@@ -281,9 +281,11 @@ def test_server_refuses_anything_but_loopback(sources, tmp_path, capsys):
     check_host("127.0.0.1")
 
 
-def _request(port, method, path, body=None, host=None):
+def _request(port, method, path, body=None, host=None, cookie=None):
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     headers = {"Host": host or f"127.0.0.1:{port}"}
+    if cookie:
+        headers["Cookie"] = cookie
     data = None
     if body is not None:
         data = json.dumps(body).encode()
@@ -295,40 +297,59 @@ def _request(port, method, path, body=None, host=None):
     return r.status, dict(r.getheaders()), payload
 
 
+def sign_in(server, annotator):
+    """Open the annotator's link as a browser would: the cookie it sets."""
+    port = server.server_address[1]
+    status, headers, _ = _request(port, "GET", server.app.access.link("", annotator))
+    assert status == 303 and headers["Location"] == f"/annotate/{annotator}/"
+    return headers["Set-Cookie"].split(";")[0]
+
+
 def test_server_api(sources, tmp_path):
     prepare(tmp_path / "rev", _src(sources), annotators=2, reviews_per_case=1, progress=False)
     server, _thread = serve_in_thread(tmp_path / "rev")
     port = server.server_address[1]
     try:
         assert server.server_address[0] == "127.0.0.1"
-        status, headers, page = _request(port, "GET", "/annotate/A")
+        a = sign_in(server, "A")
+        status, headers, page = _request(port, "GET", "/annotate/A/", cookie=a)
         assert (
             status == 200
             and b"review.js" in page
             and "default-src 'self'" in headers["Content-Security-Policy"]
         )
         assert b"http" not in page.replace(b"http-equiv", b"")  # nothing from the internet
-        status, _, body = _request(port, "GET", "/api/A/cases")
+        status, _, body = _request(port, "GET", "/annotate/A/api/cases", cookie=a)
         data = json.loads(body)
         assert status == 200 and len(data["cases"]) == 6 and data["synthetic"] and data["decisions"] == {}
+        assert data["limits"] == {"note": 10000, "body": 65536}
         key = data["cases"][0]["key_id"]
-        status, headers, img = _request(port, "GET", f"/image/{key}/cxr")
-        assert status == 200 and headers["Content-Type"] == "image/jpeg" and img[:2] == b"\xff\xd8"
+        status, headers, img = _request(port, "GET", f"/annotate/A/image/{key}/cxr", cookie=a)
+        assert status == 200 and headers["Content-Type"] == "image/png" and img[:4] == b"\x89PNG"
         status, _, body = _request(
-            port, "POST", "/api/A/decision", {"key_id": key, "decision": "accept", "note": "ok"}
+            port,
+            "POST",
+            "/annotate/A/api/decision",
+            {"key_id": key, "decision": "accept", "note": "ok"},
+            cookie=a,
         )
         assert status == 200 and json.loads(body)["record"]["decision"] == "accept"
-        assert json.loads(_request(port, "GET", "/api/A/cases")[2])["decisions"][key]["note"] == "ok"
-        other = json.loads(_request(port, "GET", "/api/B/cases")[2])["cases"][0]["key_id"]
-        status, _, body = _request(port, "POST", "/api/A/decision", {"key_id": other, "decision": "accept"})
-        assert status == 400 and b"not assigned" in body
-        assert _request(port, "POST", "/api/A/decision", {"key_id": key, "decision": "maybe"})[0] == 400
-        assert _request(port, "GET", "/image/..%2F..%2Freview.json/cxr")[0] == 404
+        cases = json.loads(_request(port, "GET", "/annotate/A/api/cases", cookie=a)[2])
+        assert cases["decisions"][key]["note"] == "ok"
+        b = sign_in(server, "B")
+        other = json.loads(_request(port, "GET", "/annotate/B/api/cases", cookie=b)[2])["cases"][0]["key_id"]
+        status, _, body = _request(
+            port, "POST", "/annotate/A/api/decision", {"key_id": other, "decision": "accept"}, cookie=a
+        )
+        assert status == 403 and b"not assigned" in body
+        assert _request(port, "GET", f"/annotate/A/image/{other}/cxr", cookie=a)[0] == 404  # not A's
+        decision = {"key_id": key, "decision": "maybe"}
+        assert _request(port, "POST", "/annotate/A/api/decision", decision, cookie=a)[0] == 400
+        assert _request(port, "GET", "/annotate/A/image/..%2F..%2Freview.json/cxr", cookie=a)[0] == 404
         assert _request(port, "GET", "/static/../prepare.py")[0] == 404
-        assert _request(port, "GET", "/api/Z/cases")[0] == 404
+        assert _request(port, "GET", "/annotate/Z/api/cases", cookie=a)[0] == 401
         assert _request(port, "GET", "/", host="evil.example:80")[0] == 403  # DNS rebinding
         assert _request(port, "GET", "/", host=f"localhost:{port}")[0] == 200
-        assert b"Annotator A" in _request(port, "GET", "/")[2]
     finally:
         server.shutdown()
         server.server_close()

@@ -1,6 +1,9 @@
 """``chexpercept review`` in a real headless Chromium: keyboard review of a phantom candidate set, a
 reload mid-way, a tab closed with a decision not yet sent, two annotators at once, and export then
-``generate --review`` end to end. Same browser setup as test_report_browser.py."""
+``generate --review`` end to end; the annotator's link and cookie; decisions never lost (issue 21 item
+3: the note limit shown before sending, a server refusal never shown as saved, two tabs of one
+annotator across a server restart); the CXR shown as the pipeline decodes it (item 4: EXIF
+orientation). Same browser setup as test_report_browser.py."""
 
 from __future__ import annotations
 
@@ -32,6 +35,26 @@ def sources(tmp_path_factory):
     )
 
 
+class Served:
+    """A prepared review and its server, which a test may stop and start again on the same port."""
+
+    def __init__(self, root):
+        self.root = root
+        self.server, _ = serve_in_thread(root)
+        self.port = self.server.server_address[1]
+        self.base = f"http://127.0.0.1:{self.port}"
+
+    def link(self, annotator):
+        return self.server.app.access.link(self.base, annotator)
+
+    def stop(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+    def restart(self):
+        self.server, _ = serve_in_thread(self.root, port=self.port)
+
+
 @pytest.fixture
 def review(sources, tmp_path):
     """A prepared review of 6 phantom candidates, 2 annotators, each case reviewed by both; served."""
@@ -42,10 +65,9 @@ def review(sources, tmp_path):
         lesions=list(LESIONS1),
     )
     prepare(root, src, annotators=2, reviews_per_case=2, progress=False)
-    server, _ = serve_in_thread(root)
-    yield root, f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    served = Served(root)
+    yield served
+    served.stop()
 
 
 def _wait(drv, predicate, timeout=10):
@@ -59,6 +81,12 @@ def _open(drv, url):
     drv.get(url)
     _wait(drv, lambda d: d.find_element("tag name", "body").get_attribute("data-ready") == "1")
     drv.get_log("browser")
+
+
+def _open_as(drv, review, annotator):
+    """Open the annotator's link (token -> cookie -> the page without the token)."""
+    _open(drv, review.link(annotator))
+    assert drv.current_url == f"{review.base}/annotate/{annotator}/"
 
 
 def _text(drv, element_id):
@@ -90,8 +118,8 @@ def _decisions(root, annotator):
 def test_keyboard_review(browser, review, tmp_path):  # noqa: F811
     from selenium.webdriver.common.keys import Keys
 
-    root, base = review
-    _open(browser, f"{base}/annotate/A")
+    root = review.root
+    _open_as(browser, review, "A")
     assert _text(browser, "progress") == "0 of 6 decided"
     assert "Phantom data" in _text(browser, "banner")
     first = _current(browser)
@@ -143,8 +171,8 @@ def test_keyboard_review(browser, review, tmp_path):  # noqa: F811
 
 
 def test_reload_midway_keeps_decisions(browser, review):  # noqa: F811
-    root, base = review
-    _open(browser, f"{base}/annotate/B")
+    root = review.root
+    _open_as(browser, review, "B")
     done = []
     for _ in range(3):
         done.append(_current(browser))
@@ -161,38 +189,51 @@ def test_reload_midway_keeps_decisions(browser, review):  # noqa: F811
     assert [k for k, _, _ in _decisions(root, "B")] == done
 
 
+def _pending_key(review, annotator, client_id):
+    return f"chexpercept-review:127.0.0.1:{review.port}:{annotator}:pending:{client_id}"
+
+
 def test_a_decision_not_yet_sent_survives_a_closed_tab(browser, review):  # noqa: F811
     """The page keeps every decision in localStorage until the server has fsynced it; a tab closed (or a
-    server down) before that sends it on the next load."""
-    root, base = review
-    _open(browser, f"{base}/annotate/A")
-    key = _current(browser)
-    port = base.rsplit(":", 1)[1]
+    server down) before that sends it on the next load. The earlier page's single array is taken over."""
+    root = review.root
+    _open_as(browser, review, "A")
+    keys = [c["key_id"] for c in review.server.app.cases("A")["cases"]]
     browser.execute_script(
-        "localStorage.setItem(arguments[0], JSON.stringify([arguments[1]]));",
-        f"chexpercept-review:127.0.0.1:{port}:A:pending",
-        {"key_id": key, "decision": "reject", "note": "left pending", "client_id": "x1"},
+        "localStorage.setItem(arguments[0], JSON.stringify(arguments[1]));"
+        "localStorage.setItem(arguments[2], JSON.stringify([arguments[3]]));",
+        _pending_key(review, "A", "x1"),
+        {
+            "key_id": keys[0],
+            "decision": "reject",
+            "note": "left pending",
+            "client_id": "x1",
+            "client_time": 1,
+        },
+        f"chexpercept-review:127.0.0.1:{review.port}:A:pending",  # the earlier page's format
+        {"key_id": keys[1], "decision": "accept", "note": "older page", "client_id": "x0"},
     )
     browser.get("about:blank")  # the tab goes away before anything was sent
     assert _decisions(root, "A") == []
-    _open(browser, f"{base}/annotate/A")
+    _open(browser, f"{review.base}/annotate/A/")  # the cookie is kept: no token needed again
     _saved(browser)
-    assert _decisions(root, "A") == [(key, "reject", "left pending")]
-    assert (
-        browser.execute_script(
-            f"return localStorage.getItem('chexpercept-review:127.0.0.1:{port}:A:pending')"
-        )
-        == "[]"
+    assert sorted(_decisions(root, "A")) == sorted(
+        [(keys[0], "reject", "left pending"), (keys[1], "accept", "older page")]
     )
+    left = browser.execute_script(
+        "return Object.keys(localStorage).filter((k) => k.startsWith(arguments[0]));",
+        f"chexpercept-review:127.0.0.1:{review.port}:A:",
+    )
+    assert left == []
 
 
 def test_two_annotators_at_once_and_generate_review(browser, review, sources, tmp_path):  # noqa: F811
-    root, base = review
-    _open(browser, f"{base}/annotate/A")
+    root = review.root
+    _open_as(browser, review, "A")
     tab_a = browser.current_window_handle
     browser.switch_to.new_window("tab")
     tab_b = browser.current_window_handle
-    _open(browser, f"{base}/annotate/B")
+    _open_as(browser, review, "B")
     seen = {"A": [], "B": []}
     rejected_by_b = None
     for step in range(6):  # interleave the two annotators, one key each
@@ -236,3 +277,166 @@ def test_two_annotators_at_once_and_generate_review(browser, review, sources, tm
     assert entries and set(entries) <= accepted
     assert all(e["provenance"]["reviewed"] for e in entries.values())
     assert rc in (0, 1)  # 1 only if a cell ran out of accepted candidates (reported as SHORT)
+
+
+# ------------------------------------------------------------------------- credentials (item 2)
+def test_the_page_needs_the_link_and_keeps_the_token_out_of_reach(browser, review):  # noqa: F811
+    browser.delete_all_cookies()
+    browser.get("about:blank")
+    browser.get(f"{review.base}/annotate/A/")
+    assert "not signed in" in browser.page_source  # the page itself is behind the credential
+    _open_as(browser, review, "A")
+    assert "token" not in browser.current_url
+    assert browser.execute_script("return document.cookie") == ""  # HttpOnly: no script can read it
+    assert _text(browser, "progress") == "0 of 6 decided"
+    # the same browser holding A's cookie cannot open B's page
+    browser.get(f"{review.base}/annotate/B/")
+    assert "not signed in" in browser.page_source
+
+
+# ---------------------------------------------------------------------- nothing lost (item 3)
+def _set_note(drv, text):
+    drv.execute_script(
+        "const n = document.getElementById('note'); n.value = arguments[0];"
+        "n.dispatchEvent(new Event('input'));",
+        text,
+    )
+
+
+def test_the_note_limit_is_shown_before_sending_and_nothing_is_cut(browser, review):  # noqa: F811
+    from selenium.webdriver.common.keys import Keys
+
+    root = review.root
+    _open_as(browser, review, "A")
+    first = _current(browser)
+    assert _text(browser, "note-count") == "0 / 10,000 characters"
+    _set_note(browser, "x" * 10_001)
+    assert _text(browser, "note-count") == "10,001 / 10,000 characters"
+    assert "1 characters too long" in _text(browser, "note-error")
+    browser.find_element("id", "note").send_keys(Keys.ESCAPE)
+    _key(browser, "a")  # refused by the page: no decision, the case stays, the note is intact
+    assert _current(browser) == first and _text(browser, "current-decision") == "none"
+    assert len(browser.find_element("id", "note").get_attribute("value")) == 10_001
+    assert _decisions(root, "A") == []
+    _set_note(browser, "y" * 10_000)  # exactly the limit
+    browser.find_element("id", "note").send_keys(Keys.ESCAPE)
+    _key(browser, "a")
+    _saved(browser)
+    assert _decisions(root, "A") == [(first, "accept", "y" * 10_000)]  # whole, not cut
+
+
+def test_a_refused_decision_is_never_shown_as_saved(browser, review):  # noqa: F811
+    """A decision the server refuses (here: from an earlier page without the limit, a note over
+    10,000 characters, and a body over 64 KiB) is kept and shown as not saved, across a reload,
+    until the case is decided again."""
+    root = review.root
+    _open_as(browser, review, "A")
+    keys = [c["key_id"] for c in review.server.app.cases("A")["cases"]]
+    for i, note in enumerate(("n" * 10_001, "b" * 70_000)):
+        browser.execute_script(
+            "localStorage.setItem(arguments[0], JSON.stringify(arguments[1]));",
+            _pending_key(review, "A", f"r{i}"),
+            {"key_id": keys[i], "decision": "accept", "note": note, "client_id": f"r{i}", "client_time": i},
+        )
+    browser.refresh()
+    _wait(browser, lambda d: "refused by the server" in _text(d, "save-status"))
+    status = _text(browser, "save-status")
+    assert status.startswith("2 decisions not saved") and status != "saved"
+    assert "64 KiB" in status or "10,000" in status
+    assert _decisions(root, "A") == []
+    browser.refresh()  # still there after a reload: nothing silently dropped
+    _wait(browser, lambda d: d.find_element("tag name", "body").get_attribute("data-ready") == "1")
+    _wait(browser, lambda d: _text(d, "save-status").startswith("2 decisions not saved"))
+    assert not browser.find_element("id", "done").is_displayed()
+    for key in keys[:2]:  # deciding each case again replaces its refused decision
+        while _current(browser) != key:
+            _key(browser, "u")
+        assert "(not saved: refused)" in _text(browser, "current-decision")
+        _set_note(browser, "")
+        _key(browser, "r")
+    _saved(browser)
+    assert sorted(_decisions(root, "A")) == sorted([(keys[0], "reject", ""), (keys[1], "reject", "")])
+
+
+def test_two_tabs_of_one_annotator_across_a_server_restart_lose_nothing(browser, review):  # noqa: F811
+    from selenium.webdriver.common.keys import Keys
+
+    root = review.root
+    _open_as(browser, review, "A")
+    tab1 = browser.current_window_handle
+    browser.switch_to.new_window("tab")
+    tab2 = browser.current_window_handle
+    _open_as(browser, review, "A")
+    review.stop()  # the server goes down; both tabs keep deciding
+    browser.switch_to.window(tab1)
+    x = _current(browser)
+    _key(browser, "a")  # tab 1 accepts case x
+    _wait(browser, lambda d: "not saved yet" in _text(d, "save-status"))
+    browser.switch_to.window(tab2)
+    assert _current(browser) == x
+    _key(browser, Keys.ARROW_RIGHT)
+    y = _current(browser)
+    _key(browser, "a")  # tab 2 accepts case y
+    _key(browser, Keys.ARROW_LEFT, Keys.ARROW_LEFT)
+    assert _current(browser) == x and _text(browser, "current-decision").startswith("accept")  # tab 1's
+    _key(browser, "r")  # and then changes its mind on x: the later decision must win
+    pending = browser.execute_script(
+        "return Object.keys(localStorage).filter((k) => k.startsWith(arguments[0])).length;",
+        f"chexpercept-review:127.0.0.1:{review.port}:A:pending:",
+    )
+    assert pending == 3  # one key per decision: no tab overwrote another's
+    assert "saved" not in _text(browser, "save-status").replace("not saved", "")
+    review.restart()
+    for tab in (tab1, tab2):
+        browser.switch_to.window(tab)
+        _saved(browser)
+    assert [(k, d) for k, d, _ in _decisions(root, "A")] == [(x, "accept"), (y, "accept"), (x, "reject")]
+    browser.close()
+    browser.switch_to.window(tab1)
+
+
+# --------------------------------------------------------------------------- what is shown (item 4)
+def test_an_exif_oriented_jpg_is_shown_as_the_pipeline_decodes_it(browser, sources, tmp_path):  # noqa: F811
+    """A source JPG that asks to be rotated (EXIF orientation 6): the page shows the pixels generate
+    uses, which the mask overlay is drawn on, not the rotation the browser would apply."""
+    import shutil
+
+    import numpy as np
+    from PIL import Image
+
+    copy = tmp_path / "src"
+    shutil.copytree(sources, copy)
+    root = tmp_path / "rev"
+    src = ReviewSources(
+        mimic_cxr_jpg=str(copy / "mimic-cxr-jpg"), mimic_ils=str(copy / "mimic-ils"), lesions=list(LESIONS1)
+    )
+    prepare(root, src, annotators=1, progress=False)
+    item = json.loads((root / "review.json").read_text())["items"][0]
+    with Image.open(item["cxr"]) as im:
+        arr = np.zeros((im.height, im.width), dtype=np.uint8)
+    arr[: arr.shape[0] // 4, : arr.shape[1] // 4] = 255  # a white block at the stored top-left
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    Image.fromarray(arr).save(item["cxr"], format="JPEG", quality=95, exif=exif)
+    served = Served(root)
+    try:
+        _open_as(browser, served, "A")
+        assert _current(browser) == item["key_id"]
+        cxr = browser.find_element("id", "cxr")
+        _wait(
+            browser,
+            lambda d: d.execute_script("return arguments[0].complete && arguments[0].naturalWidth", cxr),
+        )
+        corners = browser.execute_script(
+            "const im = arguments[0]; const c = document.createElement('canvas');"
+            "c.width = im.naturalWidth; c.height = im.naturalHeight;"
+            "const g = c.getContext('2d'); g.drawImage(im, 0, 0);"
+            "const at = (x, y) => g.getImageData(x, y, 1, 1).data[0];"
+            "return [c.width, c.height, at(20, 20), at(c.width - 20, 20)];",
+            cxr,
+        )
+        assert corners[:2] == [1024, 1024]  # the 1024 x 1024 frame the overlay is drawn in
+        assert corners[2] > 200 and corners[3] < 50  # not rotated: the block stays top-left
+        assert browser.execute_script("return getComputedStyle(arguments[0]).imageOrientation", cxr) == "none"
+    finally:
+        served.stop()

@@ -122,9 +122,17 @@ def run(args: argparse.Namespace) -> int:
         return 2
     port = server.server_address[1]
     app = server.app
-    print(f"serving the review on http://{LOOPBACK}:{port}/ (this machine only); Ctrl-C to stop")
+    base = f"http://{LOOPBACK}:{port}"
+    print(f"serving the review on {base}/ (this machine only); Ctrl-C to stop")
+    if app.tightened:
+        print(f"note: {review_dir} was readable by other users; it is now owner-only (mode 0700)")
+    print("each annotator's personal link (it opens their cases only; give it to them alone):")
     for a in app.annotators:
-        print(f"  annotator {a}: http://{LOOPBACK}:{port}/annotate/{a}  ({len(app.assigned[a])} cases)")
+        print(f"  annotator {a}: {app.access.link(base, a)}  ({len(app.assigned[a])} cases)")
+    print(
+        f"the links are kept in {app.access.path} (owner-only); from another machine: "
+        f"ssh -L {port}:{LOOPBACK}:{port} this-host, then open the link there"
+    )
     print(
         f"decisions: {review_dir}/decisions/<annotator>.jsonl; afterwards: chexpercept review export {review_dir}"
     )

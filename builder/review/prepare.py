@@ -24,12 +24,14 @@ import numpy as np
 from PIL import Image
 from tqdm.auto import tqdm
 
+from chexpercept.containment import output_path
 from chexpercept.vocab import LESIONS
 from chexpercept.vocab import Path as CasePath
 
 from ..case_selection import Candidate, Queued
 from ..config import parse_lesions
 from ..pipeline import plan_candidates, read_sources
+from ..source_paths import check_candidates, cxr_path, lesion_mask_path
 from ..sources import (
     CaseInputError,
     CxrTree,
@@ -137,15 +139,6 @@ def _pairs_by_id(ils: dict) -> dict[str, tuple[dict, dict]]:
     return out
 
 
-def lesion_mask_path(c: Candidate, rosalia: str | None, lesion_masks: str) -> FsPath:
-    """Where generate reads a positive's lesion mask (ROSALIA prediction, else the MIMIC-ILS mask)."""
-    if rosalia:
-        return FsPath(rosalia) / c.lesion / c.pair_id / "pred_mask.png"
-    if not c.seg_mask_path:
-        raise CaseInputError(f"pair {c.pair_id} has no seg_mask_path")
-    return FsPath(lesion_masks) / c.seg_mask_path
-
-
 def overlay_png(mask: np.ndarray) -> bytes:
     """A two-colour palette PNG: transparent background, the mask in opaque red."""
     im = Image.fromarray(mask.astype(np.uint8), mode="L").convert("P")
@@ -199,7 +192,9 @@ def prepare(
         raise SourceError(f"--per-cell must be >= 1, got {src.per_cell}")
 
     queued = _queue(ils, lesions, src)
-    root.mkdir(parents=True, exist_ok=True)
+    # every id and path of the sources stays inside its folder, before anything is written
+    check_candidates((q.candidate for q in queued), cxr, lesion_masks, src.rosalia_pred)
+    root.mkdir(parents=True, exist_ok=True, mode=0o700)  # credentialed: overlays, report sentences
     (root / OVERLAY_DIR).mkdir(exist_ok=True)
     items, errors = _items(root, queued, _pairs_by_id(ils), cxr, src.rosalia_pred, lesion_masks, progress)
     for item, who in zip(items, split(len(items), names, reviews_per_case)):
@@ -279,15 +274,15 @@ def _case_files(
 ) -> tuple[FsPath, str | None]:
     """The candidate's CXR image (which must exist) and, for a positive, its overlay written under
     ``root`` (the path relative to it); CaseInputError when either cannot be read."""
-    cxr_path = cxr.path(c.dicom_id, c.subject_id, c.study_id, c.image_path)
-    if not cxr_path.is_file():
-        raise CaseInputError(f"missing CXR image {cxr_path}")
+    path = cxr_path(c, cxr)
+    if not path.is_file():
+        raise CaseInputError(f"missing CXR image {path}")
     overlay = None
     if c.positive:
         mask = load_mask(lesion_mask_path(c, rosalia, lesion_masks))
         overlay = f"{OVERLAY_DIR}/{c.key_id}.png"
-        write_atomic(root / overlay, overlay_png(mask))
-    return cxr_path, overlay
+        write_atomic(output_path(root, overlay, what="overlay"), overlay_png(mask))
+    return path, overlay
 
 
 def _review_item(q: Queued, study: dict, pair: dict, cxr_path: FsPath, overlay: str | None) -> ReviewItem:

@@ -1,39 +1,76 @@
-"""The review server: the standard library's ``ThreadingHTTPServer`` on 127.0.0.1 only.
+"""The review server: the standard library's ``ThreadingHTTPServer`` on 127.0.0.1 only, behind
+per-annotator credentials (``access``).
 
-Routes: ``/`` (the annotators and their progress), ``/annotate/<A>`` (the page), ``/static/<file>``
-(its JS and CSS, shipped in the package; nothing comes from the internet), ``/api/<A>/cases``,
-``POST /api/<A>/decision`` and ``/image/<key_id>/{cxr,overlay}`` (only cases of the prepared review).
-Requests whose ``Host`` header is not this loopback address are refused (DNS rebinding), and every
-page carries a Content-Security-Policy that allows this origin only.
+Routes, every one of an annotator's under ``/annotate/<A>`` and open only with A's cookie:
+
+* ``/annotate/<A>?token=<token>``: checks the token, sets A's cookie, redirects to the page;
+* ``/annotate/<A>/`` (the page), ``/annotate/<A>/api/cases`` (A's queue and decisions),
+  ``POST /annotate/<A>/api/decision``, ``/annotate/<A>/image/<key_id>/{cxr,overlay}`` (A's cases only);
+* ``/static/<file>``: the page's JS and CSS, shipped in the package (nothing comes from the internet);
+* ``/``: a page that says where the links are (no data).
+
+Requests whose ``Host`` header is not this loopback address are refused (DNS rebinding), a POST from
+another origin is refused, and every page carries a Content-Security-Policy that allows this origin
+only. Each connection times out (``CONNECTION_TIMEOUT``) and at most ``MAX_CONNECTIONS`` are served
+at once (more get 503 at once), so stalled connections cannot pile up. A malformed request gets a 4xx
+answer with a JSON ``error`` naming the field, never a dropped connection.
+
+The CXR is served as the pipeline decodes it (``sources.load_cxr``: no EXIF rotation, scaled to the
+1024 x 1024 frame the overlay is drawn in) and re-encoded as a PNG without metadata, so the browser
+shows the pixels the mask was drawn on.
 """
 
 from __future__ import annotations
 
-import html
+import contextlib
+import functools
 import json
-import mimetypes
+import os
+import socket
 import threading
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from pathlib import Path as FsPath
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
+from chexpercept.containment import ContainmentError, Tree, is_inside
+
+from ..render import encode_png
+from ..sources import CaseInputError, SourceError, load_cxr
+from .access import Access, annotator_path, cookie_name, restrict_folder, set_cookie
 from .manifest import load_manifest
-from .store import DecisionStore, StoreError
+from .store import DECISIONS, DecisionStore, StoreError
 
 LOOPBACK = "127.0.0.1"
 MAX_BODY = 64 * 1024
+#: longest note a decision may carry (characters); the page counts and refuses before sending
+MAX_NOTE = 10_000
+MAX_CLIENT_ID = 80
+#: seconds a connection may stay idle or stalled before the server closes it
+CONNECTION_TIMEOUT = 30.0
+#: connections served at once; more are answered 503 and closed
+MAX_CONNECTIONS = 32
 CSP = (
     "default-src 'self'; img-src 'self'; style-src 'self'; script-src 'self'; connect-src 'self'; "
     "object-src 'none'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 )
 STATIC_FILES = ("review.html", "review.js", "review.css")
+_DECISION_FIELDS = {"key_id", "decision", "note", "client_id", "client_time"}
 
 
 class ReviewServerError(Exception):
     """The server cannot start as asked (a non-loopback address, a port in use)."""
+
+
+class RequestError(Exception):
+    """A request the server refuses: HTTP status and a message naming the field."""
+
+    def __init__(self, status: int, message: str, field: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.field = field
 
 
 def check_host(host: str) -> None:
@@ -50,22 +87,116 @@ def _static(name: str) -> bytes:
     return resources.files(__package__).joinpath("static", name).read_bytes()
 
 
+def parse_decision(body: bytes) -> dict[str, Any]:
+    """The fields of a decision body, checked (RequestError 400 naming the field otherwise; nothing
+    is cut or guessed)."""
+    try:
+        data = json.loads(body.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise RequestError(HTTPStatus.BAD_REQUEST, f"the body is not UTF-8: {e}") from e
+    except json.JSONDecodeError as e:
+        raise RequestError(HTTPStatus.BAD_REQUEST, f"the body is not JSON: {e}") from e
+    if not isinstance(data, dict):
+        got = "null" if data is None else type(data).__name__
+        raise RequestError(HTTPStatus.BAD_REQUEST, f"a decision is a JSON object, got {got}")
+    unknown = sorted(set(data) - _DECISION_FIELDS)
+    if unknown:
+        raise RequestError(HTTPStatus.BAD_REQUEST, f"unknown field(s) {', '.join(unknown)}", unknown[0])
+    for key in ("key_id", "decision"):
+        if not isinstance(data.get(key), str):
+            got = "nothing" if key not in data else type(data[key]).__name__
+            raise RequestError(HTTPStatus.BAD_REQUEST, f"{key} must be a string, got {got}", key)
+    if data["decision"] not in DECISIONS:
+        raise RequestError(
+            HTTPStatus.BAD_REQUEST,
+            f"decision must be one of {', '.join(DECISIONS)}, got {data['decision']!r}",
+            "decision",
+        )
+    note = data.get("note", "")
+    if note is None:
+        note = ""
+    if not isinstance(note, str):
+        raise RequestError(
+            HTTPStatus.BAD_REQUEST, f"note must be a string, got {type(note).__name__}", "note"
+        )
+    if len(note) > MAX_NOTE:
+        raise RequestError(
+            HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+            f"the note has {len(note):,} characters, at most {MAX_NOTE:,} are kept: shorten it (nothing was saved)",
+            "note",
+        )
+    client_id = data.get("client_id")
+    if client_id is not None and (
+        not isinstance(client_id, str) or not 0 < len(client_id) <= MAX_CLIENT_ID or not client_id.isascii()
+    ):
+        raise RequestError(
+            HTTPStatus.BAD_REQUEST, f"client_id must be an ASCII string of 1..{MAX_CLIENT_ID}", "client_id"
+        )
+    client_time = data.get("client_time")
+    if client_time is not None and (
+        isinstance(client_time, bool) or not isinstance(client_time, int | float)
+    ):
+        raise RequestError(HTTPStatus.BAD_REQUEST, "client_time must be a number", "client_time")
+    out = {"key_id": data["key_id"], "decision": data["decision"], "note": note}
+    if client_id is not None:
+        out["client_id"] = client_id
+    if client_time is not None:
+        out["client_time"] = client_time
+    return out
+
+
 class ReviewApp:
-    """State shared by request threads: the manifest and one store per annotator."""
+    """State shared by request threads: the manifest, the credentials and one store per annotator.
+
+    Every item's CXR must lie inside the CXR folder the review was prepared from and its overlay
+    inside the review folder (links followed; chexpercept.containment), or the server does not start.
+    """
 
     def __init__(self, review_dir: str | FsPath):
         self.root = FsPath(review_dir)
         self.manifest = load_manifest(self.root)
+        self.tightened = restrict_folder(self.root)
         self.items = {item["key_id"]: item for item in self.manifest["items"]}
         self.annotators = list(self.manifest["annotators"])
+        self.access = Access.load_or_create(self.root, self.annotators)
         self.stores = {a: DecisionStore(self.root, a) for a in self.annotators}
         self.assigned = {
             a: [i for i in self.manifest["items"] if a in i["annotators"]] for a in self.annotators
         }
+        self.assigned_keys = {a: {i["key_id"] for i in items} for a, items in self.assigned.items()}
         self.static = {name: _static(name) for name in STATIC_FILES}
+        self.files = self._contained_files()
+
+    def _contained_files(self) -> dict[tuple[str, str], FsPath]:
+        """(key_id, cxr|overlay) -> the file, each checked to lie inside its folder."""
+        settings = self.manifest.get("settings", {})
+        cxr_root = settings.get("mimic_cxr_jpg") or settings.get("cxr_png")
+        if not cxr_root:
+            raise SourceError(f"{self.root}: review.json names no CXR folder (settings.mimic_cxr_jpg)")
+        cxr_tree, review_tree = Tree(cxr_root), Tree(self.root)
+        files: dict[tuple[str, str], FsPath] = {}
+        problems = []
+        for key, item in self.items.items():
+            cxr = os.path.realpath(str(item.get("cxr")))
+            if is_inside(cxr_tree.root, cxr):
+                files[(key, "cxr")] = FsPath(cxr)
+            else:
+                problems.append(f"{key}: cxr {item.get('cxr')} resolves to {cxr}, outside {cxr_tree.root}")
+            if item.get("overlay") is not None:
+                try:
+                    files[(key, "overlay")] = review_tree.resolve(item["overlay"], what=f"{key}: overlay")
+                except ContainmentError as e:
+                    problems.append(str(e))
+        if problems:
+            raise SourceError(
+                f"{self.root}/review.json names files outside their folders (refused):\n  - "
+                + "\n  - ".join(problems[:20])
+            )
+        return files
 
     def cases(self, annotator: str) -> dict[str, Any]:
         latest = self.stores[annotator].latest()
+        mine = self.assigned_keys[annotator]
         cases = [
             {
                 k: item[k]
@@ -85,27 +216,35 @@ class ReviewApp:
             for item in self.assigned[annotator]
         ]
         decisions = {
-            k: {"decision": r["decision"], "note": r.get("note", "")}
-            for k, r in latest.items()
-            if k in self.items
+            k: {"decision": r["decision"], "note": r.get("note", "")} for k, r in latest.items() if k in mine
         }
         return {
             "annotator": annotator,
             "synthetic": bool(self.manifest.get("synthetic")),
+            "limits": {"note": MAX_NOTE, "body": MAX_BODY},
             "cases": cases,
             "decisions": decisions,
         }
 
+    def image(self, annotator: str, key_id: str, kind: str) -> tuple[bytes, str]:
+        """One of the annotator's images: the CXR as the pipeline decodes it, or the overlay."""
+        if key_id not in self.assigned_keys[annotator]:
+            raise RequestError(HTTPStatus.NOT_FOUND, "not one of your cases")
+        path = self.files.get((key_id, kind))
+        if path is None:
+            raise RequestError(HTTPStatus.NOT_FOUND, "this case has no mask")
+        if kind == "overlay":
+            try:
+                return path.read_bytes(), "image/png"
+            except OSError as e:
+                raise RequestError(HTTPStatus.NOT_FOUND, f"cannot read the overlay: {e.strerror}") from e
+        try:
+            st = path.stat()
+            return _pipeline_png(str(path), st.st_size, st.st_mtime_ns), "image/png"
+        except (OSError, CaseInputError) as e:
+            raise RequestError(HTTPStatus.NOT_FOUND, f"cannot read the CXR: {e}") from e
+
     def index_html(self) -> bytes:
-        rows = []
-        for a in self.annotators:
-            latest = self.stores[a].latest()
-            mine = {i["key_id"] for i in self.assigned[a]}
-            done = sum(1 for k, r in latest.items() if k in mine and r["decision"] != "skip")
-            rows.append(
-                f'<li><a href="/annotate/{html.escape(a)}">Annotator {html.escape(a)}</a> '
-                f"<span>{done} of {len(mine)} decided</span></li>"
-            )
         banner = (
             '<p class="banner">Phantom data: for testing software only.</p>'
             if self.manifest.get("synthetic")
@@ -114,20 +253,43 @@ class ReviewApp:
         page = (
             "<!doctype html><html><head><meta charset='utf-8'><title>CheXpercept review</title>"
             "<link rel='stylesheet' href='/static/review.css'></head><body class='index'>"
-            f"<h1>CheXpercept review</h1>{banner}<ul id='annotators'>{''.join(rows)}</ul></body></html>"
+            f"<h1>CheXpercept review</h1>{banner}<p>Each annotator has a personal link (with a token), "
+            "printed when <code>chexpercept review</code> starts; ask the person who runs it.</p>"
+            "</body></html>"
         )
         return page.encode("utf-8")
+
+
+@functools.lru_cache(maxsize=16)
+def _pipeline_png(path: str, size: int, mtime_ns: int) -> bytes:
+    """The CXR at ``path`` as the pipeline decodes it (``load_cxr``), as a PNG without metadata."""
+    del size, mtime_ns  # part of the cache key: a replaced file is decoded again
+    cxr = load_cxr(path)
+    assert cxr.rgb is not None
+    return encode_png(cxr.rgb)
 
 
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
     protocol_version = "HTTP/1.1"
 
+    def setup(self) -> None:
+        self.timeout = self.server.connection_timeout  # per connection: idle or stalled ones are closed
+        super().setup()
+
     def log_message(self, format: str, *args: Any) -> None:
         return
 
     # ------------------------------------------------------------------------------------ replies
-    def _send(self, status: int, body: bytes, ctype: str, *, cache: bool = False) -> None:
+    def _send(
+        self,
+        status: int,
+        body: bytes,
+        ctype: str,
+        *,
+        cache: bool = False,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         self.send_response(status)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(body)))
@@ -135,6 +297,10 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Security-Policy", CSP)
         self.send_header("X-Content-Type-Options", "nosniff")
         self.send_header("Referrer-Policy", "no-referrer")
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        if self.close_connection:
+            self.send_header("Connection", "close")
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(body)
@@ -142,8 +308,11 @@ class _Handler(BaseHTTPRequestHandler):
     def _json(self, status: int, obj: Any) -> None:
         self._send(status, json.dumps(obj).encode("utf-8"), "application/json; charset=utf-8")
 
-    def _error(self, status: int, message: str) -> None:
-        self._json(status, {"ok": False, "error": message})
+    def _error(self, status: int, message: str, field: str | None = None) -> None:
+        body: dict[str, Any] = {"ok": False, "error": message}
+        if field is not None:
+            body["field"] = field
+        self._json(status, body)
 
     def _host_ok(self) -> bool:
         port = self.server.server_address[1]
@@ -153,114 +322,253 @@ class _Handler(BaseHTTPRequestHandler):
             return False
         return True
 
+    def _cookie(self, annotator: str) -> str | None:
+        name = cookie_name(annotator)
+        for header in self.headers.get_all("Cookie") or []:
+            for part in header.split(";"):
+                key, _, value = part.strip().partition("=")
+                if key == name:
+                    return value
+        return None
+
+    def _authorized(self, annotator: str) -> bool:
+        return self.server.app.access.check(annotator, self._cookie(annotator))
+
     # -------------------------------------------------------------------------------------- routes
-    def do_GET(self) -> None:
-        if not self._host_ok():
-            return
-        app = self.server.app
+    def _route(self) -> tuple[str | None, list[str]]:
+        """(annotator, the path parts after /annotate/<A>) or (None, all parts)."""
         parts = [unquote(p) for p in urlsplit(self.path).path.split("/") if p]
-        if not parts:
-            self._send(HTTPStatus.OK, app.index_html(), "text/html; charset=utf-8")
-        elif parts[0] == "annotate" and len(parts) == 2 and parts[1] in app.annotators:
-            self._send(HTTPStatus.OK, app.static["review.html"], "text/html; charset=utf-8")
-        elif parts[0] == "static" and len(parts) == 2 and parts[1] in app.static:
-            ctype = {"js": "text/javascript", "css": "text/css", "html": "text/html"}[
-                parts[1].rsplit(".", 1)[1]
-            ]
-            self._send(HTTPStatus.OK, app.static[parts[1]], f"{ctype}; charset=utf-8")
-        elif parts[0] == "api" and len(parts) == 3 and parts[1] in app.annotators and parts[2] == "cases":
-            self._json(HTTPStatus.OK, app.cases(parts[1]))
-        elif (
-            parts[0] == "image"
-            and len(parts) == 3
-            and parts[1] in app.items
-            and parts[2] in ("cxr", "overlay")
-        ):
-            item = app.items[parts[1]]
-            rel = item["cxr"] if parts[2] == "cxr" else item["overlay"]
-            if rel is None:
-                self._error(HTTPStatus.NOT_FOUND, "this case has no mask")
-                return
-            path = FsPath(rel) if parts[2] == "cxr" else app.root / rel
-            try:
-                body = path.read_bytes()
-            except OSError as e:
-                self._error(HTTPStatus.NOT_FOUND, f"cannot read {path}: {e.strerror}")
-                return
-            ctype = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
-            self._send(HTTPStatus.OK, body, ctype, cache=True)
-        elif parts == ["favicon.ico"]:
-            self._send(HTTPStatus.NO_CONTENT, b"", "image/x-icon")
-        else:
-            self._error(HTTPStatus.NOT_FOUND, "not found")
+        if len(parts) >= 2 and parts[0] == "annotate":
+            return parts[1], parts[2:]
+        return None, parts
+
+    def _guarded(self, handler: Any) -> None:
+        """Run a route; a RequestError becomes its 4xx answer, anything else a 500 (never a dropped
+        connection)."""
+        try:
+            if self._host_ok():
+                handler()
+        except RequestError as e:
+            self._error(e.status, str(e), e.field)
+        except (ConnectionError, TimeoutError):
+            self.close_connection = True
+        except Exception as e:  # a bug: answer, keep serving
+            self.close_connection = True
+            self._error(HTTPStatus.INTERNAL_SERVER_ERROR, f"{type(e).__name__}: {e}")
+
+    def do_GET(self) -> None:
+        self._guarded(self._get)
 
     do_HEAD = do_GET
 
     def do_POST(self) -> None:
-        if not self._host_ok():
-            return
+        self._guarded(self._post)
+
+    def _get(self) -> None:
         app = self.server.app
-        parts = [unquote(p) for p in urlsplit(self.path).path.split("/") if p]
-        if not (
-            len(parts) == 3 and parts[0] == "api" and parts[1] in app.annotators and parts[2] == "decision"
-        ):
-            self._error(HTTPStatus.NOT_FOUND, "not found")
+        annotator, rest = self._route()
+        if annotator is None:
+            if not rest:
+                self._send(HTTPStatus.OK, app.index_html(), "text/html; charset=utf-8")
+            elif rest[0] == "static" and len(rest) == 2 and rest[1] in app.static:
+                ctype = {"js": "text/javascript", "css": "text/css", "html": "text/html"}[
+                    rest[1].rsplit(".", 1)[1]
+                ]
+                self._send(HTTPStatus.OK, app.static[rest[1]], f"{ctype}; charset=utf-8")
+            elif rest == ["favicon.ico"]:
+                self._send(HTTPStatus.NO_CONTENT, b"", "image/x-icon")
+            else:
+                raise RequestError(HTTPStatus.NOT_FOUND, "not found")
             return
-        annotator = parts[1]
+        token = parse_qs(urlsplit(self.path).query).get("token", [None])[0]
+        if token is not None and not rest:  # the link: token -> cookie, then the page without it
+            if not app.access.check(annotator, token):
+                raise RequestError(HTTPStatus.UNAUTHORIZED, "this link's token is not valid")
+            self._send(
+                HTTPStatus.SEE_OTHER,
+                b"",
+                "text/plain",
+                headers={
+                    "Location": f"{annotator_path(annotator)}/",
+                    "Set-Cookie": set_cookie(annotator, token),
+                },
+            )
+            return
+        if not self._authorized(annotator):
+            raise RequestError(
+                HTTPStatus.UNAUTHORIZED,
+                "not signed in: open your annotator link (printed when chexpercept review started)",
+            )
+        if not rest and not urlsplit(self.path).path.endswith("/"):
+            self._send(
+                HTTPStatus.SEE_OTHER, b"", "text/plain", headers={"Location": f"{annotator_path(annotator)}/"}
+            )
+        elif not rest:
+            self._send(HTTPStatus.OK, app.static["review.html"], "text/html; charset=utf-8")
+        elif rest == ["api", "cases"]:
+            self._json(HTTPStatus.OK, app.cases(annotator))
+        elif len(rest) == 3 and rest[0] == "image" and rest[2] in ("cxr", "overlay"):
+            body, ctype = app.image(annotator, rest[1], rest[2])
+            self._send(HTTPStatus.OK, body, ctype, cache=True)
+        else:
+            raise RequestError(HTTPStatus.NOT_FOUND, "not found")
+
+    def _body(self) -> bytes:
+        """The request body, within MAX_BODY (RequestError otherwise, after reading what was sent
+        when that is small enough, so that the client sees the answer)."""
+        if self.headers.get("Transfer-Encoding"):
+            self.close_connection = True
+            raise RequestError(HTTPStatus.LENGTH_REQUIRED, "send the decision with a Content-Length")
         try:
-            length = int(self.headers.get("Content-Length") or 0)
+            length = int(self.headers.get("Content-Length") or "")
         except ValueError:
-            length = -1
-        if not 0 < length <= MAX_BODY:
-            self._error(HTTPStatus.BAD_REQUEST, "a decision is a JSON body of at most 64 KiB")
-            return
-        try:
-            body = json.loads(self.rfile.read(length))
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            self._error(HTTPStatus.BAD_REQUEST, "not JSON")
-            return
-        key_id = body.get("key_id") if isinstance(body, dict) else None
-        if key_id not in app.items or annotator not in app.items[key_id]["annotators"]:
-            self._error(HTTPStatus.BAD_REQUEST, f"case {key_id!r} is not assigned to annotator {annotator}")
-            return
-        extra = {}
-        if isinstance(body.get("client_id"), str):
-            extra["client_id"] = body["client_id"][:80]
+            self.close_connection = True
+            raise RequestError(HTTPStatus.LENGTH_REQUIRED, "a decision needs a Content-Length") from None
+        if length < 0:
+            self.close_connection = True
+            raise RequestError(HTTPStatus.BAD_REQUEST, "negative Content-Length")
+        if length > MAX_BODY:
+            self.close_connection = True
+            if length <= 16 * MAX_BODY:
+                self.rfile.read(length)
+            raise RequestError(
+                HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+                f"a decision is at most {MAX_BODY // 1024} KiB, this one is {length:,} bytes (nothing was saved)",
+            )
+        body = self.rfile.read(length)
+        if len(body) < length:
+            self.close_connection = True
+            raise RequestError(HTTPStatus.BAD_REQUEST, "the body ended early")
+        return body
+
+    def _post(self) -> None:
+        app = self.server.app
+        annotator, rest = self._route()
+        body = self._body()  # read first: an answer before the body is read would reset the connection
+        if annotator is None or rest != ["api", "decision"]:
+            raise RequestError(HTTPStatus.NOT_FOUND, "not found")
+        origin = self.headers.get("Origin")
+        port = self.server.server_address[1]
+        if origin is not None and origin not in (f"http://{LOOPBACK}:{port}", f"http://localhost:{port}"):
+            raise RequestError(HTTPStatus.FORBIDDEN, f"requests from {origin} are refused")
+        if not self._authorized(annotator):
+            raise RequestError(
+                HTTPStatus.UNAUTHORIZED,
+                "not signed in: open your annotator link again (the decision is kept by the page)",
+            )
+        ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
+        if ctype != "application/json":
+            raise RequestError(HTTPStatus.UNSUPPORTED_MEDIA_TYPE, "a decision is sent as application/json")
+        fields = parse_decision(body)
+        key_id = fields.pop("key_id")
+        if key_id not in app.assigned_keys[annotator]:
+            raise RequestError(
+                HTTPStatus.FORBIDDEN, f"case {key_id!r} is not assigned to annotator {annotator}", "key_id"
+            )
         try:
             record = app.stores[annotator].append(
-                key_id, body.get("decision"), str(body.get("note") or "")[:10000], **extra
+                key_id, fields.pop("decision"), fields.pop("note"), **fields
             )
         except StoreError as e:
-            self._error(HTTPStatus.BAD_REQUEST, str(e))
-            return
+            raise RequestError(HTTPStatus.BAD_REQUEST, str(e)) from e
         except OSError as e:  # disk full, permissions: the page keeps the decision and retries
-            self._error(HTTPStatus.SERVICE_UNAVAILABLE, f"could not save: {e.strerror}")
-            return
+            raise RequestError(HTTPStatus.SERVICE_UNAVAILABLE, f"could not save: {e.strerror}") from e
         self._json(HTTPStatus.OK, {"ok": True, "record": record})
 
 
 class _Server(ThreadingHTTPServer):
+    """A thread per connection, at most ``max_connections`` at once, each with a timeout."""
+
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = 128  # the listen backlog: a burst of connections is accepted, then answered
 
-    def __init__(self, address: tuple[str, int], app: ReviewApp):
+    def __init__(
+        self,
+        address: tuple[str, int],
+        app: ReviewApp,
+        *,
+        connection_timeout: float = CONNECTION_TIMEOUT,
+        max_connections: int = MAX_CONNECTIONS,
+    ):
         self.app = app
+        self.connection_timeout = connection_timeout
+        self.slots = threading.BoundedSemaphore(max_connections)
+        self.open_connections: set[socket.socket] = set()
+        self._open_lock = threading.Lock()
         super().__init__(address, _Handler)
 
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self.slots.acquire(blocking=False):
+            _refuse_busy(request)
+            self.shutdown_request(request)
+            return
+        with self._open_lock:
+            self.open_connections.add(request)
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._forget(request)
+            raise
 
-def make_server(review_dir: str | FsPath, host: str = LOOPBACK, port: int = 8765) -> _Server:
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._forget(request)
+
+    def _forget(self, request: socket.socket) -> None:
+        with self._open_lock:
+            if request in self.open_connections:
+                self.open_connections.discard(request)
+                self.slots.release()
+
+    def server_close(self) -> None:
+        """Stop listening and close every open connection (kept-alive ones too), as an exit would."""
+        super().server_close()
+        with self._open_lock:
+            connections = list(self.open_connections)
+        for request in connections:
+            with contextlib.suppress(OSError):
+                request.shutdown(socket.SHUT_RDWR)
+
+
+def _refuse_busy(request: socket.socket) -> None:
+    body = b'{"ok": false, "error": "the review server is busy (too many connections); try again"}'
+    head = (
+        "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nRetry-After: 2\r\nConnection: close\r\n\r\n"
+    ).encode()
+    with contextlib.suppress(OSError):
+        request.settimeout(1.0)
+        request.sendall(head + body)
+
+
+def make_server(
+    review_dir: str | FsPath,
+    host: str = LOOPBACK,
+    port: int = 8765,
+    *,
+    connection_timeout: float = CONNECTION_TIMEOUT,
+    max_connections: int = MAX_CONNECTIONS,
+) -> _Server:
     """A bound (not yet serving) server; port 0 picks a free port (``server.server_address[1]``)."""
     check_host(host)
     app = ReviewApp(review_dir)
     try:
-        return _Server((host, port), app)
+        return _Server(
+            (host, port), app, connection_timeout=connection_timeout, max_connections=max_connections
+        )
     except OSError as e:
         raise ReviewServerError(f"cannot listen on {host}:{port}: {e.strerror} (try another --port)") from e
 
 
-def serve_in_thread(review_dir: str | FsPath, port: int = 0) -> tuple[_Server, threading.Thread]:
-    """For tests and notebooks: serve in a background thread; call ``server.shutdown()`` to stop."""
-    server = make_server(review_dir, LOOPBACK, port)
+def serve_in_thread(
+    review_dir: str | FsPath, port: int = 0, **kwargs: Any
+) -> tuple[_Server, threading.Thread]:
+    """For tests and notebooks: serve in a background thread; call ``server.shutdown()`` to stop.
+    ``server.app.access.link(base, annotator)`` gives an annotator's link."""
+    server = make_server(review_dir, LOOPBACK, port, **kwargs)
     thread = threading.Thread(target=server.serve_forever, name="chexpercept-review", daemon=True)
     thread.start()
     return server, thread

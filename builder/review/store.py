@@ -3,7 +3,9 @@
 Each decision is one line written with a single ``write`` on an ``O_APPEND`` descriptor and ``fsync``ed
 before the server answers, so an acknowledged decision survives a crash or a power cut. Annotators
 never share a file; within a file, a lock (a thread lock plus ``flock`` on ``<A>.jsonl.lock``) keeps
-two tabs of the same annotator from interleaving. The last decision per case wins on export.
+two tabs of the same annotator from interleaving. The last decision per case wins on export. A
+decision the page sends again (its answer was lost in a restart) carries the same ``client_id`` and is
+not written twice, so a resent older decision never overrides a newer one.
 
 A crash in the middle of a write can leave a torn last line (no newline). Opening the store repairs
 it: the fragment moves to ``<A>.jsonl.torn`` (kept, never silently dropped) and the file is cut back to
@@ -93,6 +95,9 @@ class DecisionStore:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = _thread_lock(self.path)
         self.repaired: bytes | None = None
+        #: client_id -> stored record, for the bytes of the file read so far (see _known)
+        self._by_client: dict[str, dict[str, Any]] = {}
+        self._read_to = 0
         with self._locked():
             self._repair()
 
@@ -149,8 +154,30 @@ class DecisionStore:
     def latest(self) -> dict[str, dict[str, Any]]:
         return latest(self.records())
 
+    def _known(self, client_id: str) -> dict[str, Any] | None:
+        """The stored record with this client_id, if any (call with the lock held; reads only what
+        was appended since the last call, by any process)."""
+        size = self.path.stat().st_size if self.path.exists() else 0
+        if size < self._read_to:  # cut back by a repair: read again
+            self._by_client, self._read_to = {}, 0
+        if size > self._read_to:
+            with open(self.path, "rb") as f:
+                f.seek(self._read_to)
+                data = f.read(size - self._read_to)
+            end = data.rfind(b"\n") + 1
+            for line in data[:end].split(b"\n"):
+                try:
+                    record = json.loads(line) if line.strip() else None
+                except json.JSONDecodeError:
+                    continue  # read_decisions names it; dedup only needs the good lines
+                if isinstance(record, dict) and isinstance(record.get("client_id"), str):
+                    self._by_client[record["client_id"]] = record
+            self._read_to += end
+        return self._by_client.get(client_id)
+
     def append(self, key_id: str, decision: str, note: str = "", **extra: Any) -> dict[str, Any]:
-        """Write one decision durably (fsync) and return the stored record."""
+        """Write one decision durably (fsync) and return the stored record; a decision whose
+        ``client_id`` is already stored is not written again (its stored record is returned)."""
         if decision not in DECISIONS:
             raise StoreError(f"decision must be one of {', '.join(DECISIONS)}, got {decision!r}")
         if not isinstance(key_id, str) or not key_id:
@@ -164,8 +191,13 @@ class DecisionStore:
             **extra,
         }
         line = (json.dumps(record, ensure_ascii=False, sort_keys=True) + "\n").encode("utf-8")
+        client_id = extra.get("client_id")
         with self._locked():
             self._repair()  # a torn line left by another process that crashed
+            if isinstance(client_id, str) and client_id:
+                known = self._known(client_id)
+                if known is not None:
+                    return known
             new = not self.path.exists()
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
             try:

@@ -39,14 +39,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import contextlib
 import datetime
 import email.utils
 import ipaddress
 import json
 import math
-import mimetypes
 import os
 import queue
 import random
@@ -58,6 +56,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
+
+from chexpercept.containment import ContainmentError, image_data_url
 
 from ..inflight import OK, OTHER, THROTTLED, AdaptiveLimit
 from ..occupancy import InFlightClock, WorkLedger, ratio, schedule_record
@@ -361,11 +361,8 @@ class OpenAIBackend:
     # ------------------------------------------------------------------ payload
     def data_url(self, relative: str) -> str:
         url = self._data_urls.get(relative)
-        if url is None:
-            mime = mimetypes.guess_type(relative)[0] or "image/png"
-            with open(os.path.join(self.root, relative), "rb") as f:
-                url = f"data:{mime};base64," + base64.b64encode(f.read()).decode("ascii")
-            self._data_urls[relative] = url
+        if url is None:  # contained in the bundle, a PNG or JPEG, its MIME type from its bytes
+            url = self._data_urls[relative] = image_data_url(self.root, relative)
         return url
 
     def build_payload(self, request: Request) -> dict[str, Any]:
@@ -398,8 +395,12 @@ class OpenAIBackend:
         if self._loop is None:
             self._loop = _LoopThread()
         for request in requests:
-            body = json.dumps(self.build_payload(request)).encode("utf-8")
             self._outstanding += 1
+            try:
+                body = json.dumps(self.build_payload(request)).encode("utf-8")
+            except (ContainmentError, OSError) as e:  # an image changed after validation: this case only
+                self._done.put((request, _failed(f"image not sent: {e}")))
+                continue
             self._loop.start(self._answer(request, body))
 
     def completed(self) -> list[Completion]:

@@ -36,8 +36,9 @@ import hashlib
 import math
 import os
 from collections.abc import Callable, Sequence
-from pathlib import Path as FsPath
 from typing import Any
+
+from chexpercept.containment import image_file
 
 from ..occupancy import WorkLedger, ratio, schedule_record
 from ..preflight import ContextLimits, model_context_length
@@ -404,14 +405,15 @@ class VLLMBackend:
         self.max_num_seqs = getattr(config, "max_num_seqs", None)
 
     def image_url(self, relative: str) -> str:
-        return FsPath(self.root, relative).as_uri()
+        """file:// URL of the image, resolved inside the bundle and checked to be a PNG or JPEG."""
+        return image_file(self.root, relative).as_uri()
 
     def image_uuid(self, relative: str) -> str:
         """A stable id for an image: the SHA-256 of the file (computed once per run)."""
         uuid = self._uuids.get(relative)
         if uuid is None:
             digest = hashlib.sha256()
-            with open(os.path.join(self.root, relative), "rb") as f:
+            with open(image_file(self.root, relative), "rb") as f:
                 for block in iter(lambda: f.read(1 << 20), b""):
                     digest.update(block)
             uuid = self._uuids[relative] = "sha256:" + digest.hexdigest()

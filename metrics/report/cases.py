@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 
 from chexpercept.bundle import Bundle
 from chexpercept.case import Case
+from chexpercept.containment import Tree, image_file, output_path
 from chexpercept.results import CaseResult
 from chexpercept.vocab import LESIONS, PATHS, STAGE_NAMES, TASK_STAGE
 
@@ -79,21 +80,27 @@ def _js_call(fn: str, *args: Any) -> str:
 
 
 class _ImageLinker:
-    """Turns bundle-relative image paths into what the page's <img> and <a> point at."""
+    """Turns bundle-relative image paths into what the page's <img> and <a> point at.
+
+    Every path must resolve inside the bundle (links followed) and every copy must land under the
+    report folder (chexpercept.containment): ContainmentError otherwise; a copied file must be a PNG
+    or JPEG."""
 
     def __init__(self, bundle_root: FsPath | None, out: FsPath, embed: bool):
         self.root, self.out, self.embed = bundle_root, out, embed
+        self.tree = Tree(bundle_root) if bundle_root is not None else None
         self.copied = 0
 
     def __call__(self, rel: str) -> dict[str, Any]:
-        if self.root is None:
+        if self.tree is None:
             return {"name": rel, "src": None}
-        source = self.root / rel
+        source = self.tree.resolve(rel, what="bundle image")
         if not self.embed:
-            return {"name": rel, "src": source.resolve().as_uri() if source.exists() else None}
+            return {"name": rel, "src": source.as_uri() if source.exists() else None}
         if not source.exists():
             return {"name": rel, "src": None}
-        target = self.out / IMAGES_DIR / rel
+        source = image_file(self.tree, rel, what="bundle image")
+        target = output_path(self.out, f"{IMAGES_DIR}/{rel}", what="copied image")
         if not target.exists():
             target.parent.mkdir(parents=True, exist_ok=True)
             try:

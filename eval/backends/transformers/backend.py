@@ -35,6 +35,7 @@ import numpy as np
 from PIL import Image
 
 from chexpercept.case import Case
+from chexpercept.containment import ContainmentError, open_image
 
 from ...conversation import Conversation
 from ...preflight import ContextLimits, model_context_length
@@ -423,10 +424,10 @@ class TransformersBackend(BatchBackend):
     # ------------------------------------------------------------------ requests
     def _decode(self, relative: str) -> Image.Image:
         path = os.path.join(self.root, relative)
-        try:
-            with Image.open(path) as f:
+        try:  # inside the bundle and a PNG or JPEG (chexpercept.containment), then decoded
+            with open_image(self.root, relative) as f:
                 return f.convert("RGB")
-        except OSError as e:  # missing, truncated or not an image: name the file (its folder is the case)
+        except (OSError, ContainmentError) as e:  # missing, truncated, refused: name the file (and case)
             raise BackendError(
                 f"cannot decode image {path}: {e} (validate the bundle with --check-images full)"
             ) from e
