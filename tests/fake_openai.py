@@ -147,6 +147,7 @@ class FakeServer:
                 if isinstance(action, dict) and "raw" in action:  # bytes as they are, e.g. cut off
                     data = action["raw"]
                     headers = {"Content-Type": action.get("content_type", "application/json")}
+                    headers.update(action.get("headers", {}))
                     length = action.get("content_length", len(data))
                     if length is not None:  # None: a close-delimited body (HTTP/1.0, no length)
                         headers["Content-Length"] = str(length)
