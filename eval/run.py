@@ -15,7 +15,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path as FsPath
 from typing import Any
 
@@ -104,7 +104,13 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     )
     add_revision_option(g)  # Hub (chexpercept.eval.hub)
     g.add_argument(
-        "--oracle", choices=ORACLE_SETTINGS, default="implicit", help="oracle setting (default: implicit)"
+        "--oracle",
+        nargs="+",
+        choices=ORACLE_SETTINGS,
+        default=["implicit"],
+        metavar="SETTING",
+        help="oracle setting(s): none, implicit, explicit; several run in turn on one engine, each in its "
+        "own folder (default: implicit)",
     )
     g.add_argument(
         "--parse-mode",
@@ -320,7 +326,23 @@ def _selected_cases(
     return bundle, lesions, paths, cases
 
 
+@dataclass
+class _OracleRun:
+    """One oracle setting of the command: its run folder, settings and run.json header; what the
+    main process found there (``outcome``); this session's counts (``session``)."""
+
+    oracle: str
+    folder: RunStore
+    settings: dict[str, Any]
+    header: RunMetadata
+    outcome: dict[str, Any] = field(default_factory=dict)
+    session: Session | None = None
+    remaining: list[Case] = field(default_factory=list)
+    mine: list[Case] = field(default_factory=list)
+
+
 def execute(args: argparse.Namespace, dist: Distributed, children: ChildProcesses) -> int:
+    """The command: every oracle setting asked for, in turn, on one backend (one engine start)."""
     # arguments first: a wrong one fails before the bundle's images are checked
     spec, backend, sampling, chat_kwargs, batch_size = _backend_for(args, dist)
     check_release_dir(args.data_dir)  # a wrong --data-dir fails before any download
@@ -331,39 +353,23 @@ def execute(args: argparse.Namespace, dist: Distributed, children: ChildProcesse
     if load_spec is not spec:
         backend = make_backend(load_spec, args, sampling, chat_kwargs)
     bundle, lesions, paths, cases = _selected_cases(args)
-    folder = RunStore(FsPath(args.output_dir) / (args.run_name or spec.name) / f"oracle_{args.oracle}")
-    settings = {
-        "model_id": spec.model_id,
-        "backend": spec.backend,
-        "oracle": args.oracle,
-        "parse_mode": args.parse_mode,
-        "sampling": sampling.as_dict(),
-        "seed": args.seed,
-        "chat_template_kwargs": chat_kwargs,
-        "bundle_fingerprint": bundle.fingerprint(),
-    }
     header = RunMetadata(
         model=spec.name,
         display_name=spec.display or spec.name,
-        model_id=settings["model_id"],
-        backend=settings["backend"],
-        oracle=settings["oracle"],
-        parse_mode=settings["parse_mode"],
-        sampling=SamplingInfo(**settings["sampling"]),
-        seed=settings["seed"],
-        chat_template_kwargs=settings["chat_template_kwargs"],
+        model_id=spec.model_id,
+        backend=spec.backend,
+        parse_mode=args.parse_mode,
+        sampling=SamplingInfo(**sampling.as_dict()),
+        seed=args.seed,
+        chat_template_kwargs=chat_kwargs,
         bundle=BundleInfo(
             path=str(bundle.root),
-            fingerprint=settings["bundle_fingerprint"],
+            fingerprint=bundle.fingerprint(),
             synthetic=bundle.synthetic,
             n_cases=len(bundle.cases),
         ),
         selection=Selection(
-            lesions=lesions,
-            paths=paths,
-            per_cell=args.per_cell,
-            limit=args.limit,
-            n_selected=len(cases),
+            lesions=lesions, paths=paths, per_cell=args.per_cell, limit=args.limit, n_selected=len(cases)
         ),
         weights=weights.record() if weights is not None else None,  # Hub: revision and commit
         batch_size=batch_size,
@@ -373,109 +379,82 @@ def execute(args: argparse.Namespace, dist: Distributed, children: ChildProcesse
         command=sys.argv,
         started=now(),
     )
-
-    # 1. the main process takes the folder (or, read-only, checks a finished run); everyone learns
-    # whether it could
-    outcome: dict[str, Any] = {}
-    error: Exception | None = None
-    if dist.is_main:
-        try:
-            outcome = _prepare_folder(folder, settings, header)
-        except OSError as e:
-            if e.errno not in READ_ONLY:
-                raise
-            outcome = {"ok": False, "status": recheck_read_only(folder, settings, cases, e, args, spec)}
-        except (*EXPECTED_ERRORS, ForeignRecordError) as e:
-            error = e
-            outcome = {"ok": False, "error": str(e)}
-    outcome = dist.broadcast(outcome)
-    if not outcome["ok"]:
-        if error is not None:
-            raise error
-        return int(outcome.get("status", 2))
-    session = Session(
-        folder=folder.path,
-        results=folder.results,
-        selected=len(cases),
-        prefix=f"process {dist.index} of {dist.count}: " if dist.count > 1 else "",
-    )
+    runs = [_plan(args, spec, sampling, chat_kwargs, header, oracle) for oracle in oracles_of(args)]
     try:
-        return _run_locked(args, dist, spec, bundle, cases, backend, batch_size, folder, outcome, session)
-    except RunInterrupted as e:
-        if dist.is_main or session.finished_now:
-            say_end(session, f"stopped by {e.name}", "rerun the same command to resume")
-        return e.exit_status
-    except ConversationFailed as e:
-        say_end(
-            session,
-            f"error: {e} (--on-error stop; {e.live} other live conversation(s) were not finished)",
-            "rerun the same command to resume, or pass --on-error record to leave the cases whose "
-            "requests fail unfinished and go on with the others",
-        )
-        return 2
-    except BackendError as e:
-        signum = received()
-        if signum is not None:  # the engine died of the same signal (Ctrl-C reaches it too)
-            stop = RunInterrupted(signum)
-            say_end(session, f"stopped by {stop.name}", "rerun the same command to resume")
-            return stop.exit_status
-        say_end(session, f"error: {e}", "rerun the same command to resume")
-        return 2
-    except OSError as e:
-        if e.errno is None:  # not the system's (e.g. PIL's UnidentifiedImageError)
-            say_end(
-                session, f"error: {type(e).__name__}: {e}", "fix it, then rerun the same command to resume"
-            )
-        else:
-            what, advice = os_error_text(e, folder.path)
-            say_end(session, f"error: {what}", advice)
-        return 2
-    except (*EXPECTED_ERRORS, ForeignRecordError) as e:
-        say_end(session, f"error: {e}", "fix it, then rerun the same command to resume")
-        return 2
-    except Exception as e:
-        say_bug(session, e)
-        return 1
+        status = _take_folders(runs, args, dist, spec, cases)
+        if status is not None:
+            return status
+        return _run_all(args, dist, spec, bundle, cases, backend, batch_size, runs)
     finally:
         if dist.is_main:
-            folder.lock.release()
+            for run in runs:
+                run.folder.lock.release()
         children.stop()
 
 
-def recheck_read_only(
-    folder: RunStore,
-    settings: dict[str, Any],
-    cases: list[Case],
-    error: OSError,
+def oracles_of(args: argparse.Namespace) -> list[str]:
+    """The oracle settings asked for, each once, in the order given."""
+    given = args.oracle if isinstance(args.oracle, list) else [args.oracle]
+    return list(dict.fromkeys(given))
+
+
+def _plan(
     args: argparse.Namespace,
     spec: ModelSpec,
-) -> int:
-    """A folder that cannot be written: a finished run with these settings is checked without
-    writing (and scored); anything else is one line saying why it cannot go on."""
-    what, advice = os_error_text(error, folder.path)
-    if not folder.run_json.is_file():
-        say_end(None, f"error: {what}", advice)
-        return 2
-    folder.check_settings(settings)  # reads only; names any difference
-    records = read_records(folder.results, run_identity(settings))
-    missing = [c.key_id for c in cases if c.key_id not in records]
-    if missing:
-        say_end(
-            None,
-            f"error: {what}; {len(missing)} of the {len(cases)} selected cases are not done (e.g. {missing[0]})",
-            advice,
-        )
-        return 2
-    print(
-        f"{len(cases)} cases of {spec.name} (oracle {args.oracle}) in {folder.path}: the run is complete "
-        "(checked read-only: nothing was written)"
-    )
-    if not args.no_score:
-        print_scores(folder.path.parent, spec.display or spec.name, args.parse_mode)
-    return 0
+    sampling: Sampling,
+    chat_kwargs: dict[str, Any],
+    header: RunMetadata,
+    oracle: str,
+) -> _OracleRun:
+    folder = RunStore(FsPath(args.output_dir) / (args.run_name or spec.name) / f"oracle_{oracle}")
+    settings = {
+        "model_id": spec.model_id,
+        "backend": spec.backend,
+        "oracle": oracle,
+        "parse_mode": args.parse_mode,
+        "sampling": sampling.as_dict(),
+        "seed": args.seed,
+        "chat_template_kwargs": chat_kwargs,
+        "bundle_fingerprint": header.bundle.fingerprint if header.bundle else None,
+    }
+    return _OracleRun(oracle, folder, settings, replace(header, oracle=oracle))
 
 
-def _run_locked(
+def _take_folders(
+    runs: list[_OracleRun], args: argparse.Namespace, dist: Distributed, spec: ModelSpec, cases: list[Case]
+) -> int | None:
+    """1. The main process takes every setting's folder (or, read-only, checks a finished run);
+    everyone learns whether it could. Returns the exit status when the command ends here."""
+    outcomes: list[dict[str, Any]] = []
+    error: Exception | None = None
+    if dist.is_main:
+        for run in runs:
+            try:
+                outcome = _prepare_folder(run.folder, run.settings, run.header)
+            except OSError as e:
+                if e.errno not in READ_ONLY:
+                    raise
+                status = recheck_read_only(run, cases, e, args, spec)
+                outcome = {"ok": False, "status": status}
+            except (*EXPECTED_ERRORS, ForeignRecordError) as e:
+                error, outcome = e, {"ok": False, "status": 2, "error": str(e)}
+            outcomes.append(outcome)
+            if not outcome["ok"] and outcome["status"] != 0:
+                break
+    outcomes = dist.broadcast(outcomes)
+    for run, outcome in zip(runs, outcomes):
+        run.outcome = outcome
+    failed = [o for o in outcomes if not o["ok"] and o["status"] != 0]
+    if failed or len(outcomes) < len(runs):
+        if error is not None:
+            raise error
+        return int(failed[0]["status"]) if failed else 2
+    if not any(o["ok"] for o in outcomes):
+        return 0  # every setting was complete (checked read-only)
+    return None
+
+
+def _run_all(
     args: argparse.Namespace,
     dist: Distributed,
     spec: ModelSpec,
@@ -483,12 +462,16 @@ def _run_locked(
     cases: list[Case],
     backend: Backend,
     batch_size: int,
-    folder: RunStore,
-    outcome: dict[str, Any],
-    session: Session,
+    runs: list[_OracleRun],
 ) -> int:
-    remaining, mine = _shares(dist, cases, folder, outcome)
-    session.remaining = len(remaining)
+    """2. preflight for every setting, 3. the conversations of each setting in turn on one backend,
+    4. each setting signed off; the exit status (the worst of the settings')."""
+    todo = [run for run in runs if run.outcome.get("ok")]
+    prefix = f"process {dist.index} of {dist.count}: " if dist.count > 1 else ""
+    for run in todo:
+        run.session = Session(run.folder.path, run.folder.results, selected=len(cases), prefix=prefix)
+        run.remaining, run.mine = _shares(dist, cases, run.folder, run.outcome)
+        run.session.remaining = len(run.remaining)
     context = RunContext(
         root=bundle.root,
         cases=cases,
@@ -498,44 +481,138 @@ def _run_locked(
         local_process_index=dist.local_index,
         local_num_processes=dist.local_count,
     )
-    # 2. before any engine loads: does every conversation left fit the engine's limits?
-    verdict = _preflight(args, spec, backend, context, remaining, bundle) if dist.is_main else ""
-    verdict = dist.broadcast(verdict)
-    if verdict:
-        raise ValueError(verdict)
-    stats, progress = EngineStats(), None
+    current: _OracleRun | None = None
+    statuses: list[int] = []
     try:
-        enabled = dist.is_main and progress_enabled(args)
-        if mine:
-            backend.setup(context)
-        progress = _Progress(folder.results, len(remaining), enabled, outcome["results_size"])
-        if mine:
-            stats = _converse(args, spec, backend, batch_size, folder, mine, progress, session, outcome)
+        # before any engine loads: does every conversation left fit the engine's limits?
+        for run in todo:
+            verdict = _preflight(args, spec, backend, context, run) if dist.is_main else ""
+            verdict = dist.broadcast(verdict)
+            if verdict:
+                raise ValueError(verdict)
+        ready = False
+        for run in todo:
+            current = run
+            if run.mine and not ready:
+                backend.setup(context)
+                ready = True
+            statuses.append(_run_one(args, dist, spec, bundle, cases, backend, batch_size, run))
+    except RunInterrupted as e:
+        if dist.is_main or (current and current.session and current.session.finished_now):
+            say_end(_session(current), f"stopped by {e.name}", "rerun the same command to resume")
+        return e.exit_status
+    except ConversationFailed as e:
+        say_end(
+            _session(current),
+            f"error: {e} (--on-error stop; {e.live} other live conversation(s) were not finished)",
+            "rerun the same command to resume, or pass --on-error record to leave the cases whose "
+            "requests fail unfinished and go on with the others",
+        )
+        return 2
+    except BackendError as e:
+        signum = received()
+        if signum is not None:  # the engine died of the same signal (Ctrl-C reaches it too)
+            stop = RunInterrupted(signum)
+            say_end(_session(current), f"stopped by {stop.name}", "rerun the same command to resume")
+            return stop.exit_status
+        say_end(_session(current), f"error: {e}", "rerun the same command to resume")
+        return 2
+    except OSError as e:
+        if e.errno is None:  # not the system's (e.g. PIL's UnidentifiedImageError)
+            say_end(
+                _session(current),
+                f"error: {type(e).__name__}: {e}",
+                "fix it, then rerun the same command to resume",
+            )
+        else:
+            what, advice = os_error_text(e, (current or todo[0]).folder.path)
+            say_end(_session(current), f"error: {what}", advice)
+        return 2
+    except (*EXPECTED_ERRORS, ForeignRecordError) as e:
+        say_end(_session(current), f"error: {e}", "fix it, then rerun the same command to resume")
+        return 2
+    except Exception as e:
+        say_bug(_session(current), e)
+        return 1
     finally:
         backend.close()
-    # 3. the main process checks that every selected case is there once, orders the file, signs off
-    dist.barrier()
-    if progress is not None:
+    if dist.is_main and not args.no_score:
+        print_scores(runs[0].folder.path.parent, spec.display or spec.name, args.parse_mode)
+    return max(statuses, default=0)
+
+
+def _session(run: _OracleRun | None) -> Session | None:
+    return run.session if run is not None else None
+
+
+def recheck_read_only(
+    run: _OracleRun, cases: list[Case], error: OSError, args: argparse.Namespace, spec: ModelSpec
+) -> int:
+    """A folder that cannot be written: a finished run with these settings is checked without
+    writing (0); anything else is one line saying why it cannot go on (2)."""
+    folder = run.folder
+    what, advice = os_error_text(error, folder.path)
+    if not folder.run_json.is_file():
+        say_end(None, f"error: {what}", advice)
+        return 2
+    folder.check_settings(run.settings)  # reads only; names any difference
+    records = read_records(folder.results, run_identity(run.settings))
+    missing = [c.key_id for c in cases if c.key_id not in records]
+    if missing:
+        say_end(
+            None,
+            f"error: {what}; {len(missing)} of the {len(cases)} selected cases are not done (e.g. {missing[0]})",
+            advice,
+        )
+        return 2
+    print(
+        f"{len(cases)} cases of {spec.name} (oracle {run.oracle}) in {folder.path}: the run is complete "
+        "(checked read-only: nothing was written)"
+    )
+    if not args.no_score:
+        print_scores(folder.path.parent, spec.display or spec.name, args.parse_mode)
+    return 0
+
+
+def _run_one(
+    args: argparse.Namespace,
+    dist: Distributed,
+    spec: ModelSpec,
+    bundle: Bundle,
+    cases: list[Case],
+    backend: Backend,
+    batch_size: int,
+    run: _OracleRun,
+) -> int:
+    """One oracle setting: this process's share of its conversations, then (main process) every
+    selected case checked there once, the file ordered, run.json signed off."""
+    assert run.session is not None
+    stats, progress = EngineStats(), None
+    enabled = dist.is_main and progress_enabled(args)
+    progress = _Progress(run.folder.results, len(run.remaining), enabled, run.outcome["results_size"])
+    try:
+        if run.mine:
+            new_session = getattr(backend, "new_session", None)
+            if callable(new_session):  # run.json's counts are this setting's
+                new_session()
+            stats = _converse(args, spec, backend, batch_size, run, progress)
+        dist.barrier()
+    finally:
         progress.close()
     if not dist.is_main:
         return 0
-    return _sign_off(args, spec, bundle, cases, backend, folder, outcome, remaining, stats)
+    return _sign_off(args, spec, bundle, cases, backend, run, stats)
 
 
 def _preflight(
-    args: argparse.Namespace,
-    spec: ModelSpec,
-    backend: Backend,
-    context: RunContext,
-    cases: list[Case],
-    bundle: Bundle,
+    args: argparse.Namespace, spec: ModelSpec, backend: Backend, context: RunContext, run: _OracleRun
 ) -> str:
-    """Main process: the preflight report (eval/preflight.py) of the cases left, before the engine
-    loads; returns the reason to stop ("" to go on). Cases that cannot run stop the run under
-    --on-error stop; under record they are reported and fail one by one."""
+    """Main process: the preflight report (eval/preflight.py) of one setting's cases left, before
+    the engine loads; returns the reason to stop ("" to go on). Cases that cannot run stop the run
+    under --on-error stop; under record they are reported and fail one by one."""
     limits_of = getattr(backend, "context_limits", None)
     model_dir = getattr(getattr(backend, "spec", None), "model_id", spec.model_id)  # the local snapshot
-    if not cases or not callable(limits_of) or not FsPath(model_dir).is_dir():
+    if not run.remaining or not callable(limits_of) or not FsPath(model_dir).is_dir():
         return ""
     limits = limits_of(context)
     if limits.max_model_len is None and limits.max_images is None:
@@ -544,21 +621,20 @@ def _preflight(
     from chexpercept.eval.preflight import check_fit
 
     try:
-        counter = ProcessorCounter(bundle.root, spec.model_id, getattr(backend, "chat_template_kwargs", None))
+        counter = ProcessorCounter(context.root, model_dir, getattr(backend, "chat_template_kwargs", None))
     except Exception as e:  # no processor to count with: the engine will say what it refuses
         print(
-            f"note: preflight check skipped (cannot load the processor of {spec.model_id}: {e})",
-            file=sys.stderr,
+            f"note: preflight check skipped (cannot load the processor of {model_dir}: {e})", file=sys.stderr
         )
         return ""
     try:
         report = check_fit(
-            cases, counter, limits, oracle=args.oracle, max_tokens=backend.sampling().max_tokens
+            run.remaining, counter, limits, oracle=run.oracle, max_tokens=backend.sampling().max_tokens
         )
     except Exception as e:  # e.g. an image that no longer decodes: the backend names it when it meets it
         print(f"note: preflight check skipped ({type(e).__name__}: {e})", file=sys.stderr)
         return ""
-    print("\n".join(report.lines()), file=sys.stderr)
+    print(f"oracle {run.oracle}: " + "\n".join(report.lines()), file=sys.stderr)
     if report.cannot and args.on_error == "stop":
         return (
             f"{len(report.cannot)} selected case(s) cannot run within the engine's limits (listed above); "
@@ -594,15 +670,14 @@ def _converse(
     spec: ModelSpec,
     backend: Backend,
     batch_size: int,
-    folder: RunStore,
-    mine: list[Case],
+    run: _OracleRun,
     progress: _Progress,
-    session: Session,
-    outcome: dict[str, Any],
 ) -> EngineStats:
-    """This process's conversations, each finished case appended at once (failed ones apart), each
-    record marked with the run that made it."""
-    identity = run_identity(RunMetadata.from_json(outcome["info"]).settings or {})
+    """This process's conversations of one setting, each finished case appended at once (failed
+    ones apart), each record marked with the run that made it."""
+    identity = run_identity(run.settings)
+    folder, session = run.folder, run.session
+    assert session is not None
 
     def on_finished(results: list[CaseResult]) -> None:
         for r in results:
@@ -620,9 +695,9 @@ def _converse(
             print(f"warning: {f.key_id} ({f.task}) left unfinished: {f.error}", file=sys.stderr)
 
     return run_conversations(
-        admission_order(mine),
+        admission_order(run.mine),
         backend,
-        oracle=args.oracle,
+        oracle=run.oracle,
         parse_mode=args.parse_mode,
         model=spec.model_id,
         batch_size=batch_size,
@@ -638,33 +713,32 @@ def _sign_off(
     bundle: Bundle,
     cases: list[Case],
     backend: Backend,
-    folder: RunStore,
-    outcome: dict[str, Any],
-    remaining: list[Case],
+    run: _OracleRun,
     stats: EngineStats,
 ) -> int:
     """Main process: every selected case there once (or failed), results in bundle order, run.json
-    completed; the exit status, and the model's scores unless --no-score."""
+    completed; the exit status of this setting."""
+    folder = run.folder
     records = read_records(folder.results)
     failed = {f.key_id: f for f in read_failures(folder.failures) if f.key_id not in records}
     missing = [c.key_id for c in cases if c.key_id not in records and c.key_id not in failed]
     if missing:
         raise StoreError(f"{len(missing)} selected case(s) have no result after the run, e.g. {missing[:5]}")
     rewrite_in_order(folder.results, records, {c.key_id: i for i, c in enumerate(bundle.cases)})
-    info = RunMetadata.from_json(outcome["info"], source=str(folder.run_json))
+    info = RunMetadata.from_json(run.outcome["info"], source=str(folder.run_json))
     info.finished = None if failed else now()
     info.unfinished_cases = len(failed)
     info.backend_settings = backend.describe()
     info.n_results = len(records)
     info.last_session = {
-        "cases": len(remaining),
+        "cases": len(run.remaining),
         "model_calls_main_process": stats.requests,
         "rounds_main_process": stats.rounds,  # each time the backend handed back answers
         "most_live_main_process": stats.max_live,
         "seconds_main_process": round(stats.seconds, 3),
     }
     if spec.backend == "openai" and records:
-        info.estimate = usage_estimate(spec, bundle, cases, records, args.oracle, args.parse_mode)
+        info.estimate = usage_estimate(spec, bundle, cases, records, run.oracle, args.parse_mode)
     write_json_atomic(folder.run_json, info.to_json())
     if failed:
         first = next(iter(failed.values()))
@@ -677,14 +751,12 @@ def _sign_off(
         )
         return EXIT_UNFINISHED
     print(
-        f"{len(cases)} cases of {spec.name} (oracle {args.oracle}) in {folder.path} "
-        f"({len(remaining)} run now, {len(cases) - len(remaining)} from before)"
+        f"{len(cases)} cases of {spec.name} (oracle {run.oracle}) in {folder.path} "
+        f"({len(run.remaining)} run now, {len(cases) - len(run.remaining)} from before)"
     )
     occupancy = schedule_line((info.backend_settings or {}).get("schedule"))
     if occupancy:
         print(occupancy)
-    if not args.no_score:
-        print_scores(folder.path.parent, spec.display or spec.name, args.parse_mode)
     return 0
 
 

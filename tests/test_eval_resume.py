@@ -249,3 +249,32 @@ def test_bad_arguments_give_clear_errors(fixture_bundle, tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
     assert run_cli(fixture_bundle, tmp_path, "--lesions", "pneumonia", "--paths", "RR", "--limit", "0") == 2
     assert "--limit" in capsys.readouterr().err
+
+
+def test_several_oracle_settings_in_one_command_equal_separate_runs(fixture_bundle, tmp_path, capsys):
+    together = tmp_path / "together"
+    assert run_cli(fixture_bundle, together, "--oracle", "none", "implicit", "explicit", "--limit", "6") == 0
+    out = capsys.readouterr().out
+    assert (
+        out.count("cases of baseline-random (oracle") == 3
+        and out.count("all numbers: chexpercept score") == 1
+    )
+    for oracle in ("none", "implicit", "explicit"):
+        alone = tmp_path / f"alone-{oracle}"
+        assert run_cli(fixture_bundle, alone, "--oracle", oracle, "--limit", "6", "--no-score") == 0
+        mine, theirs = folder_of(together, oracle=oracle), folder_of(alone, oracle=oracle)
+        assert records_of(mine) == records_of(theirs)
+        info = json.loads((mine / "run.json").read_text())
+        assert info["oracle"] == oracle and info["settings"]["oracle"] == oracle and info["finished"]
+    # a rerun of the same command resumes each setting (all done: nothing asked again)
+    assert run_cli(fixture_bundle, together, "--oracle", "none", "implicit", "explicit", "--limit", "6") == 0
+
+
+def records_of(folder: Path) -> list[dict]:
+    """results.jsonl's records without the timings (usage) that differ from run to run."""
+    out = []
+    for line in (folder / "results.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        record["turns"] = [{k: v for k, v in t.items() if k != "usage"} for t in record["turns"]]
+        out.append(record)
+    return out

@@ -575,6 +575,11 @@ class OpenAIBackend:
     def sampling(self) -> Sampling:
         return self._sampling
 
+    def new_session(self) -> None:
+        """Counts start again (a command running several oracle settings records each one's)."""
+        self.ledger, self.clock, self.served = WorkLedger(), InFlightClock(), {}
+        self.limit = AdaptiveLimit(self.concurrency)
+
     def schedule(self) -> dict[str, Any]:
         """run.json's ``schedule``: the span against the floor at --concurrency, and occupancy."""
         floor = self.ledger.floor(self.concurrency)

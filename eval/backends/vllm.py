@@ -528,6 +528,11 @@ class VLLMBackend:
     def sampling(self) -> Sampling:
         return self._sampling
 
+    def new_session(self) -> None:
+        """Counts start again (a command running several oracle settings records each one's)."""
+        self.iterations, self.ledger = 0, WorkLedger()
+        self._prompt_tokens = self._cached_tokens = 0
+
     def schedule(self) -> dict[str, Any]:
         """run.json's ``schedule``: iterations against the floor for the tokens generated."""
         ledger = self.ledger
