@@ -587,6 +587,7 @@ class EmptyAnswerWarning:
 def print_scores(model_dir: FsPath, name: str, parse_mode: str) -> None:
     """Score every run of this model folder (e.g. oracle_none and oracle_implicit) and print Table 2."""
     from chexpercept.metrics import render_table, score_path
+    from chexpercept.metrics.answer_warnings import warning_lines
 
     report = score_path(model_dir, mode=parse_mode)
     print()
@@ -596,6 +597,8 @@ def print_scores(model_dir: FsPath, name: str, parse_mode: str) -> None:
         print(f"{kind.upper()} from: {where}")
     for note in report.notes:
         print(f"note: {note}", file=sys.stderr)
+    for line in warning_lines(report):
+        print(line, file=sys.stderr)
     print(f"all numbers: chexpercept score {model_dir} --details")
 
 

@@ -17,7 +17,7 @@ from chexpercept.cli_options import add_data_dir_option, add_option, add_parse_m
 from chexpercept.errors import BundleValidationError, ReleaseNotFoundError
 from chexpercept.results import ORACLE_SETTINGS
 
-from .tables import TABLE_IDS
+from .tables import TABLE_IDS, table_choices
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -50,7 +50,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     out.add_argument(
         "--table",
         choices=(*TABLE_IDS, "all"),
-        help="print the paper's table (several PATHs: one row per model)",
+        help="print the paper's table: " + table_choices() + "; all: every one (several PATHs: one row "
+        "per model)",
     )
     out.add_argument("--compare", action="store_true", help="paired comparison of exactly two PATHs")
     parser.add_argument("--format", choices=("markdown", "csv"), default="markdown", help="table format")
@@ -72,6 +73,7 @@ def _names(args: argparse.Namespace) -> list[str | None]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from .answer_warnings import warning_lines
     from .api import score_path
 
     try:
@@ -103,6 +105,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"[{report.name}] {line}", file=sys.stderr)
         for note in report.notes:
             print(f"[{report.name}] note: {note}", file=sys.stderr)
+        for line in warning_lines(report):
+            print(line, file=sys.stderr)
         if args.bootstrap > 0 and not args.compare:
             report.with_intervals(args.bootstrap, seed=args.seed, level=args.level)
     if args.cases and not args.details:

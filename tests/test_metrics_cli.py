@@ -84,8 +84,9 @@ def test_tables_for_several_models(runs, capsys):
     code, out, _ = _score(capsys, runs / "good", runs / "poor", "--table", "2")
     assert code == 0
     lines = out.strip().splitlines()
-    assert lines[0].startswith("**Table 2") and lines[2].startswith("| Model | E2E S1")
-    assert lines[4].startswith("| good | ") and lines[5].startswith("| poor | ")
+    assert lines[0].startswith("**Table 2") and "(+x): OP minus E2E" in lines[2]  # the note
+    assert lines[4].startswith("| Model | E2E S1")
+    assert lines[6].startswith("| good | ") and lines[7].startswith("| poor | ")
     code, out, _ = _score(capsys, runs / "good", runs / "poor", "--table", "8", "--format", "csv")
     rows = list(csv.reader(io.StringIO(out)))
     assert rows[0][:3] == ["Model", "Path", "S1"] and len(rows) == 1 + 2 * 3

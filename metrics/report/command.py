@@ -74,6 +74,8 @@ def run(args: argparse.Namespace) -> int:
     print(result.table2)
     for note in result.notes:
         print(f"note: {note}")
+    for warning in result.warnings:
+        print("\n".join(warning.lines()), file=sys.stderr)
     print(
         f"Report of {len(result.models)} model(s), {len(result.runs)} run(s), {result.cases} cases "
         f"written in {result.seconds:.1f} s to {result.out}/"
