@@ -93,7 +93,7 @@ def test_num_proc_and_streaming(fixture_bundle):
 
 
 def test_load_errors_are_ours(tmp_path):
-    with pytest.raises(ReleaseNotFoundError, match="does not exist"):
+    with pytest.raises(ReleaseNotFoundError, match="no such folder"):
         _load(data_dir=str(tmp_path / "missing"))
     (tmp_path / "empty").mkdir()
     with pytest.raises(ReleaseNotFoundError, match="is empty"):

@@ -119,12 +119,12 @@ def test_compare_two_models(runs, capsys):
     s1 = res["metrics"]["e2e/stage1/all"]
     assert s1["difference"] > 0 and s1["n"] == 21 and 0 < s1["p_value"] <= 1
     code, _, err = _score(capsys, runs / "good", "--compare")
-    assert code == 2 and "exactly two PATHs" in err
+    assert code == 2 and "exactly two models, got 1" in err
 
 
 def test_bad_paths_are_clear_errors(tmp_path, capsys):
     code, _, err = _score(capsys, tmp_path / "missing")
-    assert code == 2 and "does not exist" in err
+    assert code == 2 and "no such file or folder" in err
     (tmp_path / "x").mkdir()
     code, _, err = _score(capsys, tmp_path / "x")
     assert code == 2 and "found no results" in err
