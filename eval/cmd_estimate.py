@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path as FsPath
 from typing import Any
 
@@ -61,14 +61,24 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_option(g, "--output", metavar="FILE", help="write to this file instead of stdout")
 
 
-def _counter(spec: Any, root: FsPath, answer_tokens: int, chat_kwargs: dict[str, Any]) -> Any:
-    from .estimate import ApiCounter, ProcessorCounter
+def _counter(
+    spec: Any,
+    root: FsPath,
+    answer_tokens: int,
+    chat_kwargs: dict[str, Any],
+    sample: Callable[[], list[Any]],
+) -> Any:
+    from .estimate import ApiCounter
     from .pricing import rules_for
 
     if spec.backend == "openai":
         return ApiCounter(root, rules_for(spec.model_id), answer_tokens=answer_tokens)
     try:
-        return ProcessorCounter(root, spec.model_id, chat_kwargs, answer_tokens=answer_tokens)
+        from .local_tokens import ProcessorCounter
+
+        counter = ProcessorCounter(root, spec.model_id, chat_kwargs, answer_tokens=answer_tokens)
+        counter.check(sample())
+        return counter
     except ImportError as e:
         raise ValueError(f"counting a local model's tokens needs transformers ({e})") from e
     except OSError as e:
@@ -179,7 +189,7 @@ def run(args: argparse.Namespace) -> int:
     from chexpercept.bundle import read_bundle
     from chexpercept.errors import BundleValidationError, ReleaseNotFoundError
 
-    from .estimate import estimate_bounds, total
+    from .estimate import estimate_bounds, sample_calls, total
     from .registry import resolve
     from .selection import select_cases, split_list
 
@@ -201,7 +211,9 @@ def run(args: argparse.Namespace) -> int:
         if not cases:
             raise ValueError(f"no case of {bundle.root} matches the selection")
         chat_kwargs = {"enable_thinking": False} if args.no_thinking else {}
-        counter = _counter(spec, bundle.root, args.answer_tokens, chat_kwargs)
+        counter = _counter(
+            spec, bundle.root, args.answer_tokens, chat_kwargs, lambda: sample_calls(cases, args.oracle)
+        )
         rate = args.tokens_per_second
         per_case = _seconds_per_case(args.from_run, spec.model_id) if args.from_run else None
         rows, lows, highs = [], [], []
