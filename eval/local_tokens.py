@@ -59,10 +59,6 @@ class ProcessorCounter:
         self._answer_lengths: dict[str, int] = {}
         self.processor = AutoProcessor.from_pretrained(model_dir)
         self.tokenizer = getattr(self.processor, "tokenizer", self.processor)
-        token = getattr(self.processor, "image_token", None)
-        self.image_token_id = getattr(self.processor, "image_token_id", None)
-        if self.image_token_id is None and token is not None:
-            self.image_token_id = self.tokenizer.convert_tokens_to_ids(token)
         self.kwargs = dict(chat_template_kwargs or {})
         self.model_dir = model_dir
         self.block = 16
@@ -80,6 +76,7 @@ class ProcessorCounter:
         )
         self._added_ids = {c: self.tokenizer.convert_tokens_to_ids(c) for c in added}
         self._split = re.compile("(" + "|".join(map(re.escape, added)) + ")") if added else None
+        self.image_token_id = self._image_token_id()
 
     @property
     def name(self) -> str:
@@ -115,6 +112,30 @@ class ProcessorCounter:
         )
         ids = inputs["input_ids"]
         return list(ids[0] if ids and isinstance(ids[0], list) else ids)
+
+    def _image_token_id(self) -> int | None:
+        """The token that stands for the image's features: the one an image adds most often to a
+        conversation (a blank image's ids against the same text alone). Processors name different
+        tokens ``image_token`` (Gemma 3's is the start-of-image marker, once per image), so the
+        count decides; the processor's attribute is the fallback."""
+        from collections import Counter
+
+        from PIL import Image
+
+        text = [{"type": "text", "text": "x"}]
+        try:
+            alone = Counter(self._processor_ids([{"role": "user", "content": text}]))
+            image = [{"type": "image", "image": Image.new("RGB", (224, 224))}]
+            added = Counter(self._processor_ids([{"role": "user", "content": text + image}])) - alone
+        except Exception:
+            added = Counter()
+        if added:
+            return added.most_common(1)[0][0]
+        found = getattr(self.processor, "image_token_id", None)
+        token = getattr(self.processor, "image_token", None)
+        if found is None and token is not None:
+            found = self.tokenizer.convert_tokens_to_ids(token)
+        return found
 
     # ---------------------------------------------------------------- the fast way
     def _render(self, conversation: list[dict[str, Any]]) -> str:

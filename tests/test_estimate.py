@@ -255,6 +255,10 @@ def test_local_count_once_per_shape_equals_the_processor_on_every_call(mixed_siz
         cases[:3], "implicit", lambda c: lambda r: Response(text="Answer: 1"), lambda r, p: requests.append(r)
     )
     assert all(fast.ids(r) == slow.exact_ids(r) for r in requests)
+    # image tokens are the image's feature tokens (the tiny Gemma 3: 4 per image), not one marker per
+    # image (Gemma 3's processor calls its start-of-image marker image_token)
+    assert fast.tokenizer.convert_ids_to_tokens([fast.image_token_id]) == ["<image_soft_token>"]
+    assert all(fast.count(r, None).image == 4 * len(r.images) for r in requests)
 
 
 def test_local_count_falls_back_to_the_processor_when_a_fast_way_differs(
