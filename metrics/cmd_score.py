@@ -148,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _output(args: argparse.Namespace, reports: list[Any]) -> str:
     from .bootstrap import compare_reports
-    from .tables import render_table
+    from .tables import legend, render_table
 
     if args.compare:
         a, b = reports
@@ -176,6 +176,8 @@ def _output(args: argparse.Namespace, reports: list[Any]) -> str:
             )
             for t in ids
         ]
+        if args.format == "markdown":
+            parts.insert(0, legend(args.bootstrap, seed=args.seed, level=args.level) + "\n")
         return "\n".join(parts)
     if args.details:
         data = [r.to_dict(cases=args.cases) for r in reports]

@@ -172,6 +172,18 @@ TABLES: dict[str, Table] = {
 TABLE_IDS: tuple[str, ...] = tuple(TABLES)
 
 
+def legend(n_resamples: int = 0, *, seed: int = 0, level: float = 0.95) -> str:
+    """What the numbers, brackets and dashes of the markdown tables mean (one line, printed above
+    them by ``chexpercept score --table`` and the report)."""
+    if n_resamples > 0:
+        return (
+            f"Values in %, depth in stages; brackets: {level:.0%} bootstrap intervals ({n_resamples} "
+            f"replicates, cases resampled within each lesion and path, seed {seed}). – = does not apply "
+            "or not measured."
+        )
+    return "Values in %, depth in stages. – = does not apply or not measured."
+
+
 def table_choices() -> str:
     """The tables by number and name, for help texts: "2 stage accuracy and depth, 3 ..."."""
     return ", ".join(f"{tid} {t.name}" for tid, t in TABLES.items())

@@ -84,9 +84,12 @@ def test_tables_for_several_models(runs, capsys):
     code, out, _ = _score(capsys, runs / "good", runs / "poor", "--table", "2")
     assert code == 0
     lines = out.strip().splitlines()
-    assert lines[0].startswith("**Table 2") and "(+x): OP minus E2E" in lines[2]  # the note
-    assert lines[4].startswith("| Model | E2E S1")
-    assert lines[6].startswith("| good | ") and lines[7].startswith("| poor | ")
+    assert lines[0] == "Values in %, depth in stages. – = does not apply or not measured."  # the legend
+    assert lines[2].startswith("**Table 2") and "(+x): OP minus E2E" in lines[4]  # the table's note
+    assert lines[6].startswith("| Model | E2E S1")
+    assert lines[8].startswith("| good | ") and lines[9].startswith("| poor | ")
+    code, out, _ = _score(capsys, runs / "good", "--table", "2", "--bootstrap", "20")
+    assert out.startswith("Values in %, depth in stages; brackets: 95% bootstrap intervals (20 replicates")
     code, out, _ = _score(capsys, runs / "good", runs / "poor", "--table", "8", "--format", "csv")
     rows = list(csv.reader(io.StringIO(out)))
     assert rows[0][:3] == ["Model", "Path", "S1"] and len(rows) == 1 + 2 * 3

@@ -30,7 +30,7 @@ from typing import Any
 from chexpercept.bundle import Bundle
 from chexpercept.metrics.discovery import RunFolder, discover_runs
 from chexpercept.metrics.runs import open_bundle
-from chexpercept.metrics.tables import TABLE_IDS
+from chexpercept.metrics.tables import TABLE_IDS, legend
 from chexpercept.results import ORACLE_SETTINGS
 from chexpercept.vocab import LESIONS, PATHS
 
@@ -270,12 +270,7 @@ def _write_tables(
             )
         )
         blocks.append(md)
-    ci_note = (
-        f"Values in %, depth in stages; brackets: 95% bootstrap intervals ({n_resamples} replicates, cases "
-        f"resampled within each lesion and path, seed {seed}). – = does not apply or not measured."
-        if n_resamples > 0
-        else "Values in %, depth in stages. – = does not apply or not measured."
-    )
+    ci_note = legend(n_resamples, seed=seed)
     tables_md = _write(out / "tables.md", f"# {title}: tables\n\n{ci_note}\n\n" + "\n".join(blocks))
     files.append(tables_md)
     board = leaderboard_rows(reports)
