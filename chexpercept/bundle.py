@@ -20,7 +20,7 @@ from PIL import Image
 
 from .case import Case
 from .containment import Tree, image_format, resolve_inside
-from .errors import BundleValidationError, Problem, ReleaseNotFoundError
+from .errors import BundleValidationError, Problem, ReleaseNotFoundError, no_such_path
 from .jsonstream import Span, iter_object_items, read_span
 from .validate import validate_entry
 from .vocab import LESIONS, Path, parse_lesion, parse_path
@@ -113,9 +113,12 @@ def check_release_dir(data_dir: str | os.PathLike[str] | None) -> FsPath:
         raise ReleaseNotFoundError(data_dir, "No data_dir given: pass the folder of the CheXpercept release.")
     root = FsPath(os.path.expanduser(str(data_dir))).resolve()
     if not root.exists():
-        raise ReleaseNotFoundError(root, f"data_dir {root} does not exist.")
+        raise ReleaseNotFoundError(root, f"data_dir {no_such_path(data_dir)}.", instructions=False)
     if not root.is_dir():
-        raise ReleaseNotFoundError(root, f"data_dir {root} is not a folder.")
+        hint = f"its folder {root.parent}" if root.name == JSON_NAME else f"the folder that holds {JSON_NAME}"
+        raise ReleaseNotFoundError(
+            root, f"data_dir {root} is a file, not a folder: pass {hint}.", instructions=False
+        )
     if not any(root.iterdir()):
         raise ReleaseNotFoundError(root, f"data_dir {root} is empty.")
     if not (root / JSON_NAME).is_file():

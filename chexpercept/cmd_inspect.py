@@ -1,25 +1,34 @@
-"""``chexpercept inspect DATA_DIR`` (or ``--data-dir DATA_DIR``): load a bundle through ``load_dataset`` and print its composition."""
+"""``chexpercept inspect DATA_DIR`` (or ``--data-dir DATA_DIR``): what ``load_dataset`` gives for a
+bundle, cases and questions per lesion and path, in a second.
+
+The counts come from the bundle reader that the datasets builder runs (chexpercept.json streamed
+and validated entry by entry, every image a question needs checked to exist), so they are the rows of
+``load_dataset("chexpercept", data_dir=DIR)`` (config ``sequences``: one per case; ``items``: one per
+question) without building the arrow cache or decoding any image. ``chexpercept validate DIR``
+checks the images' contents too.
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from collections import Counter
-from typing import Any
+from collections.abc import Iterable
 
 from .cli_options import add_data_dir_option, data_dir_of
 from .vocab import LESIONS, PATHS
 
 
-def composition_table(rows: Any) -> str:
-    """Markdown table of cases and questions per lesion and path (paper Table 4 layout)."""
-    lesion_names = rows.features["lesion"].names
-    path_names = rows.features["path"].names
+def composition_table(cells: Iterable[tuple[str, str, int]]) -> str:
+    """Markdown table of cases and questions per lesion and path (paper Table 4 layout).
+
+    cells: one (lesion, path, number of questions) per case, e.g. from ``read_bundle(DIR).cases``.
+    """
     cases: Counter[tuple[str, str]] = Counter()
     questions: Counter[tuple[str, str]] = Counter()
-    for lesion_id, path_id, turns in zip(rows["lesion"], rows["path"], rows["turns"]):
-        cell = (lesion_names[lesion_id], path_names[path_id])
-        cases[cell] += 1
-        questions[cell] += len(turns)
+    for lesion, path, n_questions in cells:
+        cases[(lesion, path)] += 1
+        questions[(lesion, path)] += n_questions
     paths = [p.value for p in PATHS]
     header = (
         "| Lesion | "
@@ -53,24 +62,28 @@ def composition_table(rows: Any) -> str:
 
 def configure(parser: argparse.ArgumentParser) -> None:
     add_data_dir_option(parser, positional=True)
-    parser.add_argument(
-        "--num-proc", type=int, default=None, help="worker processes for building the dataset"
-    )
+    # inspect no longer builds the dataset; the option is accepted so that old scripts keep working
+    parser.add_argument("--num-proc", type=int, default=None, help=argparse.SUPPRESS)
 
 
 def run(args: argparse.Namespace) -> int:
-    import datasets
-
-    import chexpercept  # noqa: F401  (registers the builder)
+    from .bundle import read_bundle
+    from .errors import BundleValidationError, ReleaseNotFoundError
 
     data_dir = data_dir_of(args, "chexpercept inspect")
     if not data_dir:
         return 2
-    ds = datasets.load_dataset("chexpercept", data_dir=data_dir, num_proc=args.num_proc)["train"]
-    items = datasets.load_dataset("chexpercept", "items", data_dir=data_dir, num_proc=args.num_proc)["train"]
+    try:
+        bundle = read_bundle(data_dir, check_images="exists")
+    except (ReleaseNotFoundError, BundleValidationError) as e:
+        print(f"chexpercept inspect: error: {e}", file=sys.stderr)
+        return 2
+    questions = sum(len(c.turns) for c in bundle.cases)
+    kind = "phantom bundle (synthetic: for testing software only)" if bundle.synthetic else "bundle"
     print(
-        f"load_dataset('chexpercept', data_dir={data_dir!r}): {ds.num_rows} cases (sequences), "
-        f"{items.num_rows} questions (items)"
+        f"{kind} {bundle.root}: load_dataset('chexpercept', data_dir={data_dir!r}) gives "
+        f"{len(bundle.cases)} cases (config sequences), {questions} questions (config items)"
     )
-    print(composition_table(ds))
+    print(composition_table((c.lesion, c.path.value, len(c.turns)) for c in bundle.cases))
+    print(f"every image a question needs exists; `chexpercept validate {data_dir}` checks their contents")
     return 0

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import difflib
+import os
 from dataclasses import dataclass
+from pathlib import Path as FsPath
 
 ACCESS_INSTRUCTIONS = """\
 CheXpercept is credentialed data derived from MIMIC-CXR-JPG and MIMIC-ILS. To get it:
@@ -27,13 +30,41 @@ class Problem:
         return f"{self.key_id}: {self.where}: {self.message}"
 
 
-class ReleaseNotFoundError(FileNotFoundError):
-    """data_dir is missing, empty, or not a CheXpercept release."""
+def no_such_path(path: str | os.PathLike[str], what: str = "folder") -> str:
+    """ "PATH: no such folder", with the nearest names beside it when the parent exists (a typo), or
+    the first missing folder on the way; for error messages about a path the user typed."""
+    p = FsPath(os.path.expanduser(str(path)))
+    message = f"{path}: no such {what}"
+    parent = p.absolute().parent
+    if parent.is_dir():
+        try:
+            names = [e.name for e in os.scandir(parent) if not e.name.startswith(".")]
+        except OSError:
+            names = []
+        close = difflib.get_close_matches(p.name, names, n=3, cutoff=0.6)
+        if close:
+            typed = os.path.dirname(str(path).rstrip("/"))
+            shown = " or ".join(os.path.join(typed, c) for c in close)
+            message += f" (did you mean {shown}?)"
+        return message
+    missing = parent
+    while not missing.parent.is_dir() and missing.parent != missing:
+        missing = missing.parent
+    return f"{message}: {missing} does not exist either"
 
-    def __init__(self, data_dir: object, reason: str):
+
+class ReleaseNotFoundError(FileNotFoundError):
+    """data_dir is missing, empty, or not a CheXpercept release.
+
+    The access instructions (PhysioNet credentialing) follow the reason only where they help: a
+    folder that exists but holds no release. A folder that does not exist is most likely a typo,
+    so its message is the path and the nearest names (``instructions=False``).
+    """
+
+    def __init__(self, data_dir: object, reason: str, *, instructions: bool = True):
         self.data_dir = data_dir
         self.reason = reason
-        super().__init__(f"{reason}\n\n{ACCESS_INSTRUCTIONS}")
+        super().__init__(f"{reason}\n\n{ACCESS_INSTRUCTIONS}" if instructions else reason)
 
 
 class BundleValidationError(ValueError):

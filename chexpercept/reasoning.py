@@ -9,8 +9,8 @@ keep whichever of these markers their tokenizer holds as special tokens (which
 back into the reply between the family's markers.
 
 Sources (checked 2026-12): the chat templates and tokenizer files of the models on the Hugging Face
-Hub, vLLM's reasoning parsers (``vllm/reasoning/``), and the providers' API references; the README's
-"Parse modes" section lists the same table.
+Hub, vLLM's reasoning parsers (``vllm/reasoning/``), and the providers' API references; docs/scoring.md
+("Reasoning markup per model family") lists the same table.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ class Family:
     reasoning: tuple[tuple[str, str], ...] = ()
     #: final-answer boxes as (open, close) markers (the answer is what they hold)
     answer_boxes: tuple[tuple[str, str], ...] = ()
-    #: what the family's replies look like, for the README
+    #: what the family's replies look like, for docs/scoring.md
     notes: str = ""
 
 

@@ -11,22 +11,29 @@ of the image files' sizes and modification times joins the cache key.
 Registration is lazy: ``import chexpercept`` does not import datasets (which brings pyarrow and pandas,
 about a second). ``register_when_imported`` registers at once if datasets is already imported, and
 otherwise the moment datasets finishes importing (a finder on ``sys.meta_path`` that wraps the
-``datasets`` package's own loader once, then removes itself).
-Tested with datasets 5.x (pinned in pyproject.toml).
+``datasets`` package's own loader once, then removes itself). The same is done for evaluate:
+``evaluate.load("chexpercept_metric")`` then loads the module that ships with this package (no
+``chexpercept install-metric`` needed). In a fresh interpreter, the start-up hook
+(chexpercept/startup.py, installed as a .pth file) calls ``spec_after_import`` in the same way, so
+nothing needs to be imported first.
+Tested with datasets 5.x (pinned in pyproject.toml) and evaluate 0.4.
 """
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
-import inspect
+import os
 import sys
 import warnings
+from collections.abc import Callable
 from types import ModuleType
+from typing import Any
 
 NAME = "chexpercept"
 MODULE = "chexpercept_dataset"
 _DATASETS = "datasets"
+_EVALUATE = "evaluate"
+#: the metric's name for ``evaluate.load`` (the module folder metrics/chexpercept_metric/)
+METRIC_NAME = "chexpercept_metric"
 
 _factory_class: type | None = None
 
@@ -59,6 +66,8 @@ def _module_factory() -> type:
 
 def register() -> None:
     """Idempotently register the builder with datasets (imports datasets)."""
+    import inspect
+
     import datasets.load
     from datasets.packaged_modules import _PACKAGED_DATASETS_MODULES, _hash_python_lines
 
@@ -70,6 +79,31 @@ def register() -> None:
     factory = _module_factory()
     if not issubclass(datasets.load.PackagedDatasetModuleFactory, factory):
         datasets.load.PackagedDatasetModuleFactory = factory
+
+
+def register_metric() -> None:
+    """Idempotently make ``evaluate.load("chexpercept_metric")`` load the metric module that ships
+    with this package (imports evaluate). A folder or file of that name in the current folder still
+    wins, as evaluate's own rule says; any other name goes to evaluate unchanged."""
+    import evaluate
+    import evaluate.loading as loading
+
+    original = loading.evaluation_module_factory
+    if getattr(original, "chexpercept_metric", False):
+        return
+
+    def evaluation_module_factory(path: Any, *args: Any, **kwargs: Any) -> Any:
+        if path == METRIC_NAME and not os.path.exists(path) and not os.path.exists(f"{path}.py"):
+            from chexpercept.metrics.evaluate_support import METRIC_PATH
+
+            path = str(METRIC_PATH)
+        return original(path, *args, **kwargs)
+
+    evaluation_module_factory.chexpercept_metric = True  # type: ignore[attr-defined]
+    evaluation_module_factory.__doc__ = original.__doc__
+    loading.evaluation_module_factory = evaluation_module_factory
+    if getattr(evaluate, "evaluation_module_factory", None) is original:
+        evaluate.evaluation_module_factory = evaluation_module_factory
 
 
 def is_registered() -> bool:
@@ -84,40 +118,73 @@ def _register_or_warn() -> None:
     except Exception as e:  # never break the user's `import datasets`
         warnings.warn(
             f"chexpercept: could not register the 'chexpercept' builder with datasets ({e!r}); "
-            'load_dataset("chexpercept", ...) will not find it. Supported: datasets>=5,<6.',
+            'load_dataset("chexpercept", ...) will not find it. Supported: datasets>=5,<6. '
+            "Without it, the release loads as typed cases: chexpercept.read_bundle(DIR).",
             RuntimeWarning,
             stacklevel=2,
         )
 
 
-class _AfterDatasetsImport(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: when ``datasets`` is about to be imported, it asks the other finders for
-    its spec and wraps that loader's ``exec_module`` so that registration runs right after."""
+def _register_metric_or_warn() -> None:
+    try:
+        register_metric()
+    except Exception as e:  # never break the user's `import evaluate`
+        warnings.warn(
+            f"chexpercept: could not make evaluate.load({METRIC_NAME!r}) find the CheXpercept metric "
+            f"({e!r}); run `chexpercept install-metric` once, or load it from its folder: "
+            "evaluate.load(str(chexpercept.metrics.METRIC_PATH)). Supported: evaluate 0.4.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
 
-    def find_spec(self, fullname, path, target=None):  # type: ignore[no-untyped-def]
-        if fullname != _DATASETS:
-            return None
+
+#: what to do right after each watched library has been imported
+_AFTER: dict[str, Callable[[], None]] = {_DATASETS: _register_or_warn, _EVALUATE: _register_metric_or_warn}
+
+
+def spec_after_import(fullname: str, path: Any, target: Any = None) -> Any:
+    """The spec the other finders give ``fullname`` (datasets or evaluate), its loader wrapped so that
+    our registration for it runs right after the module has executed; None when none finds it."""
+    _HOOK.waiting.discard(fullname)
+    if not _HOOK.waiting:
         _remove_hook()
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is None:
-            for finder in sys.meta_path:
-                find = getattr(finder, "find_spec", None)
-                spec = find(fullname, path, target) if find is not None else None
-                if spec is not None:
-                    break
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        original = spec.loader.exec_module
-
-        def exec_module(module: ModuleType) -> None:
-            original(module)
-            _register_or_warn()
-
-        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+    spec = None
+    for finder in list(sys.meta_path):
+        find = getattr(finder, "find_spec", None)
+        if find is None or getattr(finder, "chexpercept_hook", False):
+            continue
+        spec = find(fullname, path, target)
+        if spec is not None:
+            break
+    if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
         return spec
+    original = spec.loader.exec_module
+    after = _AFTER[fullname]
+
+    def exec_module(module: ModuleType) -> None:
+        original(module)
+        after()
+
+    spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+    return spec
 
 
-_HOOK = _AfterDatasetsImport()
+class _AfterImport:
+    """A meta path finder that finds nothing itself: when a watched library is about to be imported,
+    it hands back the real spec with registration run right after (``spec_after_import``)."""
+
+    chexpercept_hook = True
+
+    def __init__(self) -> None:
+        self.waiting: set[str] = set()
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname not in self.waiting:
+            return None
+        return spec_after_import(fullname, path, target)
+
+
+_HOOK = _AfterImport()
 
 
 def _remove_hook() -> None:
@@ -126,8 +193,12 @@ def _remove_hook() -> None:
 
 
 def register_when_imported() -> None:
-    """Register now if datasets is imported, else as soon as it is (without importing it here)."""
-    if _DATASETS in sys.modules:
-        _register_or_warn()
-    elif _HOOK not in sys.meta_path:
+    """Register now with each of datasets and evaluate that is imported, else as soon as it is
+    (without importing either here)."""
+    for name, after in _AFTER.items():
+        if name in sys.modules:
+            after()
+        else:
+            _HOOK.waiting.add(name)
+    if _HOOK.waiting and _HOOK not in sys.meta_path:
         sys.meta_path.insert(0, _HOOK)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path as FsPath
 from typing import Any
 
@@ -60,14 +61,24 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_option(g, "--output", metavar="FILE", help="write to this file instead of stdout")
 
 
-def _counter(spec: Any, root: FsPath, answer_tokens: int, chat_kwargs: dict[str, Any]) -> Any:
-    from .estimate import ApiCounter, ProcessorCounter
+def _counter(
+    spec: Any,
+    root: FsPath,
+    answer_tokens: int,
+    chat_kwargs: dict[str, Any],
+    sample: Callable[[], list[Any]],
+) -> Any:
+    from .estimate import ApiCounter
     from .pricing import rules_for
 
     if spec.backend == "openai":
         return ApiCounter(root, rules_for(spec.model_id), answer_tokens=answer_tokens)
     try:
-        return ProcessorCounter(root, spec.model_id, chat_kwargs, answer_tokens=answer_tokens)
+        from .local_tokens import ProcessorCounter
+
+        counter = ProcessorCounter(root, spec.model_id, chat_kwargs, answer_tokens=answer_tokens)
+        counter.check(sample())
+        return counter
     except ImportError as e:
         raise ValueError(f"counting a local model's tokens needs transformers ({e})") from e
     except OSError as e:
@@ -79,8 +90,13 @@ def _counter(spec: Any, root: FsPath, answer_tokens: int, chat_kwargs: dict[str,
 
 
 def _seconds_per_case(run_dir: str, model_id: str) -> float:
+    from chexpercept.errors import no_such_path
     from chexpercept.results import RUN_NAME
 
+    from .registry import same_model_id
+
+    if not FsPath(run_dir).is_dir():
+        raise ValueError(f"--from-run {no_such_path(run_dir)}")
     path = FsPath(run_dir) / RUN_NAME
     try:
         info = json.loads(path.read_text(encoding="utf-8"))
@@ -90,7 +106,7 @@ def _seconds_per_case(run_dir: str, model_id: str) -> float:
         raise ValueError(f"{path}: no timed session to measure throughput from ({e})") from e
     if cases < 1 or seconds <= 0:
         raise ValueError(f"{path}: its last session ran no case; run some cases first")
-    if info.get("backend") == "baseline" or info.get("model_id") != model_id:
+    if info.get("backend") == "baseline" or not same_model_id(info.get("model_id"), model_id):
         raise ValueError(
             f"{path}: a run of {info.get('model_id')!r} ({info.get('backend')}) cannot time {model_id!r}; "
             "give a trial run of the same model (chexpercept run ... --limit 20)"
@@ -113,8 +129,41 @@ def _cell(a: Any, b: Any, fmt: Any = "{:,}") -> str:
     return show(a) if a == b else f"{show(min(a, b))} - {show(max(a, b))}"
 
 
-def render(rows: list[tuple[str, Any, Any]], model: str, counter: str, exact: bool) -> str:
-    """Markdown: per oracle setting the range of the two scenarios, then the total."""
+def missing_notes(rows: list[tuple[str, Any, Any]], spec: Any) -> list[str]:
+    """Why a column is N/A (no throughput given, no price known), and how to fill it."""
+    notes = []
+    if any(lo.seconds is None for _, lo, _ in rows):
+        if spec.backend == "openai":
+            notes.append(
+                "time N/A: an API's speed depends on the provider's rate limits and load, not on the tokens; "
+                "time a short trial run (chexpercept run ... --limit 20) and pass --from-run RUN_DIR, or give "
+                "--tokens-per-second"
+            )
+        else:
+            notes.append(
+                "time N/A: no throughput given; pass --tokens-per-second (uncached input plus output tokens "
+                "per second of your engine) or --from-run RUN_DIR (a timed trial run: chexpercept run ... "
+                "--limit 20)"
+            )
+    if any(lo.cost_usd is None for _, lo, _ in rows):
+        if spec.backend == "openai":
+            notes.append(
+                f"USD N/A: no price is known for {spec.model_id!r} (the paper's price table, eval/pricing.py)"
+            )
+        else:
+            notes.append("USD N/A: a local model has no price per token (its cost is the time on your GPUs)")
+    return notes
+
+
+def render(
+    rows: list[tuple[str, Any, Any]],
+    model: str,
+    counter: str,
+    exact: bool,
+    notes: Sequence[str] = (),
+) -> str:
+    """Markdown: per oracle setting the range of the two scenarios, then the total; then why any
+    column is N/A."""
     lines = [
         f"**Estimate for {model}** (tokens counted by {counter}{'' if exact else ', approximate'})",
         "",
@@ -131,6 +180,8 @@ def render(rows: list[tuple[str, Any, Any]], model: str, counter: str, exact: bo
             f"| {_cell(lo.cost_usd_without_cache, hi.cost_usd_without_cache, '{:,.2f}')} "
             f"| {_cell(lo.seconds, hi.seconds, duration)} |"
         )
+    if notes:
+        lines += ["", *(f"- {n}" for n in notes)]
     return "\n".join(lines)
 
 
@@ -138,7 +189,7 @@ def run(args: argparse.Namespace) -> int:
     from chexpercept.bundle import read_bundle
     from chexpercept.errors import BundleValidationError, ReleaseNotFoundError
 
-    from .estimate import estimate_bounds, total
+    from .estimate import estimate_bounds, sample_calls, total
     from .registry import resolve
     from .selection import select_cases, split_list
 
@@ -160,7 +211,9 @@ def run(args: argparse.Namespace) -> int:
         if not cases:
             raise ValueError(f"no case of {bundle.root} matches the selection")
         chat_kwargs = {"enable_thinking": False} if args.no_thinking else {}
-        counter = _counter(spec, bundle.root, args.answer_tokens, chat_kwargs)
+        counter = _counter(
+            spec, bundle.root, args.answer_tokens, chat_kwargs, lambda: sample_calls(cases, args.oracle)
+        )
         rate = args.tokens_per_second
         per_case = _seconds_per_case(args.from_run, spec.model_id) if args.from_run else None
         rows, lows, highs = [], [], []
@@ -180,6 +233,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if len(rows) > 1:
         rows.append(("**total**", total(lows, "min"), total(highs, "max")))
+    notes = missing_notes(rows, spec)
     if args.format == "json":
         text = json.dumps(
             {
@@ -191,10 +245,11 @@ def run(args: argparse.Namespace) -> int:
                 "estimates": {
                     name.strip("*"): {"min": lo.as_dict(), "max": hi.as_dict()} for name, lo, hi in rows
                 },
+                "notes": notes,
             },
             indent=2,
         )
     else:
-        text = render(rows, spec.display or spec.name, counter.name, counter.exact)
+        text = render(rows, spec.display or spec.name, counter.name, counter.exact, notes)
     write_output(args.output, text + "\n")
     return 0

@@ -11,11 +11,93 @@ imports neither torch nor accelerate.
 from __future__ import annotations
 
 import os
+import sys
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 
 def launched_world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1") or 1)
+
+
+def _parent(what: str) -> list[str] | None:
+    """The launcher's (parent process's) command line or environment as NUL-separated items, where
+    the system shows them (Linux: /proc); None elsewhere."""
+    try:
+        with open(f"/proc/{os.getppid()}/{what}", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+
+
+def _asked(command: Sequence[str], *names: str) -> str | None:
+    """The value of the first option among ``names`` in ``command`` (``--x N`` or ``--x=N``)."""
+    for i, arg in enumerate(command):
+        for name in names:
+            if arg == name and i + 1 < len(command):
+                return command[i + 1]
+            if arg.startswith(name + "="):
+                return arg.split("=", 1)[1]
+    return None
+
+
+def _config_processes(command: Sequence[str], env: Mapping[str, str]) -> str | None:
+    """num_processes in the accelerate config the launch read (--config_file, else the default one)."""
+    path = _asked(command, "--config_file", "--config-file")
+    if path is None:
+        home = env.get("HF_HOME") or os.path.join(env.get("XDG_CACHE_HOME", "~/.cache"), "huggingface")
+        path = os.path.join(os.path.expanduser(home), "accelerate", "default_config.yaml")
+    try:
+        import yaml
+
+        with open(path, encoding="utf-8") as f:
+            value = (yaml.safe_load(f) or {}).get("num_processes")
+    except Exception:  # no config, or not readable: nothing to add
+        return None
+    return str(value) if value is not None else None
+
+
+def _more_than_one(value: str | None) -> bool:
+    return value is not None and value.isdigit() and int(value) > 1
+
+
+def launch_mismatch(
+    environ: Mapping[str, str] | None = None,
+    parent: Sequence[str] | None = None,
+    parent_environ: Mapping[str, str] | None = None,
+) -> str | None:
+    """A warning when ``accelerate launch`` was asked for several processes (``--num_processes N``
+    or machines, on the command line or in accelerate's config) but started one: accelerate's simple
+    launcher, which it picks without ``--multi_gpu`` on a machine without GPUs (and always with
+    ``--cpu``), runs one process and ignores the number. None when the launch gave what was asked,
+    or this is no accelerate launch. ``environ``, ``parent`` (the launcher's command line) and
+    ``parent_environ`` (its environment) are read from the system when not given."""
+    env = os.environ if environ is None else environ
+    if "ACCELERATE_MIXED_PRECISION" not in env or int(env.get("WORLD_SIZE", "1") or 1) > 1:
+        return None  # not launched by accelerate, or launched with several processes
+    command = (_parent("cmdline") or []) if parent is None else list(parent)
+    if parent_environ is None:
+        items = _parent("environ")
+        parent_environ = dict(i.split("=", 1) for i in items if "=" in i) if items is not None else None
+    asked = _asked(command, "--num_processes", "--num-processes")
+    machines = _asked(command, "--num_machines", "--num-machines")
+    # the simple launcher sets MASTER_PORT for its single process exactly when the command line or
+    # the config asked for more than one process or machine
+    set_by_launcher = (
+        "MASTER_PORT" in env and parent_environ is not None and "MASTER_PORT" not in parent_environ
+    )
+    if not (_more_than_one(asked) or _more_than_one(machines) or set_by_launcher):
+        return None
+    asked = asked or _config_processes(command, env)
+    what = f"{asked} processes" if _more_than_one(asked) else "several processes"
+    return (
+        f"accelerate launch was asked for {what} but started one (accelerate's simple launcher: without "
+        "--multi_gpu, or a config with distributed_type MULTI_GPU or MULTI_CPU, it runs a single process "
+        "on a machine without GPUs, and --cpu always does). This run uses 1 process (run.json "
+        "num_processes: 1). For N processes on CPUs or GPUs: accelerate launch --multi_gpu "
+        "--num_processes N eval/run.py ... (they coordinate over gloo, so no GPU is needed)."
+    )
 
 
 class Distributed:
@@ -28,6 +110,10 @@ class Distributed:
         #: this process's index among the processes of its machine, and their number
         self.local_index = 0
         self.local_count = 1
+        #: why this launch runs fewer processes than were asked for (printed on stderr), or None
+        self.mismatch = launch_mismatch()
+        if self.mismatch:
+            print(f"warning: {self.mismatch}", file=sys.stderr)
         if launched_world_size() > 1:
             from accelerate import PartialState
 

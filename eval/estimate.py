@@ -28,7 +28,7 @@ from pathlib import Path as FsPath
 from typing import Any, Protocol
 
 from chexpercept.case import Case
-from chexpercept.containment import image_file, open_image
+from chexpercept.containment import image_file
 from chexpercept.results import CaseResult
 
 from .conversation import Conversation
@@ -180,93 +180,6 @@ class ApiCounter:
         return CallTokens(text, image, self.rules.cached(shared))
 
 
-class ProcessorCounter:
-    """A local model's view: its processor and chat template on the real images (token ids), the
-    image tokens counted by the processor's image token, and the prefix reused by a prefix cache
-    (the common token-id prefix with the previous call, in blocks of ``block`` tokens, vLLM's 16)."""
-
-    exact = True
-
-    def __init__(
-        self,
-        root: str | FsPath,
-        model_dir: str,
-        chat_template_kwargs: dict[str, Any] | None = None,
-        *,
-        answer_tokens: int | None = None,
-    ):
-        from transformers import AutoProcessor
-
-        self.root = FsPath(root)
-        #: when set, every earlier answer in the history counts as this many tokens (the scenarios'
-        #: assumed answer length): the template is rendered with the stand-in's short answers, and
-        #: each one's own tokens are replaced by this length
-        self.answer_tokens = answer_tokens
-        self._answer_lengths: dict[str, int] = {}
-        self.processor = AutoProcessor.from_pretrained(model_dir)
-        tokenizer = getattr(self.processor, "tokenizer", self.processor)
-        token = getattr(self.processor, "image_token", None)
-        self.image_token_id = getattr(self.processor, "image_token_id", None)
-        if self.image_token_id is None and token is not None:
-            self.image_token_id = tokenizer.convert_tokens_to_ids(token)
-        self.kwargs = dict(chat_template_kwargs or {})
-        self.name = f"{type(self.processor).__name__} of {model_dir}"
-        self.block = 16
-        #: the last call counted and its token ids (the next call of its case compares with them)
-        self._last: tuple[Request, list[int]] | None = None
-
-    def _token_ids(self, request: Request) -> list[int]:
-        conversation = []
-        for m in request.messages:
-            content: list[dict[str, Any]] = [{"type": "text", "text": m.text}]
-            for p in m.images:
-                with open_image(self.root, p) as im:
-                    content.append({"type": "image", "image": im.convert("RGB")})
-            conversation.append({"role": m.role, "content": content})
-        inputs = self.processor.apply_chat_template(
-            conversation, add_generation_prompt=True, tokenize=True, return_dict=True, **self.kwargs
-        )
-        ids = inputs["input_ids"]
-        return list(ids[0] if ids and isinstance(ids[0], list) else ids)
-
-    def _answer_extra(self, messages: Sequence[Message]) -> int:
-        """Tokens to add so that each assistant message counts as ``answer_tokens`` (0 when unset)."""
-        if self.answer_tokens is None:
-            return 0
-        tokenizer = getattr(self.processor, "tokenizer", self.processor)
-        extra = 0
-        for m in messages:
-            if m.role != "assistant":
-                continue
-            n = self._answer_lengths.get(m.text)
-            if n is None:
-                n = self._answer_lengths[m.text] = len(
-                    tokenizer(m.text, add_special_tokens=False)["input_ids"]
-                )
-            extra += self.answer_tokens - n
-        return extra
-
-    def count(self, request: Request, previous: Request | None) -> CallTokens:
-        ids = self._token_ids(request)
-        image = sum(1 for t in ids if t == self.image_token_id) if self.image_token_id is not None else 0
-        shared = 0
-        if previous is not None and self._last is not None and self._last[0] is previous:
-            for a, b in zip(ids, self._last[1]):
-                if a != b:
-                    break
-                shared += 1
-        self._last = (request, ids)
-        if shared and previous is not None:  # the earlier answers the reused prefix holds
-            common = []
-            for mine, theirs in zip(request.messages, previous.messages):
-                if mine != theirs:
-                    break
-                common.append(mine)
-            shared += self._answer_extra(common)
-        text = len(ids) - image + self._answer_extra(request.messages)
-        return CallTokens(text, image, max(0, shared - shared % self.block))
-
-
 # ------------------------------------------------------------------------------------ walking
 def _scripted(case: Case, scenario: str) -> Callable[[Request], Response]:
     """A stand-in model: the gold answer (all_right) or a wrong option (all_wrong), as ``Answer: k``."""
@@ -306,6 +219,24 @@ def walk(
             previous = request
         n_cases += 1
     return n_cases, calls
+
+
+def sample_calls(cases: Sequence[Case], oracles: Sequence[str]) -> list[Request]:
+    """Calls to check a counter on: every call of one case per path (the one with the most turns
+    first), under each scenario and oracle setting, the richest histories (wrong answers, so oracle
+    texts and patches) first."""
+    by_path: dict[str, Case] = {}
+    for case in cases:
+        best = by_path.get(case.path.value)
+        if best is None or len(case.turns) > len(best.turns):
+            by_path[case.path.value] = case
+    probes = sorted(by_path.values(), key=lambda c: -len(c.turns))
+    order = sorted(oracles, key=lambda o: {"implicit": 0, "explicit": 1}.get(o, 2))
+    calls: list[Request] = []
+    for scenario in ("all_wrong", "all_right"):
+        for oracle in order:
+            walk(probes, oracle, lambda case, s=scenario: _scripted(case, s), lambda r, _p: calls.append(r))
+    return calls
 
 
 def _tally(

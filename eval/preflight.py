@@ -176,7 +176,7 @@ def check_fit(
 ) -> FitReport:
     """Every case's largest turn against ``limits``.
 
-    counter: a ProcessorCounter (eval/estimate.py) whose ``answer_tokens`` is set to ``max_tokens``
+    counter: a ProcessorCounter (eval/local_tokens.py) whose ``answer_tokens`` is set to ``max_tokens``
     for the worst case and to None for the least.
     """
     report = FitReport(limits=limits, max_tokens=max_tokens)

@@ -215,6 +215,39 @@ def folder_name(model: str) -> str:
     return name
 
 
+def _check_local_path(model: str) -> None:
+    """A model given as a path that does not exist fails here, naming the nearest folders: a path
+    written as one (``./x``, ``../x``, ``/x``, ``~/x``), or ``a/b`` whose ``a`` is a local folder
+    holding a name close to ``b`` (a typo, not a Hugging Face id)."""
+    from chexpercept.errors import no_such_path
+
+    expanded = os.path.expanduser(model)
+    if os.path.exists(expanded):
+        return
+    explicit = model.startswith(("./", "../", "/", "~", ".\\")) or model in (".", "..")
+    if explicit:
+        raise ValueError(f"--model {no_such_path(model)}")
+    parent = model.rstrip("/").rpartition("/")[0]
+    if parent and os.path.isdir(os.path.expanduser(parent)):
+        message = no_such_path(model)
+        if "did you mean" in message:
+            raise ValueError(f"--model {message}; a Hugging Face id is organisation/name")
+
+
+def same_model_id(a: str | None, b: str | None) -> bool:
+    """Whether two model ids name the same model: equal strings, or one local folder however it was
+    spelled (relative or absolute, ``~``, a trailing slash, a link); relative paths are taken from
+    the current folder. Hugging Face ids compare as strings."""
+    if a is None or b is None:
+        return a == b
+    if a == b:
+        return True
+    paths = [os.path.expanduser(x) for x in (a, b)]
+    if not all(os.path.isdir(p) for p in paths):
+        return False
+    return os.path.samefile(*paths)
+
+
 #: API model families (chexpercept.reasoning) that accept no temperature but 1 (OpenAI's reasoning
 #: models reject 0 with HTTP 400), and Gemini, which the paper also ran at 1: models of these
 #: families outside the registry get the paper's API sampling by default
@@ -242,6 +275,7 @@ def resolve(model: str, *, backend: str | None = None, model_id: str | None = No
         raise ValueError(f"--backend baseline needs a baseline model (baseline:random ...), got {model!r}")
     spec = lookup(model)
     if spec is None:
+        _check_local_path(model_id or model)
         if backend is None:
             raise ValueError(
                 f"{model!r} is not in the model registry ({', '.join(REGISTRY)}); to run another "

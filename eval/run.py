@@ -617,7 +617,7 @@ def _preflight(
     limits = limits_of(context)
     if limits.max_model_len is None and limits.max_images is None:
         return ""
-    from chexpercept.eval.estimate import ProcessorCounter
+    from chexpercept.eval.local_tokens import ProcessorCounter
     from chexpercept.eval.preflight import check_fit
 
     try:
@@ -828,6 +828,7 @@ class EmptyAnswerWarning:
 def print_scores(model_dir: FsPath, name: str, parse_mode: str) -> None:
     """Score every run of this model folder (e.g. oracle_none and oracle_implicit) and print Table 2."""
     from chexpercept.metrics import render_table, score_path
+    from chexpercept.metrics.answer_warnings import warning_lines
 
     report = score_path(model_dir, mode=parse_mode)
     print()
@@ -837,6 +838,8 @@ def print_scores(model_dir: FsPath, name: str, parse_mode: str) -> None:
         print(f"{kind.upper()} from: {where}")
     for note in report.notes:
         print(f"note: {note}", file=sys.stderr)
+    for line in warning_lines(report):
+        print(line, file=sys.stderr)
     print(f"all numbers: chexpercept score {model_dir} --details")
 
 

@@ -158,6 +158,16 @@ class RunLock:
 
 
 # -------------------------------------------------------------------------------------- results
+def _same_setting(key: str, before: Any, now_: Any) -> bool:
+    """A resumed run's setting equals the stored one (a model folder however spelled: relative or
+    absolute, with or without a trailing slash)."""
+    if key == "model_id":
+        from .registry import same_model_id
+
+        return same_model_id(before, now_)
+    return before == now_
+
+
 def repair_tail(results: str | os.PathLike[str]) -> int:
     """Cut off a torn last line left by a crash mid-append; returns the bytes removed."""
     path = FsPath(results)
@@ -302,7 +312,7 @@ class RunStore:
         diffs = [
             f"{k}: {before.get(k)!r} -> {settings.get(k)!r}"
             for k in sorted(set(before) | set(settings))
-            if before.get(k) != settings.get(k)
+            if not _same_setting(k, before.get(k), settings.get(k))
         ]
         if diffs:
             raise StoreError(

@@ -11,17 +11,23 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path as FsPath
 from typing import Any
 
 from chexpercept.cli_options import add_data_dir_option, add_option, add_parse_mode_option, write_output
 from chexpercept.errors import BundleValidationError, ReleaseNotFoundError
 from chexpercept.results import ORACLE_SETTINGS
 
-from .tables import TABLE_IDS
+from .tables import TABLE_IDS, table_choices
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("paths", nargs="+", metavar="PATH", help="run folder, results file or model folder")
+    parser.add_argument(
+        "paths",
+        nargs="+",
+        metavar="PATH",
+        help="run folder, results file, model folder, or a folder of model folders (run --output-dir)",
+    )
     add_data_dir_option(parser, help="release bundle folder (required for the reference's all_results.json)")
     add_parse_mode_option(parser, help="answer parsing (default: reference)")
     parser.add_argument("--oracle", choices=ORACLE_SETTINGS, help="oracle setting, when the run does not say")
@@ -50,7 +56,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     out.add_argument(
         "--table",
         choices=(*TABLE_IDS, "all"),
-        help="print the paper's table (several PATHs: one row per model)",
+        help="print the paper's table: " + table_choices() + "; all: every one (several PATHs: one row "
+        "per model)",
     )
     out.add_argument("--compare", action="store_true", help="paired comparison of exactly two PATHs")
     parser.add_argument("--format", choices=("markdown", "csv"), default="markdown", help="table format")
@@ -71,15 +78,38 @@ def _names(args: argparse.Namespace) -> list[str | None]:
     return list(args.name) if args.name else [None] * len(args.paths)
 
 
+def _expanded(paths: list[str], names: list[str | None]) -> list[tuple[str, str | None]]:
+    """(model path, name) per model: a folder of several models (``run --output-dir``) stands for
+    each of them, said on stderr."""
+    from .discovery import model_folders
+
+    out: list[tuple[str, str | None]] = []
+    for path, name in zip(paths, names):
+        folders = model_folders(path)
+        if folders != [FsPath(path)]:
+            if name is not None:
+                raise ValueError(
+                    f"--name {name!r}: {path} holds {len(folders)} models; name each model folder"
+                )
+            print(
+                f"{path}: scoring each of its {len(folders)} model folders: "
+                + ", ".join(f.name for f in folders),
+                file=sys.stderr,
+            )
+        out.extend((str(f), name) for f in folders)
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
+    from .answer_warnings import warning_lines
     from .api import score_path
 
     try:
-        names = _names(args)
-        if args.compare and len(args.paths) != 2:
-            raise ValueError("--compare needs exactly two PATHs")
+        models = _expanded(args.paths, _names(args))
+        if args.compare and len(models) != 2:
+            raise ValueError(f"--compare needs exactly two models, got {len(models)}")
         reports = []
-        for path, name in zip(args.paths, names):
+        for path, name in models:
             reports.append(
                 score_path(
                     path,
@@ -103,6 +133,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"[{report.name}] {line}", file=sys.stderr)
         for note in report.notes:
             print(f"[{report.name}] note: {note}", file=sys.stderr)
+        for line in warning_lines(report):
+            print(line, file=sys.stderr)
         if args.bootstrap > 0 and not args.compare:
             report.with_intervals(args.bootstrap, seed=args.seed, level=args.level)
     if args.cases and not args.details:
@@ -116,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _output(args: argparse.Namespace, reports: list[Any]) -> str:
     from .bootstrap import compare_reports
-    from .tables import render_table
+    from .tables import legend, render_table
 
     if args.compare:
         a, b = reports
@@ -144,6 +176,8 @@ def _output(args: argparse.Namespace, reports: list[Any]) -> str:
             )
             for t in ids
         ]
+        if args.format == "markdown":
+            parts.insert(0, legend(args.bootstrap, seed=args.seed, level=args.level) + "\n")
         return "\n".join(parts)
     if args.details:
         data = [r.to_dict(cases=args.cases) for r in reports]

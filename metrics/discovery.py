@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path as FsPath
 from typing import Any, Literal
 
+from chexpercept.errors import no_such_path
 from chexpercept.results import ORACLE_SETTINGS, RESULTS_NAME, RUN_NAME
 from chexpercept.run_metadata import RunMetadata
 
@@ -89,7 +90,7 @@ def find_run(folder: FsPath) -> RunFolder | None:
 
 def _runs_under(root: FsPath) -> list[RunFolder]:
     if not root.is_dir():
-        raise FileNotFoundError(f"results folder {root} does not exist")
+        raise FileNotFoundError(f"results folder {no_such_path(root)}")
     runs: list[RunFolder] = []
     for dirpath, dirnames, _ in os.walk(root):
         dirnames.sort()
@@ -127,7 +128,7 @@ def detect(path: str | os.PathLike[str]) -> tuple[str, FsPath]:
     ("model", folder with oracle_* runs)."""
     p = FsPath(path).expanduser()
     if not p.exists():
-        raise FileNotFoundError(f"{p} does not exist")
+        raise FileNotFoundError(no_such_path(path, "file or folder"))
     if p.is_file():
         if p.name == RESULTS_NAME or p.suffix == ".jsonl":
             return "chexpercept", p.parent
@@ -147,6 +148,32 @@ def detect(path: str | os.PathLike[str]) -> tuple[str, FsPath]:
         f"{p}: found no results: expected {RESULTS_NAME} (our runner), {REFERENCE_RESULTS_NAME} "
         "(the reference implementation) or oracle_<setting>/ folders holding either"
     )
+
+
+def model_folders(path: str | os.PathLike[str]) -> list[FsPath]:
+    """The model folders PATH stands for, in order: PATH itself when it holds a run or a model's
+    ``oracle_*`` runs, else every model folder below it (a runs folder such as ``run --output-dir``
+    writes: ``<model>/oracle_<setting>/``). Raises like ``detect`` when there is none."""
+    try:
+        detect(path)
+        return [FsPath(path)]
+    except ValueError:
+        root = FsPath(path).expanduser()
+        if not root.is_dir():
+            raise
+        try:
+            runs = _runs_under(root)
+        except FileNotFoundError:
+            raise ValueError(
+                f"{root}: found no results: expected {RESULTS_NAME} (our runner), {REFERENCE_RESULTS_NAME} "
+                "(the reference implementation), oracle_<setting>/ folders holding either, or model "
+                "folders of those below it"
+            ) from None
+    folders: list[FsPath] = []
+    for run in runs:
+        if run.folder.parent not in folders:
+            folders.append(run.folder.parent)
+    return folders
 
 
 def _run_folders(p: FsPath) -> list[FsPath]:

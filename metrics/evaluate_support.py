@@ -14,10 +14,10 @@ from typing import Any
 
 from chexpercept.answers import PARSE_MODES
 from chexpercept.case import Case, Turn
+from chexpercept.registration import METRIC_NAME
 from chexpercept.results import CaseResult, judge_turn
 from chexpercept.vocab import LESIONS, MULTI_SELECT_TASKS, PATHS, TASK_STAGE
 
-METRIC_NAME = "chexpercept_metric"
 #: the evaluate module's folder: ``evaluate.load(str(METRIC_PATH))`` works from any directory
 METRIC_PATH = FsPath(__file__).resolve().parent / METRIC_NAME
 
@@ -159,6 +159,19 @@ def compute_metric(
     return report.to_dict(cases=return_cases)
 
 
+def evaluate_modules_cache(modules_cache: str | os.PathLike[str] | None = None) -> FsPath:
+    """The folder where evaluate keeps its dynamic modules, found the way evaluate 0.4 finds it
+    (``evaluate.config.HF_MODULES_CACHE`` / ``evaluate_modules``) without importing evaluate, which
+    imports datasets and, when installed, torch: ``modules_cache``, else ``$HF_MODULES_CACHE``,
+    else ``$HF_HOME/modules``, else ``$XDG_CACHE_HOME/huggingface/modules`` (``~/.cache``)."""
+    if modules_cache is None:
+        home = os.path.expanduser(
+            os.getenv("HF_HOME", os.path.join(os.getenv("XDG_CACHE_HOME", "~/.cache"), "huggingface"))
+        )
+        modules_cache = os.getenv("HF_MODULES_CACHE", os.path.join(home, "modules"))
+    return FsPath(modules_cache) / "evaluate_modules"
+
+
 def install_metric(modules_cache: str | os.PathLike[str] | None = None) -> FsPath:
     """Make ``evaluate.load("chexpercept_metric")`` work offline from any folder (one-time step).
 
@@ -168,17 +181,12 @@ def install_metric(modules_cache: str | os.PathLike[str] | None = None) -> FsPat
     package (the newest copy wins). Returns the installed file.
     """
     source = METRIC_PATH / f"{METRIC_NAME}.py"
-    if modules_cache is None:
-        from evaluate.loading import init_dynamic_modules
-
-        root = FsPath(init_dynamic_modules())
-    else:
-        root = FsPath(modules_cache) / "evaluate_modules"
+    root = evaluate_modules_cache(modules_cache)
     code = source.read_bytes()
     digest = hashlib.sha256(code).hexdigest()
     target = root / "metrics" / f"evaluate-metric--{METRIC_NAME}" / digest
     target.mkdir(parents=True, exist_ok=True)
-    for folder in (root, root / "metrics", target.parent, target):
+    for folder in (root.parent, root, root / "metrics", target.parent, target):
         init = folder / "__init__.py"
         if not init.exists():
             init.touch()

@@ -93,7 +93,10 @@ class ModelScores:
         return out
 
     def to_dict(self, *, cases: bool = False) -> dict[str, Any]:
-        """Everything as JSON-ready data: flat metrics, nested tables, intervals, sources, notes."""
+        """Everything as JSON-ready data: flat metrics, nested tables, intervals, sources, notes,
+        parse rates and the warnings about unreadable answers (``answer_warnings``)."""
+        from .answer_warnings import answer_warnings
+
         out: dict[str, Any] = {
             "name": self.name,
             "mode": self.mode,
@@ -104,6 +107,7 @@ class ModelScores:
             "counts": self.counts,
             "runs": self.runs,
             "parse": self.parse,
+            "warnings": [w.as_dict() for w in answer_warnings(self)],
             "fingerprint": self.fingerprint,
         }
         if self.intervals is not None:
@@ -118,7 +122,35 @@ class ModelScores:
         return out
 
 
-def _parse_stats(cs: CaseScores) -> dict[str, Any]:
+def _cut_off(cs: CaseScores, run: Run) -> dict[str, dict[str, int]]:
+    """Per task, the unread answers (``unparsed``, ``reasoning``) whose reply used the run's whole
+    token budget (recorded output tokens at --max-tokens): cut off before the answer."""
+    limit = run.meta.sampling.max_tokens if run.meta.sampling else None
+    out: dict[str, dict[str, int]] = {}
+    if not limit:
+        return out
+    row = {key: i for i, key in enumerate(cs.key_ids)}
+    for rec in run.records:
+        i = row.get(rec.key_id)
+        if i is None:
+            continue
+        status = {t.task: t.status for t in cs.turns[i]}
+        for turn in rec.turns:
+            tokens = (turn.usage or {}).get("output_tokens")
+            kind = status.get(turn.task)
+            if (
+                kind in (STATUS_UNPARSED, STATUS_REASONING)
+                and not turn.refusal
+                and tokens
+                and tokens >= limit
+            ):
+                counts = out.setdefault(turn.task, {})
+                counts[kind] = counts.get(kind, 0) + 1
+    return out
+
+
+def _parse_stats(cs: CaseScores, run: Run | None = None) -> dict[str, Any]:
+    cut = _cut_off(cs, run) if run is not None else {}
     out: dict[str, Any] = {}
     for task in TASKS:
         j = TASK_INDEX[task]
@@ -135,6 +167,8 @@ def _parse_stats(cs: CaseScores) -> dict[str, Any]:
             # counts, not shares: how many answers came from reasoning, how many were refused
             "from_reasoning": int(counts[PARSE_STATUSES.index(STATUS_REASONING)]),
             "refused": int(cs.task_refused[asked, j].sum()),
+            # unread answers whose reply used the whole token budget, per status
+            "at_token_limit": cut.get(task, {}),
         }
     return out
 
@@ -218,7 +252,7 @@ def score_model(
 
     counts = _counts(matrix, e2e_scores, op_scores)
     counts["unfinished_cases"] = {r.oracle: len(r.failed) for r in runs if r.failed}
-    parse = {s: _parse_stats(cs) for s, cs in scores.items()}
+    parse = {s: _parse_stats(cs, by_setting[s]) for s, cs in scores.items()}
     notes += _answer_notes(parse, mode)
     model_name = name or next((r.model for r in runs if r.model), "") or "model"
     return ModelScores(
@@ -306,6 +340,7 @@ def _run_rows(by_setting: Mapping[str, Run], scores: Mapping[str, CaseScores]) -
             "cases": len(r.records),
             "greedy": r.greedy,
             "parse_mode": r.parse_mode,
+            "max_tokens": r.meta.sampling.max_tokens if r.meta.sampling else None,
             "verdict_agreement": _agreement(scores[s]),
         }
         estimate = getattr(r.meta, "estimate", None)

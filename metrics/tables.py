@@ -40,6 +40,10 @@ class Table:
     #: per-row label header and rows (label, substitutions); None = one row per model
     row_header: str | None = None
     rows: tuple[tuple[str, dict[str, str]], ...] = ()
+    #: what the table shows, in a few words (``--table`` help, the report)
+    name: str = ""
+    #: what its abbreviations and brackets mean (printed under the markdown table)
+    note: str = ""
 
 
 _PATH_ROWS = tuple((p.value, {"path": p.value}) for p in PATHS)
@@ -60,6 +64,13 @@ TABLES: dict[str, Table] = {
             Col("Depth RF (0-3)", "depth/RF", "num"),
             Col("Depth LF (0-1)", "depth/LF", "num"),
         ),
+        name="stage accuracy and depth",
+        note=(
+            "E2E: End-to-End accuracy (a case counts at a stage only if it passed every earlier stage). OP: "
+            "Oracle-Passed accuracy (each stage on its own: wrong earlier answers were corrected by the "
+            "oracle); Stage 1 is the same under both. (+x): OP minus E2E of the same stage, in percentage "
+            "points. Depth: stages passed before the first error (maximum in brackets)."
+        ),
     ),
     "3": Table(
         "Table 3: Stage 3 and Stage 4 sub-task accuracy (%), Oracle-Passed",
@@ -71,6 +82,12 @@ TABLES: dict[str, Table] = {
             Col("S4 Loc.", "sub/location"),
             Col("S4 Sev.", "sub/severity"),
             Col("S4 Comp.", "sub/comparison"),
+        ),
+        name="sub-task accuracy",
+        note=(
+            "Stage 3: Exp. expansion points, Con. contraction points (exact set match), Res. revision result."
+            " Stage 4: Dist. distribution, Loc. location, Sev. severity, Comp. comparison (RR and RF, "
+            "cardiomegaly excluded)."
         ),
     ),
     "8": Table(
@@ -86,6 +103,11 @@ TABLES: dict[str, Table] = {
         ),
         "Path",
         _PATH_ROWS,
+        name="stage accuracy per path",
+        note=(
+            "E2E: End-to-End, OP: Oracle-Passed (as in Table 2); S1 is the same under both. LF asks Stage 1 "
+            "only, RF no Stage 3: those cells do not apply (–)."
+        ),
     ),
     "9": Table(
         "Table 9: per-lesion stage accuracy (%) and depth (cardiomegaly depth on its native scale)",
@@ -103,6 +125,11 @@ TABLES: dict[str, Table] = {
         ),
         "Lesion",
         _LESION_ROWS,
+        name="stage accuracy and depth per lesion",
+        note=(
+            "E2E: End-to-End, OP: Oracle-Passed (as in Table 2). Cardiomegaly has no Stage 4: its depth is on"
+            " its native scale (maxima RR 3, RF 2), not with the +1 that Table 2 adds."
+        ),
     ),
     "10": Table(
         "Table 10: Stage 2 answer distribution (%), Oracle-Passed run",
@@ -116,6 +143,13 @@ TABLES: dict[str, Table] = {
             Col("Delta", "bias/stage2/delta", "signed"),
             Col("Acc.", "bias/stage2/accuracy"),
         ),
+        name="Stage 2 answer distribution",
+        note=(
+            "Share of Stage 2 answers (is any major revision of the contour needed?) that are Yes (option 1),"
+            " No (option 2) or Etc (anything else), on RR (gold: Yes) and RF (gold: No). Delta: Yes rate on "
+            "RR minus Yes rate on RF (near 0: the model answers alike whatever the contour). Acc.: (RR Yes + "
+            "RF No) / 2, which equals OP S2 of Table 2."
+        ),
     ),
     "11": Table(
         "Table 11: Stage 3 response bias on RR, Oracle-Passed run",
@@ -127,10 +161,32 @@ TABLES: dict[str, Table] = {
             Col("Con. Pts", "bias/stage3/contraction/points", "num"),
             Col("Con. Acc. (%)", "bias/stage3/contraction/accuracy"),
         ),
+        name="Stage 3 response bias",
+        note=(
+            "Stage 3 on RR: None (%): share of answers choosing the None option; Pts: mean number of points "
+            "chosen per case; Acc. (%): exact match of the chosen set. Exp.: expansion, Con.: contraction."
+        ),
     ),
 }
 #: the paper's tables this toolkit renders, in paper order
 TABLE_IDS: tuple[str, ...] = tuple(TABLES)
+
+
+def legend(n_resamples: int = 0, *, seed: int = 0, level: float = 0.95) -> str:
+    """What the numbers, brackets and dashes of the markdown tables mean (one line, printed above
+    them by ``chexpercept score --table`` and the report)."""
+    if n_resamples > 0:
+        return (
+            f"Values in %, depth in stages; brackets: {level:.0%} bootstrap intervals ({n_resamples} "
+            f"replicates, cases resampled within each lesion and path, seed {seed}). – = does not apply "
+            "or not measured."
+        )
+    return "Values in %, depth in stages. – = does not apply or not measured."
+
+
+def table_choices() -> str:
+    """The tables by number and name, for help texts: "2 stage accuracy and depth, 3 ..."."""
+    return ", ".join(f"{tid} {t.name}" for tid, t in TABLES.items())
 
 
 def _fmt(value: float | None, kind: str, na: str = NA) -> str:
@@ -220,7 +276,11 @@ def render_table(
     intervals: bool = False,
     title: bool = True,
 ) -> str:
-    """Render Table 2, 3, 8, 9, 10 or 11 for one report or a {model name: report or values} map."""
+    """Render Table 2, 3, 8, 9, 10 or 11 for one report or a {model name: report or values} map.
+
+    Markdown with ``title`` starts with the table's title and the note on its abbreviations; the
+    table's rows come last. CSV holds the header and rows only.
+    """
     table_id = str(table_id)
     if table_id not in TABLES:
         raise ValueError(f"unknown table {table_id!r}; expected one of {', '.join(TABLES)}")
@@ -233,7 +293,10 @@ def render_table(
         writer.writerow(header)
         writer.writerows(rows)
         return buf.getvalue()
-    lines = [f"**{TABLES[table_id].title}**", ""] if title else []
+    table = TABLES[table_id]
+    lines = [f"**{table.title}**", ""] if title else []
+    if title and table.note:
+        lines += [table.note, ""]
     lines.append("| " + " | ".join(header) + " |")
     lines.append("|" + "|".join(" --- " for _ in header) + "|")
     lines.extend("| " + " | ".join(r) + " |" for r in rows)

@@ -5,15 +5,31 @@
 # built on first use). CHEXPERCEPT_SKIP_VLLM=1 leaves them out, and says so. Then the tests of Meta's SAM 3
 # package (marker `sam3_meta`) in the environment of scripts/setup_sam3_meta.sh (.venv-sam3, built on
 # first use: sam3 pins numpy<2.4 and huggingface-hub<2); CHEXPERCEPT_SKIP_SAM3=1 leaves them out, and
-# says so.
+# says so. The browser tests (marker `browser`: the HTML report and the review app in headless
+# Chromium) need Debian's chromium and chromium-driver: installed with apt-get when this runs as root
+# (or with passwordless sudo); otherwise it says what to run and stops before any test.
+# CHEXPERCEPT_SKIP_BROWSER=1 leaves them out, and says so. This is what CI (.ci/run) runs.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
+
+MARKERS="not vllm and not sam3_meta"
+if [ "${CHEXPERCEPT_SKIP_BROWSER:-0}" = "1" ]; then
+  MARKERS="$MARKERS and not browser"
+else
+  bash "$ROOT/scripts/setup_browser.sh"
+fi
+# the browser tests fail, not skip, when the browser is missing after all
+[ "${CHEXPERCEPT_SKIP_BROWSER:-0}" = "1" ] || export CHEXPERCEPT_REQUIRE_BROWSER=1
+
 # shellcheck disable=SC1091
 . "$ROOT/scripts/setup_env.sh" "hf,test"
 ruff check .
 ruff format --check .
-python -m pytest -n "${PYTEST_WORKERS:-2}" -m "not vllm and not sam3_meta" "$@"
+python -m pytest -n "${PYTEST_WORKERS:-2}" -m "$MARKERS" "$@"
+if [ "${CHEXPERCEPT_SKIP_BROWSER:-0}" = "1" ]; then
+  echo "test.sh: BROWSER TESTS NOT RUN (CHEXPERCEPT_SKIP_BROWSER=1): the HTML report's viewer and the review app were not tested" >&2
+fi
 
 if [ "${CHEXPERCEPT_SKIP_SAM3:-0}" = "1" ]; then
   echo "test.sh: SAM3 META TESTS NOT RUN (CHEXPERCEPT_SKIP_SAM3=1): --sam3-impl meta was not tested" >&2

@@ -35,7 +35,7 @@ def test_no_data_dir():
 
 
 def test_missing_dir(tmp_path):
-    with pytest.raises(ReleaseNotFoundError, match="does not exist"):
+    with pytest.raises(ReleaseNotFoundError, match="no such folder"):
         read_bundle(tmp_path / "nope")
 
 

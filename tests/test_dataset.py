@@ -93,7 +93,7 @@ def test_num_proc_and_streaming(fixture_bundle):
 
 
 def test_load_errors_are_ours(tmp_path):
-    with pytest.raises(ReleaseNotFoundError, match="does not exist"):
+    with pytest.raises(ReleaseNotFoundError, match="no such folder"):
         _load(data_dir=str(tmp_path / "missing"))
     (tmp_path / "empty").mkdir()
     with pytest.raises(ReleaseNotFoundError, match="is empty"):
@@ -118,3 +118,35 @@ def test_all_checks_verifies_sha256sums(fresh_bundle):
     Image.new("RGB", (32, 32)).save(fresh_bundle / "chexpercept" / key / "detection_qa" / "xray.png")
     with pytest.raises(BundleValidationError, match="sha256 does not match"):
         _load(data_dir=str(fresh_bundle), verification_mode="all_checks", download_mode="force_redownload")
+
+
+def test_inspect_counts_what_load_dataset_gives_without_decoding_or_importing_datasets(fixture_bundle):
+    """`chexpercept inspect` reads the bundle the way the builder does, so its counts are
+    load_dataset's rows, per lesion and path; it builds no dataset (issue 23: it decoded every
+    image to count rows)."""
+    from collections import Counter
+
+    code = (
+        "import json, sys\nfrom chexpercept.cli import main\nmain(['inspect', sys.argv[1]])\n"
+        "print(json.dumps(sorted(m for m in ('datasets', 'pyarrow', 'PIL.PngImagePlugin') if m in sys.modules)))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code, str(fixture_bundle)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert json.loads(lines[-1]) == []  # neither datasets nor an image decoder was imported
+    ds = _load(data_dir=str(fixture_bundle))
+    items = _load("items", data_dir=str(fixture_bundle))
+    assert (
+        f"gives {ds.num_rows} cases (config sequences), {items.num_rows} questions (config items)" in lines[0]
+    )
+    lesions, paths = ds.features["lesion"].names, ds.features["path"].names
+    cases = Counter((lesions[a], paths[b]) for a, b in zip(ds["lesion"], ds["path"]))
+    questions = Counter(
+        (lesions[r["lesion"]], paths[r["path"]]) for r in items.select_columns(["lesion", "path"])
+    )
+    for line in lines:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if cells[0] in lesions:
+            counts = [int(c) for c in cells[1:]]
+            assert counts[:3] == [cases[(cells[0], p)] for p in ("RR", "RF", "LF")]
+            assert counts[4:7] == [questions[(cells[0], p)] for p in ("RR", "RF", "LF")]

@@ -214,3 +214,67 @@ def test_from_run_needs_a_timed_run_of_the_same_model(bundle, tmp_path, capsys):
         cli([*args, "--from-run", str(out), "--tokens-per-second", "10"])
     target = tmp_path / "new" / "folder" / "e.md"
     assert cli([*args, "--output", str(target)]) == 0 and target.is_file()
+
+
+@pytest.fixture(scope="module")
+def mixed_sizes(tmp_path_factory):
+    """Two lesions' cells with images of several sizes (the processor's expansion is learned per size)."""
+    from PIL import Image
+
+    root = write_fixture_bundle(
+        tmp_path_factory.mktemp("sizes") / "b", per_cell=1, image_size=64, image_style="smooth",
+        lesions=("cardiomegaly", "effusion"),
+    )  # fmt: skip
+    for i, png in enumerate(sorted(root.rglob("*.png"))):
+        if i % 3 == 0:
+            Image.new("RGB", (48 + 16 * (i % 4), 80), (i * 7 % 256, 90, 30)).save(png)
+    return read_bundle(root)
+
+
+def test_local_count_once_per_shape_equals_the_processor_on_every_call(mixed_sizes, tiny_model):
+    """The fast count (template and image tokens once per shape) gives the same numbers as the
+    processor on every call's real images, the way the estimate counted before."""
+    from chexpercept.eval.estimate import estimate_bounds, sample_calls
+    from chexpercept.eval.local_tokens import ProcessorCounter
+    from chexpercept.results import ORACLE_SETTINGS
+
+    cases = mixed_sizes.cases
+    fast = ProcessorCounter(mixed_sizes.root, str(tiny_model), answer_tokens=700)
+    fast.check(sample_calls(cases, ORACLE_SETTINGS))
+    assert fast.strategy == "pieces" and "same ids as the processor on 24 sample calls" in fast.name
+    slow = ProcessorCounter(mixed_sizes.root, str(tiny_model), answer_tokens=700, strategy="processor")
+    for oracle in ORACLE_SETTINGS:
+        for a, b in zip(
+            estimate_bounds(cases, oracle, fast, model_id="m", answer_tokens=700),
+            estimate_bounds(cases, oracle, slow, model_id="m", answer_tokens=700),
+        ):
+            assert {**a.as_dict(), "counter": ""} == {**b.as_dict(), "counter": ""}
+    assert len(fast._expansions) >= 3  # one per image size met, each learned once
+    requests: list = []
+    walk(
+        cases[:3], "implicit", lambda c: lambda r: Response(text="Answer: 1"), lambda r, p: requests.append(r)
+    )
+    assert all(fast.ids(r) == slow.exact_ids(r) for r in requests)
+    # image tokens are the image's feature tokens (the tiny Gemma 3: 4 per image), not one marker per
+    # image (Gemma 3's processor calls its start-of-image marker image_token)
+    assert fast.tokenizer.convert_ids_to_tokens([fast.image_token_id]) == ["<image_soft_token>"]
+    assert all(fast.count(r, None).image == 4 * len(r.images) for r in requests)
+
+
+def test_local_count_falls_back_to_the_processor_when_a_fast_way_differs(
+    mixed_sizes, tiny_model, monkeypatch
+):
+    from chexpercept.eval.estimate import sample_calls
+    from chexpercept.eval.local_tokens import ProcessorCounter
+
+    calls = sample_calls(mixed_sizes.cases, ["implicit"])
+    counter = ProcessorCounter(mixed_sizes.root, str(tiny_model))
+    monkeypatch.setattr(counter, "_piece_ids", lambda text: [0])
+    counter.check(calls)
+    assert counter.strategy == "text" and "tokenized" in counter.name  # the next way that agrees
+    monkeypatch.setattr(counter, "_text_ids", lambda text: [0])
+    counter.strategy = "pieces"
+    counter.check(calls)
+    assert counter.strategy == "processor" and "differed from the processor" in counter.name
+    request = calls[0]
+    assert counter.count(request, None).total == len(counter.exact_ids(request))

@@ -246,7 +246,7 @@ def test_bad_arguments_give_clear_errors(fixture_bundle, tmp_path, capsys):
     assert run_cli(fixture_bundle, tmp_path, model="not-a-model") == 2
     assert "not in the model registry" in capsys.readouterr().err
     assert run_cli(tmp_path / "missing", tmp_path) == 2
-    assert "does not exist" in capsys.readouterr().err
+    assert "missing: no such folder" in capsys.readouterr().err
     assert run_cli(fixture_bundle, tmp_path, "--lesions", "pneumonia", "--paths", "RR", "--limit", "0") == 2
     assert "--limit" in capsys.readouterr().err
 

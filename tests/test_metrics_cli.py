@@ -84,8 +84,12 @@ def test_tables_for_several_models(runs, capsys):
     code, out, _ = _score(capsys, runs / "good", runs / "poor", "--table", "2")
     assert code == 0
     lines = out.strip().splitlines()
-    assert lines[0].startswith("**Table 2") and lines[2].startswith("| Model | E2E S1")
-    assert lines[4].startswith("| good | ") and lines[5].startswith("| poor | ")
+    assert lines[0] == "Values in %, depth in stages. – = does not apply or not measured."  # the legend
+    assert lines[2].startswith("**Table 2") and "(+x): OP minus E2E" in lines[4]  # the table's note
+    assert lines[6].startswith("| Model | E2E S1")
+    assert lines[8].startswith("| good | ") and lines[9].startswith("| poor | ")
+    code, out, _ = _score(capsys, runs / "good", "--table", "2", "--bootstrap", "20")
+    assert out.startswith("Values in %, depth in stages; brackets: 95% bootstrap intervals (20 replicates")
     code, out, _ = _score(capsys, runs / "good", runs / "poor", "--table", "8", "--format", "csv")
     rows = list(csv.reader(io.StringIO(out)))
     assert rows[0][:3] == ["Model", "Path", "S1"] and len(rows) == 1 + 2 * 3
@@ -118,12 +122,12 @@ def test_compare_two_models(runs, capsys):
     s1 = res["metrics"]["e2e/stage1/all"]
     assert s1["difference"] > 0 and s1["n"] == 21 and 0 < s1["p_value"] <= 1
     code, _, err = _score(capsys, runs / "good", "--compare")
-    assert code == 2 and "exactly two PATHs" in err
+    assert code == 2 and "exactly two models, got 1" in err
 
 
 def test_bad_paths_are_clear_errors(tmp_path, capsys):
     code, _, err = _score(capsys, tmp_path / "missing")
-    assert code == 2 and "does not exist" in err
+    assert code == 2 and "no such file or folder" in err
     (tmp_path / "x").mkdir()
     code, _, err = _score(capsys, tmp_path / "x")
     assert code == 2 and "found no results" in err

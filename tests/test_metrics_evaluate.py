@@ -112,3 +112,48 @@ def test_classlabel_ids_and_input_errors(bundle, answered):
     bad[0] = {**bad[0], "turns": [{**bad[0]["turns"][0], "task": "guessing"}]}
     with pytest.raises(ValueError, match="unknown task 'guessing'"):
         metric.compute(predictions=[p[:1] for p in predictions[:1]], references=bad[:1])
+
+
+def _child(code, env):
+    import json
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("where", ["HF_HOME", "HF_MODULES_CACHE", "XDG_CACHE_HOME"])
+def test_install_metric_finds_evaluate_s_module_cache_without_importing_evaluate(tmp_path, where):
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HOME", "HF_MODULES_CACHE", "XDG_CACHE_HOME")}
+    env[where] = str(tmp_path / where)
+    ours = _child(
+        "import json, sys\nfrom chexpercept.metrics.evaluate_support import evaluate_modules_cache\n"
+        "from chexpercept.cli import main\nmain(['install-metric'])\n"
+        "print(json.dumps({'path': str(evaluate_modules_cache()), "
+        "'heavy': sorted(m for m in ('evaluate', 'datasets', 'torch') if m in sys.modules)}))",
+        env,
+    )
+    theirs = _child(
+        "import json\nfrom evaluate.loading import init_dynamic_modules\nprint(json.dumps(init_dynamic_modules()))",
+        env,
+    )
+    assert ours == {"path": theirs, "heavy": []}
+
+
+def test_the_installed_copy_serves_an_interpreter_without_the_start_up_hook(tmp_path):
+    """Without the hook (CHEXPERCEPT_NO_STARTUP_HOOK=1, nothing imported) evaluate finds the bare name
+    only in its module cache: what `chexpercept install-metric` puts there."""
+    import os
+
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "CHEXPERCEPT_NO_STARTUP_HOOK": "1"}
+    code = (
+        "import json\nimport evaluate\ntry:\n    evaluate.load('chexpercept_metric'); ok = True\n"
+        "except FileNotFoundError:\n    ok = False\nprint(json.dumps(ok))"
+    )
+    assert _child(code, env) is False
+    _child("from chexpercept.cli import main\nmain(['install-metric'])\nprint('null')", env)
+    assert _child(code, env) is True

@@ -52,7 +52,7 @@ def test_detect_every_kind_of_path(tmp_path, bundle):
     ref.mkdir(parents=True)
     (ref / "all_results.json").write_text("{}")
     assert detect(ref) == ("reference", ref / "all_results.json")
-    with pytest.raises(FileNotFoundError, match="does not exist"):
+    with pytest.raises(FileNotFoundError, match="no such file or folder"):
         detect(tmp_path / "nope")
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="found no results: expected results.jsonl"):

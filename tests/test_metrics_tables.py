@@ -65,7 +65,19 @@ def test_rows_look_like_the_paper():
     assert render_table("2", {"GPT-5.4": GPT}).splitlines()[-1] == PAPER_T2["GPT-5.4"]
     lines = render_table(10, {"GPT-5.4": GPT, "Qwen3.5-122B": QWEN}).splitlines()
     assert lines[-2:] == [PAPER_T10["GPT-5.4"], PAPER_T10["Qwen3.5-122B"]]
-    assert lines[2] == "| Model | RR Yes | RR No | RR Etc | RF Yes | RF No | RF Etc | Delta | Acc. |"
+    assert lines[4] == "| Model | RR Yes | RR No | RR Etc | RF Yes | RF No | RF Etc | Delta | Acc. |"
+    assert lines[2].startswith("Share of Stage 2 answers")  # the table's note says what it shows
+
+
+def test_every_table_has_a_name_and_a_note_on_its_abbreviations():
+    from chexpercept.metrics.tables import TABLES, table_choices
+
+    for tid, table in TABLES.items():
+        assert table.name and table.note, tid
+        assert render_table(tid, {"GPT-5.4": GPT}).splitlines()[2] == table.note
+        assert table.note not in render_table(tid, {"GPT-5.4": GPT}, title=False)
+        assert f"{tid} {table.name}" in table_choices()
+    assert "(+x): OP minus E2E of the same stage" in TABLES["2"].note
 
 
 def test_na_cells_gains_and_csv():

@@ -304,7 +304,7 @@ def test_command_line(workspace, tmp_path, capsys):
     assert "Table 2" in printed and "| oracle | 100.0 |" in printed
     assert f"Open {(tmp_path / 'r' / 'index.html').resolve().as_uri()}" in printed
     assert main(["report", "--results", str(tmp_path / "nothing"), "--output-dir", str(tmp_path / "x")]) == 1
-    assert "does not exist" in capsys.readouterr().err
+    assert "nothing: no such folder" in capsys.readouterr().err
 
 
 def test_model_names_with_slashes_get_one_folder(workspace, tmp_path):

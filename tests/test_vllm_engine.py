@@ -260,7 +260,7 @@ def test_a_conversation_the_engine_cannot_take_is_named_first_and_fails_alone(
     """max_model_len below the longest routes' late turns (vllm-project/vllm#16732): the preflight
     names those cases before the engine loads; with --on-error record the run goes on and only those
     conversations fail (failures.jsonl, exit status 3)."""
-    from chexpercept.eval.estimate import ProcessorCounter
+    from chexpercept.eval.local_tokens import ProcessorCounter
     from chexpercept.eval.preflight import ContextLimits, check_fit
 
     bundle = read_bundle(phantom_bundle)

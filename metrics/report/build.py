@@ -33,10 +33,11 @@ from typing import Any
 from chexpercept.bundle import Bundle
 from chexpercept.metrics.discovery import RunFolder, discover_runs
 from chexpercept.metrics.runs import open_bundle
-from chexpercept.metrics.tables import TABLE_IDS
+from chexpercept.metrics.tables import TABLE_IDS, legend
 from chexpercept.results import ORACLE_SETTINGS
 from chexpercept.vocab import LESIONS, PATHS
 
+from ..answer_warnings import DEFAULT_THRESHOLD, AnswerWarning, answer_warnings, parse_rate_table
 from ..hub.leaderboard import (
     HubBoard,
     hub_leaderboard_csv,
@@ -50,6 +51,11 @@ from .leaderboard import leaderboard_rows, render_leaderboard, write_leaderboard
 from .page import Figure, Section, figures_html, markdown_to_html, write_index_html
 
 FIGURES_DIR = "figures"
+ANSWERS_NOTE = (
+    "How each task's answers were read (the report's parse mode). An unread answer is scored as wrong; "
+    "**Cut off**: unread replies that used the run's whole `--max-tokens` budget. A warning above the "
+    f"page names every run where more than {DEFAULT_THRESHOLD:.0%} of a task's answers could not be read."
+)
 PHANTOM_BANNER = (
     "**Phantom data.** These runs were made on a synthetic bundle: the numbers test the software and "
     "say nothing about any model."
@@ -73,6 +79,8 @@ class ReportOutput:
     leaderboard_md: FsPath
     files: list[FsPath] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    #: runs whose answers could not be read (metrics/answer_warnings.py): shown as banners
+    warnings: list[AnswerWarning] = field(default_factory=list)
     seconds: float = 0.0
     #: seconds per phase (load, score, intervals, tables, csv, figures, viewer, html)
     timings: dict[str, float] = field(default_factory=dict)
@@ -288,12 +296,7 @@ def _write_tables(
             )
         )
         blocks.append(md)
-    ci_note = (
-        f"Values in %, depth in stages; brackets: 95% bootstrap intervals ({n_resamples} replicates, cases "
-        f"resampled within each lesion and path, seed {seed}). – = does not apply or not measured."
-        if n_resamples > 0
-        else "Values in %, depth in stages. – = does not apply or not measured."
-    )
+    ci_note = legend(n_resamples, seed=seed)
     tables_md = _write(out / "tables.md", f"# {title}: tables\n\n{ci_note}\n\n" + "\n".join(blocks))
     files.append(tables_md)
     board = leaderboard_rows(reports)
@@ -365,10 +368,14 @@ def _page_sections(
     per_setting_figures: dict[str, list[FsPath]],
     runs_section: Section,
     files: Sequence[FsPath],
+    reports: dict[str, Any],
 ) -> list[Section]:
     sections = [
         Section("leaderboard", "Leaderboard", markdown_to_html(_board_markdown(tables.board, tables.hub))),
         Section("tables", "Tables", markdown_to_html(tables.ci_note + "\n\n" + "\n".join(tables.blocks))),
+        Section(
+            "answers", "Answers read", markdown_to_html(ANSWERS_NOTE + "\n\n" + parse_rate_table(reports))
+        ),
     ]
     if figures:
         extra = "".join(
@@ -383,7 +390,11 @@ def _page_sections(
 
 
 def _banners(
-    folders: Sequence[RunFolder], bundle: Bundle | None, embed_images: bool, notes: Sequence[str]
+    folders: Sequence[RunFolder],
+    bundle: Bundle | None,
+    embed_images: bool,
+    notes: Sequence[str],
+    warnings: Sequence[AnswerWarning],
 ) -> list[str]:
     banners = []
     synthetic = (bundle is not None and bundle.synthetic) or any(
@@ -393,6 +404,7 @@ def _banners(
         banners.append(PHANTOM_BANNER)
     if embed_images:
         banners.append(EMBEDDED_BANNER)
+    banners.extend(f"**Unreadable answers.** {w.text()}" for w in warnings)
     banners.extend(notes)
     return banners
 
@@ -434,6 +446,7 @@ def write_report(
 
     # --- scores: per model (headline numbers) and per run (the reference's per-run view)
     per_run, models, reports = _score(folders, loaded, mode)
+    warnings = [w for rep in reports.values() for w in answer_warnings(rep)]
     clock.lap("score")
     if n_resamples > 0:
         for rep in reports.values():
@@ -479,8 +492,8 @@ def write_report(
         write_viewer_data(out, _viewer_runs(folders, loaded, per_run), bundle_obj, embed_images=embed_images)
         clock.lap("viewer")
         runs_section = _runs_section(folders, loaded, reports, mode)
-        sections = _page_sections(out, tables, figures, per_setting_figures, runs_section, files)
-        banners = _banners(folders, bundle_obj, embed_images, notes)
+        sections = _page_sections(out, tables, figures, per_setting_figures, runs_section, files, reports)
+        banners = _banners(folders, bundle_obj, embed_images, notes, warnings)
         subtitle = f"{len(models)} model(s), {len(folders)} run(s), {n_cases} cases"
         index_html = write_index_html(out, title=title, sections=sections, banners=banners, subtitle=subtitle)
         files.append(index_html)
@@ -496,6 +509,7 @@ def write_report(
         leaderboard_md=tables.leaderboard_md,
         files=files,
         notes=notes + [f"{name}: {n}" for name, rep in reports.items() for n in rep.notes],
+        warnings=warnings,
         seconds=time.perf_counter() - start,
         timings=clock.laps,
         table2=_metrics().render_table("2", reports, fmt="markdown", intervals=False),

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from chexpercept.cli_options import add_data_dir_option, add_output_dir_option, add_parse_mode_option
+
+DEFAULT_OUTPUT_DIR = "report"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -17,7 +20,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="folder of runs: <model>/oracle_<setting>/results.jsonl (this toolkit) or "
         "<provider>_<model>/oracle_<setting>/all_results.json (reference); repeat to combine folders",
     )
-    add_output_dir_option(parser, default="report", help="report folder (default: report)")
+    add_output_dir_option(
+        parser, default=None, help=f"report folder (default: ./{DEFAULT_OUTPUT_DIR}, said when used)"
+    )
     add_data_dir_option(
         parser,
         help="the bundle the runs were made on (default: the one run.json names); needed for reference "
@@ -60,6 +65,13 @@ def run(args: argparse.Namespace) -> int:
     if args.bootstrap < 0:
         print("chexpercept report: --bootstrap must be 0 or more", file=sys.stderr)
         return 2
+    output_dir = args.output_dir
+    if output_dir is None:
+        output_dir = DEFAULT_OUTPUT_DIR
+        print(
+            f"chexpercept report: no --output-dir given: writing to {Path(output_dir).resolve()}",
+            file=sys.stderr,
+        )
     hub = None
     if args.hub_leaderboard:
         from ..hub.leaderboard import HubBoard, LeaderboardError, read_leaderboard
@@ -72,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         result = write_report(
             args.results,
-            args.output_dir,
+            output_dir,
             bundle=args.data_dir,
             mode=args.parse_mode,
             embed_images=args.embed_images,
@@ -90,9 +102,11 @@ def run(args: argparse.Namespace) -> int:
     print(result.table2)
     for note in result.notes:
         print(f"note: {note}")
+    for warning in result.warnings:
+        print("\n".join(warning.lines()), file=sys.stderr)
     print(
         f"Report of {len(result.models)} model(s), {len(result.runs)} run(s), {result.cases} cases "
-        f"written in {result.seconds:.1f} s to {result.out}/"
+        f"written in {result.seconds:.1f} s to {result.out.resolve()}/"
     )
     if result.index_html is not None:
         print(f"Open {result.index_html.resolve().as_uri()}")
