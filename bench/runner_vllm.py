@@ -3,11 +3,13 @@
 Same tiny random model (``chexpercept make-tiny-model``), same phantom bundle, same vLLM engine
 (one ``vllm.LLM`` in this process), every mode the same answers token for token (checked):
 
-* (a) ``engine_vllm``: the runner's engine over the vllm backend (``run_conversations``): all live
-  conversations advance one turn per step, each step one ``LLM.chat`` call; parsing, oracle, result
-  records included.
-* (b) ``replay_llm_chat``: the floor. The very requests (a) sent, recorded step by step, replayed
-  straight into ``LLM.chat`` (same messages, same sampling parameters), nothing of ours in between.
+* (a) ``engine_vllm``: the runner's engine over the vllm backend (``run_conversations``): each
+  conversation's next turn goes into the running engine as soon as its answer is in
+  (``LLM.enqueue_chat`` + ``LLMEngine.step``); parsing, oracle, result records included.
+* (b) ``replay_llm_chat``: the floor. The very requests (a) sent, recorded, replayed straight into
+  ``LLM.chat`` one turn depth at a time (all first turns in one call, then all second turns, ...: what
+  the step engine sent when every case was live at once), same messages and sampling parameters,
+  nothing of ours in between.
 * (c) ``engine_transformers``: the runner's engine over the transformers backend with its turn cache,
   same model and bundle (CPU, float32).
 
@@ -40,15 +42,65 @@ TARGET = 0.9
 
 
 class Recorder:
-    """Wraps an LLM: records what each ``chat`` call got, then passes it on."""
+    """Wraps the backend's LLM: records every conversation it is given (as cheaply as an append),
+    then passes it on; ``by_depth`` gives them back with each decoded image as its file URL again,
+    as a user of ``LLM.chat`` passes it."""
 
-    def __init__(self, llm: Any):
+    def __init__(self, llm: Any, urls: dict[int, str]):
         self.llm = llm
-        self.calls: list[tuple[list, dict]] = []
+        self.conversations: list[tuple[list, Any, dict]] = []
+        #: id of a decoded image -> its file URL (see ``record_urls``)
+        self.urls = urls
 
-    def chat(self, messages, **kwargs):
-        self.calls.append((messages, kwargs))
-        return self.llm.chat(messages, **kwargs)
+    def enqueue_chat(self, messages, sampling_params=None, **kwargs):
+        self.conversations += [(m, sampling_params, kwargs) for m in messages]
+        return self.llm.enqueue_chat(messages, sampling_params, **kwargs)
+
+    def _preprocess_chat_one(self, conversation, **kwargs):  # the backend renders, then adds
+        self.conversations.append((conversation, None, {"use_tqdm": False, **kwargs}))
+        return self.llm._preprocess_chat_one(conversation, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.llm, name)
+
+    def by_depth(self, params: Any) -> list[tuple[list, Any, dict]]:
+        """The recorded conversations as one ``LLM.chat`` call per turn depth."""
+        depths: dict[int, list] = {}
+        for messages, _, kwargs in self.conversations:
+            depths.setdefault(len(messages), []).append((as_urls(messages, self.urls), kwargs))
+        return [([m for m, _ in group], params, group[0][1]) for _, group in sorted(depths.items())]
+
+
+def record_urls(backend: Any) -> dict[int, str]:
+    """id of each image the backend decodes -> its file URL (its loader wrapped to say so)."""
+    urls: dict[int, str] = {}
+    decoded = backend.decoded
+    if decoded is not None:
+        load = decoded.load
+
+        def recording(relative):
+            image = load(relative)
+            urls[id(image)] = backend.image_url(relative)
+            return image
+
+        decoded.load = recording
+    return urls
+
+
+def as_urls(messages: list, urls: dict[int, str]) -> list:
+    """``messages`` with every decoded image (``image_pil``) as its file URL again."""
+    out = []
+    for message in messages:
+        content = message["content"]
+        if isinstance(content, list):
+            content = [
+                {"type": "image_url", "image_url": {"url": urls[id(p["image_pil"])]}, "uuid": p["uuid"]}
+                if isinstance(p, dict) and p.get("type") == "image_pil"
+                else p
+                for p in content
+            ]
+        out.append({**message, "content": content})
+    return out
 
 
 def answers(results) -> dict[str, list[str]]:
@@ -76,6 +128,7 @@ def run_vllm(args, work: Path, bundle_dir: Path) -> dict[str, Any]:
     report["engine_start_seconds"] = round(time.perf_counter() - start, 1)
     report["engine_args"] = backend.engine_args
     llm = backend.llm
+    urls = record_urls(backend)
     from vllm import SamplingParams
 
     for length in sorted(args.lengths):
@@ -91,9 +144,10 @@ def run_vllm(args, work: Path, bundle_dir: Path) -> dict[str, Any]:
         for _ in range(args.repeat):
             # (a) our engine over the vllm backend, recording every LLM.chat call
             llm.reset_prefix_cache()
-            recorder = Recorder(llm)
+            recorder = Recorder(llm, urls)
             backend.llm = recorder
             before = (backend._prompt_tokens, backend._cached_tokens)
+            iterations_before = backend.iterations
             results: list = []
             t0 = time.perf_counter()
             stats = run_conversations(
@@ -105,13 +159,17 @@ def run_vllm(args, work: Path, bundle_dir: Path) -> dict[str, Any]:
             outputs["engine_vllm"] = answers(results)
             detail["engine_vllm"] = {
                 "model_calls": stats.requests,
-                "llm_chat_calls": stats.steps,
+                "engine_iterations": backend.iterations - iterations_before,
                 "prefix_cache_hit_rate": round(cached / prompt, 4),
             }
-            # (b) the same requests straight into LLM.chat
+            # (b) the same requests straight into LLM.chat, a turn depth at a time
             llm.reset_prefix_cache()
+            calls = recorder.by_depth(backend.params)
+            detail["replay_llm_chat"] = {"llm_chat_calls": len(calls)}
             t0 = time.perf_counter()
-            replayed = [llm.chat(messages, **kwargs) for messages, kwargs in recorder.calls]
+            replayed = [
+                llm.chat(messages, sampling_params=params, **kwargs) for messages, params, kwargs in calls
+            ]
             times["replay_llm_chat"].append(time.perf_counter() - t0)
             outputs["replay_llm_chat"] = sorted(out.outputs[0].text for outs in replayed for out in outs)
             # (c) our engine over the transformers backend, turn cache on

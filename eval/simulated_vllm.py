@@ -23,19 +23,26 @@ from types import SimpleNamespace
 from typing import Any
 
 
-def _digest(conversation: list[dict[str, Any]]) -> int:
-    text = json.dumps(conversation, sort_keys=True, ensure_ascii=False)
+def _digest(conversation: list[dict[str, Any]], seed: int = 0) -> int:
+    """A hash of a conversation's texts and image count (not its image URLs, which name folders)."""
+    texts = []
+    for message in conversation:
+        content = message["content"]
+        parts = [{"type": "text", "text": content}] if isinstance(content, str) else content
+        texts += [p.get("text", "") if p["type"] == "text" else "<image>" for p in parts]
+    text = json.dumps([seed, texts], ensure_ascii=False)
     return int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:8], "big")
 
 
 def heavy_tailed_answers(
-    median: float = 700.0, sigma: float = 1.0, cap: int = 8192, options: int = 2
+    median: float = 700.0, sigma: float = 1.0, cap: int = 8192, options: int = 2, seed: int = 0
 ) -> Callable[[list[dict[str, Any]]], tuple[str, int]]:
     """Answers ``Answer: k`` whose lengths in tokens are lognormal (``median``, ``sigma``), at most
-    ``cap``, drawn from a hash of the conversation: the spread of reasoning models' answers."""
+    ``cap``, drawn from a hash of the conversation (and ``seed``): the spread of reasoning models'
+    answers."""
 
     def answer(conversation: list[dict[str, Any]]) -> tuple[str, int]:
-        rng = random.Random(_digest(conversation))
+        rng = random.Random(_digest(conversation, seed))
         length = min(cap, max(1, round(math.exp(rng.gauss(math.log(median), sigma)))))
         return f"Answer: {rng.randint(1, options)}", length
 

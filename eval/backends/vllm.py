@@ -40,6 +40,7 @@ from typing import Any
 
 from chexpercept.containment import image_file
 
+from ..decoded_images import DecodedImages
 from ..occupancy import WorkLedger, ratio, schedule_record
 from ..preflight import ContextLimits, model_context_length
 from ..protocol import BackendError, Completion, Request, Response, RunContext, Sampling
@@ -261,6 +262,8 @@ class VLLMBackend:
         #: give each image a stable id (vLLM's multimodal uuids); off only to measure what it saves
         self.image_ids = image_ids
         self._uuids: dict[str, str] = {}
+        #: images decoded once per live conversation with vLLM's own loader (None: file URLs only)
+        self.decoded: DecodedImages | None = None
         #: request id (vLLM's) -> the request, for requests in the engine
         self._in_flight: dict[str, Request] = {}
         #: answers ready before the next step (requests the engine refused)
@@ -399,6 +402,9 @@ class VLLMBackend:
             temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_tokens, seed=self.seed
         )
         self.continuous = callable(getattr(self.llm, "enqueue_chat", None))
+        load = _image_loader(self.llm) if self.image_ids else None
+        if load is not None:
+            self.decoded = DecodedImages(lambda relative: load(self.image_url(relative)), image_budget())
         config = getattr(
             getattr(getattr(self.llm, "llm_engine", None), "vllm_config", None), "scheduler_config", None
         )
@@ -420,16 +426,21 @@ class VLLMBackend:
         return uuid
 
     def build_messages(self, request: Request) -> list[dict[str, Any]]:
-        """OpenAI-style messages with images as file:// URLs inside the bundle, each part with the
-        image's stable id (``uuid``) where ``image_ids`` is on."""
+        """OpenAI-style messages with images as file:// URLs inside the bundle; where ``image_ids``
+        is on each image part carries the image's stable id (``uuid``), and an image decoded while
+        its conversation is live goes as that decoded image (``image_pil``: vLLM's own loader, the
+        pixels the URL gives) instead of being read and decoded again on every turn."""
         messages = request.openai_messages(self.image_url)
-        if self.image_ids:
-            for message, source in zip(messages, request.messages):
-                parts = [
-                    p for p in message["content"] if isinstance(p, dict) and p.get("type") == "image_url"
-                ]
-                for part, relative in zip(parts, source.images):
-                    part["uuid"] = self.image_uuid(relative)
+        if not self.image_ids:
+            return messages
+        for message, source in zip(messages, request.messages):
+            parts = [p for p in message["content"] if isinstance(p, dict) and p.get("type") == "image_url"]
+            for part, relative in zip(parts, source.images):
+                part["uuid"] = self.image_uuid(relative)
+                image = self.decoded.get(relative) if self.decoded is not None else None
+                if image is not None:
+                    del part["image_url"]
+                    part.update(type="image_pil", image_pil=image)
         return messages
 
     def _chat_kwargs(self) -> dict[str, Any]:
@@ -444,21 +455,47 @@ class VLLMBackend:
 
     # ------------------------------------------------------------------ requests
     def submit(self, requests: Sequence[Request]) -> None:
+        """Every request rendered as ``LLM.chat`` renders it, then added to the running engine.
+        Requests handed over together are all rendered first and then added one after the other, so
+        that the engine takes them up together (rendering one takes longer than an iteration of a
+        small model: added as each is rendered, they would start one by one)."""
         if not self.continuous:
             self._pending.extend(requests)
             return
+        rendered = []
         for request in requests:
             try:
-                (request_id,) = self.llm.enqueue_chat(
-                    [self.build_messages(request)], self.params_for(request), **self._chat_kwargs()
-                )
+                rendered.append((request, self._render(request)))
             except self._fatal as e:
                 raise engine_error(e) from e
             except Exception as e:  # the engine refused this request (too long, an image it cannot read)
                 self._ready.append((request, Response("", {}, error=refusal(e))))
+        for request, add in rendered:
+            try:
+                request_id = add()
+            except self._fatal as e:
+                raise engine_error(e) from e
+            except Exception as e:
+                self._ready.append((request, Response("", {}, error=refusal(e))))
                 continue
             self._in_flight[_external(request_id)] = request
         self.ledger.in_flight(self._running())
+
+    def _render(self, request: Request) -> Callable[[], str]:
+        """Render ``request`` now; returns what adds it to the engine. ``LLM.enqueue_chat`` does both
+        at once; its two halves (vLLM's ``_preprocess_chat_one`` and ``_add_request``, the very calls
+        it makes) are used where this vLLM has them."""
+        messages, params = self.build_messages(request), self.params_for(request)
+        kwargs = self._chat_kwargs()
+        llm = self.llm
+        preprocess, add = getattr(llm, "_preprocess_chat_one", None), getattr(llm, "_add_request", None)
+        needs_parsing = bool(kwargs.get("chat_template_kwargs", {}).get("enable_thinking"))
+        if not (callable(preprocess) and callable(add)) or needs_parsing:
+            return lambda: llm.enqueue_chat([messages], params, **kwargs)[0]
+        prompt = preprocess(messages, chat_template_kwargs=kwargs.get("chat_template_kwargs"))
+        resolve = getattr(llm, "_resolve_mm_lora", None)
+        lora = resolve(prompt, None) if callable(resolve) else None
+        return lambda: add(prompt, params, lora_request=lora, priority=0)
 
     def _running(self) -> int:
         n = len(self._in_flight)
@@ -496,6 +533,8 @@ class VLLMBackend:
         self.ledger.release(key_ids)
         prefixes = tuple(f"chexpercept/{k}/" for k in key_ids)
         self._uuids = {p: u for p, u in self._uuids.items() if not p.startswith(prefixes)}
+        if self.decoded is not None:
+            self.decoded.release(prefixes)
 
     def generate(self, requests: Sequence[Request]) -> list[Response]:
         """One ``LLM.chat`` call for a batch (vLLM without ``enqueue_chat``; checks and benchmarks)."""
@@ -552,6 +591,7 @@ class VLLMBackend:
             floor_iterations=math.ceil(floor),
             iterations_over_floor=ratio(self.iterations, floor) if self.continuous else None,
             image_ids=self.image_ids,
+            decoded_images=self.decoded.record() if self.decoded is not None else None,
         )
 
     def describe(self) -> dict[str, Any]:
@@ -578,6 +618,36 @@ class VLLMBackend:
         shutdown = getattr(engine, "shutdown", None)
         if callable(shutdown):
             shutdown()
+
+
+#: decoded images a backend keeps at most: this share of the memory available at start-up, at most
+#: IMAGE_BUDGET_MAX (a 1024x1024 X-ray is 3 MiB decoded)
+IMAGE_BUDGET_SHARE = 0.125
+IMAGE_BUDGET_MAX = 4 << 30
+
+
+def image_budget() -> int:
+    return int(min(_available_memory() * IMAGE_BUDGET_SHARE, IMAGE_BUDGET_MAX))
+
+
+def _image_loader(llm: Any) -> Callable[[str], Any] | None:
+    """vLLM's own image loader for this engine (its media connector, with the engine's media
+    settings), or None where this vLLM has none to reach (then images go as file URLs)."""
+    try:
+        from vllm import envs
+        from vllm.multimodal.media import MEDIA_CONNECTOR_REGISTRY
+
+        config = llm.llm_engine.model_config
+        multimodal = getattr(config, "multimodal_config", None)
+        connector = MEDIA_CONNECTOR_REGISTRY.load(
+            envs.VLLM_MEDIA_CONNECTOR,
+            media_io_kwargs=getattr(multimodal, "media_io_kwargs", None),
+            allowed_local_media_path=config.allowed_local_media_path,
+            allowed_media_domains=config.allowed_media_domains,
+        )
+    except Exception:
+        return None
+    return connector.fetch_image
 
 
 def _external(request_id: str) -> str:
