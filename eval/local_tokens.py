@@ -226,7 +226,7 @@ class ProcessorCounter:
 
     def ids(self, request: Request) -> list[int]:
         """The call's token ids, the way ``strategy`` computes them."""
-        if self.strategy == "processor":
+        if self.strategy == "processor" or self._placeholder is None:  # not checked: the definition
             return self.exact_ids(request)
         text = self._expanded_text(request)
         return self._piece_ids(text) if self.strategy == "pieces" else self._text_ids(text)

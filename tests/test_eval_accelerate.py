@@ -84,3 +84,52 @@ def test_accelerate_launch_num_processes_2_on_a_cpu_warns_at_run_time(fixture_bu
     assert "warning: accelerate launch was asked for 2 processes but started one" in proc.stderr
     info = json.loads((tmp_path / "baseline-prior" / "oracle_implicit" / "run.json").read_text())
     assert info["num_processes"] == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("to_group", [False, True])
+def test_a_signal_stops_every_process_of_an_accelerate_run(fixture_bundle, tmp_path, to_group):
+    """SIGTERM to the launcher (what SLURM and docker stop send), or SIGINT to the whole process
+    group (Ctrl-C in a terminal): every process saves what it finished and stops, the lock is
+    released, no process is left, and a rerun completes the run."""
+    import os
+    import signal
+    import time
+
+    from chexpercept.eval.interrupts import _alive, descendants
+
+    common = ["--data-dir", str(fixture_bundle), "--model", "baseline:random", "--batch-size", "2"]
+    folder = tmp_path / "baseline-random" / "oracle_implicit"
+    proc = subprocess.Popen(
+        [*LAUNCH, str(RUN_SCRIPT), *common, "--output-dir", str(tmp_path), "--no-progress", "--no-score"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "CHEXPERCEPT_TEST_STEP_DELAY": "0.3"},
+    )
+    results = folder / "results.jsonl"
+    deadline = time.monotonic() + 120
+    while not (results.exists() and results.read_text().count("\n") >= 2):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.1)
+    processes = [proc.pid, *descendants(proc.pid)]
+    assert len(processes) >= 3  # the launcher and its two workers
+    sent = time.monotonic()
+    if to_group:
+        os.killpg(proc.pid, signal.SIGINT)
+    else:
+        proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert time.monotonic() - sent < 20
+    assert (
+        proc.returncode != 0 and "Traceback (most recent call last)" not in err.split("torch.distributed")[0]
+    )
+    assert "stopped by SIG" in err and "selected cases are saved in" in err
+    time.sleep(0.5)
+    assert [p for p in processes if _alive(p)] == []
+    assert not (folder / "run.lock").exists()
+    launch_two(*common, "--output-dir", str(tmp_path))
+    assert main([*common, "--output-dir", str(tmp_path / "one"), "--no-progress", "--no-score"]) == 0
+    whole = tmp_path / "one" / "baseline-random" / "oracle_implicit" / "results.jsonl"
+    assert results.read_bytes() == whole.read_bytes()

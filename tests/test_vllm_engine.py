@@ -255,7 +255,7 @@ def test_ctrl_c_then_a_dead_engine_then_rerun(gemma_runs, phantom_bundle, models
 
 
 def test_a_conversation_the_engine_cannot_take_is_named_first_and_fails_alone(
-    gemma_runs, phantom_bundle, models, tmp_path
+    phantom_bundle, models, tmp_path
 ):
     """max_model_len below the longest routes' late turns (vllm-project/vllm#16732): the preflight
     names those cases before the engine loads; with --on-error record the run goes on and only those
@@ -300,9 +300,21 @@ def test_a_conversation_the_engine_cannot_take_is_named_first_and_fails_alone(
     finished = answers(folder)
     assert failures and len(finished) + len(failures) == len(bundle.cases)
     assert all("vLLM refused the request" in f.error and "maximum model length" in f.error for f in failures)
-    # the conversations that fit got the answers of an unconstrained run
-    reference = answers(gemma_runs["implicit"])
-    assert all(finished[k] == reference[k] for k in finished)
+    # exactly the conversations the preflight named failed: those that cannot fit at all, and of
+    # those that fit only with short answers, the ones whose answers were not short; every other
+    # case went on to the end of its route
+    fit = check_fit(
+        bundle.cases,
+        ProcessorCounter(bundle.root, str(models["gemma3"])),
+        ContextLimits(limit),
+        oracle="implicit",
+        max_tokens=8,
+    )
+    cannot, may_not = {f.key_id for f in fit.cannot}, {f.key_id for f in fit.may_not}
+    failed = {f.key_id for f in failures}
+    assert cannot and cannot <= failed <= cannot | may_not
+    routes = {c.key_id: len(c.turns) for c in bundle.cases}
+    assert all(len(turns) == routes[k] for k, turns in finished.items())
 
 
 def free_port() -> int:

@@ -112,9 +112,10 @@ def test_each_prompt_is_rendered_as_llm_chat_renders_it(engines, phantom_bundle)
     # and the token ids themselves
     llm = engine.llm
     messages = continuous.build_messages(requests[-1])
-    (ids,) = llm.enqueue_chat([messages], continuous.params, use_tqdm=False)
+    (added,) = llm.enqueue_chat([messages], continuous.params, use_tqdm=False)
+    ids = added.split("-", 1)[0]  # outputs carry the id LLM gave, without vLLM's random suffix
     done = {}
-    while ids not in done:
+    while ids not in done and llm.llm_engine.has_unfinished_requests():
         for out in llm.llm_engine.step():
             if out.finished:
                 done[out.request_id] = out
