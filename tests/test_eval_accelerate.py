@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -122,10 +123,13 @@ def test_a_signal_stops_every_process_of_an_accelerate_run(fixture_bundle, tmp_p
         proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
     assert time.monotonic() - sent < 20
-    assert (
-        proc.returncode != 0 and "Traceback (most recent call last)" not in err.split("torch.distributed")[0]
-    )
-    assert "stopped by SIG" in err and "selected cases are saved in" in err
+    assert proc.returncode != 0
+    # each process says what it saved in one line; no traceback comes from this project's code
+    # (on SIGTERM torch's elastic launcher prints its own stack trace, SignalException: not ours)
+    ours = [x for x in err.splitlines() if x.startswith("chexpercept run: process ")]
+    assert len(ours) == 2 and all("stopped by SIG" in x and "selected cases are saved in" in x for x in ours)
+    root = re.escape(str(RUN_SCRIPT.parents[1]))
+    assert not re.search(rf'File "{root}/(?!\.venv)', err), err[-3000:]
     time.sleep(0.5)
     assert [p for p in processes if _alive(p)] == []
     assert not (folder / "run.lock").exists()
