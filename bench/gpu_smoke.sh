@@ -54,9 +54,9 @@ info = json.load(open(f"{folder}/run.json"))
 s = info["last_session"]
 settings = info.get("backend_settings", {})
 print(f"{folder}: {s['cases']} cases, {s['model_calls_main_process']} model calls in "
-      f"{s['batches_main_process']} batches; engine {s['seconds_main_process']:.1f} s = "
+      f"{s['rounds_main_process']} rounds; engine {s['seconds_main_process']:.1f} s = "
       f"{s['cases'] / s['seconds_main_process']:.2f} cases/s (whole command {end - start:.1f} s)")
-for key in ("turn_cache", "dtype", "device", "platform", "prefix_cache"):
+for key in ("turn_cache", "dtype", "device", "platform", "prefix_cache", "schedule"):
     if key in settings:
         print(f"  {key}: {settings[key]}")
 EOF

@@ -284,7 +284,7 @@ def main(argv=None) -> int:
                 turns = [t for r in results for t in r.turns]
                 new_tokens[mode] = sum(t.usage["output_tokens"] for t in turns) / len(turns)
                 if stats is not None:
-                    steps[mode] = stats.steps
+                    steps[mode] = stats.rounds
                     if length == shortest and implicit_at_shortest is None:
                         implicit_at_shortest, stats_at_shortest = results, stats
         base = min(times["reference_way"])

@@ -15,6 +15,15 @@ main process then wait for it forever (vllm-project/vllm#39854). Inside ``stop_o
 
 Child processes are told apart from those that were there before the run (``ChildProcesses``), so a
 run started from a test or a notebook never kills processes it did not start.
+
+A terminal sends Ctrl-C (and a closed terminal SIGHUP) to its whole foreground process group, so
+vLLM's engine core and its workers would receive it too, each stopping on its own: a worker that
+exits first leaves the engine core's step "cancelled", and the engine core prints a traceback after
+the run's own line (or, in some vLLM versions, the main process waits for it forever). Processes a
+backend starts inside ``shielded_children`` hold those two signals blocked (a blocked signal mask is
+inherited through fork and exec alike), so the main process alone takes them and shuts the engine
+down in order, as it does on SIGTERM; SIGTERM and SIGKILL still reach them (vLLM stops its engine
+with SIGTERM).
 """
 
 from __future__ import annotations
@@ -30,6 +39,10 @@ from collections.abc import Iterator
 #: signals that stop a run
 STOP_SIGNALS: tuple[int, ...] = tuple(
     s for s in (getattr(signal, n, None) for n in ("SIGTERM", "SIGINT", "SIGHUP")) if s is not None
+)
+#: signals a terminal sends to its whole foreground process group, which only the main process takes
+TERMINAL_SIGNALS: tuple[int, ...] = tuple(
+    s for s in (getattr(signal, n, None) for n in ("SIGINT", "SIGHUP")) if s is not None
 )
 #: seconds a run may take to shut down after a signal before everything it started is killed
 DEFAULT_GRACE = 20.0
@@ -95,7 +108,11 @@ class ChildProcesses:
         self.before = set(descendants())
 
     def started(self) -> list[int]:
-        return [p for p in descendants() if p not in self.before]
+        """The processes the run started, but multiprocessing's resource tracker: it ignores SIGTERM,
+        exits by itself once this process and its children are gone, and then frees the shared
+        memory they left behind, which a kill would leak."""
+        tracker = _resource_tracker_pid()
+        return [p for p in descendants() if p not in self.before and p != tracker]
 
     def stop(self, timeout: float = 3.0) -> list[int]:
         """SIGTERM to each process the run started, SIGKILL to what is left after ``timeout``
@@ -186,3 +203,50 @@ def stop_on_signals(grace: float = DEFAULT_GRACE) -> Iterator[ChildProcesses]:
             signal.signal(s, old)
         _state.children = None
         sys.stderr.flush()
+
+
+@contextlib.contextmanager
+def shielded_children() -> Iterator[None]:
+    """Processes started inside the block from the main thread (fork or spawn) never take SIGINT or
+    SIGHUP; this process still does, inside the block too. Use it around whatever starts an engine's
+    processes, so that a Ctrl-C reaching the whole process group stops the run through its main
+    process only (see the module docstring). Outside the main thread, or where the platform has no
+    ``pthread_sigmask``, it changes nothing.
+
+    The main thread holds the two signals blocked for the block's length (its children inherit the
+    mask); a thread started just before, which does not block them, takes them meanwhile, and the
+    interpreter runs this process's handler in the main thread as usual (at its next bytecode: an
+    engine's start-up waits in short polls)."""
+    if not hasattr(signal, "pthread_sigmask") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _start_resource_tracker()
+    done = threading.Event()
+    receiver = threading.Thread(target=done.wait, name="chexpercept-signals", daemon=True)
+    receiver.start()
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, TERMINAL_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        done.set()
+
+
+def _start_resource_tracker() -> None:
+    """Start multiprocessing's resource tracker now, before the block: CPython starts it at the first
+    spawn or shared-memory block of a process and then *unblocks* SIGINT and SIGTERM in the thread
+    that started it, which would undo the shield there and in every process started after it (vLLM's
+    engine core creates shared memory, then forks its workers). Started here, every child reuses it
+    (a forked one inherits it, a spawned one is handed it)."""
+    with contextlib.suppress(Exception):
+        from multiprocessing import resource_tracker
+
+        resource_tracker.ensure_running()
+
+
+def _resource_tracker_pid() -> int | None:
+    """The pid of the resource tracker this process started, if it did (CPython keeps it as
+    ``_resource_tracker._pid``; None where that changes)."""
+    module = sys.modules.get("multiprocessing.resource_tracker")
+    pid = getattr(getattr(module, "_resource_tracker", None), "_pid", None)
+    return pid if isinstance(pid, int) else None

@@ -105,3 +105,53 @@ def say_bug(session: Session | None, error: BaseException) -> None:
         f"internal error ({type(error).__name__}: {' '.join(str(error).split())[:300]})",
         f"rerun the same command to resume; if it happens again, please report it ({detail})",
     )
+
+
+def end_of(
+    error: BaseException,
+    session: Session | None,
+    folder: FsPath,
+    *,
+    main: bool,
+    expected: tuple[type[BaseException], ...] = (ValueError,),
+) -> int:
+    """Say how the run ended because of ``error`` and return the exit status: a stop signal
+    (128 + the signal), a failed request under --on-error stop, a dead engine, an operating-system
+    error (2), an ``expected`` error such as bad input (2), or a bug (1, its traceback in error.txt).
+    ``main``: this is the main process, which speaks for a run that a signal stopped before this
+    process finished anything."""
+    from .engine import ConversationFailed
+    from .interrupts import RunInterrupted, received
+    from .protocol import BackendError
+
+    resume = "rerun the same command to resume"
+    signum = received()
+    if isinstance(error, BackendError) and not isinstance(error, ConversationFailed) and signum:
+        error = RunInterrupted(signum)  # the engine died of the same signal (Ctrl-C reaches it too)
+    if isinstance(error, RunInterrupted):
+        if main or (session is not None and session.finished_now):
+            say_end(session, f"stopped by {error.name}", resume)
+        return error.exit_status
+    if isinstance(error, ConversationFailed):
+        say_end(
+            session,
+            f"error: {error} (--on-error stop; {error.live} other live conversation(s) were not finished)",
+            f"{resume}, or pass --on-error record to leave the cases whose requests fail unfinished and "
+            "go on with the others",
+        )
+        return 2
+    if isinstance(error, BackendError):
+        say_end(session, f"error: {error}", resume)
+        return 2
+    if isinstance(error, OSError) and error.errno is not None:  # the system's (not PIL's)
+        what, advice = os_error_text(error, folder)
+        say_end(session, f"error: {what}", advice)
+        return 2
+    if isinstance(error, OSError):
+        say_end(session, f"error: {type(error).__name__}: {error}", f"fix it, then {resume}")
+        return 2
+    if isinstance(error, expected):
+        say_end(session, f"error: {error}", f"fix it, then {resume}")
+        return 2
+    say_bug(session, error)
+    return 1

@@ -178,7 +178,10 @@ class Backend(Protocol):
         """Backend settings for run.json (engine arguments, chat kwargs, dtype...)."""
         ...
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Stop the engine and free what it holds; a second call does nothing (a run that ends early
+        closes its backend before its last line, and again on the way out)."""
+        ...
 
 
 class BatchBackend:

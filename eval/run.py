@@ -35,10 +35,10 @@ from chexpercept.cli_options import add_progress_option, progress_enabled
 from chexpercept.errors import BundleValidationError, ReleaseNotFoundError
 from chexpercept.eval.backends import backend_class, json_object_arg
 from chexpercept.eval.distributed import Distributed
-from chexpercept.eval.engine import ConversationFailed, EngineStats, admission_order, run_conversations
+from chexpercept.eval.engine import EngineStats, admission_order, run_conversations
 from chexpercept.eval.hub import add_revision_option, prepare_model
-from chexpercept.eval.interrupts import ChildProcesses, RunInterrupted, received, stop_on_signals
-from chexpercept.eval.outcome import READ_ONLY, Session, os_error_text, say_bug, say_end
+from chexpercept.eval.interrupts import ChildProcesses, RunInterrupted, stop_on_signals
+from chexpercept.eval.outcome import READ_ONLY, Session, end_of, os_error_text, say_end
 from chexpercept.eval.protocol import Backend, BackendError, RunContext, Sampling
 from chexpercept.eval.provenance import git_commit, now, versions
 from chexpercept.eval.registry import BACKENDS, REGISTRY, ModelSpec, resolve
@@ -76,6 +76,8 @@ EXPECTED_ERRORS = (
     BundleValidationError,
     ReleaseNotFoundError,
 )
+#: errors that are the input's or the setting's (one line naming them), not bugs
+EXPECTED = (*EXPECTED_ERRORS, ForeignRecordError)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -436,7 +438,7 @@ def _take_folders(
                     raise
                 status = recheck_read_only(run, cases, e, args, spec)
                 outcome = {"ok": False, "status": status}
-            except (*EXPECTED_ERRORS, ForeignRecordError) as e:
+            except EXPECTED as e:
                 error, outcome = e, {"ok": False, "status": 2, "error": str(e)}
             outcomes.append(outcome)
             if not outcome["ok"] and outcome["status"] != 0:
@@ -497,52 +499,21 @@ def _run_all(
                 backend.setup(context)
                 ready = True
             statuses.append(_run_one(args, dist, spec, bundle, cases, backend, batch_size, run))
-    except RunInterrupted as e:
-        if dist.is_main or (current and current.session and current.session.finished_now):
-            say_end(_session(current), f"stopped by {e.name}", "rerun the same command to resume")
-        return e.exit_status
-    except ConversationFailed as e:
-        say_end(
-            _session(current),
-            f"error: {e} (--on-error stop; {e.live} other live conversation(s) were not finished)",
-            "rerun the same command to resume, or pass --on-error record to leave the cases whose "
-            "requests fail unfinished and go on with the others",
-        )
-        return 2
-    except BackendError as e:
-        signum = received()
-        if signum is not None:  # the engine died of the same signal (Ctrl-C reaches it too)
-            stop = RunInterrupted(signum)
-            say_end(_session(current), f"stopped by {stop.name}", "rerun the same command to resume")
-            return stop.exit_status
-        say_end(_session(current), f"error: {e}", "rerun the same command to resume")
-        return 2
-    except OSError as e:
-        if e.errno is None:  # not the system's (e.g. PIL's UnidentifiedImageError)
-            say_end(
-                _session(current),
-                f"error: {type(e).__name__}: {e}",
-                "fix it, then rerun the same command to resume",
-            )
-        else:
-            what, advice = os_error_text(e, (current or todo[0]).folder.path)
-            say_end(_session(current), f"error: {what}", advice)
-        return 2
-    except (*EXPECTED_ERRORS, ForeignRecordError) as e:
-        say_end(_session(current), f"error: {e}", "fix it, then rerun the same command to resume")
-        return 2
-    except Exception as e:
-        say_bug(_session(current), e)
-        return 1
+    except (Exception, RunInterrupted) as e:  # every early end is one line (eval/outcome.py)
+        run = current or todo[0]
+        error: BaseException = e
+        try:  # the engine's own shutdown log goes before that line
+            backend.close()
+        except RunInterrupted as stop:  # a signal while closing: the run ends by it
+            error = stop
+        except Exception:
+            pass  # the error that ended the run is the one to tell; the process stops what is left
+        return end_of(error, run.session, run.folder.path, main=dist.is_main, expected=EXPECTED)
     finally:
         backend.close()
     if dist.is_main and not args.no_score:
         print_scores(runs[0].folder.path.parent, spec.display or spec.name, args.parse_mode)
     return max(statuses, default=0)
-
-
-def _session(run: _OracleRun | None) -> Session | None:
-    return run.session if run is not None else None
 
 
 def recheck_read_only(
@@ -861,7 +832,7 @@ def run(args: argparse.Namespace) -> int:
             f"chexpercept run: stopped by {e.name} before any case ran; nothing was written", file=sys.stderr
         )
         return e.exit_status
-    except (*EXPECTED_ERRORS, ForeignRecordError) as e:
+    except EXPECTED as e:
         print(f"chexpercept run: error: {e}", file=sys.stderr)
         return 2
     except OSError as e:  # before the run folder was taken (e.g. a full disk writing run.json)

@@ -131,8 +131,8 @@ STUCK = textwrap.dedent(
     from chexpercept.eval.interrupts import RunInterrupted, stop_on_signals
     with stop_on_signals(grace=float(sys.argv[1])):
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
-        print(child.pid, flush=True)
-        try:
+        try:  # the signal may come as soon as the pid is out
+            print(child.pid, flush=True)
             time.sleep(300)
         except RunInterrupted:
             time.sleep(300)  # a shutdown that never ends (an engine that does not answer)
@@ -162,6 +162,67 @@ def test_a_stuck_shutdown_is_cut_short_and_a_second_signal_ends_it_at_once(tmp_p
         assert (
             not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text().split()[2]
         )
+
+
+SHIELDED = textwrap.dedent(
+    """
+    import multiprocessing, signal, subprocess, sys, time
+    from chexpercept.eval.interrupts import RunInterrupted, shielded_children, stop_on_signals
+
+    def took(signum, _frame):
+        sys.exit(f"engine process took {signal.Signals(signum).name}")
+
+    def engine():  # a child as vLLM starts them: it stops on SIGINT or SIGTERM, its own way
+        signal.signal(signal.SIGINT, took)
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+        time.sleep(300)
+
+    if __name__ == "__main__":
+        with stop_on_signals() as children:
+            try:
+                with shielded_children():
+                    started = [multiprocessing.get_context(m).Process(target=engine) for m in ("fork", "spawn")]
+                    for p in started:
+                        p.start()
+                    popen = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+                    time.sleep(2)  # the spawned interpreter is up
+                    print(*(p.pid for p in started), popen.pid, flush=True)
+                    while True:
+                        time.sleep(0.1)  # still inside the block: an engine starting up
+            except RunInterrupted as e:
+                alive = [p.is_alive() for p in started] + [popen.poll() is None]
+                print("children alive after the signal:", alive, flush=True)
+                print("stopped", len(children.stop()), flush=True)
+                sys.exit(e.exit_status)
+    """
+)
+
+
+def test_ctrl_c_to_the_process_group_reaches_the_main_process_only(tmp_path):
+    """A terminal's Ctrl-C goes to the whole process group, an engine's processes included; those a
+    backend starts inside shielded_children (fork, spawn, a plain subprocess) do not take it, so the
+    main process alone stops them in order; it takes the signal even inside the block."""
+    script = tmp_path / "shielded.py"
+    script.write_text(SHIELDED)
+    proc = subprocess.Popen(
+        [sys.executable, str(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    pids = [int(p) for p in proc.stdout.readline().split()]
+    assert len(pids) == 3, proc.communicate()
+    sent = time.monotonic()
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert time.monotonic() - sent < 10 and proc.returncode == 128 + signal.SIGINT, err
+    assert "children alive after the signal: [True, True, True]" in out
+    stopped = int(out.split("stopped ")[1].split()[0])  # multiprocessing's resource tracker is left
+    assert stopped == 3 and "took SIGINT" not in err and "KeyboardInterrupt" not in err, err
+    time.sleep(0.2)
+    for pid in pids:
+        assert not Path(f"/proc/{pid}").exists() or " Z " in Path(f"/proc/{pid}/stat").read_text()
 
 
 # ------------------------------------------------------------------------- 3. operating system

@@ -171,6 +171,12 @@ def alive(pids: list[int]) -> list[int]:
     return [p for p in pids if _alive(p)]
 
 
+def takes(pid: int, signum: int) -> bool:
+    """Whether process ``pid``'s main thread takes ``signum``: neither blocks nor ignores it (/proc)."""
+    status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+    return not any(int(status[mask], 16) >> (signum - 1) & 1 for mask in ("SigBlk", "SigIgn"))
+
+
 def end_line(err: str) -> str:
     lines = [x for x in err.splitlines() if x.startswith("chexpercept run:")]
     assert len(lines) == 1 and "Traceback" not in err, err[-4000:]
@@ -223,6 +229,11 @@ def test_ctrl_c_then_a_dead_engine_then_rerun(gemma_runs, phantom_bundle, models
     proc = start_run(phantom_bundle, models["gemma3"], tmp_path)
     wait_for_results(results, 1, proc)
     processes = tree(proc.pid)
+    # the engine's processes (core, workers) hold Ctrl-C blocked (multiprocessing's resource tracker
+    # ignores it): only the main process takes it, so none of them stops on its own before the main
+    # process stops them in order
+    assert len(processes) > 1 and not any(takes(p, signal.SIGINT) for p in processes[1:])
+    assert takes(proc.pid, signal.SIGINT)
     sent = time.monotonic()
     os.killpg(proc.pid, signal.SIGINT)
     _, err = proc.communicate(timeout=120)

@@ -41,6 +41,7 @@ from typing import Any
 from chexpercept.containment import image_file
 
 from ..decoded_images import DecodedImages
+from ..interrupts import shielded_children
 from ..occupancy import WorkLedger, ratio, schedule_record
 from ..preflight import ContextLimits, model_context_length
 from ..protocol import BackendError, Completion, Request, Response, RunContext, Sampling
@@ -394,7 +395,8 @@ class VLLMBackend:
             llm_class = llm_class or LLM
             params_class = params_class or SamplingParams
         self._fatal = _fatal_errors()
-        self.llm = llm_class(**self.engine_args)
+        with shielded_children():  # a Ctrl-C to the process group reaches this process only
+            self.llm = llm_class(**self.engine_args)
         get_tokenizer = getattr(self.llm, "get_tokenizer", None)
         self.markers = MarkerDecoder(get_tokenizer()) if callable(get_tokenizer) else None
         s = self._sampling
