@@ -8,6 +8,10 @@ imported, it imports ``chexpercept.registration`` (light) and lets it register o
 metric right after that library has loaded. Anything that goes wrong leaves the import alone.
 ``CHEXPERCEPT_NO_STARTUP_HOOK=1`` turns it off (the .pth line checks it before running this).
 
+Its second job: a Python process that a run's engine spawned dies with the run's process
+(``CHEXPERCEPT_DIE_WITH_PARENT`` names it while ``chexpercept.eval.interrupts.shielded_children``
+starts the engine; only a direct child of that process acts on it, and then imports that module).
+
 Run as the .pth's code, ``__name__`` is ``chexpercept_startup``; importing ``chexpercept.startup``
 gives the same class for tests (``install()`` is then a no-op when the hook is already there).
 """
@@ -54,5 +58,20 @@ def install():
     return hook
 
 
+def follow_parent():
+    """Die with the process ``CHEXPERCEPT_DIE_WITH_PARENT`` names when it is this one's parent."""
+    import os  # already imported by site: free
+
+    named = os.environ.get("CHEXPERCEPT_DIE_WITH_PARENT", "")
+    if not named.isdigit() or int(named) != os.getppid():
+        return
+    try:
+        from chexpercept.eval.interrupts import die_with
+    except Exception:  # chexpercept removed or broken: leave the process alone
+        return
+    die_with(int(named))
+
+
 if __name__ == "chexpercept_startup":
     install()
+    follow_parent()

@@ -13,6 +13,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path as FsPath
 from typing import Any
 
@@ -54,7 +55,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--from-run",
         metavar="RUN_DIR",
-        help="measured throughput: a run folder (e.g. a --limit 20 trial) whose run.json timed its cases",
+        help="measured throughput: a timed trial run of the same model (e.g. chexpercept run ... --limit 20), "
+        "its conversations counted as here over the time they took; a trial whose answers are as long as the "
+        "real ones (its --max-tokens) times best",
     )
     g = parser.add_argument_group("output")
     g.add_argument("--format", choices=("markdown", "json"), default="markdown", help="default markdown")
@@ -89,7 +92,20 @@ def _counter(
         ) from e
 
 
-def _seconds_per_case(run_dir: str, model_id: str) -> float:
+@dataclass
+class Throughput:
+    """What a timed trial run measured: tokens processed per second, as the estimate counts them."""
+
+    tokens_per_second: float
+    #: the trial's mean output tokens per answer
+    answer_tokens: float
+    note: str
+
+
+def timed_session(run_dir: str, model_id: str) -> tuple[dict[str, Any], float, int]:
+    """(run.json, seconds, cases) of the last session of a trial run of ``model_id`` (given any way
+    that names the same model). Raises ValueError naming the file: no such folder, no timed session,
+    a run of another model or a baseline."""
     from chexpercept.errors import no_such_path
     from chexpercept.results import RUN_NAME
 
@@ -111,7 +127,58 @@ def _seconds_per_case(run_dir: str, model_id: str) -> float:
             f"{path}: a run of {info.get('model_id')!r} ({info.get('backend')}) cannot time {model_id!r}; "
             "give a trial run of the same model (chexpercept run ... --limit 20)"
         )
-    return seconds / cases
+    return info, seconds, cases
+
+
+def measured_throughput(run_dir: str, spec: Any, cases: list[Any], counter: Any) -> Throughput:
+    """Tokens per second of a timed trial run of the same model: the conversations it had, replayed
+    and counted as the estimate counts (uncached input plus output tokens, each answer as long as
+    the run reported), over the seconds its last session took. The estimate's time is then its own
+    count at ``--answer-tokens`` over this rate, so it follows the answer length asked for.
+
+    Raises ValueError naming the file (see ``timed_session``; also: no case of this bundle)."""
+    from chexpercept.results import RESULTS_NAME, iter_results
+
+    from .estimate import estimate_recorded
+
+    info, seconds, session_cases = timed_session(run_dir, spec.model_id)
+    folder = FsPath(run_dir)
+    results = list(iter_results(folder / RESULTS_NAME))
+    saved, counter.answer_tokens = counter.answer_tokens, None  # each answer as long as it was
+    try:
+        trial = estimate_recorded(
+            cases,
+            results,
+            str(info.get("oracle", "implicit")),
+            counter,
+            model_id=spec.model_id,
+            parse_mode=str(info.get("parse_mode", "reference")),
+            model=spec.model_id,
+        )
+    finally:
+        counter.answer_tokens = saved
+    if not trial.calls:
+        raise ValueError(f"{folder / RESULTS_NAME}: none of its cases is in this bundle's selection")
+    processed = trial.input_tokens - trial.cached_input_tokens + trial.output_tokens
+    rate = processed / trial.cases * session_cases / seconds
+    mean_answer = trial.output_tokens / trial.calls
+    note = (
+        f"time from {run_dir}: {rate:,.0f} tokens per second (uncached input plus output tokens, counted as "
+        f"here, of {session_cases} case(s) in {seconds:.1f} s), its answers {mean_answer:,.0f} output tokens "
+        "on average"
+    )
+    return Throughput(rate, mean_answer, note)
+
+
+def _throughput_notes(measured: Throughput, answer_tokens: int) -> list[str]:
+    notes = [measured.note]
+    if not 0.5 <= answer_tokens / max(measured.answer_tokens, 1.0) <= 2:
+        notes.append(
+            f"the trial's answers ({measured.answer_tokens:,.0f} tokens on average) are far from --answer-tokens "
+            f"{answer_tokens:,}: an engine reads a prompt at once but writes an answer token by token, so one "
+            "rate for both is rough; time a trial whose answers are as long as the real ones (its --max-tokens)"
+        )
+    return notes
 
 
 def duration(seconds: float) -> str:
@@ -214,17 +281,14 @@ def run(args: argparse.Namespace) -> int:
         counter = _counter(
             spec, bundle.root, args.answer_tokens, chat_kwargs, lambda: sample_calls(cases, args.oracle)
         )
-        rate = args.tokens_per_second
-        per_case = _seconds_per_case(args.from_run, spec.model_id) if args.from_run else None
+        measured = measured_throughput(args.from_run, spec, bundle.cases, counter) if args.from_run else None
+        rate = measured.tokens_per_second if measured else args.tokens_per_second
         rows, lows, highs = [], [], []
         for oracle in args.oracle:
             lo, hi = estimate_bounds(
                 cases, oracle, counter, model_id=spec.model_id, answer_tokens=args.answer_tokens,
                 tokens_per_second=rate,
             )  # fmt: skip
-            if per_case is not None:
-                for e in (lo, hi):
-                    e.seconds = round(per_case * e.cases, 1)
             rows.append((oracle, lo, hi))
             lows.append(lo)
             highs.append(hi)
@@ -233,7 +297,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if len(rows) > 1:
         rows.append(("**total**", total(lows, "min"), total(highs, "max")))
-    notes = missing_notes(rows, spec)
+    notes = missing_notes(rows, spec) + (_throughput_notes(measured, args.answer_tokens) if measured else [])
     if args.format == "json":
         text = json.dumps(
             {

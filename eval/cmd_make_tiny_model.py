@@ -27,5 +27,8 @@ def run(args: argparse.Namespace) -> int:
     require(args, "chexpercept make-tiny-model", "--output-dir")
     out = build_tiny_model(args.output_dir, arch=args.arch, seed=args.seed)
     print(f"tiny random {args.arch} VLM written to {out} (random weights: for testing software only)")
-    print(f"use it with: chexpercept run --data-dir DIR --model {out} --backend transformers|vllm")
+    print(
+        f"use it with: chexpercept run --data-dir DIR --model {out} --backend transformers|vllm --max-tokens 8 "
+        "(random weights never stop on their own: a small budget keeps the run short)"
+    )
     return 0

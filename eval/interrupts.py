@@ -23,7 +23,10 @@ the run's own line (or, in some vLLM versions, the main process waits for it for
 backend starts inside ``shielded_children`` hold those two signals blocked (a blocked signal mask is
 inherited through fork and exec alike), so the main process alone takes them and shuts the engine
 down in order, as it does on SIGTERM; SIGTERM and SIGKILL still reach them (vLLM stops its engine
-with SIGTERM).
+with SIGTERM). A process started there (vLLM's engine core, forked or spawned) also dies with the
+main process (Linux's parent-death signal), so a kill -9 of the main process alone, the
+out-of-memory killer's way, leaves no engine holding its memory (vllm-project/vllm#55510's other
+half).
 """
 
 from __future__ import annotations
@@ -210,8 +213,10 @@ def shielded_children() -> Iterator[None]:
     """Processes started inside the block from the main thread (fork or spawn) never take SIGINT or
     SIGHUP; this process still does, inside the block too. Use it around whatever starts an engine's
     processes, so that a Ctrl-C reaching the whole process group stops the run through its main
-    process only (see the module docstring). Outside the main thread, or where the platform has no
-    ``pthread_sigmask``, it changes nothing.
+    process only (see the module docstring). The processes it starts directly also die when this
+    process dies (Linux): forked ones through an at-fork hook, spawned Python ones through
+    ``PARENT_VARIABLE``, which the start-up hook reads. Outside the main thread, or where the platform
+    has no ``pthread_sigmask``, it changes nothing.
 
     The main thread holds the two signals blocked for the block's length (its children inherit the
     mask); a thread started just before, which does not block them, takes them meanwhile, and the
@@ -225,11 +230,74 @@ def shielded_children() -> Iterator[None]:
     receiver = threading.Thread(target=done.wait, name="chexpercept-signals", daemon=True)
     receiver.start()
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, TERMINAL_SIGNALS)
+    _Orphans.prctl, _Orphans.parent = _prctl(), os.getpid()
+    named = os.environ.get(PARENT_VARIABLE)
+    os.environ[PARENT_VARIABLE] = str(os.getpid())  # for spawned children (chexpercept/startup.py)
     try:
         yield
     finally:
+        _Orphans.parent = None
+        if named is None:
+            os.environ.pop(PARENT_VARIABLE, None)
+        else:
+            os.environ[PARENT_VARIABLE] = named
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
         done.set()
+
+
+# ------------------------------------------------------------------------------ parent death
+#: Linux prctl option: the signal a process gets when the thread that forked it ends
+_PR_SET_PDEATHSIG = 1
+#: set to a run's pid while shielded_children starts its engine: a Python process whose parent it
+#: names dies with it (chexpercept/startup.py reads it as the interpreter starts: spawned children)
+PARENT_VARIABLE = "CHEXPERCEPT_DIE_WITH_PARENT"
+
+
+class _Orphans:
+    #: this process's pid while shielded_children starts children from its main thread
+    parent: int | None = None
+    prctl: object = None
+    #: whether the fork under way is the main thread's (the signal comes when the forking thread ends)
+    from_main = False
+
+
+def _prctl() -> object:
+    """libc's prctl (Linux), or None; looked up before any fork: a forked child only calls it."""
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (ImportError, OSError, AttributeError):
+        return None
+
+
+def die_with(parent: int, prctl: object = None) -> None:
+    """Make this process die (SIGKILL) when ``parent``, its parent, ends, however it ends; at once if
+    it already has. Nothing of an engine's is worth saving once the run's process is gone: its
+    workers stop when their parent does, and the resource tracker frees their shared memory. Linux
+    only (elsewhere it does nothing)."""
+    prctl = prctl if callable(prctl) else _prctl()
+    if not callable(prctl):
+        return
+    prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    if os.getppid() != parent:  # the parent died before the line above
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _note_forking_thread() -> None:
+    _Orphans.from_main = threading.current_thread() is threading.main_thread()
+
+
+def _after_fork_in_child() -> None:
+    """In a child forked from the main thread inside shielded_children: die with the parent. One
+    level only: what the child forks in turn is the child's business."""
+    parent, _Orphans.parent = _Orphans.parent, None
+    if parent is not None and _Orphans.from_main:
+        die_with(parent, _Orphans.prctl)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_note_forking_thread, after_in_child=_after_fork_in_child)
 
 
 def _start_resource_tracker() -> None:

@@ -40,6 +40,8 @@ class Session:
         """``12 of 21 selected cases are saved in runs/m/oracle_none/results.jsonl (5 in this session)``."""
         total = count_lines(self.results)
         failed = f"; {self.failed_now} left unfinished (failures.jsonl)" if self.failed_now else ""
+        if not total and not self.failed_now:
+            return f"0 of {self.selected} selected cases are saved (none yet; they go to {self.results})"
         return (
             f"{total} of {self.selected} selected cases are saved in {self.results} "
             f"({self.finished_now} finished in this session{failed})"
@@ -124,7 +126,8 @@ def end_of(
     from .interrupts import RunInterrupted, received
     from .protocol import BackendError
 
-    resume = "rerun the same command to resume"
+    saved = session is not None and count_lines(session.results) > 0
+    resume = "rerun the same command to resume" if saved else "rerun the same command"
     signum = received()
     if isinstance(error, BackendError) and not isinstance(error, ConversationFailed) and signum:
         error = RunInterrupted(signum)  # the engine died of the same signal (Ctrl-C reaches it too)
@@ -140,8 +143,8 @@ def end_of(
             "go on with the others",
         )
         return 2
-    if isinstance(error, BackendError):
-        say_end(session, f"error: {error}", resume)
+    if isinstance(error, BackendError):  # a dead engine resumes; one that never started needs a fix
+        say_end(session, f"error: {error}", resume if saved else f"fix it, then {resume}")
         return 2
     if isinstance(error, OSError) and error.errno is not None:  # the system's (not PIL's)
         what, advice = os_error_text(error, folder)

@@ -150,7 +150,7 @@ class FitReport:
                 out.append(f"allow {most} images per prompt ({lim.raise_images.format(n=most)})")
         routes = sorted({f.route for f in cases})
         out.append(f"leave these cases out (--paths, --lesions; they are {', '.join(routes)} cases)")
-        out.append("or pass --on-error record to run the rest and list them in failures.jsonl")
+        out.append("pass --on-error record to run the rest and list them in failures.jsonl")
         return out
 
 

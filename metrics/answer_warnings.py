@@ -27,6 +27,9 @@ from chexpercept.vocab import TASKS
 if TYPE_CHECKING:  # annotations only: model_scores imports nothing from here
     from .model_scores import ModelScores
 
+#: a token budget this large that replies still use up means a model that does not stop
+LARGE_BUDGET = 4096
+
 #: a warning is raised when more than this share of a task's answers is of one unreadable kind
 DEFAULT_THRESHOLD = 0.10
 KINDS: tuple[str, ...] = ("unparsed", "refused", "reasoning")
@@ -88,7 +91,14 @@ class AnswerWarning:
                 "the model or the endpoint declined (a content filter, a safety policy): read the "
                 "`refusal` field of the turns; a filtered endpoint cannot be scored fairly"
             ]
-        if self.at_token_limit:
+        if self.at_token_limit and self.max_tokens and self.max_tokens >= LARGE_BUDGET:
+            out.append(
+                f"{self.at_token_limit} of these replies used the whole token budget ({limit}): the model "
+                "never stopped, and a larger budget will not make it stop; check its chat template and "
+                "stop tokens (a random or broken model writes until the budget is spent; a smaller "
+                "--max-tokens only makes such a run shorter)"
+            )
+        elif self.at_token_limit:
             out.append(
                 f"{self.at_token_limit} of these replies used the whole token budget ({limit}): they were "
                 "cut off before the answer; raise --max-tokens (reasoning models need thousands)"

@@ -142,7 +142,11 @@ def test_one_model_folder_however_spelled(tmp_path, monkeypatch):
 
 
 def test_estimate_from_run_accepts_the_same_model_given_another_way(tmp_path, monkeypatch):
-    from chexpercept.eval.cmd_estimate import _seconds_per_case
+    from chexpercept.eval.cmd_estimate import timed_session
+
+    def _seconds_per_case(run_dir: str, model_id: str) -> float:
+        _, seconds, cases = timed_session(run_dir, model_id)
+        return seconds / cases
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "vlm").mkdir()

@@ -278,3 +278,42 @@ def test_local_count_falls_back_to_the_processor_when_a_fast_way_differs(
     assert counter.strategy == "processor" and "differed from the processor" in counter.name
     request = calls[0]
     assert counter.count(request, None).total == len(counter.exact_ids(request))
+
+
+def test_from_run_times_the_answer_length_asked_for(tiny_model, tmp_path, capsys):
+    """--from-run measures tokens per second on the trial's own conversations, so the time follows
+    --answer-tokens (before, it was the trial's seconds per case whatever the answers' length), and
+    the trial's own cases at its own answer length take about the trial's time."""
+    from chexpercept.eval.run import main as run_main
+    from chexpercept.testing import write_fixture_bundle
+
+    root = write_fixture_bundle(tmp_path / "bundle", per_cell=1, image_size=64)
+    out = tmp_path / "runs"
+    trial = ["--data-dir", str(root), "--model", str(tiny_model), "--backend", "transformers",
+             "--max-tokens", "4", "--limit", "4", "--oracle", "implicit"]  # fmt: skip
+    assert run_main([*trial, "--output-dir", str(out), "--no-progress", "--no-score"]) == 0
+    capsys.readouterr()
+    folder = out / "tiny-vlm" / "oracle_implicit"
+    took = json.loads((folder / "run.json").read_text())["last_session"]["seconds_main_process"]
+    estimates = {}
+    for answer in (4, 400):
+        args = ["estimate", "--data-dir", str(root), "--model", str(tiny_model), "--backend", "transformers",
+                "--oracle", "implicit", "--limit", "4", "--from-run", str(folder), "--answer-tokens", str(answer),
+                "--format", "json"]  # fmt: skip
+        assert cli(args) == 0
+        estimates[answer] = json.loads(capsys.readouterr().out)
+    short, long = (estimates[a]["estimates"]["implicit"] for a in (4, 400))
+
+    def processed(e: dict) -> int:
+        return e["input_tokens"] - e["cached_input_tokens"] + e["output_tokens"]
+
+    # one rate for both lengths: the time grows with the tokens counted (seconds are rounded to 0.1)
+    rate = processed(long["max"]) / long["max"]["seconds"]
+    for bound in ("min", "max"):
+        assert long[bound]["seconds"] == pytest.approx(processed(long[bound]) / rate, abs=0.1, rel=0.01)
+        assert short[bound]["seconds"] == pytest.approx(processed(short[bound]) / rate, abs=0.1)
+    assert long["min"]["seconds"] > 5 * short["max"]["seconds"]
+    assert 0.5 * short["min"]["seconds"] <= took <= 2 * short["max"]["seconds"]
+    assert any(n.startswith("time from ") for n in estimates[4]["notes"])
+    assert not any("far from --answer-tokens" in n for n in estimates[4]["notes"])
+    assert any("far from --answer-tokens 400" in n for n in estimates[400]["notes"])

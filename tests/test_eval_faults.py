@@ -4,6 +4,7 @@ the process's (signals, disks); the vLLM engine's own faults are in tests/test_v
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -51,6 +52,14 @@ def wait_for_lines(path: Path, n: int, proc: subprocess.Popen, timeout: float = 
         assert proc.poll() is None, proc.communicate()
         time.sleep(0.05)
     raise AssertionError(f"{path} never had {n} lines")
+
+
+def gone(pid: int) -> bool:
+    """No such process, or a zombie (dead, not yet reaped by its new parent)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return True
 
 
 # ----------------------------------------------------------------------------------- 2. signals
@@ -221,8 +230,63 @@ def test_ctrl_c_to_the_process_group_reaches_the_main_process_only(tmp_path):
     stopped = int(out.split("stopped ")[1].split()[0])  # multiprocessing's resource tracker is left
     assert stopped == 3 and "took SIGINT" not in err and "KeyboardInterrupt" not in err, err
     time.sleep(0.2)
-    for pid in pids:
-        assert not Path(f"/proc/{pid}").exists() or " Z " in Path(f"/proc/{pid}/stat").read_text()
+    assert all(gone(pid) for pid in pids)
+
+
+ORPHAN = textwrap.dedent(
+    """
+    import multiprocessing, threading, time
+    from chexpercept.eval.interrupts import shielded_children
+
+    def engine():
+        time.sleep(300)
+
+    if __name__ == "__main__":
+        fork = multiprocessing.get_context("fork")
+        with shielded_children():
+            inside = fork.Process(target=engine)
+            inside.start()
+            spawned = multiprocessing.get_context("spawn").Process(target=engine)  # vLLM's CPU build
+            spawned.start()
+            # forked by a thread that then ends: not tied to it (Linux sends the parent-death signal
+            # when the forking thread ends; the pause lets the child set it first)
+            by_thread = fork.Process(target=engine)
+            starter = threading.Thread(target=lambda: (by_thread.start(), time.sleep(0.5)))
+            starter.start()
+            starter.join()
+        outside = fork.Process(target=engine)  # after the block: left as it is
+        outside.start()
+        time.sleep(0.5)
+        print(inside.pid, spawned.pid, by_thread.pid, outside.pid, by_thread.is_alive(), flush=True)
+        time.sleep(300)
+    """
+)
+
+
+def test_an_engine_process_dies_with_a_killed_main_process(tmp_path):
+    """kill -9 of the main process alone (the out-of-memory killer's way): a process forked or spawned
+    inside shielded_children (vLLM's engine core: forked by default, spawned by its CPU build) is
+    killed with it instead of holding its memory; one forked after the block is not touched."""
+    script = tmp_path / "orphan.py"
+    script.write_text(ORPHAN)
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    *pids, by_thread_alive = proc.stdout.readline().split()
+    inside, spawned, by_thread, outside = (int(p) for p in pids)
+    assert by_thread_alive == "True"  # its thread ended, the main process did not
+    assert "CHEXPERCEPT_DIE_WITH_PARENT" not in Path(f"/proc/{outside}/environ").read_text()
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not (gone(inside) and gone(spawned)):
+        time.sleep(0.05)
+    try:
+        assert gone(inside), "the forked engine process outlived the main process"
+        assert gone(spawned), "the spawned engine process outlived the main process"
+        assert not gone(outside)
+    finally:
+        for pid in (by_thread, outside):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
 
 
 # ------------------------------------------------------------------------- 3. operating system

@@ -39,6 +39,17 @@ def test_a_model_whose_answers_cannot_be_read_gets_a_warning_naming_every_task()
     assert any(line.startswith("  look at:") for line in lines)
 
 
+def test_replies_that_spend_a_large_budget_are_not_told_to_raise_it():
+    """A short budget used up: raise it. A large one used up (8192, the default): the model does not
+    stop, and more tokens will not help (a new user was told to lower it before the run and to
+    raise it after)."""
+    short = answer_warnings(_scores(lambda case, turn: " a a a", max_tokens=8))[0].text()
+    large = answer_warnings(_scores(lambda case, turn: " a a a", max_tokens=8192))[0].text()
+    assert "raise --max-tokens" in short and "never stopped" not in short
+    assert "raise --max-tokens" not in large
+    assert "--max-tokens 8192" in large and "never stopped" in large and "stop tokens" in large
+
+
 def test_unreadable_answers_in_one_task_only_name_that_task():
     def respond(case, turn):
         return "no idea" if turn.task == "severity" else True

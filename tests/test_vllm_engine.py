@@ -188,7 +188,8 @@ def test_sigterm_then_kill_9_then_rerun_equals_an_uninterrupted_run(
 ):
     """SIGTERM (SLURM, timeout, docker stop) to the main process only: within seconds the run saves
     what is finished, stops the engine and every process it started, and releases its lock. Then a
-    kill -9 of the whole process group mid-run; then a rerun completes exactly what is left."""
+    kill -9 of the main process alone mid-run: the engine's processes go with it. Then a rerun
+    completes exactly what is left."""
     folder = tmp_path / "m" / "oracle_implicit"
     results = folder / "results.jsonl"
     proc = start_run(phantom_bundle, models["gemma3"], tmp_path)
@@ -206,11 +207,17 @@ def test_sigterm_then_kill_9_then_rerun_equals_an_uninterrupted_run(
     assert alive(processes) == [], "processes left behind by SIGTERM"
     assert not (folder / "run.lock").exists()
     after_term = results.read_text().count("\n")
-    # kill -9 of the whole process group (nothing can be saved but what is on disk)
+    # kill -9 of the main process alone, the out-of-memory killer's way: nothing can be saved but
+    # what is on disk, and no engine process is left holding its memory (vllm-project/vllm#55510)
     proc = start_run(phantom_bundle, models["gemma3"], tmp_path)
     wait_for_results(results, after_term + 1, proc)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    processes = tree(proc.pid)
+    proc.kill()
+    proc.communicate()
+    deadline = time.monotonic() + 30
+    while alive(processes) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert alive(processes) == [], "engine processes outlived a killed main process"
     done_before = results.read_text().count("\n")
     n_cases = len(answers(gemma_runs["implicit"]))
     assert 3 <= done_before < n_cases
