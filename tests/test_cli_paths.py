@@ -103,8 +103,13 @@ def test_score_and_report_name_a_mistyped_runs_folder(tmp_path, capsys):
     runs = _runs_folder(tmp_path / "runs")
     assert cli(["score", str(runs) + "s"]) == 2
     assert "no such file or folder (did you mean" in capsys.readouterr().err
-    assert cli(["report", "--results", str(tmp_path / "rnus"), "--output-dir", str(tmp_path / "r")]) == 1
+    assert cli(["report", "--results", str(tmp_path / "rnus"), "--output-dir", str(tmp_path / "r")]) == 2
     assert "no such folder (did you mean" in capsys.readouterr().err
+    # the runs folder as score takes it, without --results
+    assert cli(["report", str(tmp_path / "rnus"), "--output-dir", str(tmp_path / "r")]) == 2
+    assert "error:" in (err := capsys.readouterr().err) and "no such folder (did you mean" in err
+    assert cli(["report", "--output-dir", str(tmp_path / "r")]) == 2
+    assert "which runs?" in capsys.readouterr().err
     (tmp_path / "empty").mkdir()
     assert cli(["score", str(tmp_path / "empty")]) == 2
     assert "found no results" in capsys.readouterr().err

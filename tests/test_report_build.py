@@ -303,7 +303,7 @@ def test_command_line(workspace, tmp_path, capsys):
     assert code == 0
     assert "Table 2" in printed and "| oracle | 100.0 |" in printed
     assert f"Open {(tmp_path / 'r' / 'index.html').resolve().as_uri()}" in printed
-    assert main(["report", "--results", str(tmp_path / "nothing"), "--output-dir", str(tmp_path / "x")]) == 1
+    assert main(["report", "--results", str(tmp_path / "nothing"), "--output-dir", str(tmp_path / "x")]) == 2
     assert "nothing: no such folder" in capsys.readouterr().err
 
 

@@ -1,4 +1,5 @@
-"""``chexpercept report --results runs/ --output-dir report/``: tables, leaderboard, CSVs, figures and HTML."""
+"""``chexpercept report runs/ --output-dir report/`` (or ``--results runs/``): tables, leaderboard, CSVs,
+figures and HTML."""
 
 from __future__ import annotations
 
@@ -13,9 +14,15 @@ DEFAULT_OUTPUT_DIR = "report"
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
+        "runs",
+        nargs="*",
+        metavar="RUNS",
+        help="folder(s) of runs, as for score (the same as --results)",
+    )
+    parser.add_argument(
         "--results",
         action="append",
-        required=True,
+        default=[],
         metavar="DIR",
         help="folder of runs: <model>/oracle_<setting>/results.jsonl (this toolkit) or "
         "<provider>_<model>/oracle_<setting>/all_results.json (reference); repeat to combine folders",
@@ -63,7 +70,14 @@ def run(args: argparse.Namespace) -> int:
     from .build import write_report
 
     if args.bootstrap < 0:
-        print("chexpercept report: --bootstrap must be 0 or more", file=sys.stderr)
+        print("chexpercept report: error: --bootstrap must be 0 or more", file=sys.stderr)
+        return 2
+    results = list(dict.fromkeys([*args.runs, *args.results]))
+    if not results:
+        print(
+            "chexpercept report: error: which runs? give their folder: chexpercept report RUNS",
+            file=sys.stderr,
+        )
         return 2
     output_dir = args.output_dir
     if output_dir is None:
@@ -79,11 +93,11 @@ def run(args: argparse.Namespace) -> int:
         try:
             hub = HubBoard(args.hub_leaderboard, tuple(read_leaderboard(args.hub_leaderboard)))
         except LeaderboardError as e:
-            print(f"chexpercept report: --hub-leaderboard: {e}", file=sys.stderr)
-            return 1
+            print(f"chexpercept report: error: --hub-leaderboard: {e}", file=sys.stderr)
+            return 2
     try:
         result = write_report(
-            args.results,
+            results,
             output_dir,
             bundle=args.data_dir,
             mode=args.parse_mode,
@@ -96,9 +110,9 @@ def run(args: argparse.Namespace) -> int:
             title=args.title,
             hub_leaderboard=hub,
         )
-    except (FileNotFoundError, ValueError, ImportError) as e:
-        print(f"chexpercept report: {e}", file=sys.stderr)
-        return 1
+    except (FileNotFoundError, ValueError, ImportError) as e:  # bad input, as the other commands: 2
+        print(f"chexpercept report: error: {e}", file=sys.stderr)
+        return 2
     print(result.table2)
     for note in result.notes:
         print(f"note: {note}")
