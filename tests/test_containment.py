@@ -503,7 +503,7 @@ def test_report_embed_images_refuses_a_tampered_bundle_before_writing(tmp_path):
             *("--output-dir", str(out), "--embed-images", "--bootstrap", "0", "--no-plots"),
         ]
     )
-    assert rc == 1
+    assert rc == 2
     assert not out.exists() and sorted(p.name for p in (tmp_path / "outside").iterdir()) == [
         "credentials.txt"
     ]

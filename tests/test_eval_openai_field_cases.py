@@ -100,7 +100,8 @@ def test_a_rejected_request_is_never_scored_and_a_rerun_retries_it(fixture_bundl
 def test_a_transport_failure_stops_the_run_by_default(fixture_bundle, tmp_path, capsys):
     with FakeServer(failures=[503] * 5) as server:
         rc = cli(fixture_bundle, tmp_path, server)
-    assert rc == 2 and "rerun the same command to resume" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert rc == 2 and "rerun the same command" in err and "--on-error record" in err
     results = tmp_path / "local-vlm" / "oracle_implicit" / "results.jsonl"
     assert not results.exists() or all(r.turns[0].response == "Answer: 1" for r in iter_results(results))
 
