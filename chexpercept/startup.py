@@ -10,7 +10,7 @@ metric right after that library has loaded. Anything that goes wrong leaves the 
 
 Its second job: a Python process that a run's engine spawned dies with the run's process
 (``CHEXPERCEPT_DIE_WITH_PARENT`` names it while ``chexpercept.eval.interrupts.shielded_children``
-starts the engine; only a direct child of that process acts on it, and then imports that module).
+starts the engine; that module decides, and it is imported only where the variable is set).
 
 Run as the .pth's code, ``__name__`` is ``chexpercept_startup``; importing ``chexpercept.startup``
 gives the same class for tests (``install()`` is then a no-op when the hook is already there).
@@ -19,6 +19,8 @@ gives the same class for tests (``install()`` is then a no-op when the hook is a
 import sys
 
 WATCHED = ("datasets", "evaluate")
+#: names the run's process that a process started by its engine dies with (eval/interrupts.py)
+PARENT_VARIABLE = "CHEXPERCEPT_DIE_WITH_PARENT"
 
 
 class ChexperceptStartupHook:
@@ -59,17 +61,17 @@ def install():
 
 
 def follow_parent():
-    """Die with the process ``CHEXPERCEPT_DIE_WITH_PARENT`` names when it is this one's parent."""
+    """Die with the process ``CHEXPERCEPT_DIE_WITH_PARENT`` names when it is this one's parent
+    (``chexpercept.eval.interrupts.follow_parent``, imported only where the variable is set)."""
     import os  # already imported by site: free
 
-    named = os.environ.get("CHEXPERCEPT_DIE_WITH_PARENT", "")
-    if not named.isdigit() or int(named) != os.getppid():
+    if not os.environ.get(PARENT_VARIABLE):
         return
     try:
-        from chexpercept.eval.interrupts import die_with
+        from chexpercept.eval.interrupts import follow_parent as follow
     except Exception:  # chexpercept removed or broken: leave the process alone
         return
-    die_with(int(named))
+    follow()
 
 
 if __name__ == "chexpercept_startup":

@@ -39,6 +39,8 @@ import threading
 import time
 from collections.abc import Iterator
 
+from chexpercept.startup import PARENT_VARIABLE
+
 #: signals that stop a run
 STOP_SIGNALS: tuple[int, ...] = tuple(
     s for s in (getattr(signal, n, None) for n in ("SIGTERM", "SIGINT", "SIGHUP")) if s is not None
@@ -230,13 +232,12 @@ def shielded_children() -> Iterator[None]:
     receiver = threading.Thread(target=done.wait, name="chexpercept-signals", daemon=True)
     receiver.start()
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, TERMINAL_SIGNALS)
-    _Orphans.prctl, _Orphans.parent = _prctl(), os.getpid()
+    _Orphans.prctl = _prctl()
     named = os.environ.get(PARENT_VARIABLE)
-    os.environ[PARENT_VARIABLE] = str(os.getpid())  # for spawned children (chexpercept/startup.py)
+    os.environ[PARENT_VARIABLE] = str(os.getpid())  # read by follow_parent in each child
     try:
         yield
     finally:
-        _Orphans.parent = None
         if named is None:
             os.environ.pop(PARENT_VARIABLE, None)
         else:
@@ -248,14 +249,13 @@ def shielded_children() -> Iterator[None]:
 # ------------------------------------------------------------------------------ parent death
 #: Linux prctl option: the signal a process gets when the thread that forked it ends
 _PR_SET_PDEATHSIG = 1
-#: set to a run's pid while shielded_children starts its engine: a Python process whose parent it
-#: names dies with it (chexpercept/startup.py reads it as the interpreter starts: spawned children)
-PARENT_VARIABLE = "CHEXPERCEPT_DIE_WITH_PARENT"
+#: PARENT_VARIABLE (chexpercept/startup.py, which reads it at interpreter start-up) is set to a run's
+#: pid while shielded_children starts its engine: a process whose parent it names dies with it
+#: (follow_parent: a forked child at once, a spawned one as its interpreter starts)
 
 
 class _Orphans:
-    #: this process's pid while shielded_children starts children from its main thread
-    parent: int | None = None
+    #: libc's prctl, looked up by shielded_children before any fork
     prctl: object = None
     #: whether the fork under way is the main thread's (the signal comes when the forking thread ends)
     from_main = False
@@ -284,16 +284,22 @@ def die_with(parent: int, prctl: object = None) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+def follow_parent(prctl: object = None) -> None:
+    """Die with the parent when ``PARENT_VARIABLE`` names it: the processes shielded_children starts
+    directly, forked or spawned. One level only: a grandchild's parent is not the one named, and
+    what a child starts in turn is that child's business."""
+    named = os.environ.get(PARENT_VARIABLE, "")
+    if named.isdigit() and int(named) == os.getppid():
+        die_with(int(named), prctl)
+
+
 def _note_forking_thread() -> None:
     _Orphans.from_main = threading.current_thread() is threading.main_thread()
 
 
 def _after_fork_in_child() -> None:
-    """In a child forked from the main thread inside shielded_children: die with the parent. One
-    level only: what the child forks in turn is the child's business."""
-    parent, _Orphans.parent = _Orphans.parent, None
-    if parent is not None and _Orphans.from_main:
-        die_with(parent, _Orphans.prctl)
+    if _Orphans.from_main:  # the signal comes when the forking thread ends: the main thread's only
+        follow_parent(_Orphans.prctl)
 
 
 if hasattr(os, "register_at_fork"):

@@ -66,6 +66,7 @@ from chexpercept.run_metadata import BundleInfo, RunMetadata, SamplingInfo, Sele
 
 #: exit status of a run that ended with cases left unfinished by failed requests (rerun to retry)
 EXIT_UNFINISHED = 3
+#: errors that are the input's or the setting's (one line naming them), not bugs
 EXPECTED_ERRORS = (
     ValueError,
     PermissionError,
@@ -75,9 +76,8 @@ EXPECTED_ERRORS = (
     BackendError,
     BundleValidationError,
     ReleaseNotFoundError,
+    ForeignRecordError,
 )
-#: errors that are the input's or the setting's (one line naming them), not bugs
-EXPECTED = (*EXPECTED_ERRORS, ForeignRecordError)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -438,7 +438,7 @@ def _take_folders(
                     raise
                 status = recheck_read_only(run, cases, e, args, spec)
                 outcome = {"ok": False, "status": status}
-            except EXPECTED as e:
+            except EXPECTED_ERRORS as e:
                 error, outcome = e, {"ok": False, "status": 2, "error": str(e)}
             outcomes.append(outcome)
             if not outcome["ok"] and outcome["status"] != 0:
@@ -508,7 +508,7 @@ def _run_all(
             error = stop
         except Exception:
             pass  # the error that ended the run is the one to tell; the process stops what is left
-        return end_of(error, run.session, run.folder.path, main=dist.is_main, expected=EXPECTED)
+        return end_of(error, run.session, run.folder.path, main=dist.is_main, expected=EXPECTED_ERRORS)
     finally:
         backend.close()
     if dist.is_main and not args.no_score:
@@ -832,7 +832,7 @@ def run(args: argparse.Namespace) -> int:
             f"chexpercept run: stopped by {e.name} before any case ran; nothing was written", file=sys.stderr
         )
         return e.exit_status
-    except EXPECTED as e:
+    except EXPECTED_ERRORS as e:
         print(f"chexpercept run: error: {e}", file=sys.stderr)
         return 2
     except OSError as e:  # before the run folder was taken (e.g. a full disk writing run.json)
