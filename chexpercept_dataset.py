@@ -8,6 +8,7 @@ decoded or re-encoded); ``embed_images=True`` stores the bytes for a portable co
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path as FsPath
@@ -18,6 +19,7 @@ import datasets
 from chexpercept.bundle import IMAGE_CHECKS, JSON_NAME, CaseRef, check_release_dir, read_case, scan_bundle
 from chexpercept.case import Turn
 from chexpercept.containment import Root, Tree, read_image, resolve_inside
+from chexpercept.fileio import private_dir
 from chexpercept.vocab import LESIONS, PATHS
 
 _DESCRIPTION = (
@@ -82,6 +84,21 @@ class ChexperceptConfig(datasets.BuilderConfig):
                 raise ValueError(f"{name} must be a list, e.g. {name}=[{known[0]!r}], got {values!r}")
 
 
+_CACHE_WARNED: set[str] = set()
+
+
+def _warn_cache_once(reason: str) -> None:
+    """Say once per process that the datasets cache could not be made private, and how to move it."""
+    if reason in _CACHE_WARNED:
+        return
+    _CACHE_WARNED.add(reason)
+    warnings.warn(
+        f"the CheXpercept rows cached by datasets may be readable by other accounts ({reason}); set "
+        "HF_DATASETS_CACHE (or HF_HOME) to a folder of your own, or pass cache_dir= to load_dataset",
+        stacklevel=3,
+    )
+
+
 def _all_checks(mode: Any) -> bool:
     return str(mode) in ("all_checks", "VerificationMode.ALL_CHECKS")
 
@@ -121,9 +138,26 @@ class Chexpercept(datasets.GeneratorBasedBuilder):
         BundleValidationError naming the case and file."""
         # kept for _split_generators, which datasets does not hand the verification mode
         self._all_checks = _all_checks(verification_mode)
+        self._protect_cache(kwargs.get("output_dir") or (args[0] if args else None))
         if self._all_checks and self._cached():
             self._scan(check_release_dir(self.config.data_dir))
         return super().download_and_prepare(*args, verification_mode=verification_mode, **kwargs)
+
+    def _protect_cache(self, output_dir: str | None) -> None:
+        """The folder this builder's Arrow files go to (``<datasets cache>/chexpercept``, or the
+        ``output_dir`` given) is made owner-only before anything is written there: the files hold
+        dicom ids, key_ids and, with ``embed_images``, the pixels (chexpercept/fileio.py). Where that
+        is impossible (the folder belongs to another account, or the cache is not a local folder), a
+        warning names the variable that moves the cache."""
+        try:
+            if output_dir:
+                private_dir(output_dir, own=True)
+                return
+            root = FsPath(self._cache_dir_root)
+            relative = FsPath(self._cache_dir).relative_to(root)
+            private_dir(root / relative.parts[0], own=True)
+        except (OSError, ValueError) as e:
+            _warn_cache_once(f"{e}")
 
     def _scan(self, root: FsPath) -> list[CaseRef]:
         """Validate the release (all_checks: every image decoded, SHA256SUMS.txt verified) and return

@@ -9,26 +9,16 @@ rerun skips every case that has a record.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path as FsPath
 from typing import Any
 
 from chexpercept.bundle import IMAGES_DIR, JSON_NAME
 from chexpercept.containment import check_name, check_relative
+from chexpercept.fileio import private_dir, replaced_dir, write_atomic, write_new
 
 WORK_DIR = ".chexpercept-work"
 CASES_DIR = "cases"
-
-
-def write_atomic(path: FsPath, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def write_case_folder(root: FsPath, key_id: str, files: dict[str, bytes]) -> None:
@@ -37,19 +27,10 @@ def write_case_folder(root: FsPath, key_id: str, files: dict[str, bytes]) -> Non
     check_name(key_id, "key_id")
     for rel in files:
         check_relative(rel, f"{key_id}: image")
-    images = root / IMAGES_DIR
-    images.mkdir(parents=True, exist_ok=True)
-    tmp = images / f".{key_id}.tmp-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    for rel, data in files.items():
-        path = tmp / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
-    final = images / key_id
-    if final.exists():
-        shutil.rmtree(final)
-    os.rename(tmp, final)
+    images = private_dir(root / IMAGES_DIR)
+    with replaced_dir(images / key_id, marker=None) as folder:  # a case folder is always ours
+        for rel, data in files.items():
+            write_new(folder / rel, data)
 
 
 def record_path(root: FsPath, key_id: str) -> FsPath:

@@ -22,12 +22,13 @@ from typing import Any
 from tqdm.auto import tqdm
 
 import chexpercept
+from chexpercept.fileio import write_atomic
 from chexpercept.vocab import Path
 
 from .case_builder import Outcome, Settings
 from .case_selection import Queued, ils_candidates, plan_cells, selection_notes
 from .config import GenerateConfig, check_cxr_choice, check_ils_given, lesion_mask_root
-from .export import read_record, remove_stale_case_folders, write_atomic, write_bundle_json
+from .export import read_record, remove_stale_case_folders, write_bundle_json
 from .source_paths import check_candidates
 from .sources import (
     Anatomy,

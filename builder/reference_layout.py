@@ -24,6 +24,7 @@ from pathlib import Path as FsPath
 import numpy as np
 from PIL import Image
 
+from chexpercept.fileio import atomic_file, private_dir, write_atomic
 from chexpercept.vocab import LESIONS
 
 from .sources import ILS_JSON, ILS_MASK_DIR, PHANTOM_MARKER, load_cxr, load_mask
@@ -37,8 +38,8 @@ ROSALIA_DIR = "rosalia_pred"
 
 
 def _save(path: FsPath, im: Image.Image) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    im.save(path, format="PNG", compress_level=1)
+    with atomic_file(path, "wb") as f:
+        im.save(f, format="PNG", compress_level=1)
 
 
 def _one_bit(mask: np.ndarray) -> Image.Image:
@@ -54,8 +55,7 @@ def write_reference_layout(
     progress: bool = True,
 ) -> FsPath:
     """Write the five reference folders under ``out_dir`` (see the module docstring); returns it."""
-    root = FsPath(out_dir)
-    root.mkdir(parents=True, exist_ok=True)
+    root = private_dir(out_dir)
     with tempfile.TemporaryDirectory(dir=root, prefix=".scratch-") as scratch_name:
         scratch = FsPath(scratch_name)
         synthesize_sources(
@@ -103,5 +103,5 @@ def write_reference_layout(
                 )
             del study_id
     for folder in (root, *(root / d for d in (CXR_DIR, ILS_DIR, CHEXMASKU_DIR, CXAS_DIR, ROSALIA_DIR))):
-        (folder / PHANTOM_MARKER).write_text(MARKER_TEXT, encoding="utf-8")
+        write_atomic(folder / PHANTOM_MARKER, MARKER_TEXT)
     return root

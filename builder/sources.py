@@ -27,6 +27,7 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from chexpercept.containment import ContainmentError, check_name, resolve_inside
+from chexpercept.fileio import atomic_file
 
 from .render import encode_png
 
@@ -286,9 +287,7 @@ def extract_chexmask_rows(csv_path: FsPath, dicom_ids: Iterable[str], out_path: 
     csv.field_size_limit(1 << 30)
     wanted = set(dicom_ids)
     offsets: dict[str, int] = {}
-    tmp = out_path.with_suffix(out_path.suffix + ".tmp")
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    with _open_text(csv_path) as f, open(tmp, "wb") as out:
+    with _open_text(csv_path) as f, atomic_file(out_path, "wb") as out:
         reader = csv.reader(f)
         try:
             header = next(reader)
@@ -310,7 +309,6 @@ def extract_chexmask_rows(csv_path: FsPath, dicom_ids: Iterable[str], out_path: 
             record["dicom_id"] = dicom
             offsets[dicom] = out.tell()
             out.write(json.dumps(record).encode("utf-8") + b"\n")
-    os.replace(tmp, out_path)
     return offsets
 
 

@@ -17,6 +17,7 @@ import os
 import shutil
 from pathlib import Path as FsPath
 
+from chexpercept.fileio import write_atomic
 from chexpercept.vocab import LESIONS
 
 from .config import GenerateConfig
@@ -43,7 +44,7 @@ def phantom_sources(
     synthesize_sources(
         sources, per_cell=per_cell, seed=seed, lesions=lesions, num_proc=num_proc, progress=progress
     )
-    stamp_file.write_text(json.dumps(stamp), encoding="utf-8")
+    write_atomic(stamp_file, json.dumps(stamp))
     return sources
 
 

@@ -34,6 +34,7 @@ import numpy as np
 from PIL import Image
 from tqdm.auto import tqdm
 
+from chexpercept.fileio import atomic_file, private_dir, write_atomic
 from chexpercept.vocab import LESIONS
 
 from .phantom import PhantomAnatomy, draw_study
@@ -101,8 +102,7 @@ def _png(array: np.ndarray, mode: str | None = None) -> bytes:
 
 
 def _write(path: FsPath, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data)
+    write_atomic(path, data)
 
 
 def _draw_one(args: tuple[PhantomSpec, str, int, str, bool]) -> dict:
@@ -227,8 +227,7 @@ def synthesize_sources(
         raise ValueError(
             f"unknown anatomy format {anatomy_format!r}; expected one of {', '.join(ANATOMY_FORMATS)}"
         )
-    root = FsPath(out_dir)
-    root.mkdir(parents=True, exist_ok=True)
+    root = private_dir(out_dir)
     specs = study_specs(per_cell, seed, lesions)
     jobs = [(s, str(root), seed, anatomy_format, with_cxas) for s in specs]
     bar = tqdm(total=len(jobs), desc="synth-sources", unit="image", disable=not progress)
@@ -244,24 +243,22 @@ def synthesize_sources(
                 bar.update()
     bar.close()
     ils = {"train": {r["study_id"]: r["record"] for r in results}, "val": {}, "test": {}}
-    (root / "mimic-ils").mkdir(parents=True, exist_ok=True)
-    (root / "mimic-ils" / ILS_JSON).write_text(json.dumps(ils, indent=1), encoding="utf-8")
+    write_atomic(root / "mimic-ils" / ILS_JSON, json.dumps(ils, indent=1))
     meta_rows = [r["meta"] for r in results]
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=list(meta_rows[0]))
     writer.writeheader()
     writer.writerows(meta_rows)
-    (root / "mimic-cxr-jpg" / METADATA_NAME).write_bytes(
-        gzip.compress(buf.getvalue().encode("utf-8"), mtime=0)
+    write_atomic(
+        root / "mimic-cxr-jpg" / METADATA_NAME, gzip.compress(buf.getvalue().encode("utf-8"), mtime=0)
     )
     if anatomy_format == "chexmask-csv":
         rows = [r["chexmask"] for r in results]
-        (root / "anatomy").mkdir(parents=True, exist_ok=True)
-        with open(root / "anatomy" / CHEXMASK_NAME, "w", encoding="utf-8", newline="") as f:
+        with atomic_file(root / "anatomy" / CHEXMASK_NAME, "w", encoding="utf-8", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=list(rows[0]))
             writer.writeheader()
             writer.writerows(rows)
     for folder in (root, root / "mimic-cxr-jpg", root / "mimic-ils", root / "anatomy", root / "cxas"):
         if folder.is_dir():
-            (folder / PHANTOM_MARKER).write_text(MARKER_TEXT, encoding="utf-8")
+            write_atomic(folder / PHANTOM_MARKER, MARKER_TEXT)
     return root

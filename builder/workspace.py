@@ -13,8 +13,9 @@ from pathlib import Path as FsPath
 from typing import Any
 
 from chexpercept.bundle import IMAGES_DIR, JSON_NAME
+from chexpercept.fileio import private_dir, write_atomic
 
-from .export import WORK_DIR, write_atomic
+from .export import WORK_DIR
 from .sources import SourceError
 
 RUN_FILE = "run.json"
@@ -60,7 +61,7 @@ class Workspace:
                 )
             if overwrite:
                 self.clear()
-        self.work.mkdir(parents=True, exist_ok=True)
+        private_dir(self.work)
         write_atomic(run_file, json.dumps(fingerprint, indent=1, sort_keys=True).encode("utf-8"))
 
     def clear(self) -> None:

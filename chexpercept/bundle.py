@@ -21,6 +21,7 @@ from PIL import Image
 from .case import Case
 from .containment import Tree, image_format, resolve_inside
 from .errors import BundleValidationError, Problem, ReleaseNotFoundError, no_such_path
+from .fileio import write_atomic
 from .jsonstream import Span, iter_object_items, read_span
 from .validate import validate_entry
 from .vocab import LESIONS, Path, parse_lesion, parse_path
@@ -374,9 +375,7 @@ def write_sha256sums(root: str | os.PathLike[str]) -> FsPath:
         if path.is_file():
             digest = hashlib.sha256(path.read_bytes()).hexdigest()
             lines.append(f"{digest}  {path.relative_to(root).as_posix()}")
-    out = root / CHECKSUMS_NAME
-    out.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return out
+    return write_atomic(root / CHECKSUMS_NAME, "\n".join(lines) + "\n")
 
 
 def _key_of(relative: str) -> str:

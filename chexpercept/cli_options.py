@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from pathlib import Path as FsPath
 from typing import Any
 
 PROGRESS_HELP = "no progress bar (by default a progress bar goes to stderr)"
@@ -110,9 +109,9 @@ def write_output(path: str | os.PathLike[str] | None, text: str) -> None:
     if path is None:
         sys.stdout.write(text)
         return
-    target = FsPath(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(text, encoding="utf-8")
+    from .fileio import write_atomic
+
+    write_atomic(path, text)
     print(f"wrote {path}", file=sys.stderr)
 
 

@@ -27,6 +27,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path as FsPath
 from typing import Any
 
+from chexpercept.fileio import write_atomic
+
 #: the backends that load weights; the openai and baseline backends need none
 WEIGHT_BACKENDS = ("vllm", "transformers")
 #: the package each of them loads weights with
@@ -163,12 +165,9 @@ def _write_ref(storage: FsPath, revision: str, commit: str) -> None:
     if revision == commit:
         return
     ref = storage / "refs" / revision
-    ref.parent.mkdir(parents=True, exist_ok=True)
     if ref.exists() and ref.read_text().strip() == commit:
         return
-    tmp = ref.with_name(f".{ref.name}.{os.getpid()}.tmp")
-    tmp.write_text(commit)
-    os.replace(tmp, ref)
+    write_atomic(ref, commit)
 
 
 def resolve_weights(

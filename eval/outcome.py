@@ -16,6 +16,8 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path as FsPath
 
+from chexpercept.fileio import write_atomic
+
 #: errno values of a disk that is full, and of a folder that cannot be written
 NO_SPACE = frozenset({errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)})
 READ_ONLY = frozenset({errno.EROFS, errno.EACCES, errno.EPERM})
@@ -95,8 +97,7 @@ def say_bug(session: Session | None, error: BaseException) -> None:
     where = None
     if session is not None:
         try:
-            where = session.folder / "error.txt"
-            where.write_text(text, encoding="utf-8")
+            where = write_atomic(session.folder / "error.txt", text)
         except OSError:
             where = None
     detail = f"the traceback is in {where}" if where else "traceback:\n" + text

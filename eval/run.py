@@ -53,6 +53,7 @@ from chexpercept.eval.store import (
     rewrite_in_order,
     write_json_atomic,
 )
+from chexpercept.fileio import private_dir
 from chexpercept.results import (
     ORACLE_SETTINGS,
     CaseFailure,
@@ -266,7 +267,7 @@ class _Progress:
 
 def _prepare_folder(folder: RunStore, settings: dict[str, Any], header: RunMetadata) -> dict[str, Any]:
     """Main process: take the lock, check resumability, repair a torn tail, write run.json."""
-    folder.path.mkdir(parents=True, exist_ok=True)
+    private_dir(folder.path, own=True)  # identifiers and answers: owner-only (chexpercept/fileio.py)
     folder.lock.acquire()
     try:
         previous = folder.check_settings(settings)

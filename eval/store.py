@@ -6,6 +6,7 @@
 - run.lock refuses a second run on the same folder: a ``flock`` held for the whole run (freed by the
   kernel when the holder dies, so it is never stale), the holder's pid, host and start time inside.
 - run.json is replaced atomically (write to a temporary file, then rename).
+Every file and folder here is created private (chexpercept/fileio.py decides how files are written).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path as FsPath
 from typing import Any
 
+from chexpercept.fileio import append_durable, open_private, private_dir, replace_json_lines
+from chexpercept.fileio import write_json_atomic as write_json_atomic
 from chexpercept.results import (
     FAILURES_NAME,
     RESULTS_NAME,
@@ -96,9 +99,9 @@ class RunLock:
             return None
 
     def acquire(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(self.path.parent)
         for _ in range(8):
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            fd = open_private(self.path)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -234,50 +237,22 @@ def read_records(
 
 def append_results(results: str | os.PathLike[str], cases: Iterable[CaseResult | CaseFailure]) -> None:
     """Append finished cases (or failures, to failures.jsonl) as whole lines in one locked write,
-    then flush them to disk."""
+    then flush them to disk (``chexpercept.fileio.append_durable``)."""
     payload = "".join(c.to_json() + "\n" for c in cases).encode("utf-8")
-    if not payload:
-        return
     with deferred():  # a stop signal waits until the lines are whole and on disk
-        fd = os.open(results, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            try:
-                view = memoryview(payload)
-                while view:
-                    written = os.write(fd, view)
-                    view = view[written:]
-                os.fsync(fd)
-            finally:
-                fcntl.flock(fd, fcntl.LOCK_UN)
-        finally:
-            os.close(fd)
+        append_durable(results, payload)
 
 
 def rewrite_in_order(
     results: str | os.PathLike[str], records: Mapping[str, Mapping[str, Any]], order: Mapping[str, int]
 ) -> None:
     """Rewrite results.jsonl from its ``records`` (read_records) sorted by bundle order (cases
-    outside ``order`` last); atomic."""
-    path = FsPath(results)
+    outside ``order`` last); replaced whole."""
     keys = sorted(records, key=lambda k: (order.get(k, len(order)), k))
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for k in keys:
-            f.write(json.dumps(records[k], ensure_ascii=False, separators=(",", ":")) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    replace_json_lines(results, [records[k] for k in keys])
 
 
 # ------------------------------------------------------------------------------------- run.json
-def write_json_atomic(path: str | os.PathLike[str], data: Mapping[str, Any]) -> None:
-    path = FsPath(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def read_json(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     path = FsPath(path)
     if not path.exists():

@@ -32,6 +32,7 @@ from pathlib import Path as FsPath
 from typing import Any
 
 from chexpercept import templates
+from chexpercept.fileio import private_dir, write_atomic, write_json_atomic
 from chexpercept.vocab import LESIONS, POINT_COLORS
 
 ARCHITECTURES: tuple[str, ...] = ("gemma3", "qwen2.5-vl")
@@ -340,12 +341,12 @@ def _build_qwen25vl(out: FsPath) -> None:
     settings = json.loads((out / "preprocessor_config.json").read_text())
     settings["image_processor_type"] = "Qwen2VLImageProcessor"
     settings["processor_class"] = "Qwen2_5_VLProcessor"
-    (out / "preprocessor_config.json").write_text(json.dumps(settings, indent=2) + "\n")
+    write_json_atomic(out / "preprocessor_config.json", settings)
     video = {k: v for k, v in settings.items() if k != "image_processor_type"}
     video["video_processor_type"] = "Qwen2VLVideoProcessor"
-    (out / "video_preprocessor_config.json").write_text(json.dumps(video, indent=2) + "\n")
-    (out / "processor_config.json").write_text(json.dumps({"processor_class": "Qwen2_5_VLProcessor"}) + "\n")
-    (out / "chat_template.jinja").write_text(QWEN_TEMPLATE)
+    write_json_atomic(out / "video_preprocessor_config.json", video)
+    write_json_atomic(out / "processor_config.json", {"processor_class": "Qwen2_5_VLProcessor"}, indent=None)
+    write_atomic(out / "chat_template.jinja", QWEN_TEMPLATE)
 
 
 def _finish(model: Any, *, pad: int, bos: int, eos: list[int]) -> None:
@@ -368,8 +369,7 @@ def build_tiny_model(out: str | os.PathLike[str], *, arch: str = "gemma3", seed:
         raise ValueError(f"unknown architecture {arch!r}; expected one of {', '.join(ARCHITECTURES)}")
     import torch
 
-    out = FsPath(out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = private_dir(out)
     torch.manual_seed(seed)
     BUILDERS[arch](out)
     return out

@@ -28,7 +28,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path as FsPath
+
+    from chexpercept.fileio import write_atomic
 
     from .hub.leaderboard import (
         LeaderboardError,
@@ -53,9 +54,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         text = render_hub_leaderboard(entries, args.repo)
     if args.output:
-        out = FsPath(args.output)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text, encoding="utf-8")
+        out = write_atomic(args.output, text)
         print(f"{len(entries)} entries of {args.repo} written to {out}")
     else:
         print(text, end="")

@@ -14,6 +14,7 @@ from typing import Any
 
 from chexpercept.answers import PARSE_MODES
 from chexpercept.case import Case, Turn
+from chexpercept.fileio import private_dir, write_atomic
 from chexpercept.registration import METRIC_NAME
 from chexpercept.results import CaseResult, judge_turn
 from chexpercept.vocab import LESIONS, MULTI_SELECT_TASKS, PATHS, TASK_STAGE
@@ -185,13 +186,9 @@ def install_metric(modules_cache: str | os.PathLike[str] | None = None) -> FsPat
     code = source.read_bytes()
     digest = hashlib.sha256(code).hexdigest()
     target = root / "metrics" / f"evaluate-metric--{METRIC_NAME}" / digest
-    target.mkdir(parents=True, exist_ok=True)
+    private_dir(target)
     for folder in (root.parent, root, root / "metrics", target.parent, target):
         init = folder / "__init__.py"
         if not init.exists():
-            init.touch()
-    dest = target / f"{METRIC_NAME}.py"
-    tmp = dest.with_suffix(".py.tmp")
-    tmp.write_bytes(code)
-    os.replace(tmp, dest)
-    return dest
+            write_atomic(init, b"")
+    return write_atomic(target / f"{METRIC_NAME}.py", code)

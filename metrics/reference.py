@@ -20,6 +20,7 @@ from typing import Any
 from chexpercept.answers import is_correct, parse_answer
 from chexpercept.bundle import Bundle
 from chexpercept.case import Case, Turn
+from chexpercept.fileio import write_atomic
 from chexpercept.results import CaseResult, TurnResult, check_oracle, judge_turn
 from chexpercept.run_metadata import BundleInfo, RunMetadata, SamplingInfo
 from chexpercept.vocab import TASK_INFO, parse_path
@@ -274,9 +275,4 @@ def write_reference_results(
             d["correct"] = d.get("correct", True) and ok
         result["chat_history"] = history
         out[rec.key_id] = result
-    target = FsPath(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(out, indent=2, ensure_ascii=False), encoding="utf-8")
-    os.replace(tmp, target)
-    return target
+    return write_atomic(path, json.dumps(out, indent=2, ensure_ascii=False))

@@ -19,6 +19,8 @@ import secrets
 import stat
 from pathlib import Path as FsPath
 
+from chexpercept.fileio import write_json_atomic
+
 from ..sources import SourceError
 
 ACCESS_FILE = "access.json"
@@ -91,7 +93,7 @@ class Access:
         if missing or not path.exists():
             for a in missing:
                 tokens[a] = secrets.token_urlsafe(32)
-            _write_private(path, {"version": ACCESS_VERSION, "tokens": tokens})
+            write_json_atomic(path, {"version": ACCESS_VERSION, "tokens": tokens}, indent=1)
         return cls(path, {a: tokens[a] for a in annotators})
 
     def check(self, annotator: str, token: str | None) -> bool:
@@ -104,20 +106,3 @@ class Access:
     def link(self, base: str, annotator: str) -> str:
         """The link to give an annotator: ``<base>/annotate/<A>?token=<token>``."""
         return f"{base}{annotator_path(annotator)}?token={self.tokens[annotator]}"
-
-
-def _write_private(path: FsPath, data: dict) -> None:
-    """Write ``data`` as JSON readable by the owner only (0600 from the start, then renamed)."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.fchmod(fd, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            fd = -1
-            json.dump(data, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-    finally:
-        if fd != -1:
-            os.close(fd)
-    os.replace(tmp, path)

@@ -27,6 +27,7 @@ from pathlib import Path as FsPath
 
 import numpy as np
 
+from chexpercept.fileio import private_dir
 from chexpercept.vocab import CARDIOMEGALY
 
 from .kappa import cohen_kappa, fleiss_kappa
@@ -115,8 +116,7 @@ def export(review_dir: str | os.PathLike[str], rule: str = "unanimous") -> Expor
     k = int(manifest["reviews_per_case"])
     # annotator -> key_id -> last record (decisions for cases not in this review are ignored)
     last = {a: latest(read_decisions(decisions_path(root, a))) for a in annotators}
-    out = root / EXPORT_DIR
-    out.mkdir(exist_ok=True)
+    out = private_dir(root / EXPORT_DIR)
     result = ExportResult(out)
     positives, negatives, disagreements = [], [], []
     for item in manifest["items"]:

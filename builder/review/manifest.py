@@ -1,4 +1,4 @@
-"""The prepared review's manifest (``review.json``) and atomic writes; light, so that the command's
+"""The prepared review's manifest (``review.json``); light, so that the command's
 ``--help``, the server and the export import no generation code."""
 
 from __future__ import annotations
@@ -7,19 +7,12 @@ import json
 import os
 from pathlib import Path as FsPath
 
+from chexpercept.fileio import write_atomic as write_atomic
+
 from ..sources import SourceError
 
 MANIFEST = "review.json"
 MANIFEST_VERSION = 1
-
-
-def write_atomic(path: FsPath, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def load_manifest(review_dir: str | os.PathLike[str]) -> dict:

@@ -25,6 +25,7 @@ from PIL import Image
 from tqdm.auto import tqdm
 
 from chexpercept.containment import output_path
+from chexpercept.fileio import private_dir
 from chexpercept.vocab import LESIONS
 from chexpercept.vocab import Path as CasePath
 
@@ -194,8 +195,7 @@ def prepare(
     queued = _queue(ils, lesions, src)
     # every id and path of the sources stays inside its folder, before anything is written
     check_candidates((q.candidate for q in queued), cxr, lesion_masks, src.rosalia_pred)
-    root.mkdir(parents=True, exist_ok=True, mode=0o700)  # credentialed: overlays, report sentences
-    (root / OVERLAY_DIR).mkdir(exist_ok=True)
+    private_dir(root / OVERLAY_DIR)  # credentialed: overlays, report sentences
     items, errors = _items(root, queued, _pairs_by_id(ils), cxr, src.rosalia_pred, lesion_masks, progress)
     for item, who in zip(items, split(len(items), names, reviews_per_case)):
         item.annotators = who

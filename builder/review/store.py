@@ -24,6 +24,8 @@ import time
 from pathlib import Path as FsPath
 from typing import Any
 
+from chexpercept.fileio import append_durable, open_private, private_dir
+
 DECISIONS_DIR = "decisions"
 DECISIONS = ("accept", "reject", "skip")
 ANNOTATOR_RE = re.compile(r"^[A-Za-z0-9_-]{1,40}$")
@@ -39,14 +41,6 @@ class StoreError(Exception):
 def _thread_lock(path: FsPath) -> threading.Lock:
     with _LOCKS_GUARD:
         return _LOCKS.setdefault(str(path.resolve()), threading.Lock())
-
-
-def _fsync_dir(folder: FsPath) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def decisions_path(review_dir: str | os.PathLike[str], annotator: str) -> FsPath:
@@ -92,7 +86,7 @@ class DecisionStore:
     def __init__(self, review_dir: str | os.PathLike[str], annotator: str):
         self.annotator = annotator
         self.path = decisions_path(review_dir, annotator)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(self.path.parent)
         self._lock = _thread_lock(self.path)
         self.repaired: bytes | None = None
         #: client_id -> stored record, for the bytes of the file read so far (see _known)
@@ -110,7 +104,7 @@ class DecisionStore:
         def __enter__(self):
             self.store._lock.acquire()
             try:
-                self.fd = os.open(f"{self.store.path}.lock", os.O_WRONLY | os.O_CREAT, 0o600)
+                self.fd = open_private(f"{self.store.path}.lock", os.O_WRONLY | os.O_CREAT)
                 fcntl.flock(self.fd, fcntl.LOCK_EX)
             except BaseException:
                 self.store._lock.release()
@@ -136,11 +130,7 @@ class DecisionStore:
             return
         cut = data.rfind(b"\n") + 1
         fragment = data[cut:]
-        torn = self.path.with_name(self.path.name + ".torn")
-        with open(torn, "ab") as f:
-            f.write(fragment + b"\n")
-            f.flush()
-            os.fsync(f.fileno())
+        append_durable(self.path.with_name(self.path.name + ".torn"), fragment + b"\n")
         with open(self.path, "r+b") as f:
             f.truncate(cut)
             f.flush()
@@ -198,16 +188,5 @@ class DecisionStore:
                 known = self._known(client_id)
                 if known is not None:
                     return known
-            new = not self.path.exists()
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-            try:
-                view = memoryview(line)
-                while view:
-                    written = os.write(fd, view)
-                    view = view[written:]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            if new:
-                _fsync_dir(self.path.parent)
+            append_durable(self.path, line)
         return record

@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path as FsPath
 from typing import Any
 
+from chexpercept.fileio import private_dir, write_new
+
 from .identifiers import Identifiers, decode_base64
 
 AGREEMENT = (
@@ -498,7 +500,7 @@ class Manifest:
             raise ValueError(f"{self.root}: the staging folder is a link")
         if self.root.exists() and any(self.root.iterdir()):
             raise ValueError(f"{self.root} is not empty: staging needs a new or empty folder")
-        self.root.mkdir(parents=True, exist_ok=True)
+        private_dir(self.root)
         self.context = context
         self.staged: dict[str, StagedFile] = {}
 
@@ -515,9 +517,7 @@ class Manifest:
         if rel in self.staged:
             raise ValueError(f"{rel} is staged twice")
         data = text.encode("utf-8")
-        path = self.root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
+        write_new(self.root / rel, data)
         self.staged[rel] = StagedFile(rel, hashlib.sha256(data).hexdigest(), len(data), schema)
         return rel
 

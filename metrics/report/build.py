@@ -23,14 +23,14 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path as FsPath
 from typing import Any
 
 from chexpercept.bundle import Bundle
+from chexpercept.fileio import copy_file, private_dir, replaced_dir, write_atomic
 from chexpercept.metrics.discovery import RunFolder, discover_runs
 from chexpercept.metrics.runs import open_bundle
 from chexpercept.metrics.tables import TABLE_IDS, legend
@@ -85,6 +85,21 @@ class ReportOutput:
     #: seconds per phase (load, score, intervals, tables, csv, figures, viewer, html)
     timings: dict[str, float] = field(default_factory=dict)
     table2: str = ""
+
+    def moved(self, old: FsPath, new: FsPath) -> ReportOutput:
+        """The same outputs after their folder moved from ``old`` to ``new``."""
+
+        def there(p: FsPath) -> FsPath:
+            return new / FsPath(p).relative_to(old)
+
+        return replace(
+            self,
+            out=new,
+            index_html=there(self.index_html) if self.index_html is not None else None,
+            tables_md=there(self.tables_md),
+            leaderboard_md=there(self.leaderboard_md),
+            files=[there(p) for p in self.files],
+        )
 
 
 def _metrics() -> Any:
@@ -284,7 +299,7 @@ def _write_tables(
 ) -> _Tables:
     m = _metrics()
     files: list[FsPath] = []
-    (out / "tables").mkdir(exist_ok=True)
+    private_dir(out / "tables")
     blocks = []
     for tid in TABLE_IDS:
         md = m.render_table(tid, reports, fmt="markdown", intervals=n_resamples > 0)
@@ -340,8 +355,7 @@ def _write_figures(
         chosen = {name: rep.values for (name, oracle), rep in per_run.items() if oracle == setting}
         folder = out / f"all_models_oracle_{setting}"
         if label == setting and chosen == headline_values:  # the same numbers: same figures
-            folder.mkdir(parents=True, exist_ok=True)
-            per_setting_figures[setting] = [FsPath(shutil.copy2(p, folder / p.name)) for p in headline]
+            per_setting_figures[setting] = [copy_file(p, folder / p.name) for p in headline]
         else:
             per_setting_figures[setting] = _draw_figures(folder, chosen, label=setting)
         files += per_setting_figures[setting]
@@ -409,9 +423,32 @@ def _banners(
     return banners
 
 
+#: the file that marks a folder as a report, so that a rerun replaces it and nothing else
+REPORT_MARKER = ".chexpercept-report"
+
+
 def write_report(
     results: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     out: str | os.PathLike[str] = "report",
+    **options: Any,
+) -> ReportOutput:
+    """Write the whole report for the runs under ``results`` into ``out`` (see the module docstring
+    and ``_write_into`` for the options).
+
+    The report is built in a folder beside ``out`` and takes its place in one rename when it is
+    complete (chexpercept/fileio.py ``replaced_dir``): a report stopped midway leaves the previous
+    one whole. ``out`` must be new, empty, or an earlier report (it holds ``.chexpercept-report``);
+    any other folder is refused (``NotOursError``) before any work.
+    """
+    final = FsPath(out)
+    with replaced_dir(final, marker=REPORT_MARKER) as stage:
+        output = _write_into(results, stage, **options)
+    return output.moved(stage, final)
+
+
+def _write_into(
+    results: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    out: FsPath,
     *,
     bundle: str | os.PathLike[str] | Bundle | None = None,
     mode: str = "reference",
@@ -440,8 +477,6 @@ def write_report(
     clock.lap("load")
     notes.extend(note for rf in folders for note in rf.notes)
 
-    out = FsPath(out)
-    out.mkdir(parents=True, exist_ok=True)
     files: list[FsPath] = []
 
     # --- scores: per model (headline numbers) and per run (the reference's per-run view)
@@ -487,8 +522,6 @@ def write_report(
     index_html = None
     n_cases = len({r.key_id for run in loaded for r in run.records})
     if html:
-        if (out / "images").exists():
-            shutil.rmtree(out / "images")
         write_viewer_data(out, _viewer_runs(folders, loaded, per_run), bundle_obj, embed_images=embed_images)
         clock.lap("viewer")
         runs_section = _runs_section(folders, loaded, reports, mode)
@@ -536,9 +569,7 @@ class _Clock:
 
 
 def _write(path: FsPath, text: str) -> FsPath:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
-    return path
+    return write_atomic(path, text)
 
 
 def _files_html(out: FsPath, files: Sequence[FsPath]) -> str:

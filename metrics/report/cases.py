@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 from chexpercept.bundle import Bundle
 from chexpercept.case import Case
 from chexpercept.containment import Tree, image_file, output_path
+from chexpercept.fileio import copy_file, private_dir, write_atomic
 from chexpercept.results import CaseResult
 from chexpercept.vocab import LESIONS, PATHS, STAGE_NAMES, TASK_STAGE
 
@@ -102,11 +103,7 @@ class _ImageLinker:
         source = image_file(self.tree, rel, what="bundle image")
         target = output_path(self.out, f"{IMAGES_DIR}/{rel}", what="copied image")
         if not target.exists():
-            target.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                os.link(source, target)
-            except OSError:
-                shutil.copyfile(source, target)
+            copy_file(source, target)  # a private copy, whatever the bundle's file modes
             self.copied += 1
         return {"name": rel, "src": f"{IMAGES_DIR}/{rel}"}
 
@@ -193,7 +190,7 @@ def write_viewer_data(
     cases_dir = out / CASES_DIR
     if cases_dir.exists():
         shutil.rmtree(cases_dir)
-    cases_dir.mkdir(parents=True)
+    private_dir(cases_dir)
     root = FsPath(bundle.root) if bundle is not None else None
     link = _ImageLinker(root, out, embed_images)
     by_key = {c.key_id: c for c in bundle.cases} if bundle is not None else {}
@@ -228,7 +225,7 @@ def write_viewer_data(
             },
         }
         file_name = case_file_name(key)
-        (cases_dir / file_name).write_text(_js_call("CHX.case", key, payload), encoding="utf-8")
+        write_atomic(cases_dir / file_name, _js_call("CHX.case", key, payload))
         index_cases.append([key, lesion, path, file_name])
         for rid, rec in recs.items():
             fail[rid].append(None if rec is None else payload["runs"][rid]["first_fail"])
@@ -247,5 +244,5 @@ def write_viewer_data(
             "found": bool(root is not None and root.is_dir()),
         },
     }
-    (out / DATA_DIR / "index.js").write_text(_js_call("CHX.index", index), encoding="utf-8")
+    write_atomic(out / DATA_DIR / "index.js", _js_call("CHX.index", index))
     return {"cases": len(index_cases), "images_copied": link.copied}

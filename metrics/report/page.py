@@ -11,11 +11,12 @@ from __future__ import annotations
 import html
 import os
 import re
-import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path as FsPath
+
+from chexpercept.fileio import private_dir, write_atomic
 
 from .style import css_variables
 
@@ -158,11 +159,9 @@ def figures_html(figures: Sequence[Figure]) -> str:
 
 def copy_assets(out: FsPath) -> None:
     target = out / "assets"
-    target.mkdir(parents=True, exist_ok=True)
     package = resources.files("chexpercept.metrics.report") / "assets"
     for name in ASSETS:
-        with resources.as_file(package / name) as src:
-            shutil.copyfile(src, target / name)
+        write_atomic(target / name, (package / name).read_bytes())
 
 
 def write_index_html(
@@ -174,8 +173,7 @@ def write_index_html(
     subtitle: str = "",
 ) -> FsPath:
     """Write ``index.html`` and its assets into ``out``; return the page's path."""
-    out = FsPath(out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = private_dir(out)
     copy_assets(out)
     banner_html = "".join(f'<div class="banner">{_inline(b)}</div>' for b in banners)
     blocks = "\n".join(
@@ -190,9 +188,7 @@ def write_index_html(
         blocks=blocks,
         viewer=_VIEWER,
     )
-    path = out / "index.html"
-    path.write_text(page, encoding="utf-8")
-    return path
+    return write_atomic(out / "index.html", page)
 
 
 _VIEWER = """

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path as FsPath
 from typing import Any
 
+from chexpercept.fileio import atomic_file
 from chexpercept.vocab import STAGE3_TASKS, STAGE4_TASKS
 
 from . import style
@@ -40,8 +41,8 @@ def _figure(width: float, height: float) -> Any:
 
 def _save(fig: Any, path: str | os.PathLike[str]) -> FsPath:
     path = FsPath(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=DPI, facecolor="white")
+    with atomic_file(path, "wb") as f:
+        fig.savefig(f, format=path.suffix.lstrip(".") or "png", dpi=DPI, facecolor="white")
     return path
 
 

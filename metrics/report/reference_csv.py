@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path as FsPath
 from typing import Any
 
+from chexpercept.fileio import write_atomic
 from chexpercept.vocab import PATHS
 
 SUMMARY_CSV = "model_performance_summary.csv"
@@ -106,11 +107,7 @@ def write_csv(
     *,
     na_as_zero: bool = False,
 ) -> FsPath:
-    path = FsPath(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        f.write(csv_text(columns, rows, na_as_zero=na_as_zero))
-    return path
+    return write_atomic(path, csv_text(columns, rows, na_as_zero=na_as_zero))
 
 
 def csv_text(columns: Sequence[str], rows: Sequence[Mapping[str, Any]], *, na_as_zero: bool = False) -> str:

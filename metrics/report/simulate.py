@@ -9,7 +9,6 @@ checked without a model. Accuracy 1.0 is the oracle baseline (every answer is th
 
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Mapping
 from pathlib import Path as FsPath
@@ -19,6 +18,7 @@ from chexpercept import templates
 from chexpercept.answers import oracle_answer_text
 from chexpercept.bundle import Bundle
 from chexpercept.case import Case
+from chexpercept.fileio import atomic_file, write_json_atomic
 from chexpercept.metrics.simulate import answer_text, wrong_indices
 from chexpercept.results import RESULTS_NAME, RUN_NAME, CaseResult, TurnResult, judge_turn
 from chexpercept.run_metadata import BundleInfo, RunMetadata, SamplingInfo
@@ -74,8 +74,7 @@ def simulate_run(
 ) -> FsPath:
     """Write ``out_root/<model>/oracle_<oracle>/{results.jsonl,run.json}`` for a simulated model."""
     run_dir = FsPath(out_root) / model / f"oracle_{oracle}"
-    run_dir.mkdir(parents=True, exist_ok=True)
-    with open(run_dir / RESULTS_NAME, "w", encoding="utf-8") as f:
+    with atomic_file(run_dir / RESULTS_NAME, "w", encoding="utf-8") as f:
         for case in bundle.cases:
             rec = simulate_case(
                 case, accuracy=accuracy, oracle=oracle, unparsed_rate=unparsed_rate, seed=seed
@@ -96,7 +95,7 @@ def simulate_run(
         started="2026-01-01T00:00:00Z",
         finished="2026-01-01T00:00:01Z",
     )
-    (run_dir / RUN_NAME).write_text(json.dumps(meta.to_json(), indent=2), encoding="utf-8")
+    write_json_atomic(run_dir / RUN_NAME, meta.to_json())
     return run_dir
 
 

@@ -1,0 +1,321 @@
+"""Every file and folder the toolkit writes: private from creation, replaced whole, appended durably.
+
+The one module that creates files (builder/, metrics/, eval/ and the datasets builder go through it;
+``tests/test_fileio.py`` checks that no other module writes a file or makes a folder itself). Its
+rules, decided here once:
+
+- **Private from creation.** A file is created with mode 0600 and a folder with 0700, whatever the
+  process's umask (a umask can only remove bits). Results, run metadata, reports, bundles and review
+  data hold MIMIC identifiers or pixels; on a shared server nobody else may read them, so nothing is
+  created readable and tightened afterwards. A folder that already exists is left as it is, except
+  the toolkit's own output folders (``private_dir(..., own=True)``), which are tightened when this
+  account owns them and refused when another account does and others can read them.
+- **Replaced whole.** ``write_atomic`` writes a temporary file beside the target (same folder, so
+  the rename is atomic), flushes it to disk, renames it over the target and flushes the folder: a
+  reader sees the old complete file or the new complete file, never a part, and a crash leaves one of
+  them. ``replaced_dir`` does the same for a folder of many outputs (a report, a bundle): it is built
+  aside and swapped in with one rename (``renameat2(RENAME_EXCHANGE)`` where Linux has it).
+- **Appended durably.** ``append_durable`` writes whole lines in one ``write`` on an ``O_APPEND``
+  descriptor under an exclusive ``flock`` (several processes may append to one file), then ``fsync``.
+  A crash leaves at most one torn last line, which readers skip and ``chexpercept.eval.store``
+  repairs.
+
+Every write here is fsynced: run.json and the report are small, and a power cut must not leave an
+empty run.json beside a results file whose settings then could not be checked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import errno
+import fcntl
+import json
+import os
+import pwd
+import shutil
+import stat
+import tempfile
+from collections.abc import Iterator, Mapping
+from pathlib import Path as FsPath
+from typing import IO, Any
+
+#: modes of everything the toolkit creates (before the umask, which can only remove bits)
+FILE_MODE = 0o600
+DIR_MODE = 0o700
+#: bits that let another account read or enter
+OTHERS = stat.S_IRWXG | stat.S_IRWXO
+
+
+class PrivacyError(PermissionError):
+    """An output folder is readable by other accounts and this account cannot make it private."""
+
+
+# ------------------------------------------------------------------------------------- folders
+def private_dir(path: str | os.PathLike[str], *, own: bool = False) -> FsPath:
+    """``path`` as a folder, made with its missing parents at mode 0700; returns it.
+
+    Folders that already exist are left alone, unless ``own``: ``path`` is then one of the toolkit's
+    own output folders (a run folder, a report), and if others can read it, it is tightened to 0700
+    when this account owns it; owned by another account, PrivacyError names the owner.
+    """
+    path = FsPath(path)
+    missing = []
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        missing.append(probe)
+        probe = probe.parent
+    for folder in reversed(missing):
+        with contextlib.suppress(FileExistsError):  # another process made it first
+            os.mkdir(folder, DIR_MODE)
+    if not path.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, "not a folder", str(path))
+    if own:
+        tighten(path)
+    return path
+
+
+def tighten(path: str | os.PathLike[str]) -> None:
+    """Make one existing file or folder owner-only (``own`` outputs made by an older version, or under
+    a lax umask); PrivacyError when another account owns it and others can read it."""
+    path = FsPath(path)
+    info = os.stat(path)
+    if not info.st_mode & OTHERS:
+        return
+    if info.st_uid != os.geteuid():
+        raise PrivacyError(
+            f"{path} belongs to {owner_name(info.st_uid)} and other accounts can read it; the toolkit "
+            "writes identifiers and images there only when they stay private. Choose a folder of your "
+            "own (or ask its owner to run chmod go-rwx on it)"
+        )
+    os.chmod(path, stat.S_IMODE(info.st_mode) & ~OTHERS)
+
+
+def owner_name(uid: int) -> str:
+    """``name (uid N)`` of an account, or ``uid N`` where it has no name."""
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def readable_by_others(path: str | os.PathLike[str]) -> bool:
+    """Whether any account other than the owner could read ``path`` by its mode bits and those of
+    its folders (group or others readable, and every folder above it enterable)."""
+    path = FsPath(path).resolve()
+    try:
+        if not os.stat(path).st_mode & (stat.S_IRGRP | stat.S_IROTH):
+            return False
+        for folder in path.parents:
+            if not os.stat(folder).st_mode & (stat.S_IXGRP | stat.S_IXOTH):
+                return False
+    except OSError:
+        return False
+    return True
+
+
+def _fsync_dir(folder: FsPath) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # some filesystems cannot sync a folder; the rename itself is still atomic
+        pass
+    finally:
+        os.close(fd)
+
+
+# --------------------------------------------------------------------------------------- files
+def _temporary(path: FsPath) -> tuple[int, FsPath]:
+    """A new private file beside ``path`` (same folder): its descriptor and name."""
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.fchmod(fd, FILE_MODE)  # mkstemp's mode is 0600 already; said here so that the rule is one line
+    return fd, FsPath(name)
+
+
+@contextlib.contextmanager
+def atomic_file(path: str | os.PathLike[str], mode: str = "wb", **open_args: Any) -> Iterator[IO[Any]]:
+    """Write ``path`` through a file object (``mode`` "w" or "wb"); it replaces ``path`` whole when
+    the block ends without an error, and nothing changes when it raises. Missing parent folders are
+    made private."""
+    if mode not in ("w", "wb"):
+        raise ValueError(f"atomic_file writes a file whole: mode 'w' or 'wb', got {mode!r}")
+    path = FsPath(path)
+    private_dir(path.parent)
+    fd, tmp = _temporary(path)
+    try:
+        with os.fdopen(fd, mode, **open_args) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(path.parent)
+
+
+def write_atomic(path: str | os.PathLike[str], data: bytes | str, *, encoding: str = "utf-8") -> FsPath:
+    """Replace ``path`` whole with ``data`` (text is encoded with ``encoding``); private (0600), on
+    disk when this returns. Returns ``path``."""
+    payload = data.encode(encoding) if isinstance(data, str) else data
+    with atomic_file(path, "wb") as f:
+        f.write(payload)
+    return FsPath(path)
+
+
+def write_json_atomic(path: str | os.PathLike[str], data: Any, *, indent: int | None = 2) -> FsPath:
+    """``data`` as JSON (UTF-8, non-ASCII kept), replacing ``path`` whole (``write_atomic``)."""
+    text = json.dumps(data, indent=indent, ensure_ascii=False)
+    return write_atomic(path, text + "\n")
+
+
+def write_new(path: str | os.PathLike[str], data: bytes | str, *, encoding: str = "utf-8") -> FsPath:
+    """Create ``path``, which must not exist, with ``data``: private, on disk when this returns. For
+    the files of a folder that is built aside and then swapped in whole (``replaced_dir``, a case
+    folder of a bundle), where the folder's rename is what makes them appear."""
+    payload = data.encode(encoding) if isinstance(data, str) else data
+    path = FsPath(path)
+    private_dir(path.parent)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)
+    try:
+        view = memoryview(payload)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return path
+
+
+def copy_file(source: str | os.PathLike[str], target: str | os.PathLike[str]) -> FsPath:
+    """A private copy of ``source`` at ``target``, replacing it whole (the bytes only, not the mode)."""
+    with open(source, "rb") as src, atomic_file(target, "wb") as out:
+        shutil.copyfileobj(src, out, 1 << 20)
+    return FsPath(target)
+
+
+def append_durable(path: str | os.PathLike[str], payload: bytes) -> None:
+    """Append ``payload`` (whole lines) to ``path`` in one locked write, then flush it to disk;
+    the file is created private. Processes appending to one file never interleave their lines."""
+    if not payload:
+        return
+    path = FsPath(path)
+    new = not path.exists()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            view = memoryview(payload)
+            while view:
+                written = os.write(fd, view)
+                view = view[written:]
+            os.fsync(fd)
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+    if new:  # the file's name must survive a power cut too
+        _fsync_dir(path.parent)
+
+
+def open_private(path: str | os.PathLike[str], flags: int = os.O_RDWR | os.O_CREAT) -> int:
+    """A descriptor of ``path`` opened with ``flags``; created private when it does not exist (locks,
+    files updated in place)."""
+    return os.open(path, flags | os.O_CLOEXEC, FILE_MODE)
+
+
+# ------------------------------------------------------------------------------- whole folders
+_RENAME_EXCHANGE = 2
+
+
+def _exchange(a: FsPath, b: FsPath) -> bool:
+    """Swap two paths in one step (Linux ``renameat2(RENAME_EXCHANGE)``); False where unsupported."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd = -100
+    result = renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), _RENAME_EXCHANGE)
+    if result == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(a), None, str(b))
+
+
+def aside_dirs(path: str | os.PathLike[str]) -> list[FsPath]:
+    """Folders that ``replaced_dir`` left beside ``path`` when a process was killed while building or
+    swapping (``.<name>.new-*`` / ``.<name>.old-*``)."""
+    path = FsPath(path)
+    if not path.parent.is_dir():
+        return []
+    return sorted(
+        p
+        for p in path.parent.iterdir()
+        if p.name.startswith((f".{path.name}.new-", f".{path.name}.old-")) and p.is_dir()
+    )
+
+
+class NotOursError(FileExistsError):
+    """``replaced_dir`` was asked to replace a folder that the toolkit did not make."""
+
+
+@contextlib.contextmanager
+def replaced_dir(path: str | os.PathLike[str], *, marker: str | None) -> Iterator[FsPath]:
+    """Build a folder aside and swap it in whole: yields a new private folder beside ``path``; when
+    the block ends without an error it takes ``path``'s place in one rename and the old folder is
+    removed; when it raises (or the process is killed) ``path`` is untouched. Leftovers of a killed
+    process are removed on the next call.
+
+    ``marker``: the name of a file that marks the folder as this kind of output (written into the new
+    folder). An existing ``path`` is replaced only when it is empty or holds that file; anything else
+    (a user's own folder passed by mistake) raises NotOursError before any work. None: the caller
+    owns every folder at ``path`` by construction (a case folder inside a bundle being generated).
+    """
+    path = FsPath(path)
+    if path.is_symlink() or (path.exists() and not path.is_dir()):
+        raise NotADirectoryError(errno.ENOTDIR, "not a folder, not replaced", str(path))
+    if marker and path.is_dir() and any(path.iterdir()) and not (path / marker).is_file():
+        raise NotOursError(
+            f"{path} is not empty and was not written by this command (it has no {marker}); it would "
+            "be replaced as a whole, so nothing was written. Choose a new or empty folder"
+        )
+    private_dir(path.parent)
+    for leftover in aside_dirs(path):
+        shutil.rmtree(leftover, ignore_errors=True)
+    new = FsPath(tempfile.mkdtemp(prefix=f".{path.name}.new-", dir=path.parent))
+    try:
+        yield new
+        if marker:
+            write_new(new / marker, "")
+    except BaseException:
+        shutil.rmtree(new, ignore_errors=True)
+        raise
+    if path.exists():
+        if _exchange(new, path):
+            old = new  # after the exchange, ``new`` names the old folder
+        else:
+            old = FsPath(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=path.parent))
+            os.rmdir(old)
+            os.rename(path, old)
+            os.rename(new, path)
+        _fsync_dir(path.parent)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(new, path)
+        _fsync_dir(path.parent)
+
+
+def replace_json_lines(path: str | os.PathLike[str], records: Mapping[str, Any] | list[Any]) -> None:
+    """Rewrite a JSON-lines file whole from ``records`` (a list, or a mapping's values in order)."""
+    values = list(records.values()) if isinstance(records, Mapping) else list(records)
+    with atomic_file(path, "w", encoding="utf-8") as f:
+        for value in values:
+            f.write(json.dumps(value, ensure_ascii=False, separators=(",", ":")) + "\n")

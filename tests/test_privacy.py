@@ -1,0 +1,184 @@
+"""On a shared server, nobody else can read what the toolkit writes (issue 27, class 2).
+
+Every command's outputs are created owner-only whatever the umask, in a world-traversable folder as
+on a shared server; another local account (made here with useradd; the tests run as root in CI)
+then tries to read them. Members: a run's results.jsonl, run.json, failures and lock; the report
+with embedded X-rays; the datasets cache; a generated bundle; `score --output`; an old run folder
+that an earlier version left readable, tightened when it is resumed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from chexpercept.cli import main as cli
+from chexpercept.eval.run import main as run_main
+
+
+@pytest.fixture(scope="module")
+def other_account():
+    """A second local account (useradd), removed afterwards."""
+    if os.geteuid() != 0 or shutil.which("useradd") is None:
+        pytest.skip("needs root and useradd to make a second local account")
+    name = f"chxother{os.getpid() % 100000}"
+    subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/false", name], check=True)
+    try:
+        yield name
+    finally:
+        subprocess.run(["userdel", name], check=False)
+
+
+@pytest.fixture
+def shared(tmp_path_factory):
+    """A world-traversable folder, as home and data folders often are on shared servers, and the
+    usual umask 022."""
+    folder = Path(tempfile.mkdtemp(prefix="chx-shared-", dir="/tmp"))
+    folder.chmod(0o755)
+    old = os.umask(0o022)
+    try:
+        yield folder
+    finally:
+        os.umask(old)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _readable_by(account: str, path: Path) -> bool:
+    """Whether ``account`` can read ``path`` (cat as that user)."""
+    done = subprocess.run(["cat", str(path)], user=account, capture_output=True, timeout=30)
+    return done.returncode == 0
+
+
+def _not_private(root: Path) -> list[str]:
+    """Everything under ``root`` (itself included) that another account could read or enter."""
+    bad = []
+    for path in [root, *root.rglob("*")]:
+        if path.is_symlink():
+            continue
+        if stat.S_IMODE(os.stat(path).st_mode) & 0o077:
+            bad.append(f"{path.relative_to(root.parent)} {oct(stat.S_IMODE(os.stat(path).st_mode))}")
+    return bad
+
+
+def test_a_run_and_its_report_are_private(shared, other_account, fixture_bundle):
+    runs = shared / "runs"
+    assert (
+        run_main(
+            [
+                "--data-dir",
+                str(fixture_bundle),
+                "--model",
+                "baseline:random",
+                "--output-dir",
+                str(runs),
+                "--no-score",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
+    run_dir = runs / "baseline-random" / "oracle_implicit"
+    assert not _not_private(runs / "baseline-random")
+    for name in ("results.jsonl", "run.json"):
+        assert not _readable_by(other_account, run_dir / name), name
+    report = shared / "report"
+    assert (
+        cli(
+            [
+                "report",
+                str(runs),
+                "--output-dir",
+                str(report),
+                "--embed-images",
+                "--no-plots",
+                "--bootstrap",
+                "0",
+            ]
+        )
+        == 0
+    )
+    assert not _not_private(report)
+    images = sorted((report / "images").rglob("*.png"))
+    assert images and not _readable_by(other_account, images[0])
+    assert not _readable_by(other_account, report / "index.html")
+
+
+def test_score_output_file_is_private(shared, fixture_bundle):
+    runs = shared / "runs"
+    assert (
+        run_main(
+            [
+                "--data-dir",
+                str(fixture_bundle),
+                "--model",
+                "baseline:prior",
+                "--output-dir",
+                str(runs),
+                "--no-score",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
+    out = shared / "scores.json"
+    assert cli(["score", str(runs / "baseline-prior"), "--output", str(out)]) == 0
+    assert stat.S_IMODE(os.stat(out).st_mode) == 0o600
+
+
+def test_an_old_readable_run_folder_is_tightened_on_resume(shared, fixture_bundle):
+    runs = shared / "runs"
+    args = [
+        "--data-dir",
+        str(fixture_bundle),
+        "--model",
+        "baseline:constant:1",
+        "--output-dir",
+        str(runs),
+        "--no-score",
+        "--no-progress",
+        "--limit",
+        "3",
+    ]
+    assert run_main(args) == 0
+    run_dir = runs / "baseline-constant-1" / "oracle_implicit"
+    run_dir.chmod(0o755)  # as an earlier version left it under umask 022
+    (run_dir / "results.jsonl").chmod(0o644)
+    assert run_main(args[:-1] + ["5"]) == 0
+    assert stat.S_IMODE(os.stat(run_dir).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(run_dir / "results.jsonl").st_mode) == 0o600
+
+
+def test_datasets_cache_is_private(shared, other_account, fixture_bundle):
+    from datasets import load_dataset
+
+    cache = shared / "hf-datasets"
+    ds = load_dataset("chexpercept", data_dir=str(fixture_bundle), cache_dir=str(cache))["train"]
+    assert len(ds) > 0
+    arrows = sorted(cache.rglob("*.arrow"))
+    assert arrows and not _readable_by(other_account, arrows[0])
+
+
+def test_generated_bundle_is_private(shared):
+    out = shared / "bundle"
+    assert (
+        cli(
+            [
+                "synth",
+                "--output-dir",
+                str(out),
+                "--per-cell",
+                "1",
+                "--lesions",
+                "atelectasis",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
+    assert not _not_private(out)
