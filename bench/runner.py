@@ -7,7 +7,7 @@ times these modes and reports cases per second and the speed-ups:
 * reference_way: what the reference runner does (spec 3.3, 3.9, 7.1 item 4): one conversation to
   its end before the next, one request per model call, every turn's whole conversation computed
   from scratch, every image of the history read, decoded and prepared again on every turn, the
-  processor asked for torch tensors (the transformers backend with turn_cache=False,
+  processor asked for torch tensors (the transformers backend with no_turn_cache=True,
   fast_inputs=False, image_workers=1).
 * one_at_a_time: the same loop through our backend as the engine uses it (turn cache, images
   decoded once per conversation, input shortcuts): what batching adds is the rest.
@@ -205,8 +205,8 @@ def main(argv=None) -> int:
         turn cache, no input shortcuts); ours with the input shortcuts off."""
         backends = {
             "ours": make_backend(length),
-            "fresh": make_backend(length, turn_cache=False),
-            "reference": make_backend(length, turn_cache=False, fast_inputs=False, image_workers=1),
+            "fresh": make_backend(length, no_turn_cache=True),
+            "reference": make_backend(length, no_turn_cache=True, fast_inputs=False, image_workers=1),
         }
         if args.plain_inputs:
             backends["plain"] = make_backend(length, fast_inputs=False, image_workers=1)

@@ -44,9 +44,23 @@ def check_identity(
     path: str | FsPath,
     lines: Iterable[tuple[int, str, Mapping[str, Any] | None]],
     identity: Mapping[str, str],
-) -> None:
+) -> int:
     """Raise ForeignRecordError when a (line number, key_id, record's ``run``) of ``path`` belongs to
-    another run than ``identity``; records without one (written before schema 3) are not judged."""
+    another run than ``identity``, or carries no run identity while other lines do (a line whose
+    settings cannot be established is never scored); returns how many lines carry none. A file
+    where no line carries one was written before schema 3: its lines are taken as the run.json
+    beside them describes them (the caller says so)."""
+    lines = list(lines)
+    unverified = [(n, key_id) for n, key_id, theirs in lines if not theirs]
+    if unverified and len(unverified) < len(lines):
+        n, key_id = unverified[0]
+        more = f" and {len(unverified) - 1} more" if len(unverified) > 1 else ""
+        raise ForeignRecordError(
+            f"{path}: line {n} (case {key_id}){more} carries no run identity while the other lines do, so "
+            "the settings that made it cannot be established; it would be scored under this run's settings. "
+            "Remove it, or rerun the same command (a resume moves such lines to quarantine.jsonl and runs "
+            "their cases again)."
+        )
     foreign = [
         f"line {n} (case {key_id}: model {theirs.get('model')!r}, settings {theirs.get('fingerprint')})"
         for n, key_id, theirs in lines
@@ -60,6 +74,7 @@ def check_identity(
             f"{'; '.join(foreign[:3])}{more}. They would change the scores. Remove those lines (or move "
             "the folder away) and rerun."
         )
+    return len(unverified)
 
 
 class ForeignRecordError(ValueError):

@@ -144,6 +144,9 @@ class RunMetadata(_Record):
     settings: dict[str, Any] | None = field(default=None, metadata=_kind("object"))
     #: start times of the sessions that continued the run
     resumed: list[str] | None = field(default=None, metadata=_kind("str_list"))
+    #: every session's settings that are not part of the identity (command, batch size, processes,
+    #: the backend's options, versions), oldest first: what each part of the run was made with
+    sessions: list[dict[str, Any]] | None = field(default=None, metadata=_kind("list"))
     #: None until every selected case has a result
     finished: str | None = field(default=None, metadata=_kind("str", always=True))
     unfinished_cases: int | None = field(default=None, metadata=_kind("int"))

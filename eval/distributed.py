@@ -10,10 +10,18 @@ imports neither torch nor accelerate.
 
 from __future__ import annotations
 
+import datetime
 import os
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+#: seconds the processes of a run wait for each other at the start (CHEXPERCEPT_COORDINATION_TIMEOUT)
+COORDINATION_TIMEOUT = 7 * 24 * 3600
+
+
+def coordination_timeout() -> float:
+    return float(os.environ.get("CHEXPERCEPT_COORDINATION_TIMEOUT") or COORDINATION_TIMEOUT)
 
 
 def launched_world_size() -> int:
@@ -117,7 +125,9 @@ class Distributed:
         if launched_world_size() > 1:
             from accelerate import PartialState
 
-            self.state = PartialState(cpu=True)
+            # the processes meet only at the start (while the main process fetches weights or counts
+            # tokens, which may take long); the work itself is shared through files (work_queue.py)
+            self.state = PartialState(cpu=True, timeout=datetime.timedelta(seconds=coordination_timeout()))
             self.index = self.state.process_index
             self.count = self.state.num_processes
             self.local_index = self.state.local_process_index

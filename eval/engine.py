@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -71,6 +70,15 @@ class ConversationFailed(BackendError):
         self.live = live
 
 
+def _test_delay() -> float:
+    """Seconds to sleep after each round (tests only): ``CHEXPERCEPT_TEST_STEP_DELAY=S``, or ``S@R``
+    for the process of rank R alone (a slow process of an accelerate run)."""
+    value, _, rank = (os.environ.get(_STEP_DELAY_ENV) or "0").partition("@")
+    if rank and rank != os.environ.get("RANK", "0"):
+        return 0.0
+    return float(value or 0)
+
+
 def route_length(case: Case) -> tuple[int, int]:
     """(turns, images) of a case's route: how long its conversation is, before any answer."""
     return len(case.turns), sum(len(t.images) for t in case.turns)
@@ -95,7 +103,8 @@ def run_conversations(
     on_empty: Callable[[int, int], None] | None = None,
     schedule: str = "continuous",
 ) -> EngineStats:
-    """Run every case to the end of its route, admitting them in the given order; returns counts.
+    """Run every case to the end of its route, admitting them in the given order (each one taken from
+    ``cases`` only when a slot is free); returns counts.
 
     backend: a ``Backend`` (an object with only ``generate`` is answered a batch at a time).
     on_failed: gets the cases whose conversation stopped at a failed request (a response with an
@@ -108,8 +117,9 @@ def run_conversations(
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
     backend = streaming(backend)
-    delay = float(os.environ.get(_STEP_DELAY_ENV, "0") or 0)
-    queue = deque(cases)
+    delay = _test_delay()
+    #: taken one at a time when a slot is free: ``cases`` may be a shared queue (eval/work_queue.py)
+    queue = iter(cases)
     #: request id -> the conversation waiting for that request's answer
     waiting: dict[str, Conversation] = {}
     stats = EngineStats()
@@ -117,8 +127,8 @@ def run_conversations(
 
     def admit() -> list[Request]:
         new = []
-        while queue and len(waiting) < batch_size:
-            conversation = Conversation(queue.popleft(), oracle=oracle, parse_mode=parse_mode, model=model)
+        while len(waiting) < batch_size and (case := next(queue, None)) is not None:
+            conversation = Conversation(case, oracle=oracle, parse_mode=parse_mode, model=model)
             waiting[conversation.pending.request_id] = conversation
             new.append(conversation.pending)
         stats.max_live = max(stats.max_live, len(waiting))

@@ -22,7 +22,7 @@ so ``chexpercept score --details`` can set the estimate against the usage the AP
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path as FsPath
 from typing import Any, Protocol
@@ -398,3 +398,37 @@ def compare(estimate: Estimate, results: Iterable[CaseResult]) -> Comparison:
         for k in actual
     }
     return Comparison(estimated, actual, errors)
+
+
+def usage_estimate(
+    counter: ApiCounter, plan: Any, records: Mapping[str, Mapping[str, Any]], oracle: str
+) -> dict[str, Any] | None:
+    """run.json's ``estimate``: what ``chexpercept estimate`` counts for the conversations a run had
+    (its answers replayed, with ``counter``: ``Backend.token_counter``) beside the usage the API
+    reported, so the estimator's error is visible in ``chexpercept score --details``. ``plan``: the
+    run's ``RunPlan``. A failure here never fails the run: it is a warning and None."""
+    import sys
+
+    try:
+        results = [CaseResult.from_dict(dict(r)) for r in records.values()]
+        model_id = plan.model.model_id
+        estimate = estimate_recorded(
+            list(plan.cases),
+            results,
+            oracle,
+            counter,
+            model_id=model_id,
+            parse_mode=plan.parse_mode,
+            model=model_id,
+        )
+        comparison = compare(estimate, results)
+    except Exception as e:  # the estimate is a by-product; the run's results are what matter
+        print(f"warning: could not estimate this run's tokens for comparison ({e!r})", file=sys.stderr)
+        return None
+    return {
+        "counter": counter.name,
+        "exact": counter.exact,
+        "estimated": comparison.estimated,
+        "actual": comparison.actual,
+        "relative_error": comparison.relative_error,
+    }

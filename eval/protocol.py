@@ -16,9 +16,17 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path as FsPath
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from chexpercept.case import Case, Turn
+
+from .backends.options import BackendOptions, NoOptions
+
+if TYPE_CHECKING:
+    import argparse
+
+    from .preflight import ContextLimits
+    from .registry import ModelSpec
 
 
 @dataclass(frozen=True)
@@ -145,6 +153,8 @@ Completion = tuple[Request, Response]
 
 
 class Backend(Protocol):
+    """What the engine and the runner call on a backend (``BackendBase`` gives the defaults)."""
+
     #: the name recorded in run.json ("vllm", "transformers", "openai", "baseline")
     name: str
     #: the most conversations live at once when --batch-size is not given
@@ -174,6 +184,12 @@ class Backend(Protocol):
 
     def sampling(self) -> Sampling: ...
 
+    def identity(self, context: RunContext) -> dict[str, Any]:
+        """Everything of this backend that can change an answer, as resolved for this run (the
+        options that do, what it derives from the selected cases); part of the run's identity,
+        asked before ``setup`` (a resume is refused before any engine loads)."""
+        ...
+
     def describe(self) -> dict[str, Any]:
         """Backend settings for run.json (engine arguments, chat kwargs, dtype...)."""
         ...
@@ -184,7 +200,79 @@ class Backend(Protocol):
         ...
 
 
-class BatchBackend:
+class BackendBase:
+    """What every backend class provides besides answering requests, with the defaults.
+
+    A backend declares its options once (``Options``, a ``BackendOptions`` dataclass: flags, help,
+    checks, and which options can change an answer) and is built from them by ``from_plan``. The
+    runner calls the hooks below on every backend; a backend overrides those that apply to it.
+    """
+
+    name: ClassVar[str] = ""
+    default_batch_size: ClassVar[int] = 64
+    Options: ClassVar[type[BackendOptions]] = NoOptions
+    options: BackendOptions
+
+    @classmethod
+    def add_options(cls, group: argparse._ArgumentGroup) -> None:
+        """This backend's flags, in its group of ``chexpercept run --help``."""
+        cls.Options.add_to(group)
+
+    @classmethod
+    def from_plan(
+        cls,
+        spec: ModelSpec,
+        options: BackendOptions,
+        *,
+        sampling: Sampling,
+        chat_template_kwargs: dict[str, Any],
+        on_error: str = "stop",
+    ) -> Any:
+        """The backend for ``spec`` with ``options`` (this backend's ``Options``), the resolved
+        decoding and chat template variables, and the run's error policy (``--on-error``)."""
+        return cls(  # type: ignore[call-arg]
+            spec,
+            sampling=sampling,
+            options=options,
+            chat_template_kwargs=chat_template_kwargs,
+            on_error=on_error,
+        )
+
+    def setup(self, context: RunContext) -> None:
+        """Load the model or start the engine (called once, before the first request)."""
+
+    def release(self, key_ids: Sequence[str]) -> None:
+        """Nothing kept per conversation by default."""
+
+    def new_session(self) -> None:
+        """Counts start again (a command running several oracle settings records each one's)."""
+
+    def context_limits(self, context: RunContext) -> ContextLimits | None:
+        """The engine's context length and images per prompt as they will be, for the preflight
+        check before it loads; None: no limit to check (an API, a baseline)."""
+        return None
+
+    def model_dir(self) -> str | None:
+        """The local folder of the model's processor and weights (the preflight counts tokens with
+        its processor); None where there is none."""
+        return None
+
+    def token_counter(self, root: FsPath) -> Any:
+        """A counter of the tokens an API bills for this run's requests (eval/estimate.py), to
+        compare with the usage the API reported; None when the backend reports no billed usage."""
+        return None
+
+    def identity(self, context: RunContext) -> dict[str, Any]:
+        return self.options.answers()
+
+    def describe(self) -> dict[str, Any]:
+        return {"options": self.options.record()}
+
+    def close(self) -> None:
+        """Free what the backend holds."""
+
+
+class BatchBackend(BackendBase):
     """The ``Backend`` interface for a backend that answers a batch at a time (``generate``).
 
     Whatever was handed over since the backend was last free is answered in one ``generate`` call,

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path as FsPath
 from typing import Any
 
-from chexpercept.fileio import append_durable, open_private, private_dir, replace_json_lines
+from chexpercept.fileio import append_durable, open_private, private_dir, replace_json_lines, tighten
 from chexpercept.fileio import write_json_atomic as write_json_atomic
 from chexpercept.results import (
     FAILURES_NAME,
@@ -33,10 +33,12 @@ from chexpercept.results import (
     complete_lines,
 )
 
+from .identity import settings_diff
 from .interrupts import deferred
 from .provenance import now
 
 LOCK_NAME = "run.lock"
+QUARANTINE_NAME = "quarantine.jsonl"
 
 
 class RunLockedError(RuntimeError):
@@ -161,16 +163,6 @@ class RunLock:
 
 
 # -------------------------------------------------------------------------------------- results
-def _same_setting(key: str, before: Any, now_: Any) -> bool:
-    """A resumed run's setting equals the stored one (a model folder however spelled: relative or
-    absolute, with or without a trailing slash)."""
-    if key == "model_id":
-        from .registry import same_model_id
-
-        return same_model_id(before, now_)
-    return before == now_
-
-
 def repair_tail(results: str | os.PathLike[str]) -> int:
     """Cut off a torn last line left by a crash mid-append; returns the bytes removed."""
     path = FsPath(results)
@@ -271,10 +263,25 @@ class RunStore:
         self.results = self.path / RESULTS_NAME
         self.failures = self.path / FAILURES_NAME
         self.run_json = self.path / RUN_NAME
+        #: lines whose run identity could not be established, kept apart and never scored
+        self.quarantine = self.path / QUARANTINE_NAME
         self.lock = RunLock(self.path)
 
+    def tighten(self) -> None:
+        """Make the folder's files owner-only (a folder written by an older version under a lax umask)."""
+        for path in (self.results, self.failures, self.run_json, self.quarantine):
+            if path.exists():
+                tighten(path)
+
+    def append(self, results: Iterable[CaseResult]) -> None:
+        append_results(self.results, results)
+
+    def append_failures(self, failures: Iterable[CaseFailure]) -> None:
+        append_results(self.failures, failures)
+
     def check_settings(self, settings: Mapping[str, Any]) -> dict[str, Any] | None:
-        """The previous run.json if this folder may be resumed with ``settings``, else StoreError."""
+        """The previous run.json if this folder may be resumed with ``settings`` (the run's identity,
+        eval/identity.py), else StoreError naming every difference."""
         previous = read_json(self.run_json)
         if previous is None:
             if self.results.exists() and self.results.stat().st_size > 0:
@@ -283,17 +290,32 @@ class RunStore:
                     "those results are unknown; move the folder away or choose another --output-dir"
                 )
             return None
-        before = previous.get("settings", {})
-        diffs = [
-            f"{k}: {before.get(k)!r} -> {settings.get(k)!r}"
-            for k in sorted(set(before) | set(settings))
-            if not _same_setting(k, before.get(k), settings.get(k))
-        ]
+        diffs = settings_diff(previous.get("settings") or {}, settings)
         if diffs:
             raise StoreError(
                 f"{self.path} holds a run made with other settings, so its results cannot be "
-                "continued by this one:\n  "
+                "continued by this one (each of these can change the answers):\n  "
                 + "\n  ".join(diffs)
                 + "\nUse another --output-dir or --run-name, or delete the folder to start over."
             )
         return previous
+
+    def quarantine_unverified(self, identity: Mapping[str, str]) -> int:
+        """Move the lines of results.jsonl that carry no run identity (an older version's, or lines
+        appended by hand) to quarantine.jsonl, so that their cases run again under this identity;
+        returns how many. Lines of another identity are not touched (reading them is an error)."""
+        if not self.results.exists():
+            return 0
+        keep: list[str] = []
+        moved: list[str] = []
+        for _n, line in complete_lines(self.results):
+            try:
+                record = json.loads(line)
+            except ValueError:
+                keep.append(line)  # read_records names it
+                continue
+            (keep if isinstance(record, dict) and record.get("run") else moved).append(line)
+        if moved:
+            append_durable(self.quarantine, "".join(m + "\n" for m in moved).encode("utf-8"))
+            replace_json_lines(self.results, [json.loads(k) for k in keep])
+        return len(moved)

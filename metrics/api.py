@@ -65,3 +65,26 @@ def check_against_bundle(run: Run, bundle: Bundle) -> list[str]:
     if missing:
         notes.append(f"{run.label}: {missing} of the bundle's {len(cases)} cases have no result")
     return notes
+
+
+def print_model_scores(
+    model_dir: str | os.PathLike[str], name: str, parse_mode: ParseMode = "reference"
+) -> None:
+    """Score every run of a model folder (e.g. oracle_none and oracle_implicit) and print its Table 2
+    row, where each number comes from, notes and answer warnings (the end of ``chexpercept run``)."""
+    import sys
+
+    from .answer_warnings import warning_lines
+    from .tables import render_table
+
+    report = score_path(model_dir, mode=parse_mode)
+    print()
+    print(render_table(2, {name: report}))
+    for kind, source in report.sources.items():
+        where = source.description if source is not None else "no run measures it yet (N/A)"
+        print(f"{kind.upper()} from: {where}")
+    for note in report.notes:
+        print(f"note: {note}", file=sys.stderr)
+    for line in warning_lines(report):
+        print(line, file=sys.stderr)
+    print(f"all numbers: chexpercept score {model_dir} --details")

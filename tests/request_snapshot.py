@@ -10,6 +10,11 @@ their paths (relative to the bundle), not their bytes.
 Regenerate after a deliberate change of what is sent (then review the diff of the JSON file):
 
     python tests/request_snapshot.py --update
+
+The file also records the toolkit's prompt version (``PROMPT_VERSION`` in eval/identity.py), which
+every run's identity carries: a resume after the prompts changed is refused. ``--update`` refuses to
+record other requests under the same version, so that a change of what is sent cannot forget to
+raise it.
 """
 
 from __future__ import annotations
@@ -83,12 +88,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--update", action="store_true", help=f"rewrite {SNAPSHOT}")
     args = parser.parse_args(argv)
+    from chexpercept.eval.identity import PROMPT_VERSION
+
     data = snapshot()
+    stored = json.loads(SNAPSHOT.read_text(encoding="utf-8")) if SNAPSHOT.exists() else {}
+    same = {o: stored.get(o) for o in ORACLES} == data
     if not args.update:
-        same = SNAPSHOT.exists() and json.loads(SNAPSHOT.read_text(encoding="utf-8")) == data
         print("request snapshot: " + ("unchanged" if same else f"DIFFERS from {SNAPSHOT}"))
         return 0 if same else 1
-    SNAPSHOT.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    if not same and stored.get("prompt_version") == PROMPT_VERSION:
+        print(
+            f"the requests differ from {SNAPSHOT} but PROMPT_VERSION is still {PROMPT_VERSION}: raise it in "
+            "eval/identity.py (runs made before the change must not be resumed by this version), then update",
+            file=sys.stderr,
+        )
+        return 1
+    SNAPSHOT.write_text(
+        json.dumps({"prompt_version": PROMPT_VERSION, **data}, indent=1, ensure_ascii=False) + "\n",
+        encoding="utf-8",
+    )
     print(f"wrote {SNAPSHOT}: " + ", ".join(f"{o} {len(v)} calls" for o, v in data.items()))
     return 0
 

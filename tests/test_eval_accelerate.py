@@ -137,3 +137,27 @@ def test_a_signal_stops_every_process_of_an_accelerate_run(fixture_bundle, tmp_p
     assert main([*common, "--output-dir", str(tmp_path / "one"), "--no-progress", "--no-score"]) == 0
     whole = tmp_path / "one" / "baseline-random" / "oracle_implicit" / "results.jsonl"
     assert results.read_bytes() == whole.read_bytes()
+
+
+@pytest.mark.slow
+def test_a_slow_process_takes_fewer_cases_and_no_barrier_times_out(fixture_bundle, tmp_path):
+    """Issue 28 class C: the processes take cases as they go (eval/work_queue.py). Process 1 is slowed
+    (each of its rounds sleeps) and the processes' meeting timeout is cut to 5 s: process 0 takes most
+    cases and finishes more than 5 s before process 1, and the run still completes, equal to one
+    process."""
+    import os
+
+    common = ["--data-dir", str(fixture_bundle), "--model", "baseline:random", "--batch-size", "1"]
+    assert main([*common, "--output-dir", str(tmp_path / "one"), "--no-progress"]) == 0
+    env = {**os.environ, "CHEXPERCEPT_TEST_STEP_DELAY": "1.5@1", "CHEXPERCEPT_COORDINATION_TIMEOUT": "5"}
+    proc = subprocess.run(
+        [*LAUNCH, str(RUN_SCRIPT), *common, "--output-dir", str(tmp_path / "two"), "--no-progress"],
+        capture_output=True, text=True, timeout=300, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    one = tmp_path / "one" / "baseline-random" / "oracle_implicit"
+    two = tmp_path / "two" / "baseline-random" / "oracle_implicit"
+    assert (two / "results.jsonl").read_bytes() == (one / "results.jsonl").read_bytes()
+    taken = json.loads((two / "run.json").read_text())["last_session"]["cases_per_process"]
+    assert sum(taken.values()) == 21 and taken["0"] > 3 * taken["1"] >= 3
+    assert not list(two.glob("work-*.queue"))

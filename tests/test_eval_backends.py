@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import io
 import subprocess
 import sys
@@ -23,14 +24,15 @@ HEAVY = ("torch", "vllm", "transformers", "httpx", "accelerate")
 def test_the_table_lists_every_backend_module_or_folder():
     assert tuple(BACKENDS) == BACKEND_NAMES == ("vllm", "transformers", "openai", "baseline")
     folder = Path(backends.__file__).parent
-    here = {p.stem for p in folder.iterdir() if p.suffix == ".py" and p.stem != "__init__"}
+    here = {p.stem for p in folder.iterdir() if p.suffix == ".py" and p.stem not in ("__init__", "options")}
     here |= {p.name for p in folder.iterdir() if (p / "__init__.py").exists()}
     listed = {target.split(":")[0].split(".")[3] for target in BACKENDS.values()}
     assert here == listed
     for name in BACKENDS:
         cls = backend_class(name)
         assert cls.name == name
-        assert callable(cls.add_options) and callable(cls.from_options)
+        assert callable(cls.add_options) and callable(cls.from_plan)
+        assert dataclasses.is_dataclass(cls.Options)
     with pytest.raises(ValueError, match="unknown backend"):
         backend_class("nope")
 

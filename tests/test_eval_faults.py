@@ -16,14 +16,12 @@ import time
 from pathlib import Path
 
 import pytest
+from fake_openai import FakeServer
 
 from chexpercept.bundle import read_bundle
 from chexpercept.errors import BundleValidationError
 from chexpercept.eval.run import main
 from chexpercept.results import iter_results
-
-sys.path.insert(0, str(Path(__file__).parent))
-from fake_openai import FakeServer
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN = [sys.executable, str(ROOT / "eval" / "run.py")]

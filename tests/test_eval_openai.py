@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import base64
 import json
-import sys
-from pathlib import Path
 
 import pytest
+from fake_openai import FakeServer, backend_for, run_cases
 
 from chexpercept.bundle import read_bundle
 from chexpercept.eval.backends.openai import (
@@ -19,9 +18,6 @@ from chexpercept.eval.engine import ConversationFailed, run_conversations
 from chexpercept.eval.protocol import BackendError, RunContext
 from chexpercept.eval.run import main
 from chexpercept.results import iter_results
-
-sys.path.insert(0, str(Path(__file__).parent))
-from fake_openai import FakeServer, backend_for, run_cases
 
 
 def test_payload_retries_and_usage(fixture_bundle):

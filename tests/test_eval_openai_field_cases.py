@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import email.utils
 import json
-import sys
 import time
-from pathlib import Path
 
 import pytest
+from fake_openai import FakeServer, backend_for, run_cases
 
 from chexpercept.bundle import read_bundle
 from chexpercept.eval.backends.openai import OpenAIBackend, RetryPolicy, parse_duration, retry_hint
@@ -25,9 +24,6 @@ from chexpercept.eval.registry import resolve
 from chexpercept.eval.run import EXIT_UNFINISHED, main
 from chexpercept.metrics import score_path
 from chexpercept.results import iter_results, read_failures
-
-sys.path.insert(0, str(Path(__file__).parent))
-from fake_openai import FakeServer, backend_for, run_cases
 
 BAD_SETTING = {
     "status": 400,
@@ -252,7 +248,7 @@ def test_a_null_in_request_extra_removes_the_field(fixture_bundle, tmp_path):
         spec,
         sampling=Sampling(**spec.sampling, greedy=False),
         base_url="http://127.0.0.1:9/v1",
-        extra_body={"reasoning_effort": None, "temperature": None},
+        request_extra={"reasoning_effort": None, "temperature": None},
     )
     backend.setup(RunContext(root=read_bundle(fixture_bundle).root, cases=[]))
     payload = backend.build_payload(Conversation(read_bundle(fixture_bundle).cases[0], oracle="none").pending)

@@ -5,18 +5,14 @@ from __future__ import annotations
 
 import gzip
 import json
-import sys
 import time
-from pathlib import Path
 
 import pytest
+from fake_openai import FakeServer, backend_for, run_cases
 
 from chexpercept.bundle import read_bundle
 from chexpercept.eval.engine import ConversationFailed, run_conversations
 from chexpercept.eval.protocol import BackendError, RunContext
-
-sys.path.insert(0, str(Path(__file__).parent))
-from fake_openai import FakeServer, backend_for, run_cases
 
 ANSWER = {"choices": [{"message": {"content": "Answer: 2"}, "finish_reason": "stop"}], "model": "gpt-5.4"}
 

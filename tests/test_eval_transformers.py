@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -21,7 +19,6 @@ from chexpercept.eval.registry import resolve
 from chexpercept.eval.run import main
 from chexpercept.results import iter_results
 
-sys.path.insert(0, str(Path(__file__).parent))
 SELECT = ["--lesions", "effusion", "cardiomegaly", "--max-tokens", "4"]
 
 
@@ -136,7 +133,7 @@ def test_micro_batches_sort_by_length_within_the_token_budget(fixture_bundle):
     assert flat == sorted(flat)
     assert all(len(g) == 1 or len(g) * max(g) <= 1500 for g in sizes)
     assert 1 < len(groups) < len(requests)
-    with pytest.raises(ValueError, match="max_batch_tokens"):
+    with pytest.raises(ValueError, match="--max-batch-tokens"):
         TransformersBackend(
             resolve("any", backend="transformers"), sampling=Sampling(0, 1, 2, True), max_batch_tokens=0
         )

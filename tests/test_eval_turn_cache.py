@@ -4,8 +4,6 @@ answers stay those of computing every turn from scratch."""
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -36,7 +34,6 @@ from chexpercept.eval.protocol import RunContext, Sampling
 from chexpercept.eval.registry import resolve
 from chexpercept.results import iter_results
 
-sys.path.insert(0, str(Path(__file__).parent))
 IMAGE, STOP, PAD = 9, 1, 0
 
 
@@ -226,7 +223,7 @@ def test_reused_turns_answer_as_fresh_ones(tiny_model, fixture_bundle, oracle, a
     runs = {}
     for turn_cache in (True, False):
         backend = tiny_backend(
-            tiny_model, bundle, max_tokens=6, turn_cache=turn_cache, attn_implementation=attention
+            tiny_model, bundle, max_tokens=6, no_turn_cache=not turn_cache, attn_implementation=attention
         )
         results = []
         run_conversations(bundle.cases, backend, oracle=oracle, batch_size=8, on_finished=results.extend)
@@ -235,7 +232,7 @@ def test_reused_turns_answer_as_fresh_ones(tiny_model, fixture_bundle, oracle, a
     assert cached == fresh  # every response and its token counts
     how = "the model's own prefill masks" if attention == "eager" else "masks built by broadcasting"
     assert on["turn_cache"].startswith("on: ") and how in on["turn_cache"]
-    assert off["turn_cache"] == "off (turn_cache=False)" and "turn_cache_reused_tokens" not in off
+    assert off["turn_cache"] == "off (--no-turn-cache)" and "turn_cache_reused_tokens" not in off
     assert on["turn_cache_reused_tokens"] > 0.5 * on["turn_cache_prompt_tokens"]
     assert on["turn_cache_turns_not_kept"] == 0 and on["turn_cache_gib"] > 0
 
@@ -252,7 +249,7 @@ def test_a_full_memory_budget_computes_turns_from_scratch(tiny_model, fixture_bu
     assert small == results[None][0]
     assert tight["turn_cache"].startswith("on: ") and tight["turn_cache_turns_not_kept"] > 0
     assert 0 < tight["turn_cache_reused_tokens"] < roomy["turn_cache_reused_tokens"]
-    with pytest.raises(ValueError, match="turn_cache_gib"):
+    with pytest.raises(ValueError, match="--turn-cache-gib must be positive"):
         TransformersBackend(
             resolve("any", backend="transformers"), sampling=Sampling(0, 1, 2, True), turn_cache_gib=0
         )
@@ -293,7 +290,7 @@ def test_run_records_the_turn_cache_and_no_turn_cache_gives_the_same_results(
     settings = {k: json.loads((f / "run.json").read_text())["backend_settings"] for k, f in folders.items()}
     assert settings["cached"]["turn_cache"].startswith("on: ")
     assert settings["cached"]["turn_cache_reused_tokens"] > 0
-    assert settings["fresh"]["turn_cache"] == "off (turn_cache=False)"
+    assert settings["fresh"]["turn_cache"] == "off (--no-turn-cache)"
     assert (folders["cached"] / "results.jsonl").read_bytes() == (
         folders["fresh"] / "results.jsonl"
     ).read_bytes()

@@ -79,7 +79,7 @@ def test_engine_arguments(fixture_bundle):
     limits = backend.context_limits(RunContext(root=bundle.root, cases=bundle.cases))
     assert limits.max_model_len == 65536 and limits.max_images == most_images
     # registry flags and user overrides
-    glm = make_backend("glm-4.6v", gpus=["0", "1", "2"], engine_overrides={"max_model_len": 4096})
+    glm = make_backend("glm-4.6v", gpus=["0", "1", "2"], engine_args={"max_model_len": 4096})
     glm.setup(RunContext(root=bundle.root, cases=bundle.cases))
     args = FakeLLM.instances[-1].kwargs
     assert args["trust_remote_code"] is True and args["max_model_len"] == 4096
@@ -240,7 +240,8 @@ def test_a_vllm_without_enqueue_chat_is_driven_a_batch_at_a_time(fixture_bundle)
 def test_no_thinking_only_where_the_model_has_the_switch(fixture_bundle, tmp_path, capsys):
     import argparse
 
-    from chexpercept.eval.run import chat_kwargs_for, configure
+    from chexpercept.eval.plan import chat_kwargs_for
+    from chexpercept.eval.run import configure
 
     parser = argparse.ArgumentParser()
     configure(parser)
@@ -291,7 +292,7 @@ def test_cpu_engines_run_eagerly_with_an_explicit_kv_cache(fixture_bundle, monke
         gpus=[],
         platform="cpu",
         gpu_memory_utilization=0.3,
-        engine_overrides={"enforce_eager": False},
+        engine_args={"enforce_eager": False},
     )
     mine.setup(RunContext(root=bundle.root, cases=bundle.cases))
     args = FakeLLM.instances[-1].kwargs

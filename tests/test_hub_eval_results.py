@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from fake_hub import FakeDataset, FakeHub, FakeModel
 from huggingface_hub import constants, parse_eval_result_entries
 
 from chexpercept.cli import main as cli
@@ -20,9 +20,6 @@ from chexpercept.metrics.hub.eval_results import HUB_TASKS, TASK_IDS, eval_resul
 from chexpercept.metrics.hub.guard import Manifest, PushRefused
 from chexpercept.metrics.hub.leaderboard import HubBoard, HubEntry, side_by_side
 from chexpercept.metrics.push_results import model_folders
-
-sys.path.insert(0, str(Path(__file__).parent))
-from fake_hub import FakeDataset, FakeHub, FakeModel
 
 BENCH = "org/chexpercept"
 MODEL_REPO = "org/toy-vlm"

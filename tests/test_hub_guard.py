@@ -11,11 +11,11 @@ import base64
 import json
 import os
 import shutil
-import sys
 import urllib.parse
 from pathlib import Path
 
 import pytest
+from fake_hub import FakeHub
 from huggingface_hub import constants
 
 from chexpercept.eval.run import main as run_main
@@ -23,9 +23,6 @@ from chexpercept.metrics.hub.guard import Manifest, PushRefused, check_file
 from chexpercept.metrics.hub.identifiers import Identifiers
 from chexpercept.metrics.push_results import Staged, stage, upload
 from chexpercept.testing import write_fixture_bundle
-
-sys.path.insert(0, str(Path(__file__).parent))
-from fake_hub import FakeHub
 
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 64
 JPEG = b"\xff\xd8\xff\xe0\x00\x10JFIF\x00" + bytes(range(64))

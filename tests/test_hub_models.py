@@ -9,15 +9,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from fake_hub import FakeHub, FakeModel, sha1
 from huggingface_hub import constants
 
 from chexpercept.cli import main as cli
 from chexpercept.eval.hub import HubError, Weights, prepare_model, resolve_weights
 from chexpercept.eval.registry import resolve
 from chexpercept.eval.run import main as run_main
-
-sys.path.insert(0, str(Path(__file__).parent))
-from fake_hub import FakeHub, FakeModel, sha1
 
 FILES = {
     "config.json": b'{"model_type": "toy"}',

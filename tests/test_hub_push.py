@@ -5,18 +5,15 @@ from __future__ import annotations
 import base64
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
+from fake_hub import FakeHub
 from huggingface_hub import constants
 
 from chexpercept.cli import main as cli
 from chexpercept.eval.run import main as run_main
 from chexpercept.metrics.push_results import PushRefused, provenance, scrub, stage
-
-sys.path.insert(0, str(Path(__file__).parent))
-from fake_hub import FakeHub
 
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 32
 KEY = "edema_s50000720_positive_0"

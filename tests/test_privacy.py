@@ -149,7 +149,7 @@ def test_an_old_readable_run_folder_is_tightened_on_resume(shared, fixture_bundl
     run_dir = runs / "baseline-constant-1" / "oracle_implicit"
     run_dir.chmod(0o755)  # as an earlier version left it under umask 022
     (run_dir / "results.jsonl").chmod(0o644)
-    assert run_main(args[:-1] + ["5"]) == 0
+    assert run_main([*args[:-1], "5"]) == 0
     assert stat.S_IMODE(os.stat(run_dir).st_mode) == 0o700
     assert stat.S_IMODE(os.stat(run_dir / "results.jsonl").st_mode) == 0o600
 

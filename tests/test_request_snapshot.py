@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
 from request_snapshot import ORACLES, SNAPSHOT, snapshot
+
+from chexpercept.eval.identity import PROMPT_VERSION
 
 
 def test_every_request_equals_the_committed_snapshot():
     expected = json.loads(SNAPSHOT.read_text(encoding="utf-8"))
     now = snapshot()
     assert set(now) == set(ORACLES)
+    assert expected["prompt_version"] == PROMPT_VERSION, (
+        "the snapshot was recorded under another PROMPT_VERSION: run python tests/request_snapshot.py --update"
+    )
     for oracle in ORACLES:
         before = {(e["key_id"], e["messages"]): e for e in expected[oracle]}
         after = {(e["key_id"], e["messages"]): e for e in now[oracle]}
@@ -22,6 +24,7 @@ def test_every_request_equals_the_committed_snapshot():
         assert not changed, (
             f"oracle {oracle}: {len(changed)} request(s) differ from tests/data/request_snapshot.json, "
             f"e.g. {changed[0]}: {before[changed[0]]} -> {after[changed[0]]}. If the change is meant, "
+            "raise PROMPT_VERSION in eval/identity.py (a run made before it must not be resumed after it), "
             "run python tests/request_snapshot.py --update and review the diff."
         )
 
@@ -35,3 +38,17 @@ def test_the_snapshot_covers_every_oracle_text():
     assert explicit - plain
     assert {e["sha256"] for e in data["implicit"]} - {e["sha256"] for e in data["none"]}
     assert len(data["none"]) == len(data["implicit"]) == len(data["explicit"])
+
+
+def test_changed_requests_cannot_be_recorded_under_the_same_prompt_version(monkeypatch, tmp_path):
+    """A change of what is sent must raise PROMPT_VERSION, which resumes check: --update refuses."""
+    import request_snapshot
+
+    import chexpercept.eval.conversation as conversation
+
+    copy = tmp_path / "snapshot.json"
+    copy.write_bytes(SNAPSHOT.read_bytes())
+    monkeypatch.setattr(request_snapshot, "SNAPSHOT", copy)
+    monkeypatch.setattr(conversation, "SYSTEM_MESSAGE", conversation.SYSTEM_MESSAGE + " Be brief.")
+    assert request_snapshot.main(["--update"]) == 1
+    assert copy.read_bytes() == SNAPSHOT.read_bytes()

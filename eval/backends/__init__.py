@@ -7,8 +7,8 @@ module or folder here: ``baselines`` (no model), ``openai`` (any OpenAI-compatib
 prefill masks, pixel cache, image resize).
 
 What the engine calls on a backend is the ``Backend`` interface of ``chexpercept.eval.protocol``.
-What ``eval/run.py`` calls on a backend's class is ``BackendClass`` below: the class owns its
-command-line options and builds itself from them. A backend module imports only the standard
+What the runner calls on a backend's class is ``BackendClass`` below: the class declares its
+command-line options once, as a typed ``Options`` dataclass (``options.py``), and is built from them. A backend module imports only the standard
 library and light modules at its top (torch, vllm, transformers, network clients inside its
 methods), because ``chexpercept run --help`` imports every backend's class to list its options.
 See ADDING_A_BACKEND.md.
@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from ..protocol import Backend, Sampling
     from ..registry import ModelSpec
+    from .options import BackendOptions
 
 #: backend name (``--backend``, ``ModelSpec.backend``) -> "module:Class"; the order is the order of
 #: ``--backend``'s choices and of the option groups in ``--help``
@@ -36,19 +36,26 @@ BACKENDS: dict[str, str] = {
 
 
 class BackendClass(Protocol):
-    """What a class named in ``BACKENDS`` provides besides the ``Backend`` interface."""
+    """What a class named in ``BACKENDS`` provides besides the ``Backend`` interface (see
+    ``chexpercept.eval.protocol.BackendBase``, which every backend extends)."""
+
+    name: str
+    #: its options, declared once (eval/backends/options.py): flags, help, checks, identity
+    Options: type[BackendOptions]
 
     @classmethod
-    def add_options(cls, group: argparse._ArgumentGroup) -> None:
-        """Add this backend's command-line options to its group of ``chexpercept run``
-        (titled "<name> backend"; a backend without options adds nothing)."""
+    def add_options(cls, group: argparse._ArgumentGroup) -> None: ...
 
     @classmethod
-    def from_options(
-        cls, spec: ModelSpec, args: argparse.Namespace, sampling: Sampling, chat_kwargs: dict[str, Any]
-    ) -> Backend:
-        """The backend for ``spec`` as the parsed options ``args`` ask (``sampling`` and
-        ``chat_kwargs`` are already resolved from the registry and the decoding options)."""
+    def from_plan(
+        cls,
+        spec: ModelSpec,
+        options: BackendOptions,
+        *,
+        sampling: Sampling,
+        chat_template_kwargs: dict[str, Any],
+        on_error: str = "stop",
+    ) -> Backend: ...
 
 
 def backend_class(name: str) -> type[BackendClass]:
@@ -59,14 +66,3 @@ def backend_class(name: str) -> type[BackendClass]:
         raise ValueError(f"unknown backend {name!r}; expected one of {', '.join(BACKENDS)}") from None
     module, _, attr = target.partition(":")
     return getattr(importlib.import_module(module), attr)
-
-
-def json_object_arg(text: str) -> dict[str, Any]:
-    """argparse type of an option that takes a JSON object (engine arguments, request fields...)."""
-    try:
-        value = json.loads(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(f"not valid JSON: {e}") from e
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError("expected a JSON object, e.g. '{\"key\": 1}'")
-    return value

@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import random
 from collections import Counter
@@ -20,9 +19,10 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from chexpercept.answers import oracle_answer_text
-from chexpercept.case import Turn
+from chexpercept.case import Case, Turn
 
 from ..protocol import BatchBackend, Request, Response, RunContext, Sampling
+from .options import NoOptions
 
 if TYPE_CHECKING:
     from ..registry import ModelSpec
@@ -56,23 +56,28 @@ def _answer_key(turn: Turn) -> Any:
     return "None" if turn.none_index is not None and gold == (turn.none_index,) else gold
 
 
+def _prior(cases: Sequence[Case]) -> dict[str, Any]:
+    """Per task, the most frequent gold answer over ``cases``; ties go to the answer that sorts
+    first, so the choice is deterministic."""
+    counts: dict[str, Counter] = {}
+    for case in cases:
+        for turn in case.turns:
+            counts.setdefault(turn.task, Counter())[_answer_key(turn)] += 1
+    return {task: min(c.items(), key=lambda kv: (-kv[1], str(kv[0])))[0] for task, c in counts.items()}
+
+
 class BaselineBackend(BatchBackend):
     """The four baselines behind the Backend interface."""
 
     name = "baseline"
     default_batch_size = 256
 
-    @classmethod
-    def add_options(cls, group: argparse._ArgumentGroup) -> None:
-        """No options: the model string says which baseline (--seed seeds baseline:random)."""
-
-    @classmethod
-    def from_options(
-        cls, spec: ModelSpec, args: argparse.Namespace, sampling: Sampling, chat_kwargs: dict[str, Any]
-    ) -> BaselineBackend:
-        return cls(spec.model_id)
-
-    def __init__(self, model: str):
+    def __init__(self, spec: ModelSpec | str, **run: Any):
+        """``spec``: the model (``baseline:<kind>``), or its name. No options: the model string says
+        which baseline (--seed seeds baseline:random); the run's other settings (``run``) change
+        nothing here."""
+        self.options = NoOptions()
+        model = spec if isinstance(spec, str) else spec.model_id
         if not is_baseline(model):
             raise ValueError(f"{model!r} is not a baseline (expected baseline:<kind>)")
         spec = model[len(BASELINE_PREFIX) :]
@@ -97,14 +102,7 @@ class BaselineBackend(BatchBackend):
     def setup(self, context: RunContext) -> None:
         self.seed = context.seed
         if self.kind == "prior":
-            counts: dict[str, Counter] = {}
-            for case in context.cases:
-                for turn in case.turns:
-                    counts.setdefault(turn.task, Counter())[_answer_key(turn)] += 1
-            # most frequent; ties go to the answer that sorts first, so the choice is deterministic
-            self.prior = {
-                task: min(c.items(), key=lambda kv: (-kv[1], str(kv[0])))[0] for task, c in counts.items()
-            }
+            self.prior = _prior(context.cases)
 
     def _indices(self, request: Request) -> list[int]:
         turn = request.turn
@@ -125,6 +123,13 @@ class BaselineBackend(BatchBackend):
 
     def sampling(self) -> Sampling:
         return Sampling(temperature=0.0, top_p=1.0, max_tokens=0, greedy=True)
+
+    def identity(self, context: RunContext) -> dict[str, Any]:
+        """The kind (and option) is in the model id already; baseline:prior's answers depend on the
+        selected cases (another --limit or --per-cell gives another prior)."""
+        if self.kind != "prior":
+            return {}
+        return {"prior": {t: (k if k == "None" else list(k)) for t, k in _prior(context.cases).items()}}
 
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {"baseline": self.kind}

@@ -37,7 +37,6 @@ and data retention switched off, as PhysioNet's guidance on online services desc
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import datetime
@@ -62,10 +61,10 @@ from chexpercept.containment import ContainmentError, image_data_url
 from ..inflight import OK, OTHER, THROTTLED, AdaptiveLimit
 from ..occupancy import InFlightClock, WorkLedger, ratio, schedule_record
 from ..pricing import call_cost, price_for
-from ..protocol import BackendError, Completion, Request, Response, RunContext, Sampling
+from ..protocol import BackendBase, BackendError, Completion, Request, Response, RunContext, Sampling
 from ..registry import ModelSpec
 from ..replies import join_reasoning
-from . import json_object_arg
+from .options import BackendOptions, at_least, json_object, option, positive
 
 RETRY_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
 #: a wrong key, a forbidden resource or a wrong URL: every request would fail the same way, so the
@@ -244,108 +243,94 @@ class RetryPolicy:
         return wait * random.uniform(0.75, 1.25)
 
 
-class OpenAIBackend:
+@dataclass(frozen=True)
+class OpenAIOptions(BackendOptions):
+    """The openai backend's options (``chexpercept run --help``, group "openai backend")."""
+
+    base_url: str | None = option(help="endpoint, e.g. http://127.0.0.1:8000/v1 (vllm serve)", answers=False)
+    api_key_env: str = option(
+        default="OPENAI_API_KEY", help="environment variable holding the API key", answers=False
+    )
+    api_key_header: str = option(
+        default="Authorization", help="'Authorization' (Bearer) or e.g. 'api-key' (Azure)", answers=False
+    )
+    concurrency: int = option(
+        default=8,
+        type=int,
+        check=at_least(1),
+        answers=False,
+        help="most requests in flight at once (default 8); halved on a 429 and raised back as "
+        "answers come (the limits taken are in run.json)",
+    )
+    timeout: float = option(
+        default=600.0,
+        type=float,
+        check=positive,
+        answers=False,
+        help="seconds one attempt may take, from sending to the reply's last byte (default 600)",
+    )
+    max_retries: int = option(
+        default=6,
+        type=int,
+        check=at_least(0),
+        answers=False,
+        help="retries on 429, 5xx, timeouts (default 6)",
+    )
+    request_extra: dict[str, Any] | None = option(
+        type=json_object, help="extra request fields as JSON (e.g. reasoning_effort)"
+    )
+    dua_compliant_endpoint: bool = option(
+        switch=True,
+        answers=False,
+        help="state that a non-local endpoint is allowed by the PhysioNet data use agreement",
+    )
+
+
+class OpenAIBackend(BackendBase):
     name = "openai"
     default_batch_size = 64
-
-    @classmethod
-    def add_options(cls, group: argparse._ArgumentGroup) -> None:
-        group.add_argument("--base-url", help="endpoint, e.g. http://127.0.0.1:8000/v1 (vllm serve)")
-        group.add_argument(
-            "--api-key-env", default="OPENAI_API_KEY", help="environment variable holding the API key"
-        )
-        group.add_argument(
-            "--api-key-header",
-            default="Authorization",
-            help="'Authorization' (Bearer) or e.g. 'api-key' (Azure)",
-        )
-        group.add_argument(
-            "--concurrency",
-            type=int,
-            default=8,
-            help="most requests in flight at once (default 8); halved on a 429 and raised back as "
-            "answers come (the limits taken are in run.json)",
-        )
-        group.add_argument(
-            "--timeout",
-            type=float,
-            default=600.0,
-            help="seconds one attempt may take, from sending to the reply's last byte (default 600)",
-        )
-        group.add_argument(
-            "--max-retries", type=int, default=6, help="retries on 429, 5xx, timeouts (default 6)"
-        )
-        group.add_argument(
-            "--request-extra",
-            type=json_object_arg,
-            help="extra request fields as JSON (e.g. reasoning_effort)",
-        )
-        group.add_argument(
-            "--dua-compliant-endpoint",
-            action="store_true",
-            help="state that a non-local endpoint is allowed by the PhysioNet data use agreement",
-        )
-
-    @classmethod
-    def from_options(
-        cls, spec: ModelSpec, args: argparse.Namespace, sampling: Sampling, chat_kwargs: dict[str, Any]
-    ) -> OpenAIBackend:
-        """``chat_kwargs`` is not passed on to the endpoint."""
-        if not args.base_url:
-            raise ValueError(
-                "the openai backend needs --base-url (e.g. http://127.0.0.1:8000/v1 for vllm serve)"
-            )
-        return cls(
-            spec,
-            sampling=sampling,
-            base_url=args.base_url,
-            api_key=os.environ.get(args.api_key_env),
-            api_key_header=args.api_key_header,
-            dua_compliant_endpoint=args.dua_compliant_endpoint,
-            concurrency=args.concurrency,
-            timeout=args.timeout,
-            retry=RetryPolicy(max_retries=args.max_retries),
-            extra_body=args.request_extra,
-            on_error=getattr(args, "on_error", "stop"),
-        )
+    Options = OpenAIOptions
 
     def __init__(
         self,
         spec: ModelSpec,
         *,
         sampling: Sampling,
-        base_url: str,
-        api_key: str | None = None,
-        api_key_header: str = "Authorization",
-        dua_compliant_endpoint: bool = False,
-        concurrency: int = 8,
-        timeout: float = 600.0,
-        retry: RetryPolicy | None = None,
-        extra_body: dict[str, Any] | None = None,
+        options: OpenAIOptions | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
         on_error: str = "stop",
+        api_key: str | None = None,
+        retry: RetryPolicy | None = None,
+        **fields: Any,
     ):
-        check_endpoint(base_url, dua_compliant=dua_compliant_endpoint)
-        if concurrency < 1:
-            raise ValueError(f"--concurrency must be at least 1, got {concurrency}")
-        if timeout <= 0:
-            raise ValueError(f"--timeout must be positive, got {timeout}")
+        """``options`` (or its ``fields`` as keywords); ``api_key``: the key itself (default: the
+        variable ``options.api_key_env`` names). ``chat_template_kwargs`` is not passed on to the
+        endpoint."""
+        options = options or OpenAIOptions(**fields)
+        self.options = options
+        if not options.base_url:
+            raise ValueError(
+                "the openai backend needs --base-url (e.g. http://127.0.0.1:8000/v1 for vllm serve)"
+            )
+        base_url = options.base_url
+        check_endpoint(base_url, dua_compliant=options.dua_compliant_endpoint)
         if on_error not in ("stop", "record"):
             raise ValueError(f"on_error must be 'stop' or 'record', got {on_error!r}")
         self.spec = spec
         self._sampling = sampling
         self.url = base_url.rstrip("/") + "/chat/completions"
-        self.api_key = api_key
-        self.api_key_header = api_key_header
-        self.concurrency = concurrency
-        self.timeout = timeout
-        self.retry = retry or RetryPolicy()
-        self.extra_body = dict(spec.api_extra) | dict(extra_body or {})
+        self.api_key = api_key if api_key is not None else os.environ.get(options.api_key_env)
+        self.api_key_header = options.api_key_header
+        self.concurrency = options.concurrency
+        self.timeout = options.timeout
+        self.retry = retry or RetryPolicy(max_retries=options.max_retries)
+        self.extra_body = dict(spec.api_extra) | dict(options.request_extra or {})
         #: what a content-filter rejection is: the end of the run (stop) or a refusal (record)
         self.on_error = on_error
         self.root = ""
         self._data_urls: dict[str, str] = {}
         self.retries = 0
-        self.limit = AdaptiveLimit(concurrency)
+        self.limit = AdaptiveLimit(self.concurrency)
         self.clock = InFlightClock()
         #: seconds of each conversation's answered attempts (the floor's work)
         self.ledger = WorkLedger()
@@ -354,6 +339,16 @@ class OpenAIBackend:
         self._loop: _LoopThread | None = None
         self._done: queue.SimpleQueue[tuple[Request, Response | BaseException]] = queue.SimpleQueue()
         self._outstanding = 0
+
+    def identity(self, context: RunContext) -> dict[str, Any]:
+        """What is sent besides the conversation and the decoding: every request field."""
+        return {"request_fields": self.extra_body}
+
+    def token_counter(self, root: Any) -> Any:
+        from ..estimate import ApiCounter
+        from ..pricing import rules_for
+
+        return ApiCounter(root, rules_for(self.spec.model_id))
 
     def setup(self, context: RunContext) -> None:
         self.root = str(context.root)

@@ -31,11 +31,11 @@ fraction of the NUMA node's memory there).
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import math
 import os
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from chexpercept.containment import image_file
@@ -44,10 +44,10 @@ from ..decoded_images import DecodedImages
 from ..interrupts import shielded_children
 from ..occupancy import WorkLedger, ratio, schedule_record
 from ..preflight import ContextLimits, model_context_length
-from ..protocol import BackendError, Completion, Request, Response, RunContext, Sampling
+from ..protocol import BackendBase, BackendError, Completion, Request, Response, RunContext, Sampling
 from ..registry import ModelSpec
 from ..replies import MarkerDecoder
-from . import json_object_arg
+from .options import BackendOptions, at_least, json_object, option, positive
 
 #: launcher variables that would make vLLM's own worker processes think they belong to our group
 _LAUNCHER_ENV = (
@@ -166,74 +166,93 @@ def vllm_platform() -> str:
     return str(current_platform.device_type)
 
 
-class VLLMBackend:
+#: engine arguments that place or size the engine and cannot change an answer: not part of the
+#: run's identity (every other engine argument is: dtype, quantization, max_model_len, the chat
+#: template, the tokenizer, multimodal processor settings...)
+PLACEMENT_ENGINE_ARGS = frozenset(
+    {
+        "gpu_memory_utilization",
+        "kv_cache_memory_bytes",
+        "swap_space",
+        "cpu_offload_gb",
+        "tensor_parallel_size",
+        "pipeline_parallel_size",
+        "data_parallel_size",
+        "distributed_executor_backend",
+        "max_num_seqs",
+        "max_num_batched_tokens",
+        "enforce_eager",
+        "disable_log_stats",
+        "enable_prefix_caching",
+        "allowed_local_media_path",
+        "limit_mm_per_prompt",
+        "seed",
+    }
+)
+
+
+@dataclass(frozen=True)
+class VLLMOptions(BackendOptions):
+    """The vllm backend's options (``chexpercept run --help``, group "vllm backend")."""
+
+    tensor_parallel_size: int | None = option(
+        type=int, check=at_least(1), answers=False, help="GPUs per engine (default: the process's share)"
+    )
+    pipeline_parallel_size: int = option(
+        default=1, type=int, check=at_least(1), answers=False, help="pipeline stages per engine (default 1)"
+    )
+    distributed_executor_backend: str | None = option(
+        choices=EXECUTOR_BACKENDS,
+        answers=False,
+        help="ray: one engine over a Ray cluster (models larger than a node); default: vLLM's choice",
+    )
+    gpu_memory_utilization: float | None = option(
+        type=float,
+        check=positive,
+        answers=False,
+        help=f"fraction of GPU memory for the engine (default {DEFAULT_GPU_MEMORY_UTILIZATION}); on the "
+        "CPU a fraction of the NUMA node's memory, by default replaced by an explicit KV-cache size",
+    )
+    engine_args: dict[str, Any] | None = option(
+        type=json_object, help="extra vLLM engine arguments as JSON (override registry)"
+    )
+
+    def answers(self) -> dict[str, Any]:
+        """The engine arguments that can change an answer (all but PLACEMENT_ENGINE_ARGS)."""
+        extra = self.engine_args or {}
+        return {"engine_args": {k: v for k, v in sorted(extra.items()) if k not in PLACEMENT_ENGINE_ARGS}}
+
+
+class VLLMBackend(BackendBase):
     name = "vllm"
     default_batch_size = 256
-
-    @classmethod
-    def add_options(cls, group: argparse._ArgumentGroup) -> None:
-        group.add_argument(
-            "--tensor-parallel-size", type=int, help="GPUs per engine (default: the process's share)"
-        )
-        group.add_argument(
-            "--pipeline-parallel-size", type=int, default=1, help="pipeline stages per engine (default 1)"
-        )
-        group.add_argument(
-            "--distributed-executor-backend",
-            choices=EXECUTOR_BACKENDS,
-            help="ray: one engine over a Ray cluster (models larger than a node); default: vLLM's choice",
-        )
-        group.add_argument(
-            "--gpu-memory-utilization",
-            type=float,
-            help=f"fraction of GPU memory for the engine (default {DEFAULT_GPU_MEMORY_UTILIZATION}); on the "
-            "CPU a fraction of the NUMA node's memory, by default replaced by an explicit KV-cache size",
-        )
-        group.add_argument(
-            "--engine-args",
-            type=json_object_arg,
-            help="extra vLLM engine arguments as JSON (override registry)",
-        )
-
-    @classmethod
-    def from_options(
-        cls, spec: ModelSpec, args: argparse.Namespace, sampling: Sampling, chat_kwargs: dict[str, Any]
-    ) -> VLLMBackend:
-        return cls(
-            spec,
-            sampling=sampling,
-            chat_template_kwargs=chat_kwargs,
-            engine_overrides=args.engine_args,
-            tensor_parallel_size=args.tensor_parallel_size,
-            pipeline_parallel_size=args.pipeline_parallel_size,
-            distributed_executor_backend=args.distributed_executor_backend,
-            gpu_memory_utilization=args.gpu_memory_utilization,
-        )
+    Options = VLLMOptions
 
     def __init__(
         self,
         spec: ModelSpec,
         *,
         sampling: Sampling,
+        options: VLLMOptions | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
-        engine_overrides: dict[str, Any] | None = None,
-        tensor_parallel_size: int | None = None,
-        pipeline_parallel_size: int = 1,
-        distributed_executor_backend: str | None = None,
-        gpu_memory_utilization: float | None = None,
+        on_error: str = "stop",
         llm_class: Callable[..., Any] | None = None,
         sampling_params_class: Callable[..., Any] | None = None,
         gpus: Sequence[str] | None = None,
         platform: str | None = None,
         image_ids: bool = True,
+        **fields: Any,
     ):
-        if pipeline_parallel_size < 1:
-            raise ValueError(f"--pipeline-parallel-size must be at least 1, got {pipeline_parallel_size}")
-        if distributed_executor_backend not in (None, *EXECUTOR_BACKENDS):
-            raise ValueError(
-                f"--distributed-executor-backend must be one of {', '.join(EXECUTOR_BACKENDS)}, "
-                f"got {distributed_executor_backend!r}"
-            )
+        """``options`` (or its ``fields`` as keywords). The other keywords are for tests and bench/:
+        vLLM's classes, the GPUs and the platform as this process would see them, and the image ids
+        (off only to measure what they save)."""
+        options = options or VLLMOptions(**fields)
+        self.options = options
+        tensor_parallel_size = options.tensor_parallel_size
+        pipeline_parallel_size = options.pipeline_parallel_size
+        distributed_executor_backend = options.distributed_executor_backend
+        gpu_memory_utilization = options.gpu_memory_utilization
+        engine_overrides = options.engine_args
         self.spec = spec
         self._sampling = sampling
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
@@ -309,6 +328,15 @@ class VLLMBackend:
             k: v for k, v in self.platform_defaults.items() if k not in self.engine_overrides
         }
         return args
+
+    def identity(self, context: RunContext) -> dict[str, Any]:
+        """The engine arguments that can change an answer, as the engine gets them (the registry's,
+        then --engine-args), all but PLACEMENT_ENGINE_ARGS."""
+        given = {**self.spec.engine_args, **self.engine_overrides}
+        return {"engine_args": {k: v for k, v in sorted(given.items()) if k not in PLACEMENT_ENGINE_ARGS}}
+
+    def model_dir(self) -> str | None:
+        return self.spec.model_id
 
     def context_limits(self, context: RunContext) -> ContextLimits:
         """max_model_len and images per prompt as this run's engine will have them (for the

@@ -25,10 +25,10 @@ computed once per image while the image is live (pixel_cache.py).
 
 from __future__ import annotations
 
-import argparse
 import os
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -42,6 +42,7 @@ from ...preflight import ContextLimits, model_context_length
 from ...protocol import BackendError, BatchBackend, Request, Response, RunContext, Sampling
 from ...registry import ModelSpec
 from ...replies import MarkerDecoder
+from ..options import BackendOptions, at_least, option, positive
 from .image_resize import FixedResize, fixed_resize_of
 from .pixel_cache import PixelCache
 from .prefill_masks import FULL, SLIDING, cache_keyword, positions, prefill_masks, same_as_model, window_start
@@ -101,76 +102,71 @@ def _check_requests(context: RunContext) -> list[Request]:
         requests.append(conversation.pending)
 
 
+@dataclass(frozen=True)
+class TransformersOptions(BackendOptions):
+    """The transformers backend's options (``chexpercept run --help``, group "transformers backend")."""
+
+    dtype: str | None = option(choices=DTYPES, help="default auto")
+    device: str = option(
+        default="auto", answers=False, help="cpu, cuda, cuda:1 ... (default: this process's GPU or cpu)"
+    )
+    device_map: str | None = option(answers=False, help="e.g. auto, to spread one model over several GPUs")
+    attn_implementation: str | None = option(help="e.g. sdpa, flash_attention_2")
+    trust_remote_code: bool = option(
+        switch=True, answers=False, help="allow the model's own code from the Hub"
+    )
+    max_batch_tokens: int = option(
+        default=DEFAULT_MAX_BATCH_TOKENS,
+        type=int,
+        check=at_least(1),
+        answers=False,
+        help="padded prompt tokens per generate call; a step is split by length within it; lower it "
+        f"if a batch runs out of memory (default {DEFAULT_MAX_BATCH_TOKENS})",
+    )
+    no_turn_cache: bool = option(
+        switch=True,
+        answers=False,
+        help="compute every turn's whole conversation again instead of keeping each live "
+        "conversation's keys and values for its next turn (saves their memory)",
+    )
+    turn_cache_gib: float | None = option(
+        type=float,
+        check=positive,
+        answers=False,
+        help="memory the turn cache may hold; a turn that does not fit is computed from scratch next "
+        "time (default: half the GPU memory free after loading the model, a quarter of RAM on CPU)",
+    )
+
+
 class TransformersBackend(BatchBackend):
     name = "transformers"
     default_batch_size = 64
-
-    @classmethod
-    def add_options(cls, group: argparse._ArgumentGroup) -> None:
-        group.add_argument("--dtype", choices=DTYPES, help="default auto")
-        group.add_argument(
-            "--device", default="auto", help="cpu, cuda, cuda:1 ... (default: this process's GPU or cpu)"
-        )
-        group.add_argument("--device-map", help="e.g. auto, to spread one model over several GPUs")
-        group.add_argument("--attn-implementation", help="e.g. sdpa, flash_attention_2")
-        group.add_argument(
-            "--trust-remote-code", action="store_true", help="allow the model's own code from the Hub"
-        )
-        group.add_argument(
-            "--max-batch-tokens",
-            type=int,
-            default=DEFAULT_MAX_BATCH_TOKENS,
-            help="padded prompt tokens per generate call; a step is split by length within it; lower it "
-            f"if a batch runs out of memory (default {DEFAULT_MAX_BATCH_TOKENS})",
-        )
-        group.add_argument(
-            "--no-turn-cache",
-            action="store_true",
-            help="compute every turn's whole conversation again instead of keeping each live "
-            "conversation's keys and values for its next turn (saves their memory)",
-        )
-        group.add_argument(
-            "--turn-cache-gib",
-            type=float,
-            help="memory the turn cache may hold; a turn that does not fit is computed from scratch next "
-            "time (default: half the GPU memory free after loading the model, a quarter of RAM on CPU)",
-        )
-
-    @classmethod
-    def from_options(
-        cls, spec: ModelSpec, args: argparse.Namespace, sampling: Sampling, chat_kwargs: dict[str, Any]
-    ) -> TransformersBackend:
-        return cls(
-            spec,
-            sampling=sampling,
-            chat_template_kwargs=chat_kwargs,
-            dtype=args.dtype,
-            device=args.device,
-            device_map=args.device_map,
-            attn_implementation=args.attn_implementation,
-            trust_remote_code=True if args.trust_remote_code else None,
-            max_batch_tokens=args.max_batch_tokens,
-            turn_cache=not args.no_turn_cache,
-            turn_cache_gib=args.turn_cache_gib,
-        )
+    Options = TransformersOptions
 
     def __init__(
         self,
         spec: ModelSpec,
         *,
         sampling: Sampling,
+        options: TransformersOptions | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
-        dtype: str | None = None,
-        device: str = "auto",
-        device_map: str | None = None,
-        attn_implementation: str | None = None,
-        trust_remote_code: bool | None = None,
-        max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
+        on_error: str = "stop",
         fast_inputs: bool = True,
         image_workers: int | None = None,
-        turn_cache: bool = True,
-        turn_cache_gib: float | None = None,
+        **fields: Any,
     ):
+        """``options`` (or its ``fields`` as keywords). fast_inputs, image_workers: for tests and
+        bench/ (the checked shortcuts in preparing inputs; the threads that decode images)."""
+        options = options or TransformersOptions(**fields)
+        self.options = options
+        dtype, device, device_map = options.dtype, options.device, options.device_map
+        attn_implementation = options.attn_implementation
+        trust_remote_code = True if options.trust_remote_code else None
+        max_batch_tokens, turn_cache, turn_cache_gib = (
+            options.max_batch_tokens,
+            not options.no_turn_cache,
+            options.turn_cache_gib,
+        )
         targs = spec.transformers_args
         self.spec = spec
         self._sampling = sampling
@@ -183,8 +179,6 @@ class TransformersBackend(BatchBackend):
         self.attn_implementation = attn_implementation or targs.get("attn_implementation")
         self.model_class = targs.get("model_class", "AutoModelForImageTextToText")
         self.trust_remote_code = spec.trust_remote_code if trust_remote_code is None else trust_remote_code
-        if max_batch_tokens < 1:
-            raise ValueError(f"max_batch_tokens must be at least 1, got {max_batch_tokens}")
         self.max_batch_tokens = max_batch_tokens
         #: the checked shortcuts in preparing model inputs (see _plan_inputs); False: the plain path
         self.fast_inputs = fast_inputs
@@ -194,8 +188,6 @@ class TransformersBackend(BatchBackend):
         self.pixel_cache: PixelCache | None = None
         #: reuse each conversation's keys and values on its next turn (see _plan_turn_cache)
         self.use_turn_cache = turn_cache
-        if turn_cache_gib is not None and turn_cache_gib <= 0:
-            raise ValueError(f"turn_cache_gib must be positive, got {turn_cache_gib}")
         #: memory the turn cache may hold (None: chosen at setup, see turn_cache_budget)
         self.turn_cache_gib = turn_cache_gib
         self.turn_cache: TurnCache | None = None
@@ -216,6 +208,18 @@ class TransformersBackend(BatchBackend):
         self.markers: MarkerDecoder | None = None
         #: the name under which the model takes a key-value cache (see ``cache_keyword``)
         self.cache_keyword = "cache"
+
+    def identity(self, context: RunContext) -> dict[str, Any]:
+        """dtype and attention as the model is loaded with them (the option, else the registry's),
+        and the model class."""
+        return {
+            "dtype": self.dtype,
+            "attn_implementation": self.attn_implementation,
+            "model_class": self.model_class,
+        }
+
+    def model_dir(self) -> str | None:
+        return self.spec.model_id
 
     def context_limits(self, context: RunContext) -> ContextLimits:
         """The model's context length from its config.json (for the preflight check)."""
@@ -349,7 +353,7 @@ class TransformersBackend(BatchBackend):
         (prefill_masks.py) when they equal the model's own on the check batch.
         """
         if not self.use_turn_cache:
-            self.turn_cache_note = "off (turn_cache=False)"
+            self.turn_cache_note = "off (--no-turn-cache)"
             return
         stop = self.model.generation_config.eos_token_id
         stop_ids = [stop] if isinstance(stop, int) else list(stop or [])

@@ -1,0 +1,160 @@
+"""A backend's command-line options, declared once as a typed dataclass.
+
+Each field of a backend's ``Options`` carries its flag's help, type, choices, default and check
+(``option(...)``); from that one declaration come the flags in ``chexpercept run --help``
+(``add_to``), the typed value built from the parsed command line (``from_args``), the checks with
+the flag's name in their message (``__post_init__``), what run.json records (``record``) and what
+enters the run's identity (``answers``: every option that can change an answer; a resume with
+another value is refused). An option that only places or schedules the work (devices, memory,
+concurrency, timeouts) is declared ``answers=False``; the default is ``True``, so a new option that
+forgets to say counts as one that changes answers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar, TypeVar
+
+T = TypeVar("T", bound="BackendOptions")
+
+#: a check: the problem with a value (e.g. "must be at least 1"), or None when it is fine
+Check = Callable[[Any], "str | None"]
+
+
+def at_least(low: float) -> Check:
+    return lambda v: None if v >= low else f"must be at least {low:g}"
+
+
+def positive(v: float) -> str | None:
+    return None if v > 0 else "must be positive"
+
+
+def json_object(text: str) -> dict[str, Any]:
+    """argparse type of an option that takes a JSON object (engine arguments, request fields...)."""
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"not valid JSON: {e}") from e
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("expected a JSON object, e.g. '{\"key\": 1}'")
+    return value
+
+
+def option(
+    *,
+    help: str,
+    default: Any = None,
+    type: Callable[[str], Any] | None = None,
+    choices: tuple[Any, ...] | None = None,
+    metavar: str | None = None,
+    flag: str | None = None,
+    check: Check | None = None,
+    answers: bool = True,
+    switch: bool = False,
+) -> Any:
+    """A field of a backend's ``Options``: one command-line option.
+
+    help: the text of ``--help``. type, choices, metavar: as argparse's. flag: the option's name
+    (default ``--`` + the field name with dashes). check: a function naming what is wrong with a
+    value that is not None. answers: False for an option that cannot change any answer (placement,
+    scheduling). switch: a flag without a value (``store_true``; the field is a bool, default False).
+    """
+    if switch:
+        default = False
+    meta = {
+        "help": help,
+        "type": type,
+        "choices": choices,
+        "metavar": metavar,
+        "flag": flag,
+        "check": check,
+        "answers": answers,
+        "switch": switch,
+    }
+    mutable = isinstance(default, (dict, list))
+    if mutable:
+        value = default
+        return field(default_factory=lambda: type_copy(value), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def type_copy(value: Any) -> Any:
+    return json.loads(json.dumps(value))
+
+
+@dataclass(frozen=True)
+class BackendOptions:
+    """Base of every backend's ``Options`` (a frozen dataclass of ``option(...)`` fields)."""
+
+    #: the backend's name, for messages
+    BACKEND: ClassVar[str] = ""
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            meta = f.metadata
+            value = getattr(self, f.name)
+            if value is None:
+                continue
+            problem = meta["check"](value) if meta.get("check") else None
+            if problem:
+                raise ValueError(f"{self.flag(f.name)} {problem}, got {value!r}")
+            if meta.get("choices") and value not in meta["choices"]:
+                raise ValueError(
+                    f"{self.flag(f.name)} must be one of {', '.join(map(str, meta['choices']))}, got {value!r}"
+                )
+
+    @classmethod
+    def flag(cls, name: str) -> str:
+        """The command-line spelling of field ``name`` (``--max-batch-tokens``)."""
+        for f in fields(cls):
+            if f.name == name:
+                return f.metadata.get("flag") or "--" + name.replace("_", "-")
+        raise KeyError(name)
+
+    @classmethod
+    def add_to(cls, group: argparse._ArgumentGroup) -> None:
+        """Add one flag per field to ``group`` (the backend's group of ``chexpercept run --help``)."""
+        for f in fields(cls):
+            meta = f.metadata
+            if meta.get("switch"):
+                group.add_argument(cls.flag(f.name), dest=f.name, action="store_true", help=meta["help"])
+                continue
+            kwargs: dict[str, Any] = {"dest": f.name, "help": meta["help"], "default": _default(f)}
+            for key in ("type", "choices", "metavar"):
+                if meta.get(key) is not None:
+                    kwargs[key] = meta[key]
+            group.add_argument(cls.flag(f.name), **kwargs)
+
+    @classmethod
+    def from_args(cls: type[T], args: argparse.Namespace) -> T:
+        """The options of a parsed command line (fields it lacks keep their defaults)."""
+        given = {f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)}
+        return cls(**{k: v for k, v in given.items() if v is not None})
+
+    def record(self) -> dict[str, Any]:
+        """Every option and its value (run.json)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def answers(self) -> dict[str, Any]:
+        """The options that can change an answer, and their values (part of the run's identity)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.metadata.get("answers", True)}
+
+    def replace(self: T, **changes: Any) -> T:
+        return dataclasses.replace(self, **changes)
+
+
+def _default(f: dataclasses.Field[Any]) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return None
+
+
+@dataclass(frozen=True)
+class NoOptions(BackendOptions):
+    """A backend without options of its own."""

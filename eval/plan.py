@@ -1,0 +1,195 @@
+"""What one ``chexpercept run`` command will do, decided once: ``RunPlan``.
+
+``build_plan(args, dist)`` turns the parsed options into a typed, immutable plan, in the order that
+makes a wrong argument fail first: the model and its backend's options (a bad flag fails before
+anything is read), the release folder, the weights (resolved and fetched once per machine before
+any engine starts), then the bundle with its images checked and the cases selected. The runner
+(``chexpercept.eval.runner``) takes the plan and the backend built from it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path as FsPath
+from typing import Any
+
+from chexpercept.bundle import Bundle, check_release_dir, read_bundle
+from chexpercept.case import Case
+from chexpercept.cli_options import progress_enabled
+from chexpercept.run_metadata import Selection
+
+from .backends import backend_class
+from .backends.options import BackendOptions
+from .distributed import Distributed
+from .hub import prepare_model
+from .protocol import Backend, Sampling
+from .registry import ModelSpec, resolve
+from .selection import select_cases, split_list
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """Every decision of one run command (see the module docstring)."""
+
+    #: the model as named (registry entry, Hub id or folder): names and records
+    model: ModelSpec
+    #: the model as the backend loads it (a Hub model: its snapshot folder)
+    load: ModelSpec
+    #: the backend's own options (its ``Options``), as parsed and checked
+    options: BackendOptions
+    #: decoding as sent and recorded
+    sampling: Sampling
+    chat_kwargs: dict[str, Any]
+    #: most conversations live at once per process
+    batch_size: int
+    bundle: Bundle
+    #: the selected cases, in bundle order
+    cases: tuple[Case, ...]
+    selection: Selection
+    #: oracle settings to run, in turn, on one backend
+    oracles: tuple[str, ...]
+    parse_mode: str
+    #: what a failed request does: "stop" the run, or "record" the case as unfinished
+    on_error: str
+    seed: int
+    #: the weights' record for run.json (Hub: revision and commit), None without weights
+    weights: dict[str, Any] | None
+    output_dir: FsPath
+    run_name: str | None
+    progress: bool
+    #: print the model's Table 2 at the end
+    score: bool
+    #: the command line as recorded (secrets redacted)
+    command: tuple[str, ...]
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def name(self) -> str:
+        """The folder name of the model's runs (``--run-name`` or the model's name)."""
+        return self.run_name or self.model.name
+
+    @property
+    def display_name(self) -> str:
+        return self.model.display or self.model.name
+
+    def model_folder(self) -> FsPath:
+        return self.output_dir / self.name
+
+    def run_folder(self, oracle: str) -> FsPath:
+        return self.model_folder() / f"oracle_{oracle}"
+
+    def backend(self) -> Backend:
+        """A new backend for this plan (not set up)."""
+        return make_backend(self.load, self.options, self.sampling, self.chat_kwargs, self.on_error)
+
+
+def make_backend(
+    spec: ModelSpec, options: BackendOptions, sampling: Sampling, chat_kwargs: dict[str, Any], on_error: str
+) -> Backend:
+    """The backend ``spec`` names, built from its typed options (chexpercept.eval.backends)."""
+    return backend_class(spec.backend).from_plan(
+        spec, options, sampling=sampling, chat_template_kwargs=chat_kwargs, on_error=on_error
+    )
+
+
+def sampling_for(spec: ModelSpec, args: argparse.Namespace) -> Sampling:
+    """Decoding as sent and recorded: the registry's, then the options, then what --request-extra
+    sends instead (the openai backend: a field it sets or removes is what the server gets)."""
+    base = spec.sampling
+    temperature = base["temperature"] if args.temperature is None else args.temperature
+    top_p = base["top_p"] if args.top_p is None else args.top_p
+    max_tokens = base["max_tokens"] if args.max_tokens is None else args.max_tokens
+    extra = (getattr(args, "request_extra", None) or {}) if spec.backend == "openai" else {}
+    if "temperature" in extra:
+        temperature = extra["temperature"]  # None: the server's default, so not known to be greedy
+    if "top_p" in extra:
+        top_p = 1.0 if extra["top_p"] is None else extra["top_p"]
+    for key in ("max_completion_tokens", "max_tokens"):
+        if isinstance(extra.get(key), int):
+            max_tokens = extra[key]
+    if max_tokens < 1:
+        raise ValueError(f"--max-tokens must be at least 1, got {max_tokens}")
+    return Sampling(temperature=temperature, top_p=top_p, max_tokens=max_tokens, greedy=temperature == 0)
+
+
+def chat_kwargs_for(spec: ModelSpec, args: argparse.Namespace) -> tuple[dict[str, Any], str | None]:
+    """chat_template_kwargs and, if --no-thinking does not apply to this model, a note saying so."""
+    kwargs: dict[str, Any] = {}
+    note = None
+    if args.no_thinking:
+        if spec.thinking_switch or not spec.in_registry:
+            kwargs["enable_thinking"] = False
+        else:
+            note = f"--no-thinking has no effect on {spec.name} (its chat template has no thinking switch)"
+    kwargs.update(args.chat_template_kwargs or {})
+    return kwargs, note
+
+
+def oracles_of(args: argparse.Namespace) -> tuple[str, ...]:
+    """The oracle settings asked for, each once, in the order given."""
+    given = args.oracle if isinstance(args.oracle, list) else [args.oracle]
+    return tuple(dict.fromkeys(given))
+
+
+def build_plan(args: argparse.Namespace, dist: Distributed) -> tuple[RunPlan, Backend]:
+    """The plan of ``args`` and its backend (built, not set up); see the module docstring."""
+    spec = resolve(args.model, backend=args.backend, model_id=args.model_id)
+    sampling = sampling_for(spec, args)
+    chat_kwargs, note = chat_kwargs_for(spec, args)
+    if note and dist.is_main:
+        print(f"note: {note}", file=sys.stderr)
+    # arguments first: a wrong one fails before the bundle's images are checked
+    options = backend_class(spec.backend).Options.from_args(args)
+    backend = make_backend(spec, options, sampling, chat_kwargs, args.on_error)
+    sampling = backend.sampling()
+    batch_size = args.batch_size or backend.default_batch_size
+    if batch_size < 1:
+        raise ValueError(f"--batch-size must be at least 1, got {batch_size}")
+    check_release_dir(args.data_dir)  # a wrong --data-dir fails before any download
+    # Hub: the weights are resolved and checked (gated, missing, disk space), then fetched once per
+    # machine, before the bundle's images are read and before any engine starts; the backend then
+    # loads that snapshot folder
+    load, weights = prepare_model(spec, args.revision, dist)
+    if load is not spec:
+        backend = make_backend(load, options, sampling, chat_kwargs, args.on_error)
+    bundle, cases, selection = _selected(args)
+    plan = RunPlan(
+        model=spec,
+        load=load,
+        options=options,
+        sampling=sampling,
+        chat_kwargs=chat_kwargs,
+        batch_size=batch_size,
+        bundle=bundle,
+        cases=tuple(cases),
+        selection=selection,
+        oracles=oracles_of(args),
+        parse_mode=args.parse_mode,
+        on_error=args.on_error,
+        seed=args.seed,
+        weights=weights.record() if weights is not None else None,
+        output_dir=FsPath(args.output_dir),
+        run_name=args.run_name,
+        progress=progress_enabled(args),
+        score=not args.no_score,
+        command=tuple(sys.argv),
+        notes=(note,) if note else (),
+    )
+    return plan, backend
+
+
+def _selected(args: argparse.Namespace) -> tuple[Bundle, list[Case], Selection]:
+    """The bundle (images checked), the selected cases and the selection as recorded."""
+    lesions, paths = split_list(args.lesions), split_list(args.paths)
+    bundle = read_bundle(args.data_dir, lesions=lesions, paths=paths, check_images=args.check_images)
+    cases = select_cases(bundle.cases, per_cell=args.per_cell, limit=args.limit)
+    if not cases:
+        raise ValueError(
+            f"no case of {bundle.root} matches the selection (--lesions/--paths/--per-cell/--limit)"
+        )
+    selection = Selection(
+        lesions=lesions, paths=paths, per_cell=args.per_cell, limit=args.limit, n_selected=len(cases)
+    )
+    return bundle, cases, selection

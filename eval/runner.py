@@ -1,0 +1,615 @@
+"""The run: a plan's oracle settings in turn on one backend, each in its own resumable folder.
+
+``execute(plan, backend, dist, children)`` does, for every oracle setting of the plan:
+
+1. the main process takes the setting's folder (``run.lock``), checks that a previous run there has
+   this run's identity (eval/identity.py; any difference is refused, named), repairs a torn last
+   line and writes run.json; every process learns the outcome (``FolderOutcome``);
+2. before any engine loads, the preflight check of every conversation left against the engine's
+   limits (eval/preflight.py);
+3. the conversations (eval/engine.py), each finished case appended at once, failed ones apart under
+   ``--on-error record``; every process takes cases from the setting's work queue as it goes
+   (eval/work_queue.py), so none idles while another has a queue;
+4. the main process checks every selected case is there once, orders the file, signs run.json off.
+
+Every early end is one line (eval/outcome.py). The command's options live in eval/run.py.
+"""
+
+from __future__ import annotations
+
+import secrets
+import sys
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from pathlib import Path as FsPath
+from typing import Any
+
+from chexpercept.case import Case
+from chexpercept.errors import BundleValidationError, ReleaseNotFoundError
+from chexpercept.fileio import private_dir, write_json_atomic
+from chexpercept.results import (
+    CaseFailure,
+    CaseResult,
+    ForeignRecordError,
+    check_identity,
+    read_failures,
+    run_identity,
+)
+from chexpercept.run_metadata import BundleInfo, RunMetadata, SamplingInfo
+
+from .distributed import Distributed
+from .engine import EngineStats, admission_order, run_conversations
+from .identity import PROMPT_VERSION, weights_identity
+from .interrupts import ChildProcesses, RunInterrupted
+from .outcome import READ_ONLY, Session, end_of, os_error_text, say_end
+from .plan import RunPlan
+from .protocol import Backend, BackendError, RunContext
+from .provenance import git_commit, now, versions
+from .store import RunLockedError, RunStore, StoreError, read_records, repair_tail, rewrite_in_order
+from .work_queue import WorkQueue, queue_path, remove_queues
+
+#: exit status of a run that ended with cases left unfinished by failed requests (rerun to retry)
+EXIT_UNFINISHED = 3
+#: errors that are the input's or the setting's (one line naming them), not bugs
+EXPECTED_ERRORS = (
+    ValueError,
+    PermissionError,
+    FileNotFoundError,
+    StoreError,
+    RunLockedError,
+    BackendError,
+    BundleValidationError,
+    ReleaseNotFoundError,
+    ForeignRecordError,
+)
+
+
+@dataclass(frozen=True)
+class FolderOutcome:
+    """What the main process found in one setting's folder, told to every process (picklable)."""
+
+    #: the folder was taken: there is work to do (or to check)
+    ok: bool
+    #: when not ok: the command's exit status (0: the run there is complete, checked read-only)
+    status: int = 0
+    #: bytes of a torn last line cut off
+    dropped: int = 0
+    #: size of results.jsonl before this session appended to it
+    results_size: int = 0
+    #: key_ids finished before this session
+    finished: tuple[str, ...] = ()
+    #: run.json as this session wrote it
+    info: dict[str, Any] = field(default_factory=dict)
+    #: this session's name (its work queue, eval/work_queue.py)
+    session: str = ""
+
+
+@dataclass
+class OracleRun:
+    """One oracle setting of the command: its folder, identity and run.json header; what the main
+    process found there; this session's counts and cases."""
+
+    oracle: str
+    folder: RunStore
+    settings: dict[str, Any]
+    header: RunMetadata
+    outcome: FolderOutcome = field(default_factory=lambda: FolderOutcome(ok=False))
+    session: Session | None = None
+    remaining: list[Case] = field(default_factory=list)
+
+
+def context_of(plan: RunPlan, dist: Distributed) -> RunContext:
+    return RunContext(
+        root=plan.bundle.root,
+        cases=plan.cases,
+        seed=plan.seed,
+        process_index=dist.index,
+        num_processes=dist.count,
+        local_process_index=dist.local_index,
+        local_num_processes=dist.local_count,
+    )
+
+
+def settings_of(plan: RunPlan, backend: Backend, context: RunContext, oracle: str) -> dict[str, Any]:
+    """The identity of one setting's run: everything that can change an answer (eval/identity.py)."""
+    return {
+        "model_id": plan.model.model_id,
+        "weights": weights_identity(plan.load.model_id, plan.weights),
+        "backend": plan.model.backend,
+        "backend_identity": backend.identity(context),
+        "oracle": oracle,
+        "parse_mode": plan.parse_mode,
+        "sampling": plan.sampling.as_dict(),
+        "seed": plan.seed,
+        "chat_template_kwargs": plan.chat_kwargs,
+        "prompt_version": PROMPT_VERSION,
+        "bundle_fingerprint": plan.bundle.fingerprint(),
+    }
+
+
+def header_of(plan: RunPlan, dist: Distributed) -> RunMetadata:
+    """run.json's fields that every setting of the command shares."""
+    bundle = plan.bundle
+    return RunMetadata(
+        model=plan.model.name,
+        display_name=plan.display_name,
+        model_id=plan.model.model_id,
+        backend=plan.model.backend,
+        parse_mode=plan.parse_mode,
+        sampling=SamplingInfo(**plan.sampling.as_dict()),
+        seed=plan.seed,
+        chat_template_kwargs=plan.chat_kwargs,
+        bundle=BundleInfo(
+            path=str(bundle.root),
+            fingerprint=bundle.fingerprint(),
+            synthetic=bundle.synthetic,
+            n_cases=len(bundle.cases),
+        ),
+        selection=plan.selection,
+        weights=plan.weights,
+        batch_size=plan.batch_size,
+        num_processes=dist.count,
+        versions=versions(),
+        git_commit=git_commit(),
+        command=list(plan.command),
+        started=now(),
+    )
+
+
+def session_record(header: RunMetadata, plan: RunPlan) -> dict[str, Any]:
+    """One session's settings that are not part of the identity (run.json ``sessions``)."""
+    return {
+        "started": header.started,
+        "command": header.command,
+        "batch_size": header.batch_size,
+        "num_processes": header.num_processes,
+        "backend_options": plan.options.record(),
+        "versions": header.versions,
+        "git_commit": header.git_commit,
+    }
+
+
+def execute(plan: RunPlan, backend: Backend, dist: Distributed, children: ChildProcesses) -> int:
+    """Every oracle setting of ``plan``, in turn, on ``backend`` (one engine start); the exit status."""
+    context = context_of(plan, dist)
+    header = header_of(plan, dist)
+    runs = [
+        OracleRun(
+            oracle,
+            RunStore(plan.run_folder(oracle)),
+            settings_of(plan, backend, context, oracle),
+            replace(header, oracle=oracle),
+        )
+        for oracle in plan.oracles
+    ]
+    try:
+        status = _take_folders(plan, runs, dist)
+        if status is not None:
+            return status
+        return _run_all(plan, backend, context, dist, runs)
+    finally:
+        if dist.is_main:
+            for run in runs:
+                run.folder.lock.release()
+        children.stop()
+
+
+# ------------------------------------------------------------------------------- 1. the folders
+def _take_folders(plan: RunPlan, runs: list[OracleRun], dist: Distributed) -> int | None:
+    """The main process takes every setting's folder (or, read-only, checks a finished run);
+    everyone learns whether it could. Returns the exit status when the command ends here."""
+    outcomes: list[FolderOutcome] = []
+    error: Exception | None = None
+    if dist.is_main:
+        for run in runs:
+            try:
+                outcome = _prepare_folder(plan, run)
+            except OSError as e:
+                if e.errno not in READ_ONLY:
+                    raise
+                outcome = FolderOutcome(ok=False, status=recheck_read_only(plan, run, e))
+            except EXPECTED_ERRORS as e:
+                error, outcome = e, FolderOutcome(ok=False, status=2)
+            outcomes.append(outcome)
+            if not outcome.ok and outcome.status != 0:
+                break
+    outcomes = dist.broadcast(outcomes)
+    for run, outcome in zip(runs, outcomes):
+        run.outcome = outcome
+    failed = [o for o in outcomes if not o.ok and o.status != 0]
+    if failed or len(outcomes) < len(runs):
+        if error is not None:
+            raise error
+        return failed[0].status if failed else 2
+    if not any(o.ok for o in outcomes):
+        return 0  # every setting was complete (checked read-only)
+    return None
+
+
+def _prepare_folder(plan: RunPlan, run: OracleRun) -> FolderOutcome:
+    """Main process: take the lock, check the identity, repair a torn tail, write run.json."""
+    folder = run.folder
+    private_dir(folder.path, own=True)  # identifiers and answers: owner-only (chexpercept/fileio.py)
+    folder.lock.acquire()
+    try:
+        folder.tighten()
+        previous = folder.check_settings(run.settings)
+        dropped = repair_tail(folder.results)
+        repair_tail(folder.failures)
+        identity = run_identity(run.settings)
+        quarantined = folder.quarantine_unverified(identity)
+        if quarantined:
+            print(
+                f"note: {quarantined} line(s) of {folder.results} carried no run identity (written by an "
+                f"older version, or appended by hand), so the settings that made them cannot be checked: "
+                f"moved to {folder.quarantine} and their cases run again",
+                file=sys.stderr,
+            )
+        size = folder.results.stat().st_size if folder.results.exists() else 0
+        finished = tuple(sorted(read_records(folder.results, identity)))
+        failures = read_failures(folder.failures)
+        check_identity(folder.failures, ((i + 1, f.key_id, f.run) for i, f in enumerate(failures)), identity)
+        info = replace(run.header, settings=run.settings, finished=None)
+        session = session_record(run.header, plan)
+        info.sessions = [session]
+        if previous:
+            info.started = previous.get("started", run.header.started)
+            info.resumed = [*previous.get("resumed", []), run.header.started]
+            info.sessions = [*(previous.get("sessions") or []), session]
+        write_json_atomic(folder.run_json, info.to_json())
+        remove_queues(folder.path)  # of sessions that ended; this one holds the lock
+        return FolderOutcome(
+            ok=True,
+            dropped=dropped,
+            results_size=size,
+            finished=finished,
+            info=info.to_json(),
+            session=secrets.token_hex(6),
+        )
+    except BaseException:
+        folder.lock.release()
+        raise
+
+
+def recheck_read_only(plan: RunPlan, run: OracleRun, error: OSError) -> int:
+    """A folder that cannot be written: a finished run with this identity is checked without
+    writing (0); anything else is one line saying why it cannot go on (2)."""
+    folder = run.folder
+    what, advice = os_error_text(error, folder.path)
+    if not folder.run_json.is_file():
+        say_end(None, f"error: {what}", advice)
+        return 2
+    folder.check_settings(run.settings)  # reads only; names any difference
+    records = read_records(folder.results, run_identity(run.settings))
+    missing = [c.key_id for c in plan.cases if c.key_id not in records]
+    if missing:
+        say_end(
+            None,
+            f"error: {what}; {len(missing)} of the {len(plan.cases)} selected cases are not done (e.g. {missing[0]})",
+            advice,
+        )
+        return 2
+    print(
+        f"{len(plan.cases)} cases of {plan.model.name} (oracle {run.oracle}) in {folder.path}: the run is "
+        "complete (checked read-only: nothing was written)"
+    )
+    if plan.score:
+        print_scores(plan)
+    return 0
+
+
+# ------------------------------------------------------------------------ 2.-4. the conversations
+def _run_all(
+    plan: RunPlan, backend: Backend, context: RunContext, dist: Distributed, runs: list[OracleRun]
+) -> int:
+    """Preflight for every setting, the conversations of each setting in turn on one backend, each
+    setting signed off; the exit status (the worst of the settings')."""
+    todo = [run for run in runs if run.outcome.ok]
+    prefix = f"process {dist.index} of {dist.count}: " if dist.count > 1 else ""
+    for run in todo:
+        run.session = Session(run.folder.path, run.folder.results, selected=len(plan.cases), prefix=prefix)
+        run.remaining = _remaining(plan, run, dist)
+        run.session.remaining = len(run.remaining)
+    current: OracleRun | None = None
+    statuses: list[int] = []
+    try:
+        # before any engine loads: does every conversation left fit the engine's limits?
+        for run in todo:
+            verdict = _preflight(plan, backend, context, run) if dist.is_main else ""
+            verdict = dist.broadcast(verdict)
+            if verdict:
+                raise ValueError(verdict)
+        ready = False
+        for run in todo:
+            current = run
+            if run.remaining and not ready:
+                backend.setup(context)
+                ready = True
+            statuses.append(_run_one(plan, backend, dist, run))
+    except (Exception, RunInterrupted) as e:  # every early end is one line (eval/outcome.py)
+        run = current or todo[0]
+        error: BaseException = e
+        try:  # the engine's own shutdown log goes before that line
+            backend.close()
+        except RunInterrupted as stop:  # a signal while closing: the run ends by it
+            error = stop
+        except Exception:
+            pass  # the error that ended the run is the one to tell; the process stops what is left
+        return end_of(error, run.session, run.folder.path, main=dist.is_main, expected=EXPECTED_ERRORS)
+    finally:
+        backend.close()
+    if dist.is_main and plan.score:
+        print_scores(plan)
+    return max(statuses, default=0)
+
+
+def _remaining(plan: RunPlan, run: OracleRun, dist: Distributed) -> list[Case]:
+    """The cases left to do: every process takes the main process's snapshot (reading the file here
+    could already see another process's first results)."""
+    outcome = run.outcome
+    if dist.is_main and outcome.dropped:
+        print(
+            f"note: removed a torn last line ({outcome.dropped} bytes) left by an interrupted run",
+            file=sys.stderr,
+        )
+    finished = set(outcome.finished)
+    remaining = [c for c in plan.cases if c.key_id not in finished]
+    if dist.is_main and finished:
+        done = len(plan.cases) - len(remaining)
+        print(
+            f"resuming {run.folder.path}: {done} of {len(plan.cases)} selected cases already done",
+            file=sys.stderr,
+        )
+    return remaining
+
+
+def _preflight(plan: RunPlan, backend: Backend, context: RunContext, run: OracleRun) -> str:
+    """Main process: the preflight report (eval/preflight.py) of one setting's cases left, before
+    the engine loads; returns the reason to stop ("" to go on). Cases that cannot run stop the run
+    under --on-error stop; under record they are reported and fail one by one."""
+    model_dir = backend.model_dir()
+    if not run.remaining or model_dir is None or not FsPath(model_dir).is_dir():
+        return ""
+    limits = backend.context_limits(context)
+    if limits is None or (limits.max_model_len is None and limits.max_images is None):
+        return ""
+    from .local_tokens import ProcessorCounter
+    from .preflight import check_fit
+
+    try:
+        counter = ProcessorCounter(context.root, model_dir, plan.chat_kwargs)
+    except Exception as e:  # no processor to count with: the engine will say what it refuses
+        print(
+            f"note: preflight check skipped (cannot load the processor of {model_dir}: {e})", file=sys.stderr
+        )
+        return ""
+    try:
+        report = check_fit(
+            run.remaining, counter, limits, oracle=run.oracle, max_tokens=plan.sampling.max_tokens
+        )
+    except Exception as e:  # e.g. an image that no longer decodes: the backend names it when it meets it
+        print(f"note: preflight check skipped ({type(e).__name__}: {e})", file=sys.stderr)
+        return ""
+    print(f"oracle {run.oracle}: " + "\n".join(report.lines()), file=sys.stderr)
+    if report.cannot and plan.on_error == "stop":
+        return (
+            f"{len(report.cannot)} selected case(s) cannot run within the engine's limits (listed above); "
+            "nothing was started"
+        )
+    return ""
+
+
+def _run_one(plan: RunPlan, backend: Backend, dist: Distributed, run: OracleRun) -> int:
+    """One oracle setting: the conversations this process takes from the setting's work queue (as
+    slots free up, eval/work_queue.py), then (main process, once every process is done) every
+    selected case checked there once, the file ordered, run.json signed off."""
+    stats = EngineStats()
+    queue = WorkQueue(
+        queue_path(run.folder.path, run.outcome.session), admission_order(run.remaining), dist.index
+    )
+    progress = Progress(
+        run.folder.results, len(run.remaining), dist.is_main and plan.progress, run.outcome.results_size
+    )
+    try:
+        if run.remaining:
+            backend.new_session()  # run.json's counts are this setting's
+            stats = _converse(plan, backend, run, queue, progress)
+        queue.done()
+        if dist.is_main:
+            queue.wait_for(dist.count, on_wait=_waiting(dist))
+    finally:
+        progress.close()
+    if not dist.is_main:
+        return 0
+    taken = queue.taken_by()
+    queue.path.unlink(missing_ok=True)
+    return _sign_off(plan, backend, run, stats, taken)
+
+
+def _waiting(dist: Distributed) -> Callable[[set[int], float], None]:
+    """What the main process says while it waits for the other processes' last conversations."""
+
+    def say(done: set[int], seconds: float) -> None:
+        busy = [str(p) for p in range(dist.count) if p not in done]
+        print(
+            f"process 0 of {dist.count}: done; waiting {seconds / 60:.0f} min for process(es) "
+            f"{', '.join(busy)} to finish their last conversations (no case is left to take)",
+            file=sys.stderr,
+        )
+
+    return say
+
+
+def _converse(
+    plan: RunPlan, backend: Backend, run: OracleRun, cases: Iterable[Case], progress: Progress
+) -> EngineStats:
+    """This process's conversations of one setting, each finished case appended at once (failed
+    ones apart), each record marked with the run that made it."""
+    identity = run_identity(run.settings)
+    folder, session = run.folder, run.session
+    assert session is not None
+
+    def on_finished(results: list[CaseResult]) -> None:
+        for r in results:
+            r.run = identity
+        folder.append(results)
+        session.finished_now += len(results)
+        progress.refresh()
+
+    def on_failed(failures: list[CaseFailure]) -> None:
+        for f in failures:
+            f.run = identity
+        folder.append_failures(failures)
+        session.failed_now += len(failures)
+        for f in failures:
+            print(f"warning: {f.key_id} ({f.task}) left unfinished: {f.error}", file=sys.stderr)
+
+    return run_conversations(
+        cases,
+        backend,
+        oracle=run.oracle,
+        parse_mode=plan.parse_mode,
+        model=plan.model.model_id,
+        batch_size=plan.batch_size,
+        on_finished=on_finished,
+        on_failed=on_failed if plan.on_error == "record" else None,
+        on_empty=EmptyAnswerWarning(plan.model.model_id),
+    )
+
+
+def _sign_off(
+    plan: RunPlan, backend: Backend, run: OracleRun, stats: EngineStats, taken: dict[int, int]
+) -> int:
+    """Main process: every selected case there once (or failed), results in bundle order, run.json
+    completed; the exit status of this setting."""
+    folder, cases = run.folder, plan.cases
+    records = read_records(folder.results, run_identity(run.settings))
+    failed = {f.key_id: f for f in read_failures(folder.failures) if f.key_id not in records}
+    missing = [c.key_id for c in cases if c.key_id not in records and c.key_id not in failed]
+    if missing:
+        raise StoreError(f"{len(missing)} selected case(s) have no result after the run, e.g. {missing[:5]}")
+    rewrite_in_order(folder.results, records, {c.key_id: i for i, c in enumerate(plan.bundle.cases)})
+    info = RunMetadata.from_json(run.outcome.info, source=str(folder.run_json))
+    info.finished = None if failed else now()
+    info.unfinished_cases = len(failed)
+    info.backend_settings = backend.describe()
+    info.n_results = len(records)
+    info.last_session = {
+        "cases": len(run.remaining),
+        "model_calls_main_process": stats.requests,
+        "rounds_main_process": stats.rounds,  # each time the backend handed back answers
+        "most_live_main_process": stats.max_live,
+        "seconds_main_process": round(stats.seconds, 3),
+        # cases each process took from the work queue (str keys: JSON)
+        "cases_per_process": {str(p): n for p, n in sorted(taken.items())},
+    }
+    counter = backend.token_counter(plan.bundle.root) if records else None
+    if counter is not None:
+        from .estimate import usage_estimate
+
+        info.estimate = usage_estimate(counter, plan, records, run.oracle)
+    write_json_atomic(folder.run_json, info.to_json())
+    if failed:
+        first = next(iter(failed.values()))
+        print(
+            f"chexpercept run: {len(failed)} of {len(cases)} cases are unfinished because a request "
+            f"failed (e.g. {first.key_id} ({first.task}): {first.error}); they are listed in "
+            f"{folder.failures} and are not scored. Fix the cause and rerun the same command: it "
+            "retries them.",
+            file=sys.stderr,
+        )
+        return EXIT_UNFINISHED
+    print(
+        f"{len(cases)} cases of {plan.model.name} (oracle {run.oracle}) in {folder.path} "
+        f"({len(run.remaining)} run now, {len(cases) - len(run.remaining)} from before)"
+    )
+    occupancy = schedule_line((info.backend_settings or {}).get("schedule"))
+    if occupancy:
+        print(occupancy)
+    return 0
+
+
+def print_scores(plan: RunPlan) -> None:
+    """The model's Table 2 from every run of its folder (metrics' ``print_model_scores``)."""
+    from chexpercept.metrics.api import print_model_scores
+
+    print_model_scores(plan.model_folder(), plan.display_name, plan.parse_mode)
+
+
+# ------------------------------------------------------------------------------------ reporting
+class Progress:
+    """One bar on the main process, counting cases finished by every process (lines appended)."""
+
+    def __init__(self, results: FsPath, total: int, enabled: bool, offset: int):
+        self.results = results
+        self.bar = None
+        #: size of the results file before any process of this run appended to it
+        self.offset = offset
+        if enabled:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total, unit="case", desc="cases", dynamic_ncols=True)
+
+    def refresh(self) -> None:
+        if self.bar is None or not self.results.exists():
+            return
+        with open(self.results, "rb") as f:
+            f.seek(self.offset)
+            chunk = f.read()
+        lines = chunk.count(b"\n")
+        if lines:
+            self.offset += chunk.rfind(b"\n") + 1
+            self.bar.update(lines)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.refresh()
+            self.bar.close()
+
+
+class EmptyAnswerWarning:
+    """Warns once when most answers so far came back empty: a model that says nothing is usually
+    a setting (a reasoning parser whose replies land outside ``message.content``, a stop string,
+    a chat template), not a model's answer."""
+
+    #: answers seen before judging, and the empty share that warns
+    MIN_ANSWERS = 16
+    SHARE = 0.5
+
+    def __init__(self, model: str):
+        self.model = model
+        self.warned = False
+
+    def __call__(self, empty: int, answered: int) -> None:
+        if self.warned or answered < self.MIN_ANSWERS or empty < self.SHARE * answered:
+            return
+        self.warned = True
+        print(
+            f"warning: {empty} of the {answered} answers of {self.model} so far came back empty "
+            "(no text, no reasoning, no refusal); they are scored as unparsed. Check the backend's "
+            "settings (for vllm serve: where its reasoning parser puts the reply; --max-tokens; the "
+            "chat template) before spending more on this run.",
+            file=sys.stderr,
+        )
+
+
+def schedule_line(schedule: dict[str, Any] | None) -> str:
+    """The run summary's occupancy figure: the backend's span against the floor for its work."""
+    if not schedule:
+        return ""
+    if schedule.get("iterations_over_floor") is not None:
+        return (
+            f"engine: {schedule['iterations']:,} scheduler iterations for {schedule['generated_tokens']:,} "
+            f"generated tokens; the floor is {schedule['floor_iterations']:,} "
+            f"({schedule['iterations_over_floor']:.2f}x; up to {schedule['most_sequences_at_once']} "
+            "sequences at once)"
+        )
+    if schedule.get("span_over_floor") is not None:
+        limit = schedule.get("in_flight_limit") or {}
+        cut = f"; the limit was cut {limit['decreases']} time(s) by 429s" if limit.get("decreases") else ""
+        return (
+            f"requests: {schedule['span_seconds']:.1f} s in all against a floor of {schedule['floor_seconds']:.1f} s "
+            f"({schedule['span_over_floor']:.2f}x; {schedule['mean_in_flight']:.1f} of {limit.get('ceiling')} "
+            f"allowed in flight on average{cut})"
+        )
+    return ""

@@ -1,0 +1,119 @@
+"""The cases of one setting, shared by every process of a run: each takes the next case as it goes.
+
+A run under ``accelerate launch`` splits nothing in advance. The cases left to do, in admission order
+(longest routes first), are a queue in a small file of the run folder (``work-<session>.queue``):
+a process that has a free slot takes the next case under an exclusive ``flock`` (a few microseconds),
+so a slow process (a slower GPU, a node under load, a rank that started its engine late) simply
+takes fewer cases, and no process idles while another still has a queue. A process that has no case
+left and has finished its conversations says so in the same file; the main process waits for every
+process's word by reading the file (never at a barrier that a slow share could time out) and signs
+the run off. Each session has its own queue (a rerun starts a new one), and the main process, which
+holds the run's lock, removes the files of sessions that ended.
+
+The file holds one line per event, appended under the lock: ``take <process>`` for each case taken
+(the case is the next in the order every process shares), ``done <process>`` when a process has
+finished. Its length is the number of cases taken, so it stays small (a few KB for the release).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path as FsPath
+
+from chexpercept.case import Case
+from chexpercept.fileio import open_private
+
+QUEUE_PREFIX = "work-"
+QUEUE_SUFFIX = ".queue"
+
+
+def queue_path(folder: FsPath, session: str) -> FsPath:
+    return folder / f"{QUEUE_PREFIX}{session}{QUEUE_SUFFIX}"
+
+
+def remove_queues(folder: FsPath) -> None:
+    """Remove the queue files of earlier sessions (main process, holding the run's lock)."""
+    for path in folder.glob(f"{QUEUE_PREFIX}*{QUEUE_SUFFIX}"):
+        path.unlink(missing_ok=True)
+
+
+@dataclass
+class WorkQueue:
+    """One session's queue of ``cases`` (every process passes the same list in the same order)."""
+
+    path: FsPath
+    cases: Sequence[Case]
+    process: int
+
+    def _locked(self, update: Callable[[bytes], bytes | None]) -> bytes:
+        """Read the whole file under an exclusive lock; append what ``update`` returns."""
+        fd = open_private(self.path, os.O_RDWR | os.O_CREAT)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            size = os.fstat(fd).st_size
+            data = os.pread(fd, size, 0) if size else b""
+            extra = update(data)
+            if extra:
+                os.pwrite(fd, extra, size)
+            return data
+        finally:
+            os.close(fd)  # closing releases the lock
+
+    def take(self) -> Case | None:
+        """The next case nobody has taken, now taken by this process; None when none is left."""
+        taken: list[int] = []
+
+        def claim(data: bytes) -> bytes | None:
+            n = data.count(b"take ")
+            if n >= len(self.cases):
+                return None
+            taken.append(n)
+            return f"take {self.process}\n".encode()
+
+        self._locked(claim)
+        return self.cases[taken[0]] if taken else None
+
+    def __iter__(self) -> Iterator[Case]:
+        """Cases as this process takes them (the engine asks for one whenever a slot is free)."""
+        while (case := self.take()) is not None:
+            yield case
+
+    def done(self) -> None:
+        """This process has taken its last case and finished every conversation."""
+        self._locked(lambda data: f"done {self.process}\n".encode())
+
+    def finished(self) -> set[int]:
+        """The processes that said they are done."""
+        data = self._locked(lambda data: None)
+        return {int(line.split()[1]) for line in data.decode().splitlines() if line.startswith("done ")}
+
+    def taken_by(self) -> dict[int, int]:
+        """Cases each process took in this session (run.json's record of the balance)."""
+        data = self._locked(lambda data: None)
+        counts: dict[int, int] = {}
+        for line in data.decode().splitlines():
+            if line.startswith("take "):
+                p = int(line.split()[1])
+                counts[p] = counts.get(p, 0) + 1
+        return counts
+
+    def wait_for(
+        self, processes: int, *, poll: float = 0.2, on_wait: Callable[[set[int], float], None] | None = None
+    ) -> None:
+        """Main process: wait (reading the file, never at a barrier) until every process is done.
+
+        ``on_wait(done, seconds)`` is called now and then while some are not (a line saying who is
+        still working). A stop signal interrupts the wait like any other (eval/interrupts.py); a
+        process that dies ends the whole launch (the launcher stops the others)."""
+        start = time.monotonic()
+        told = 0.0
+        while len(done := self.finished()) < processes:
+            waited = time.monotonic() - start
+            if on_wait is not None and waited - told >= 60:
+                on_wait(done, waited)
+                told = waited
+            time.sleep(poll)

@@ -1,0 +1,155 @@
+"""A resume never keeps an answer made under other settings (issue 28, class A).
+
+A run's identity (eval/identity.py) is everything that can change an answer; each member below
+changes one part of it between two runs on one folder, and the second run must refuse, naming the
+difference, before anything runs. Lines whose identity cannot be established are quarantined,
+never scored.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from fake_openai import FakeServer
+
+from chexpercept.eval.run import main
+from chexpercept.eval.store import RunStore
+
+
+def _run(bundle, out, model, *extra) -> int:
+    return main(
+        [
+            "--data-dir",
+            str(bundle),
+            "--model",
+            model,
+            "--output-dir",
+            str(out),
+            "--no-progress",
+            "--no-score",
+            *extra,
+        ]
+    )
+
+
+def _refused(capsys, *names: str) -> str:
+    err = capsys.readouterr().err
+    assert "holds a run made with other settings" in err, err
+    for name in names:
+        assert name in err, err
+    return err
+
+
+def test_another_request_field_is_refused(fixture_bundle, tmp_path, capsys):
+    """--request-extra reasoning_effort low -> high (an API run)."""
+    with FakeServer() as server:
+        api = ["--backend", "openai", "--base-url", server.url, "--limit", "2"]
+        assert (
+            _run(fixture_bundle, tmp_path, "gpt-5.4", *api, "--request-extra", '{"reasoning_effort": "low"}')
+            == 0
+        )
+        calls = len(server.requests)
+        assert _run(fixture_bundle, tmp_path, "gpt-5.4", *api, "--limit", "4",
+                    "--request-extra", '{"reasoning_effort": "high"}') == 2  # fmt: skip
+        assert len(server.requests) == calls  # refused before any request
+    _refused(capsys, "backend_identity.request_fields.reasoning_effort: 'low' -> 'high'")
+
+
+def test_another_dtype_is_refused(fixture_bundle, tmp_path, tiny_model, capsys):
+    """--dtype float32 -> bfloat16 (a transformers run); refused before the model loads."""
+    args = ["--backend", "transformers", "--limit", "1", "--max-tokens", "2"]
+    assert _run(fixture_bundle, tmp_path, str(tiny_model), *args, "--dtype", "float32") == 0
+    assert _run(fixture_bundle, tmp_path, str(tiny_model), *args, "--dtype", "bfloat16") == 2
+    _refused(capsys, "backend_identity.dtype: 'float32' -> 'bfloat16'")
+
+
+def test_changed_weights_in_the_same_folder_are_refused(fixture_bundle, tmp_path, tiny_model, capsys):
+    """The model folder's weights rewritten (a fine-tune saved over it) between two runs."""
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model, model)
+    args = ["--backend", "transformers", "--limit", "1", "--max-tokens", "2"]
+    assert _run(fixture_bundle, tmp_path / "runs", str(model), *args) == 0
+    weights = model / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-8:] = bytes(8)  # the last bytes of the last tensor
+    weights.write_bytes(bytes(data))
+    assert _run(fixture_bundle, tmp_path / "runs", str(model), *args) == 2
+    _refused(capsys, "weights.folder: 'sha256:")
+
+
+def test_a_prior_over_another_selection_is_refused(fixture_bundle, tmp_path, capsys):
+    """baseline:prior's answers come from the selected cases: another --limit gives another prior."""
+    assert _run(fixture_bundle, tmp_path, "baseline:prior") == 0
+    assert _run(fixture_bundle, tmp_path, "baseline:prior", "--limit", "5") == 2
+    _refused(capsys, "backend_identity.prior.")
+
+
+def test_another_prompt_version_is_refused(fixture_bundle, tmp_path, capsys, monkeypatch):
+    """A run made before the toolkit's prompts changed is not resumed after."""
+    from chexpercept.eval import runner
+
+    assert _run(fixture_bundle, tmp_path, "baseline:random", "--limit", "3") == 0
+    monkeypatch.setattr(runner, "PROMPT_VERSION", runner.PROMPT_VERSION + 1)
+    assert _run(fixture_bundle, tmp_path, "baseline:random") == 2
+    _refused(capsys, "prompt_version:")
+
+
+def test_vllm_engine_arguments_that_change_answers_enter_the_identity():
+    """--engine-args: dtype, quantization or max_model_len are identity; memory and placement are not."""
+    from chexpercept.eval.backends.vllm import VLLMBackend
+    from chexpercept.eval.protocol import RunContext, Sampling
+    from chexpercept.eval.registry import resolve
+
+    def identity(**engine_args):
+        backend = VLLMBackend(
+            resolve("medgemma-1.5-4b"), sampling=Sampling(0, 1, 8, True), engine_args=engine_args
+        )
+        return backend.identity(RunContext(root=".", cases=[]))["engine_args"]
+
+    base = identity()
+    assert identity(dtype="float16") != base and identity(quantization="fp8") != base
+    assert identity(max_model_len=4096) != base
+    assert identity(gpu_memory_utilization=0.5, max_num_seqs=8, enforce_eager=True) == base
+
+
+def test_a_line_without_identity_is_quarantined_not_kept(fixture_bundle, tmp_path, capsys):
+    """A line with no run identity (as older versions wrote), from another model, appended to
+    results.jsonl: moved aside on resume, its case run again; never scored."""
+    assert _run(fixture_bundle, tmp_path, "baseline:constant:1", "--limit", "3") == 0
+    folder = RunStore(tmp_path / "baseline-constant-1" / "oracle_implicit")
+    lines = folder.results.read_text().splitlines()
+    foreign = json.loads(lines[0])
+    foreign.pop("run")
+    foreign["key_id"] = json.loads(lines[-1])["key_id"]  # it claims a case the run has done...
+    keep = lines[:-1]  # ...whose own line is gone
+    folder.results.write_text("\n".join([*keep, json.dumps(foreign)]) + "\n")
+    assert _run(fixture_bundle, tmp_path, "baseline:constant:1", "--limit", "3") == 0
+    err = capsys.readouterr().err
+    assert "carried no run identity" in err and "quarantine.jsonl" in err
+    records = [json.loads(line) for line in folder.results.read_text().splitlines()]
+    assert len(records) == 3 and all(r.get("run") for r in records)
+    assert json.loads(folder.quarantine.read_text())["key_id"] == foreign["key_id"]
+
+
+def test_a_folder_mixing_lines_with_and_without_identity_is_not_scored(fixture_bundle, tmp_path):
+    from chexpercept.metrics import score_path
+
+    assert _run(fixture_bundle, tmp_path, "baseline:constant:1", "--limit", "3") == 0
+    results = tmp_path / "baseline-constant-1" / "oracle_implicit" / "results.jsonl"
+    lines = results.read_text().splitlines()
+    stray = json.loads(lines[0])
+    stray.pop("run")
+    stray["key_id"] = "someone_elses_case"
+    results.write_text("\n".join([*lines, json.dumps(stray)]) + "\n")
+    with pytest.raises(ValueError, match="no run identity"):
+        score_path(tmp_path / "baseline-constant-1")
+
+
+def test_each_session_is_recorded(fixture_bundle, tmp_path):
+    """Settings outside the identity (batch size, the command) are kept per session, not overwritten."""
+    assert _run(fixture_bundle, tmp_path, "baseline:random", "--limit", "3", "--batch-size", "2") == 0
+    assert _run(fixture_bundle, tmp_path, "baseline:random", "--batch-size", "5") == 0
+    info = json.loads((tmp_path / "baseline-random" / "oracle_implicit" / "run.json").read_text())
+    assert [s["batch_size"] for s in info["sessions"]] == [2, 5]
