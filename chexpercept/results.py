@@ -24,6 +24,8 @@ RESULTS_NAME = "results.jsonl"
 RUN_NAME = "run.json"
 #: cases a run could not finish because a request failed (one line per failure; never scored)
 FAILURES_NAME = "failures.jsonl"
+#: the lock a run holds on its folder for as long as it writes there (chexpercept.eval.store.RunLock)
+LOCK_NAME = "run.lock"
 ORACLE_SETTINGS: tuple[str, ...] = ("none", "implicit", "explicit")
 SCHEMA_VERSION = 3  # 2: full_response and refusal per turn; failed requests kept apart; 3: run identity
 
@@ -79,6 +81,27 @@ def check_identity(
 
 class ForeignRecordError(ValueError):
     """A run folder holds records of another run (appended from another model or other settings)."""
+
+
+def being_written(folder: str | FsPath) -> bool:
+    """Whether a run is writing to ``folder`` now (it holds the folder's lock): what is read there
+    is partial."""
+    import fcntl
+    import os
+
+    try:
+        fd = os.open(FsPath(folder) / LOCK_NAME, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return False
 
 
 def check_oracle(value: str, where: str = "") -> str:

@@ -72,7 +72,8 @@ class CaseFit:
     task: str
     images: int
     answers: int
-    worst: int
+    #: prompt tokens with --max-tokens answers (None: tokens not counted, images checked alone)
+    worst: int | None
     least: int | None = None
 
 
@@ -87,6 +88,8 @@ class FitReport:
     cannot: list[CaseFit] = field(default_factory=list)
     #: cases that fit with short answers but not with --max-tokens ones
     may_not: list[CaseFit] = field(default_factory=list)
+    #: why prompt tokens were not counted (no processor to count with): images were checked alone
+    uncounted: str = ""
 
     @property
     def ok(self) -> bool:
@@ -103,7 +106,9 @@ class FitReport:
         )
         if lim.max_images is not None:
             head += f", at most {lim.max_images} image(s) per prompt ({lim.max_images_source})"
-        if self.largest is not None:
+        if self.uncounted:
+            head += f"; prompt tokens NOT checked ({self.uncounted})"
+        if self.largest is not None and self.largest.worst is not None:
             big = self.largest
             head += (
                 f"; the largest prompt: {big.worst:,} tokens with --max-tokens {self.max_tokens} answers "
@@ -135,11 +140,14 @@ class FitReport:
         lim = self.limits
         cases = self.cannot + self.may_not
         out = []
-        if lim.max_model_len and any(f.worst >= lim.max_model_len for f in cases):
-            need = 1024 * math.ceil((max(f.worst for f in cases) + self.max_tokens) / 1024)
+        counted = [f for f in cases if f.worst is not None]
+        if lim.max_model_len and any(f.worst >= lim.max_model_len for f in counted):
+            need = 1024 * math.ceil((max(f.worst for f in counted) + self.max_tokens) / 1024)
             if lim.raise_length:
                 out.append(f"allow a context of at least {need} tokens ({lim.raise_length.format(n=need)})")
-            fitting = [f for f in cases if f.least is not None and f.least < lim.max_model_len and f.answers]
+            fitting = [
+                f for f in counted if f.least is not None and f.least < lim.max_model_len and f.answers
+            ]
             if fitting:
                 room = min((lim.max_model_len - f.least) // (f.answers + 1) for f in fitting)
                 if room > 0:
@@ -173,13 +181,16 @@ def check_fit(
     *,
     oracle: str,
     max_tokens: int,
+    uncounted: str = "",
 ) -> FitReport:
     """Every case's largest turn against ``limits``.
 
     counter: a ProcessorCounter (eval/local_tokens.py; checked here on a sample of the requests) whose
-    ``answer_tokens`` is set to ``max_tokens`` for the worst case and to None for the least.
+    ``answer_tokens`` is set to ``max_tokens`` for the worst case and to None for the least; None
+    when there is no processor to count with (``uncounted`` says why): then the images per prompt
+    are checked alone, which needs no processor.
     """
-    report = FitReport(limits=limits, max_tokens=max_tokens)
+    report = FitReport(limits=limits, max_tokens=max_tokens, uncounted=uncounted if counter is None else "")
     start = time.perf_counter()
     largest = [(case, *largest_request(case, oracle)) for case in cases]
     check = getattr(counter, "check", None)
@@ -187,19 +198,22 @@ def check_fit(
         check([request for _case, request, _images in largest])
     for case, request, images in largest:
         answers = sum(1 for m in request.messages if m.role == "assistant")
-        counter.answer_tokens = max_tokens
-        worst = counter.count(request, None).total
+        worst = None
+        if counter is not None:
+            counter.answer_tokens = max_tokens
+            worst = counter.count(request, None).total
         fit = CaseFit(case.key_id, case.path.value, request.task, images, answers, worst)
         report.checked += 1
-        if report.largest is None or worst > report.largest.worst:
+        if worst is not None and (report.largest is None or worst > (report.largest.worst or 0)):
             report.largest = fit
         too_many = limits.max_images is not None and images > limits.max_images
-        too_long = limits.max_model_len is not None and worst >= limits.max_model_len
+        too_long = limits.max_model_len is not None and worst is not None and worst >= limits.max_model_len
         if not (too_many or too_long):
             continue
-        counter.answer_tokens = None
-        fit.least = counter.count(request, None).total
-        if too_many or (limits.max_model_len is not None and fit.least >= limits.max_model_len):
+        if counter is not None:
+            counter.answer_tokens = None
+            fit.least = counter.count(request, None).total
+        if too_many or (limits.max_model_len is not None and (fit.least or 0) >= limits.max_model_len):
             report.cannot.append(fit)
         else:
             report.may_not.append(fit)

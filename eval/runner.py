@@ -367,8 +367,7 @@ def _preflight(plan: RunPlan, backend: Backend, context: RunContext, run: Oracle
     """Main process: the preflight report (eval/preflight.py) of one setting's cases left, before
     the engine loads; returns the reason to stop ("" to go on). Cases that cannot run stop the run
     under --on-error stop; under record they are reported and fail one by one."""
-    model_dir = backend.model_dir()
-    if not run.remaining or model_dir is None or not FsPath(model_dir).is_dir():
+    if not run.remaining:
         return ""
     limits = backend.context_limits(context)
     if limits is None or (limits.max_model_len is None and limits.max_images is None):
@@ -376,16 +375,25 @@ def _preflight(plan: RunPlan, backend: Backend, context: RunContext, run: Oracle
     from .local_tokens import ProcessorCounter
     from .preflight import check_fit
 
-    try:
-        counter = ProcessorCounter(context.root, model_dir, plan.chat_kwargs)
-    except Exception as e:  # no processor to count with: the engine will say what it refuses
-        print(
-            f"note: preflight check skipped (cannot load the processor of {model_dir}: {e})", file=sys.stderr
-        )
-        return ""
+    model_dir = backend.model_dir()
+    counter, uncounted = None, ""
+    if limits.max_model_len is None:
+        uncounted = "no known context length"
+    elif model_dir is None or not FsPath(model_dir).is_dir():
+        uncounted = f"no local processor of {model_dir} to count with"
+    else:
+        try:
+            counter = ProcessorCounter(context.root, model_dir, plan.chat_kwargs)
+        except Exception as e:  # images are still checked; the engine says what else it refuses
+            uncounted = f"cannot load the processor of {model_dir}: {e}"
     try:
         report = check_fit(
-            run.remaining, counter, limits, oracle=run.oracle, max_tokens=plan.sampling.max_tokens
+            run.remaining,
+            counter,
+            limits,
+            oracle=run.oracle,
+            max_tokens=plan.sampling.max_tokens,
+            uncounted=uncounted,
         )
     except Exception as e:  # e.g. an image that no longer decodes: the backend names it when it meets it
         print(f"note: preflight check skipped ({type(e).__name__}: {e})", file=sys.stderr)

@@ -24,6 +24,7 @@ from chexpercept.fileio import append_durable, open_private, private_dir, replac
 from chexpercept.fileio import write_json_atomic as write_json_atomic
 from chexpercept.results import (
     FAILURES_NAME,
+    LOCK_NAME,
     RESULTS_NAME,
     RUN_NAME,
     CaseFailure,
@@ -37,7 +38,6 @@ from .identity import settings_diff
 from .interrupts import deferred
 from .provenance import now
 
-LOCK_NAME = "run.lock"
 QUARANTINE_NAME = "quarantine.jsonl"
 
 

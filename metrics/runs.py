@@ -22,6 +22,7 @@ from chexpercept.results import (
     RUN_NAME,
     CaseFailure,
     CaseResult,
+    being_written,
     check_identity,
     check_oracle,
     iter_numbered_results,
@@ -169,7 +170,11 @@ def read_chexpercept_run(
         greedy, note = greedy_from_meta(meta) if has_meta else (None, None)
         if note and has_meta:
             notes.append(f"{run_json}: {note}")
-    if has_meta and not meta.finished:
+    if being_written(folder):
+        notes.append(
+            f"{folder}: a run is writing this folder now ({len(records)} cases so far): these numbers are partial"
+        )
+    elif has_meta and not meta.finished:
         notes.append(f"{run_json}: the run has not finished ({len(records)} cases so far)")
     finished = {r.key_id for r in records}
     failed = {f.key_id: f for f in read_failures(folder / FAILURES_NAME) if f.key_id not in finished}

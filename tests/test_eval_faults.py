@@ -443,3 +443,18 @@ def test_conversations_that_cannot_fit_are_named_before_the_model_loads(
     assert "leave these cases out" in err and "--on-error record" in err
     assert "nothing was started" in err
     assert not (tmp_path / "runs" / "tiny-short" / "oracle_implicit" / "results.jsonl").exists()
+
+
+def test_an_image_limit_below_a_route_is_named_before_any_engine_starts(fixture_bundle, tmp_path, capsys):
+    """--engine-args limit_mm_per_prompt below what a route shows: refused before the engine starts,
+    naming the case and the limit, even where no processor is at hand to count tokens with (here vLLM
+    is not even installed: the check needs neither)."""
+    argv = ["--data-dir", str(fixture_bundle), "--model", "medgemma-1.5-4b", "--backend", "vllm"]
+    argv += ["--engine-args", '{"limit_mm_per_prompt": {"image": 2}}', "--output-dir", str(tmp_path)]
+    assert main([*argv, "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "at most 2 image(s) per prompt (--engine-args limit_mm_per_prompt)" in err
+    assert "prompt tokens NOT checked" in err
+    assert "cannot run at all" in err and "(RR) sends" in err and "images at turn" in err
+    assert "allow 5 images per prompt" in err or "images per prompt (--engine-args" in err
+    assert "nothing was started" in err and "needs vLLM" not in err

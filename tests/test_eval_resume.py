@@ -278,3 +278,15 @@ def records_of(folder: Path) -> list[dict]:
         record["turns"] = [{k: v for k, v in t.items() if k != "usage"} for t in record["turns"]]
         out.append(record)
     return out
+
+
+def test_score_of_a_folder_being_written_says_it_is_partial(fixture_bundle, tmp_path):
+    """What is read while a run still writes it is said to be partial where it is shown."""
+    from chexpercept.metrics import score_path
+
+    assert run_cli(fixture_bundle, tmp_path, "--limit", "3") == 0
+    folder = folder_of(tmp_path)
+    with RunLock(folder):  # as a live run holds it
+        notes = score_path(folder).notes
+    assert any("a run is writing this folder now (3 cases so far): these numbers are partial" in n for n in notes)
+    assert not any("partial" in n for n in score_path(folder).notes)

@@ -27,11 +27,11 @@ from pathlib import Path as FsPath
 
 import numpy as np
 
-from chexpercept.fileio import private_dir
+from chexpercept.fileio import replaced_dir, write_atomic
 from chexpercept.vocab import CARDIOMEGALY
 
 from .kappa import cohen_kappa, fleiss_kappa
-from .manifest import load_manifest, write_atomic
+from .manifest import load_manifest
 from .store import decisions_path, latest, read_decisions
 
 EXPORT_DIR = "export"
@@ -116,7 +116,7 @@ def export(review_dir: str | os.PathLike[str], rule: str = "unanimous") -> Expor
     k = int(manifest["reviews_per_case"])
     # annotator -> key_id -> last record (decisions for cases not in this review are ignored)
     last = {a: latest(read_decisions(decisions_path(root, a))) for a in annotators}
-    out = private_dir(root / EXPORT_DIR)
+    out = root / EXPORT_DIR
     result = ExportResult(out)
     positives, negatives, disagreements = [], [], []
     for item in manifest["items"]:
@@ -145,15 +145,20 @@ def export(review_dir: str | os.PathLike[str], rule: str = "unanimous") -> Expor
         agreement += _fleiss_rows(manifest["items"], annotators, rated_by, k)
     result.agreement = agreement
 
-    write_atomic(out / POSITIVE_SHEET, _csv(positives, POSITIVE_COLUMNS))
-    write_atomic(out / NEGATIVE_SHEET, _csv(negatives, NEGATIVE_COLUMNS))
-    write_atomic(
-        out / AGREEMENT, _csv(agreement, ("measure", "annotators", "cases", "observed_agreement", "kappa"))
-    )
-    write_atomic(
-        out / DISAGREEMENTS,
-        _csv(disagreements, ("key_id", "lesion", "kind", "accepted_by", "rejected_by", "notes", "verdict")),
-    )
+    # the four sheets replace the previous export together (a folder inside the review's own folder)
+    with replaced_dir(out, marker=None) as stage:
+        write_atomic(stage / POSITIVE_SHEET, _csv(positives, POSITIVE_COLUMNS))
+        write_atomic(stage / NEGATIVE_SHEET, _csv(negatives, NEGATIVE_COLUMNS))
+        write_atomic(
+            stage / AGREEMENT,
+            _csv(agreement, ("measure", "annotators", "cases", "observed_agreement", "kappa")),
+        )
+        write_atomic(
+            stage / DISAGREEMENTS,
+            _csv(
+                disagreements, ("key_id", "lesion", "kind", "accepted_by", "rejected_by", "notes", "verdict")
+            ),
+        )
     return result
 
 

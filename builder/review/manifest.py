@@ -7,8 +7,6 @@ import json
 import os
 from pathlib import Path as FsPath
 
-from chexpercept.fileio import write_atomic as write_atomic
-
 from ..sources import SourceError
 
 MANIFEST = "review.json"

@@ -25,7 +25,7 @@ from PIL import Image
 from tqdm.auto import tqdm
 
 from chexpercept.containment import output_path
-from chexpercept.fileio import private_dir
+from chexpercept.fileio import private_dir, write_atomic
 from chexpercept.vocab import LESIONS
 from chexpercept.vocab import Path as CasePath
 
@@ -41,7 +41,7 @@ from ..sources import (
     iter_studies,
     load_mask,
 )
-from .manifest import MANIFEST, MANIFEST_VERSION, load_manifest, write_atomic
+from .manifest import MANIFEST, MANIFEST_VERSION, load_manifest
 
 OVERLAY_DIR = "overlays"
 PREPARE_ERRORS = "prepare_errors.csv"
