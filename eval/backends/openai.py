@@ -55,9 +55,10 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from chexpercept.containment import ContainmentError, image_data_url
+from chexpercept.redaction import has_secret, redact_text, redact_url
 
 from ..inflight import OK, OTHER, THROTTLED, AdaptiveLimit
 from ..occupancy import InFlightClock, WorkLedger, ratio, schedule_record
@@ -81,6 +82,14 @@ DUA_REFUSAL = (
 )
 
 
+SECRET_IN_URL = (
+    "--base-url carries a secret (a user:password@ part or a key in its query string); run.json and "
+    "every message show it as ***, but a command line can be seen by the other users of this machine "
+    "(ps) and stays in your shell history: put the key in an environment variable and name it with "
+    "--api-key-env instead"
+)
+
+
 def is_loopback(base_url: str) -> bool:
     host = urlsplit(base_url).hostname or ""
     if host == "localhost":
@@ -96,7 +105,8 @@ def check_endpoint(base_url: str, *, dua_compliant: bool) -> None:
     parts = urlsplit(base_url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(
-            f"--base-url must be an http(s) URL such as http://127.0.0.1:8000/v1, got {base_url!r}"
+            "--base-url must be an http(s) URL such as http://127.0.0.1:8000/v1, "
+            f"got {redact_url(base_url)!r}"
         )
     if not dua_compliant and not is_loopback(base_url):
         raise PermissionError(DUA_REFUSAL.format(host=parts.hostname))
@@ -295,6 +305,8 @@ class OpenAIBackend:
             raise ValueError(
                 "the openai backend needs --base-url (e.g. http://127.0.0.1:8000/v1 for vllm serve)"
             )
+        if has_secret(args.base_url):
+            print(f"note: {SECRET_IN_URL}", file=sys.stderr)
         return cls(
             spec,
             sampling=sampling,
@@ -333,7 +345,10 @@ class OpenAIBackend:
             raise ValueError(f"on_error must be 'stop' or 'record', got {on_error!r}")
         self.spec = spec
         self._sampling = sampling
-        self.url = base_url.rstrip("/") + "/chat/completions"
+        parts = urlsplit(base_url)  # the path goes before a query string (Azure's ?api-version=)
+        self.url = urlunsplit(parts._replace(path=parts.path.rstrip("/") + "/chat/completions"))
+        #: the endpoint as messages and run.json show it (chexpercept.redaction: no secret)
+        self.shown_url, self.shown_base_url = redact_url(self.url), redact_url(base_url)
         self.api_key = api_key
         self.api_key_header = api_key_header
         self.concurrency = concurrency
@@ -493,14 +508,16 @@ class OpenAIBackend:
         except aiohttp.ClientPayloadError as e:  # Content-Length or chunked body cut short
             raise _Retryable(f"the reply was cut off mid-body ({e})") from e
         except aiohttp.ClientConnectorError as e:
-            raise _Retryable(f"cannot reach {self.url}: {e}") from e
+            raise _Retryable(f"cannot reach {self.shown_url}: {redact_text(str(e))}") from e
         except (aiohttp.ClientError, OSError) as e:  # a reset or closed connection
-            raise _Retryable(f"{type(e).__name__}: {e}") from e
+            raise _Retryable(f"{type(e).__name__}: {redact_text(str(e))}") from e
         text = raw.decode("utf-8", "replace")
         detail = text[:500]
         if 300 <= status < 400:
+            location = headers.get("Location")
             raise _RunLevel(
-                f"HTTP {status} from {self.url} redirects to {headers.get('Location')!r}; redirects are "
+                f"HTTP {status} from {self.shown_url} redirects to "
+                f"{redact_url(location) if location else location!r}; redirects are "
                 "not followed (the images go only to the endpoint given): pass the final URL as --base-url"
             )
         if status in RETRY_STATUS:
@@ -508,10 +525,10 @@ class OpenAIBackend:
         if status == 400 and _is_content_filter(text):
             raise _Filtered(f"HTTP {status}: {detail}")
         if status in RUN_LEVEL_STATUS:
-            raise _RunLevel(f"HTTP {status} from {self.url}: {detail}")
+            raise _RunLevel(f"HTTP {status} from {self.shown_url}: {detail}")
         if not 200 <= status < 300:
-            raise BackendError(f"HTTP {status} from {self.url}: {detail}")
-        return _reply_object(text, headers.get("Content-Type") or "", self.url)
+            raise BackendError(f"HTTP {status} from {self.shown_url}: {detail}")
+        return _reply_object(text, headers.get("Content-Type") or "", self.shown_url)
 
     def _response(self, where: str, reply: dict[str, Any], *, attempts: int, seconds: float) -> Response:
         choices = reply.get("choices") or []
@@ -596,7 +613,7 @@ class OpenAIBackend:
 
     def describe(self) -> dict[str, Any]:
         return {
-            "base_url": self.url.rsplit("/chat/completions", 1)[0],
+            "base_url": self.shown_base_url,
             "model_id": self.spec.model_id,
             "extra_body": self.extra_body,
             "concurrency": self.concurrency,
@@ -615,8 +632,9 @@ class OpenAIBackend:
 
 
 def _failed(message: str) -> Response:
-    """A failed request: no answer (the engine stops the run or records the case, per --on-error)."""
-    return Response("", {}, error=message)
+    """A failed request: no answer (the engine stops the run or records the case, per --on-error);
+    the message goes to failures.jsonl and the run's last line, so any URL in it is redacted."""
+    return Response("", {}, error=redact_text(message))
 
 
 def same_model(asked: str, served: str) -> bool:
