@@ -39,6 +39,7 @@ from chexpercept.eval.engine import EngineStats, admission_order, run_conversati
 from chexpercept.eval.hub import add_revision_option, prepare_model
 from chexpercept.eval.interrupts import ChildProcesses, RunInterrupted, stop_on_signals
 from chexpercept.eval.outcome import READ_ONLY, Session, end_of, os_error_text, say_end
+from chexpercept.eval.pricing import price_for
 from chexpercept.eval.protocol import Backend, BackendError, RunContext, Sampling
 from chexpercept.eval.provenance import git_commit, now, versions
 from chexpercept.eval.registry import BACKENDS, REGISTRY, ModelSpec, resolve
@@ -64,6 +65,7 @@ from chexpercept.results import (
     run_identity,
 )
 from chexpercept.run_metadata import BundleInfo, RunMetadata, SamplingInfo, Selection
+from chexpercept.usage import usage_line
 
 #: exit status of a run that ended with cases left unfinished by failed requests (rerun to retry)
 EXIT_UNFINISHED = 3
@@ -726,6 +728,9 @@ def _sign_off(
         f"{len(cases)} cases of {spec.name} (oracle {run.oracle}) in {folder.path} "
         f"({len(run.remaining)} run now, {len(cases) - len(run.remaining)} from before)"
     )
+    if spec.backend == "openai":  # what the server said it used; never a 0 it did not say
+        usages = [t.get("usage") or {} for r in records.values() for t in r.get("turns", [])]
+        print(usage_line(usages, priced=price_for(spec.model_id) is not None))
     occupancy = schedule_line((info.backend_settings or {}).get("schedule"))
     if occupancy:
         print(occupancy)
@@ -768,6 +773,8 @@ def usage_estimate(
         "estimated": comparison.estimated,
         "actual": comparison.actual,
         "relative_error": comparison.relative_error,
+        # calls whose server did not report a figure (its "actual" is then null, never 0)
+        "unreported_calls": comparison.unreported,
     }
 
 

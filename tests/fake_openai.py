@@ -92,6 +92,7 @@ class FakeServer:
     def __init__(self, failures=(), delay=0.0, usage=None):
         self.failures = list(failures)
         #: None: the fixed USAGE; a callable (e.g. RealisticUsage()) computes it from the request body
+        #: (a callable that returns None: the reply has no ``usage`` at all)
         self.usage = usage
         self.delay = delay
         self.requests: list[dict] = []
@@ -174,7 +175,9 @@ class FakeServer:
                 else:
                     with server.lock:
                         usage = server.usage(body)
-                reply = {"choices": [{"message": message, "finish_reason": finish}], "usage": usage}
+                reply: dict = {"choices": [{"message": message, "finish_reason": finish}]}
+                if usage is not None:
+                    reply["usage"] = usage
                 if isinstance(action, dict) and "model" in action:
                     reply["model"] = action["model"]
                 else:

@@ -59,6 +59,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from chexpercept.containment import ContainmentError, image_data_url
 from chexpercept.redaction import has_secret, redact_text, redact_url
+from chexpercept.usage import count
 
 from ..inflight import OK, OTHER, THROTTLED, AdaptiveLimit
 from ..occupancy import InFlightClock, WorkLedger, ratio, schedule_record
@@ -112,17 +113,21 @@ def check_endpoint(base_url: str, *, dua_compliant: bool) -> None:
         raise PermissionError(DUA_REFUSAL.format(host=parts.hostname))
 
 
-def read_usage(usage: dict[str, Any] | None) -> dict[str, int]:
-    """OpenAI usage fields -> input/cached/output/thinking/total tokens (spec 3.10)."""
-    usage = usage or {}
-    prompt_details = usage.get("prompt_tokens_details") or {}
-    completion_details = usage.get("completion_tokens_details") or {}
+def read_usage(usage: Any) -> dict[str, int | None]:
+    """OpenAI usage fields -> input/cached/output/thinking/total tokens (spec 3.10); a figure the
+    reply does not give (no ``usage`` object, no ``prompt_tokens_details``...) is None, never 0
+    (chexpercept.usage)."""
+    usage = usage if isinstance(usage, dict) else {}
+    prompt_details = usage.get("prompt_tokens_details")
+    completion_details = usage.get("completion_tokens_details")
+    prompt_details = prompt_details if isinstance(prompt_details, dict) else {}
+    completion_details = completion_details if isinstance(completion_details, dict) else {}
     return {
-        "input_tokens": int(usage.get("prompt_tokens") or 0),
-        "cached_input_tokens": int(prompt_details.get("cached_tokens") or 0),
-        "output_tokens": int(usage.get("completion_tokens") or 0),
-        "thinking_tokens": int(completion_details.get("reasoning_tokens") or 0),
-        "total_tokens": int(usage.get("total_tokens") or 0),
+        "input_tokens": count(usage.get("prompt_tokens")),
+        "cached_input_tokens": count(prompt_details.get("cached_tokens")),
+        "output_tokens": count(usage.get("completion_tokens")),
+        "thinking_tokens": count(completion_details.get("reasoning_tokens")),
+        "total_tokens": count(usage.get("total_tokens")),
     }
 
 
@@ -547,7 +552,7 @@ class OpenAIBackend:
         # vLLM serve with a reasoning parser: "reasoning" (vLLM >= 0.16), "reasoning_content" before
         reasoning = message.get("reasoning") or message.get("reasoning_content")
         refusal = message.get("refusal")
-        usage: dict[str, Any] = read_usage(reply.get("usage"))
+        usage: dict[str, Any] = read_usage(reply.get("usage"))  # None where the server said nothing
         usage["cost_usd"] = call_cost(
             self.spec.model_id, usage["input_tokens"], usage["cached_input_tokens"], usage["output_tokens"]
         )
