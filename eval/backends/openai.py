@@ -40,20 +40,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import datetime
-import email.utils
 import ipaddress
 import json
-import math
 import os
 import queue
-import random
-import re
 import sys
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -67,6 +61,7 @@ from ..pricing import call_cost, price_for
 from ..protocol import BackendError, Completion, Request, Response, RunContext, Sampling
 from ..registry import ModelSpec
 from ..replies import join_reasoning
+from ..retries import RetryPolicy, ServerPause, WaitHint, error_objects, read_wait_hint
 from . import json_object_arg
 
 RETRY_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
@@ -132,9 +127,10 @@ def read_usage(usage: Any) -> dict[str, int | None]:
 
 
 class _Retryable(Exception):
-    def __init__(self, message: str, retry_after: float | None = None, *, status: int | None = None):
+    def __init__(self, message: str, hint: WaitHint | None = None, *, status: int | None = None):
         super().__init__(message)
-        self.retry_after = retry_after
+        #: the wait the server asked for (eval/retries.py), if it asked
+        self.hint = hint
         self.status = status
 
 
@@ -146,87 +142,6 @@ class _RunLevel(Exception):
     """An error that every request of the run would meet (authentication, a wrong URL)."""
 
 
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
-_UNIT_SECONDS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
-
-
-def parse_duration(text: str) -> float | None:
-    """Seconds of a duration as APIs write them: ``"37s"``, ``"1.5s"``, ``"6m0s"``, ``"20ms"``,
-    ``"1h2m3s"``, or a bare number of seconds; None when it is not one."""
-    text = text.strip()
-    try:
-        return float(text)
-    except ValueError:
-        pass
-    parts = _DURATION.findall(text)
-    if not parts or "".join(n + u for n, u in parts) != text:
-        return None
-    return sum(float(n) * _UNIT_SECONDS[u] for n, u in parts)
-
-
-def _error_objects(body: str) -> list[dict[str, Any]]:
-    """The ``error`` objects of a JSON error body: an object, or a list of them (Google's
-    OpenAI-compatible endpoint wraps its error in a list); empty when the body is something else."""
-    try:
-        data = json.loads(body)
-    except ValueError:
-        return []
-    items = data if isinstance(data, list) else [data]
-    errors = [item.get("error") for item in items if isinstance(item, dict)]
-    return [e for e in errors if isinstance(e, dict)]
-
-
-def _retry_info(body: str) -> float | None:
-    """Google's ``RetryInfo.retryDelay`` in a JSON error body (Gemini, Vertex)."""
-    for error in _error_objects(body):
-        for detail in error.get("details") or []:
-            if isinstance(detail, dict) and "retryDelay" in detail:
-                delay = parse_duration(str(detail["retryDelay"]))
-                if delay is not None:
-                    return delay
-    return None
-
-
-def retry_hint(headers: Any, body: str = "", *, now: float | None = None) -> float | None:
-    """Seconds the server asks to wait before retrying, from every form the supported APIs send
-    (OpenAI, Azure OpenAI, Gemini, vLLM serve), or None without a hint.
-
-    In order: ``retry-after-ms`` (milliseconds; OpenAI, Azure), ``Retry-After`` (seconds, or an HTTP
-    date), ``RetryInfo.retryDelay`` in the JSON error body (Google), then the longest of OpenAI's
-    ``x-ratelimit-reset-requests`` / ``x-ratelimit-reset-tokens`` (durations such as ``6m0s``).
-    """
-    get = (lambda name: headers.get(name)) if headers is not None else (lambda name: None)
-    value = get("retry-after-ms")
-    if value is not None:
-        with contextlib.suppress(ValueError):
-            if math.isfinite(float(value)):
-                return max(float(value) / 1000.0, 0.0)
-    value = get("Retry-After")
-    if value is not None:
-        try:
-            if not math.isfinite(float(value)):
-                raise ValueError(value)
-            return max(float(value), 0.0)
-        except ValueError:
-            try:
-                when = email.utils.parsedate_to_datetime(value)
-            except (TypeError, ValueError):
-                when = None
-            if when is not None:
-                if when.tzinfo is None:
-                    when = when.replace(tzinfo=datetime.timezone.utc)
-                current = time.time() if now is None else now
-                return max(when.timestamp() - current, 0.0)
-    delay = _retry_info(body) if body else None
-    if delay is not None:
-        return delay
-    resets = [
-        parse_duration(get(h) or "") for h in ("x-ratelimit-reset-requests", "x-ratelimit-reset-tokens")
-    ]
-    resets = [r for r in resets if r is not None and r > 0]
-    return max(resets) if resets else None
-
-
 #: error codes of requests rejected for their content: Azure OpenAI's content filter, OpenAI's
 #: usage-policy check ("invalid_prompt": the prompt was flagged)
 CONTENT_FILTER_CODES = frozenset({"content_filter", "ResponsibleAIPolicyViolation", "invalid_prompt"})
@@ -234,7 +149,7 @@ CONTENT_FILTER_CODES = frozenset({"content_filter", "ResponsibleAIPolicyViolatio
 
 def _is_content_filter(body: str) -> bool:
     """An error body saying a content filter rejected the request (Azure OpenAI's 400)."""
-    for error in _error_objects(body):
+    for error in error_objects(body):
         inner = error.get("innererror")
         codes = {
             str(error.get("code") or ""),
@@ -243,20 +158,6 @@ def _is_content_filter(body: str) -> bool:
         if codes & CONTENT_FILTER_CODES:
             return True
     return False
-
-
-@dataclass
-class RetryPolicy:
-    max_retries: int = 6
-    #: first wait in seconds; doubles per retry up to max_delay, with +-25% jitter
-    base_delay: float = 2.0
-    max_delay: float = 120.0
-
-    def delay(self, attempt: int, retry_after: float | None) -> float:
-        if retry_after is not None:
-            return min(max(retry_after, 0.0), self.max_delay)
-        wait = min(self.base_delay * 2**attempt, self.max_delay)
-        return wait * random.uniform(0.75, 1.25)
 
 
 class OpenAIBackend:
@@ -359,6 +260,8 @@ class OpenAIBackend:
         self.concurrency = concurrency
         self.timeout = timeout
         self.retry = retry or RetryPolicy()
+        #: set when a server asks for a wait longer than the policy takes (eval/retries.py)
+        self.pause = ServerPause()
         self.extra_body = dict(spec.api_extra) | dict(extra_body or {})
         #: what a content-filter rejection is: the end of the run (stop) or a refusal (record)
         self.on_error = on_error
@@ -454,8 +357,11 @@ class OpenAIBackend:
 
     async def _one(self, request: Request, body: bytes) -> Response:
         where = f"{request.key_id} ({request.task})"
-        attempt = 0
+        attempt, waited = 0, 0.0
         while True:
+            paused = self.pause.reason()  # a server asked for a wait too long to take: send nothing
+            if paused:
+                return _failed(paused)
             started = await self.limit.acquire()
             self.clock.change(+1)
             outcome, error, reply = OTHER, None, None
@@ -474,9 +380,16 @@ class OpenAIBackend:
                 self.ledger.add(request.key_id, seconds)
                 return self._response(where, reply, attempts=attempt + 1, seconds=seconds)
             if isinstance(error, _Retryable):
-                if attempt >= self.retry.max_retries:
-                    return _failed(f"gave up after {attempt + 1} attempts: {error}")
-                await asyncio.sleep(self.retry.delay(attempt, error.retry_after))
+                wait, why = self.retry.next_wait(attempt, waited, error.hint)
+                if wait is None:
+                    asked = ""
+                    if error.hint is not None and self.retry.too_long(error.hint):
+                        self.pause.hold(error.hint)  # nothing more is sent before it ends
+                    elif error.hint is not None:
+                        asked = f"; {error.hint.asked()}"
+                    return _failed(f"{why}: {error}{asked}")
+                await asyncio.sleep(wait)  # a stop signal cancels it (the loop is stopped)
+                waited += wait
                 attempt += 1
                 self.retries += 1
                 continue
@@ -526,7 +439,8 @@ class OpenAIBackend:
                 "not followed (the images go only to the endpoint given): pass the final URL as --base-url"
             )
         if status in RETRY_STATUS:
-            raise _Retryable(f"HTTP {status}: {detail}", retry_hint(headers, text), status=status)
+            hint = read_wait_hint(headers, text, status=status)
+            raise _Retryable(f"HTTP {status}: {detail}", hint, status=status)
         if status == 400 and _is_content_filter(text):
             raise _Filtered(f"HTTP {status}: {detail}")
         if status in RUN_LEVEL_STATUS:
