@@ -9,12 +9,14 @@ with exponential backoff on 408, 409, 429, 5xx, timeouts, dropped connections an
 mid-body (a bad Content-Length, a cut chunked body, or a close-delimited body that is not complete
 JSON), waiting as long as the server's back-off hint says where it gives one (every form the
 supported APIs send: ``retry-after-ms``, ``Retry-After`` in seconds or as an HTTP date, Google's
-``RetryInfo.retryDelay`` in the error body, OpenAI's ``x-ratelimit-reset-*`` durations). Redirects
+``RetryInfo.retryDelay`` in the error body, OpenAI's ``x-ratelimit-reset-*``; eval/retries.py reads
+them against the server's clock, and a wait too long to take ends the request naming it). Redirects
 are not followed (the images go to the endpoint given and nowhere else). The model the server says
 it answered with is recorded per turn (``usage.served_model``; a warning when it is not the one asked
 for: proxies fall back silently). Token usage is read from each reply and priced with the paper's
-price table (spec 3.10). Images go as data URLs, encoded once per file while a conversation that
-shows it is live.
+price table (spec 3.10); a count the reply leaves out is None, never 0 (chexpercept.usage). Images
+go as data URLs, encoded once per file while a conversation that shows it is live. A secret in the
+base URL (``user:password@``, ``?api-key=``) is shown redacted everywhere (chexpercept.redaction).
 
 What a reply can be, and what becomes of it:
 
