@@ -99,3 +99,29 @@ def test_sums_are_unknown_when_any_part_is():
         "output_tokens": None,
         "unreported_calls": {"output_tokens": 1},
     }
+
+
+def test_a_temperature_left_to_the_server_is_not_published_as_0(fixture_bundle, tmp_path):
+    """--request-extra '{"temperature": null}' leaves the temperature to the server: the Hub's eval
+    results say "server default", never "temperature 0" (which reads as greedy)."""
+    import yaml
+
+    from chexpercept.metrics.hub.eval_results import stage_eval_results
+
+    args = ["--data-dir", str(fixture_bundle), "--model", "baseline:random", "--output-dir", str(tmp_path)]
+    assert main([*args, "--no-progress", "--no-score", "--limit", "3"]) == 0
+    run_json = tmp_path / "baseline-random" / "oracle_implicit" / "run.json"
+    meta = json.loads(run_json.read_text())
+    meta["sampling"] = {"temperature": None, "top_p": 1.0, "max_tokens": 64, "greedy": False}
+    run_json.write_text(json.dumps(meta))
+    staged = stage_eval_results(
+        tmp_path / "baseline-random",
+        tmp_path / "staged",
+        benchmark="org/chexpercept",
+        source_url="https://huggingface.co/datasets/org/chexpercept",
+        allow_synthetic=True,
+    )
+    assert list(staged.verify())  # the guard's schema accepts it
+    (path,) = (tmp_path / "staged" / ".eval_results").glob("*.yaml")
+    notes = [e["notes"] for e in yaml.safe_load(path.read_text())]
+    assert notes and all("sampled (temperature server default, top_p 1.0)" in n for n in notes), notes
