@@ -21,7 +21,8 @@ rate-limit window, so they count only on a 429 (and not for a limit whose ``rema
   else before that time;
 * without a hint: exponential backoff from ``base_delay`` up to ``max_delay``, with jitter;
 * one request stops after ``max_retries`` retries, or when its next wait would take its waiting past
-  ``budget`` (30 min) in all.
+  ``budget`` (30 min) in all;
+* a wait the server asked for that lasts a minute or more is said on stderr (``WaitNotices``).
 
 A wait is an ``asyncio.sleep`` on the backend's event loop, so a stop signal ends it at once.
 """
@@ -34,6 +35,7 @@ import json
 import math
 import random
 import re
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -253,6 +255,8 @@ class RetryPolicy:
     longest_hint: float = 600.0
     #: the most seconds one request spends waiting between its attempts, in all
     budget: float = 1800.0
+    #: a server's wait at least this long is said on stderr while it is waited out (``WaitNotices``)
+    notice_after: float = 60.0
 
     def too_long(self, hint: WaitHint | None) -> bool:
         """Whether the server asked for a wait longer than a run takes (``longest_hint``)."""
@@ -281,6 +285,27 @@ class RetryPolicy:
                 "wait in all"
             )
         return wait, ""
+
+
+class WaitNotices:
+    """Says on stderr that the run waits because the server asked it to (a run that is quiet for
+    minutes looks hung), once for the requests that got the same hint."""
+
+    #: a new notice only for a wait that ends this much later than the last one said
+    APART = 60.0
+
+    def __init__(self) -> None:
+        self.until = float("-inf")
+
+    def say(self, hint: WaitHint) -> None:
+        if hint.until <= self.until + self.APART:
+            return
+        self.until = hint.until
+        print(
+            f"note: {hint.describe()}; waiting (Ctrl-C stops the run, and the same command resumes it)",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 class ServerPause:

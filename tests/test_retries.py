@@ -191,3 +191,11 @@ def test_ctrl_c_during_a_long_wait_stops_within_seconds(fixture_bundle, tmp_path
     assert time.monotonic() - sent < 5 and proc.returncode == 128 + signal.SIGINT, err
     assert "stopped by SIGINT" in err and "Traceback" not in err
     assert not (tmp_path / "local-vlm" / "oracle_implicit" / "run.lock").exists()
+
+
+def test_a_long_wait_the_server_asked_for_is_said_while_it_is_waited_out(fixture_bundle, capsys):
+    policy = RetryPolicy(max_retries=3, base_delay=0.01, notice_after=1.0)  # a minute by default
+    gap = gap_after(fixture_bundle, throttled({"Retry-After": "1.5"}), policy)
+    err = capsys.readouterr().err
+    assert gap >= 1.4 and err.count("note: the server asked to wait 1.5 s (Retry-After: 1.5)") == 1, err
+    assert "waiting (Ctrl-C stops the run" in err

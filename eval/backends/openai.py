@@ -63,7 +63,7 @@ from ..pricing import call_cost, price_for
 from ..protocol import BackendError, Completion, Request, Response, RunContext, Sampling
 from ..registry import ModelSpec
 from ..replies import join_reasoning
-from ..retries import RetryPolicy, ServerPause, WaitHint, error_objects, read_wait_hint
+from ..retries import RetryPolicy, ServerPause, WaitHint, WaitNotices, error_objects, read_wait_hint
 from . import json_object_arg
 
 RETRY_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
@@ -263,7 +263,7 @@ class OpenAIBackend:
         self.timeout = timeout
         self.retry = retry or RetryPolicy()
         #: set when a server asks for a wait longer than the policy takes (eval/retries.py)
-        self.pause = ServerPause()
+        self.pause, self.notices = ServerPause(), WaitNotices()
         self.extra_body = dict(spec.api_extra) | dict(extra_body or {})
         #: what a content-filter rejection is: the end of the run (stop) or a refusal (record)
         self.on_error = on_error
@@ -390,6 +390,8 @@ class OpenAIBackend:
                     elif error.hint is not None:
                         asked = f"; {error.hint.asked()}"
                     return _failed(f"{why}: {error}{asked}")
+                if error.hint is not None and wait >= self.retry.notice_after:
+                    self.notices.say(error.hint)
                 await asyncio.sleep(wait)  # a stop signal cancels it (the loop is stopped)
                 waited += wait
                 attempt += 1
