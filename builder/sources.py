@@ -28,6 +28,7 @@ from PIL import Image, UnidentifiedImageError
 
 from chexpercept.containment import ContainmentError, check_name, resolve_inside
 from chexpercept.fileio import atomic_file
+from chexpercept.os_errors import explain_os_error
 
 from .render import encode_png
 
@@ -149,7 +150,7 @@ def load_cxr(path: str | os.PathLike[str], size: int = IMAGE_SIZE, *, decode: bo
     except FileNotFoundError as e:
         raise CaseInputError(f"missing CXR image {path}") from e
     except OSError as e:
-        raise CaseInputError(f"unreadable CXR image {path}: {e}") from e
+        raise CaseInputError(f"unreadable CXR image {path}: {explain_os_error(e).what}") from e
     try:
         im = Image.open(io.BytesIO(raw))
         original = im.size

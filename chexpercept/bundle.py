@@ -23,6 +23,7 @@ from .containment import Tree, image_format, resolve_inside
 from .errors import BundleValidationError, Problem, ReleaseNotFoundError, no_such_path
 from .fileio import write_atomic
 from .jsonstream import Span, iter_object_items, read_span
+from .os_errors import explain_os_error
 from .validate import validate_entry
 from .vocab import LESIONS, Path, parse_lesion, parse_path
 
@@ -285,7 +286,7 @@ def check_image_file(path: FsPath, mode: ImageCheck = "basic") -> str | None:
     except FileNotFoundError:
         return "image file is missing"
     except OSError as e:
-        return f"image file cannot be read: {e}"
+        return f"image file cannot be read: {explain_os_error(e).what}"
     if mode in ("exists", "none"):
         return None
     if size == 0:
@@ -301,6 +302,10 @@ def check_image_file(path: FsPath, mode: ImageCheck = "basic") -> str | None:
             if mode == "full":
                 im.load()
             orientation = im.getexif().get(EXIF_ORIENTATION, 1)
+    except OSError as e:
+        if e.errno is not None:  # the system's (permissions, a folder, a failing disk), not the bytes'
+            return f"image file cannot be read: {explain_os_error(e).what}"
+        return f"image does not decode: {e}"
     except Exception as e:  # PIL raises many types for bad files
         return f"image does not decode: {e}"
     if orientation != 1:

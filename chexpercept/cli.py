@@ -3,7 +3,8 @@
 Each package (the shared core, builder, metrics, eval) lists its subcommands in a ``COMMANDS``
 dict ``name -> (module, one-line help)``; a command's module has ``configure(parser)`` and
 ``run(args) -> int``. Modules are imported only when their command runs, so ``chexpercept --help``
-stays fast and heavy dependencies stay optional.
+stays fast and heavy dependencies stay optional. An operating-system error that a command does not
+handle itself ends in one line naming its real cause (chexpercept.os_errors), never a traceback.
 """
 
 from __future__ import annotations
@@ -62,7 +63,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=f"chexpercept {name}", description=help_)
     module.configure(parser)
     args = parser.parse_args(rest)
-    return int(module.run(args) or 0)
+    try:
+        return int(module.run(args) or 0)
+    except OSError as e:  # the system's (a full disk, a folder of another user): its real cause named
+        if e.errno is None:
+            raise
+        from .os_errors import explain_os_error
+
+        folder = getattr(args, "output_dir", None) or getattr(args, "out", None)
+        print(explain_os_error(e, folder).line(f"chexpercept {name}"), file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path as FsPath
 from typing import Any, ClassVar
 
+from .redaction import redact_json
+
 #: (check, description) per kind of value
 _KINDS: dict[str, tuple[Any, str]] = {
     "str": (lambda v: isinstance(v, str), "a string"),
@@ -181,3 +183,10 @@ class RunMetadata(_Record):
             except json.JSONDecodeError as e:
                 raise RunMetadataError(f"{source}: not valid JSON: {e}") from e
         return cls._parse(data, source or "run.json")
+
+    def to_json(self) -> dict[str, Any]:
+        """The dict the runner writes, with every secret a URL carries hidden (chexpercept.redaction:
+        the command line's and the backend settings' ``--base-url``); ``settings`` is kept as it is
+        (a resume compares it exactly; it holds no endpoint)."""
+        out = super().to_json()
+        return {k: v if k == "settings" else redact_json(v) for k, v in out.items()}

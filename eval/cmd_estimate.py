@@ -18,6 +18,7 @@ from pathlib import Path as FsPath
 from typing import Any
 
 from chexpercept.cli_options import add_data_dir_option, add_option, write_output
+from chexpercept.os_errors import explain_os_error
 from chexpercept.results import ORACLE_SETTINGS
 
 from .selection import add_selection_options
@@ -118,7 +119,9 @@ def timed_session(run_dir: str, model_id: str) -> tuple[dict[str, Any], float, i
         info = json.loads(path.read_text(encoding="utf-8"))
         session = info["last_session"]
         seconds, cases = float(session["seconds_main_process"]), int(session["cases"])
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except OSError as e:
+        raise ValueError(f"cannot read {path}: {explain_os_error(e).what}") from e
+    except (ValueError, KeyError, TypeError) as e:
         raise ValueError(f"{path}: no timed session to measure throughput from ({e})") from e
     if cases < 1 or seconds <= 0:
         raise ValueError(f"{path}: its last session ran no case; run some cases first")

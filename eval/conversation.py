@@ -15,20 +15,11 @@ from chexpercept.answers import ParseMode
 from chexpercept.case import Case, Turn
 from chexpercept.results import CaseFailure, CaseResult, TurnResult, check_oracle, judge_turn
 from chexpercept.templates import SYSTEM_MESSAGE
+from chexpercept.usage import sum_usage
 
 from .oracle import ORACLE_SEPARATOR, intervention
 from .protocol import Message, Request, Response
 from .provenance import now
-
-#: usage keys summed over a case's turns
-_SUMMED = (
-    "input_tokens",
-    "cached_input_tokens",
-    "output_tokens",
-    "thinking_tokens",
-    "total_tokens",
-    "cost_usd",
-)
 
 
 class Conversation:
@@ -145,13 +136,9 @@ class Conversation:
 
 
 def case_usage(records: list[TurnResult]) -> dict[str, Any]:
-    """Token and cost totals of a case (empty when the backend reports no usage)."""
-    reported = [r.usage for r in records if r.usage]
-    if not reported:
+    """Token and cost totals of a case (empty when the backend reports no usage): a total is None
+    when any turn's server did not report that figure, and ``unreported_calls`` counts those turns
+    (chexpercept.usage)."""
+    if not any(r.usage for r in records):
         return {}
-    total: dict[str, Any] = {"num_calls": len(records)}
-    for key in _SUMMED:
-        values = [u[key] for u in reported if isinstance(u.get(key), (int, float))]
-        if values:
-            total[key] = round(sum(values), 8) if key == "cost_usd" else sum(values)
-    return total
+    return {"num_calls": len(records), **sum_usage([r.usage or {} for r in records])}

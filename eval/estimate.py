@@ -30,6 +30,8 @@ from typing import Any, Protocol
 from chexpercept.case import Case
 from chexpercept.containment import image_file
 from chexpercept.results import CaseResult
+from chexpercept.usage import count
+from chexpercept.usage import total as reported_total
 
 from .conversation import Conversation
 from .pricing import ProviderRules, call_cost, price_for
@@ -343,7 +345,8 @@ def estimate_recorded(
     model: str = "",
 ) -> Estimate:
     """The estimate of the conversations a run had: its recorded answers replayed (same route, same
-    oracle texts and patches), each answer costing the output tokens the run reported for it."""
+    oracle texts and patches), each answer costing the output tokens the run reported for it (the
+    estimator's ``DEFAULT_ANSWER_TOKENS`` where the server did not report them)."""
     by_key = {r.key_id: r for r in results}
     chosen = [c for c in cases if c.key_id in by_key]
     estimate = Estimate(oracle=oracle, scenario="recorded")
@@ -359,7 +362,8 @@ def estimate_recorded(
 
     def output(request: Request) -> int:
         turn = next(t for t in by_key[request.key_id].turns if t.task == request.task)
-        return int((turn.usage or {}).get("output_tokens") or 0)
+        reported = count((turn.usage or {}).get("output_tokens"))
+        return DEFAULT_ANSWER_TOKENS if reported is None else reported  # unknown: the estimator's guess
 
     on_call = _tally(estimate, counter, model_id, output)
     estimate.cases, estimate.calls = walk(chosen, oracle, answer, on_call, parse_mode=parse_mode, model=model)
@@ -372,22 +376,24 @@ class Comparison:
 
     estimated: dict[str, Any]
     actual: dict[str, Any]
-    #: (estimated - actual) / actual per quantity (None where actual is 0)
+    #: (estimated - actual) / actual per quantity (None where actual is 0 or unknown)
     relative_error: dict[str, float | None] = field(default_factory=dict)
+    #: quantity -> calls whose server did not report it (its ``actual`` is then None)
+    unreported: dict[str, int] = field(default_factory=dict)
 
 
 def compare(estimate: Estimate, results: Iterable[CaseResult]) -> Comparison:
-    """Estimated against reported calls, input, cached and output tokens and cost."""
-    actual = {"calls": 0, "input_tokens": 0, "cached_input_tokens": 0, "output_tokens": 0, "cost_usd": 0.0}
-    for r in results:
-        for t in r.turns:
-            actual["calls"] += 1
-            usage = t.usage or {}
-            for key in ("input_tokens", "cached_input_tokens", "output_tokens", "cost_usd"):
-                value = usage.get(key)
-                if isinstance(value, (int, float)):
-                    actual[key] += value
-    actual["cost_usd"] = round(actual["cost_usd"], 6)
+    """Estimated against reported calls, input, cached and output tokens and cost. A reported total
+    is None when any call did not report it (``unreported`` counts those calls), never a sum that
+    takes what the server did not say as 0."""
+    usages = [t.usage or {} for r in results for t in r.turns]
+    actual: dict[str, Any] = {"calls": len(usages)}
+    unreported: dict[str, int] = {}
+    for key in ("input_tokens", "cached_input_tokens", "output_tokens", "cost_usd"):
+        t = reported_total(u.get(key) for u in usages)
+        actual[key] = None if t.value is None else (round(t.value, 6) if key == "cost_usd" else t.value)
+        if t.unreported:
+            unreported[key] = t.unreported
     estimated = {k: estimate.as_dict()[k] for k in actual}
     errors = {
         k: (
@@ -397,7 +403,7 @@ def compare(estimate: Estimate, results: Iterable[CaseResult]) -> Comparison:
         )
         for k in actual
     }
-    return Comparison(estimated, actual, errors)
+    return Comparison(estimated, actual, errors, unreported)
 
 
 def usage_estimate(
@@ -431,4 +437,6 @@ def usage_estimate(
         "estimated": comparison.estimated,
         "actual": comparison.actual,
         "relative_error": comparison.relative_error,
+        # calls whose server did not report a figure (its "actual" is then null, never 0)
+        "unreported_calls": comparison.unreported,
     }

@@ -17,10 +17,16 @@ from dataclasses import dataclass
 from pathlib import Path as FsPath
 
 from chexpercept.fileio import write_atomic
+from chexpercept.os_errors import explain_os_error
+from chexpercept.redaction import redact_text
 
-#: errno values of a disk that is full, and of a folder that cannot be written
-NO_SPACE = frozenset({errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)})
+#: errno values of a folder that cannot be written (a finished run there is checked read-only)
 READ_ONLY = frozenset({errno.EROFS, errno.EACCES, errno.EPERM})
+#: how the advice for an operating-system error ends: whatever the cause, a rerun resumes
+RESUME = (
+    "then rerun the same command to resume (a line cut off by the failed write is repaired when the "
+    "run resumes)"
+)
 
 
 @dataclass
@@ -60,31 +66,17 @@ def count_lines(path: FsPath) -> int:
 
 
 def os_error_text(error: OSError, folder: FsPath) -> tuple[str, str]:
-    """(what happened, what to do) for an operating-system error while running in ``folder``."""
-    where = error.filename or folder
-    reason = os.strerror(error.errno) if error.errno else str(error)
-    if error.errno in NO_SPACE:
-        return (
-            f"no space left on the device of {where} ({reason})",
-            f"free space there (df -h {folder}), then rerun the same command to resume; a line cut off "
-            "by the full disk is repaired when the run resumes",
-        )
-    if error.errno in READ_ONLY:
-        return (
-            f"cannot write to {where} ({reason})",
-            "make the folder writable, or copy it to a writable place and pass that --output-dir",
-        )
-    return (
-        f"{type(error).__name__} on {where}: {reason}",
-        "fix the cause, then rerun the same command to resume",
-    )
+    """(what happened, what to do) for an operating-system error while running in ``folder``: the
+    toolkit's one reading of such errors (chexpercept.os_errors), its advice ending with the resume."""
+    text = explain_os_error(error, folder, then=RESUME)
+    return text.what, text.advice
 
 
 def end_line(session: Session | None, what: str, advice: str) -> str:
-    """``chexpercept run: <what>. <saved>. <advice>.``"""
+    """``chexpercept run: <what>. <saved>. <advice>.`` (any URL in it redacted: chexpercept.redaction)"""
     prefix = session.prefix if session is not None else ""
     saved = f" {session.saved()}." if session is not None else ""
-    return f"chexpercept run: {prefix}{what.rstrip('.')}.{saved} {advice.rstrip('.')}."
+    return redact_text(f"chexpercept run: {prefix}{what.rstrip('.')}.{saved} {advice.rstrip('.')}.")
 
 
 def say_end(session: Session | None, what: str, advice: str) -> None:

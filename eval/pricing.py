@@ -39,11 +39,14 @@ def price_for(model_id: str) -> tuple[float, float, float] | None:
     return PRICES[max(keys, key=len)] if keys else None
 
 
-def call_cost(model_id: str, input_tokens: int, cached_tokens: int, output_tokens: int) -> float:
-    """USD of one call: uncached input, cached input and output at the model's prices (0: unpriced)."""
+def call_cost(
+    model_id: str, input_tokens: int | None, cached_tokens: int | None, output_tokens: int | None
+) -> float | None:
+    """USD of one call: uncached input, cached input and output at the model's prices; None (unknown,
+    never 0) for a model without a price or when a count is unknown (None: the server did not say)."""
     price = price_for(model_id)
-    if price is None:
-        return 0.0
+    if price is None or input_tokens is None or cached_tokens is None or output_tokens is None:
+        return None
     p_in, p_cached, p_out = price
     return ((input_tokens - cached_tokens) * p_in + cached_tokens * p_cached + output_tokens * p_out) / 1e6
 

@@ -13,7 +13,7 @@ and never re-encodes an image that it has already prepared for a live conversati
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path as FsPath
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
@@ -264,6 +264,11 @@ class BackendBase:
 
     def identity(self, context: RunContext) -> dict[str, Any]:
         return self.options.answers()
+
+    def usage_summary(self, records: Mapping[str, Mapping[str, Any]]) -> str | None:
+        """A line on what the backend's service reported using over ``records`` (results.jsonl's
+        records), said at the end of a run; None where there is nothing to say."""
+        return None
 
     def describe(self) -> dict[str, Any]:
         return {"options": self.options.record()}

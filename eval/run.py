@@ -39,6 +39,7 @@ from chexpercept.eval.plan import build_plan
 from chexpercept.eval.registry import BACKENDS, REGISTRY
 from chexpercept.eval.runner import EXIT_UNFINISHED, EXPECTED_ERRORS, execute
 from chexpercept.eval.selection import add_selection_options
+from chexpercept.redaction import redact_text
 from chexpercept.results import ORACLE_SETTINGS
 
 __all__ = ["EXIT_UNFINISHED", "configure", "main", "run"]
@@ -173,14 +174,14 @@ def run(args: argparse.Namespace) -> int:
             f"chexpercept run: stopped by {e.name} before any case ran; nothing was written", file=sys.stderr
         )
         return e.exit_status
-    except EXPECTED_ERRORS as e:
-        print(f"chexpercept run: error: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:  # before the run folder was taken (e.g. a full disk writing run.json)
-        if e.errno is None:
+    except (*EXPECTED_ERRORS, OSError) as e:
+        if isinstance(e, OSError) and e.errno is not None:  # the system's: its real cause named
+            what, advice = os_error_text(e, FsPath(args.output_dir))  # before the folder was taken
+            say_end(None, f"error: {what}", advice)
+        elif isinstance(e, EXPECTED_ERRORS):
+            print(redact_text(f"chexpercept run: error: {e}"), file=sys.stderr)
+        else:
             raise
-        what, advice = os_error_text(e, FsPath(args.output_dir))
-        say_end(None, f"error: {what}", advice)
         return 2
     finally:
         dist.close()

@@ -531,6 +531,9 @@ def _sign_off(
         f"{len(cases)} cases of {plan.model.name} (oracle {run.oracle}) in {folder.path} "
         f"({len(run.remaining)} run now, {len(cases) - len(run.remaining)} from before)"
     )
+    usage = backend.usage_summary(records)
+    if usage:
+        print(usage)
     occupancy = schedule_line((info.backend_settings or {}).get("schedule"))
     if occupancy:
         print(occupancy)

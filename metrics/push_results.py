@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path as FsPath
 from typing import Any
 
+from chexpercept.os_errors import explain_os_error
+
 from .hub.guard import AGREEMENT, Context, Manifest, PushRefused, json_text, round_floats, strings_in
 from .hub.identifiers import for_runs
 from .hub.scores_repo import (
@@ -104,7 +106,9 @@ def provenance(run_json: Mapping[str, Any]) -> dict[str, Any]:
 def _read_json(path: FsPath) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
+    except OSError as e:
+        raise ValueError(f"cannot read {path}: {explain_os_error(e).what}") from e
+    except ValueError as e:
         raise ValueError(f"{path}: not readable JSON ({e})") from e
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a JSON object")

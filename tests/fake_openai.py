@@ -92,6 +92,7 @@ class FakeServer:
     def __init__(self, failures=(), delay=0.0, usage=None):
         self.failures = list(failures)
         #: None: the fixed USAGE; a callable (e.g. RealisticUsage()) computes it from the request body
+        #: (a callable that returns None: the reply has no ``usage`` at all)
         self.usage = usage
         self.delay = delay
         self.requests: list[dict] = []
@@ -123,7 +124,11 @@ class FakeServer:
                     # request as soon as it has read this one
                     with server.lock:
                         server.in_flight -= 1
-                self.send_response(status)
+                if "Date" in headers:  # the server's clock as the test sets it (not this machine's)
+                    self.log_request(status)
+                    self.send_response_only(status)
+                else:
+                    self.send_response(status)  # with Date: now
                 for name, value in headers.items():
                     self.send_header(name, value)
                 self.end_headers()
@@ -174,7 +179,9 @@ class FakeServer:
                 else:
                     with server.lock:
                         usage = server.usage(body)
-                reply = {"choices": [{"message": message, "finish_reason": finish}], "usage": usage}
+                reply: dict = {"choices": [{"message": message, "finish_reason": finish}]}
+                if usage is not None:
+                    reply["usage"] = usage
                 if isinstance(action, dict) and "model" in action:
                     reply["model"] = action["model"]
                 else:

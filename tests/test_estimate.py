@@ -44,7 +44,7 @@ def test_call_cost_uses_the_paper_price_table():
     assert call_cost("gpt-5.4-2026-03-05", 1_000_000, 400_000, 100_000) == pytest.approx(
         0.6 * 2.5 + 0.4 * 0.25 + 0.1 * 15
     )
-    assert call_cost("some-local-model", 10, 0, 10) == 0.0
+    assert call_cost("some-local-model", 10, 0, 10) is None  # no price: unknown, never $0
 
 
 def test_estimate_counts_exactly_the_turns_and_images_run_sends(bundle):

@@ -288,5 +288,7 @@ def test_score_of_a_folder_being_written_says_it_is_partial(fixture_bundle, tmp_
     folder = folder_of(tmp_path)
     with RunLock(folder):  # as a live run holds it
         notes = score_path(folder).notes
-    assert any("a run is writing this folder now (3 cases so far): these numbers are partial" in n for n in notes)
+    assert any(
+        "a run is writing this folder now (3 cases so far): these numbers are partial" in n for n in notes
+    )
     assert not any("partial" in n for n in score_path(folder).notes)

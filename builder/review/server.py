@@ -36,6 +36,7 @@ from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from chexpercept.containment import ContainmentError, Tree, is_inside
+from chexpercept.os_errors import explain_os_error
 
 from ..render import encode_png
 from ..sources import CaseInputError, SourceError, load_cxr
@@ -237,7 +238,8 @@ class ReviewApp:
             try:
                 return path.read_bytes(), "image/png"
             except OSError as e:
-                raise RequestError(HTTPStatus.NOT_FOUND, f"cannot read the overlay: {e.strerror}") from e
+                what = explain_os_error(e).what
+                raise RequestError(HTTPStatus.NOT_FOUND, f"cannot read the overlay: {what}") from e
         try:
             st = path.stat()
             return _pipeline_png(str(path), st.st_size, st.st_mtime_ns), "image/png"
@@ -472,7 +474,8 @@ class _Handler(BaseHTTPRequestHandler):
         except StoreError as e:
             raise RequestError(HTTPStatus.BAD_REQUEST, str(e)) from e
         except OSError as e:  # disk full, permissions: the page keeps the decision and retries
-            raise RequestError(HTTPStatus.SERVICE_UNAVAILABLE, f"could not save: {e.strerror}") from e
+            what = explain_os_error(e).what
+            raise RequestError(HTTPStatus.SERVICE_UNAVAILABLE, f"could not save: {what}") from e
         self._json(HTTPStatus.OK, {"ok": True, "record": record})
 
 

@@ -9,12 +9,14 @@ with exponential backoff on 408, 409, 429, 5xx, timeouts, dropped connections an
 mid-body (a bad Content-Length, a cut chunked body, or a close-delimited body that is not complete
 JSON), waiting as long as the server's back-off hint says where it gives one (every form the
 supported APIs send: ``retry-after-ms``, ``Retry-After`` in seconds or as an HTTP date, Google's
-``RetryInfo.retryDelay`` in the error body, OpenAI's ``x-ratelimit-reset-*`` durations). Redirects
+``RetryInfo.retryDelay`` in the error body, OpenAI's ``x-ratelimit-reset-*``; eval/retries.py reads
+them against the server's clock, and a wait too long to take ends the request naming it). Redirects
 are not followed (the images go to the endpoint given and nowhere else). The model the server says
 it answered with is recorded per turn (``usage.served_model``; a warning when it is not the one asked
 for: proxies fall back silently). Token usage is read from each reply and priced with the paper's
-price table (spec 3.10). Images go as data URLs, encoded once per file while a conversation that
-shows it is live.
+price table (spec 3.10); a count the reply leaves out is None, never 0 (chexpercept.usage). Images
+go as data URLs, encoded once per file while a conversation that shows it is live. A secret in the
+base URL (``user:password@``, ``?api-key=``) is shown redacted everywhere (chexpercept.redaction).
 
 What a reply can be, and what becomes of it:
 
@@ -39,24 +41,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime
-import email.utils
 import ipaddress
 import json
-import math
 import os
 import queue
-import random
-import re
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from chexpercept.containment import ContainmentError, image_data_url
+from chexpercept.redaction import has_secret, redact_text, redact_url
+from chexpercept.usage import count, usage_line
 
 from ..inflight import OK, OTHER, THROTTLED, AdaptiveLimit
 from ..occupancy import InFlightClock, WorkLedger, ratio, schedule_record
@@ -64,6 +63,7 @@ from ..pricing import call_cost, price_for
 from ..protocol import BackendBase, BackendError, Completion, Request, Response, RunContext, Sampling
 from ..registry import ModelSpec
 from ..replies import join_reasoning
+from ..retries import RetryPolicy, ServerPause, WaitHint, WaitNotices, error_objects, read_wait_hint
 from .options import BackendOptions, at_least, json_object, option, positive
 
 RETRY_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
@@ -77,6 +77,14 @@ DUA_REFUSAL = (
     "public APIs. If this endpoint is covered by an arrangement that the agreement allows (for "
     "example an Azure OpenAI or Vertex AI deployment with human review and data retention opted "
     "out), rerun with --dua-compliant-endpoint to say so."
+)
+
+
+SECRET_IN_URL = (
+    "--base-url carries a secret (a user:password@ part or a key in its query string); run.json and "
+    "every message show it as ***, but a command line can be seen by the other users of this machine "
+    "(ps) and stays in your shell history: put the key in an environment variable and name it with "
+    "--api-key-env instead"
 )
 
 
@@ -95,30 +103,36 @@ def check_endpoint(base_url: str, *, dua_compliant: bool) -> None:
     parts = urlsplit(base_url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(
-            f"--base-url must be an http(s) URL such as http://127.0.0.1:8000/v1, got {base_url!r}"
+            "--base-url must be an http(s) URL such as http://127.0.0.1:8000/v1, "
+            f"got {redact_url(base_url)!r}"
         )
     if not dua_compliant and not is_loopback(base_url):
         raise PermissionError(DUA_REFUSAL.format(host=parts.hostname))
 
 
-def read_usage(usage: dict[str, Any] | None) -> dict[str, int]:
-    """OpenAI usage fields -> input/cached/output/thinking/total tokens (spec 3.10)."""
-    usage = usage or {}
-    prompt_details = usage.get("prompt_tokens_details") or {}
-    completion_details = usage.get("completion_tokens_details") or {}
+def read_usage(usage: Any) -> dict[str, int | None]:
+    """OpenAI usage fields -> input/cached/output/thinking/total tokens (spec 3.10); a figure the
+    reply does not give (no ``usage`` object, no ``prompt_tokens_details``...) is None, never 0
+    (chexpercept.usage)."""
+    usage = usage if isinstance(usage, dict) else {}
+    prompt_details = usage.get("prompt_tokens_details")
+    completion_details = usage.get("completion_tokens_details")
+    prompt_details = prompt_details if isinstance(prompt_details, dict) else {}
+    completion_details = completion_details if isinstance(completion_details, dict) else {}
     return {
-        "input_tokens": int(usage.get("prompt_tokens") or 0),
-        "cached_input_tokens": int(prompt_details.get("cached_tokens") or 0),
-        "output_tokens": int(usage.get("completion_tokens") or 0),
-        "thinking_tokens": int(completion_details.get("reasoning_tokens") or 0),
-        "total_tokens": int(usage.get("total_tokens") or 0),
+        "input_tokens": count(usage.get("prompt_tokens")),
+        "cached_input_tokens": count(prompt_details.get("cached_tokens")),
+        "output_tokens": count(usage.get("completion_tokens")),
+        "thinking_tokens": count(completion_details.get("reasoning_tokens")),
+        "total_tokens": count(usage.get("total_tokens")),
     }
 
 
 class _Retryable(Exception):
-    def __init__(self, message: str, retry_after: float | None = None, *, status: int | None = None):
+    def __init__(self, message: str, hint: WaitHint | None = None, *, status: int | None = None):
         super().__init__(message)
-        self.retry_after = retry_after
+        #: the wait the server asked for (eval/retries.py), if it asked
+        self.hint = hint
         self.status = status
 
 
@@ -130,87 +144,6 @@ class _RunLevel(Exception):
     """An error that every request of the run would meet (authentication, a wrong URL)."""
 
 
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
-_UNIT_SECONDS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
-
-
-def parse_duration(text: str) -> float | None:
-    """Seconds of a duration as APIs write them: ``"37s"``, ``"1.5s"``, ``"6m0s"``, ``"20ms"``,
-    ``"1h2m3s"``, or a bare number of seconds; None when it is not one."""
-    text = text.strip()
-    try:
-        return float(text)
-    except ValueError:
-        pass
-    parts = _DURATION.findall(text)
-    if not parts or "".join(n + u for n, u in parts) != text:
-        return None
-    return sum(float(n) * _UNIT_SECONDS[u] for n, u in parts)
-
-
-def _error_objects(body: str) -> list[dict[str, Any]]:
-    """The ``error`` objects of a JSON error body: an object, or a list of them (Google's
-    OpenAI-compatible endpoint wraps its error in a list); empty when the body is something else."""
-    try:
-        data = json.loads(body)
-    except ValueError:
-        return []
-    items = data if isinstance(data, list) else [data]
-    errors = [item.get("error") for item in items if isinstance(item, dict)]
-    return [e for e in errors if isinstance(e, dict)]
-
-
-def _retry_info(body: str) -> float | None:
-    """Google's ``RetryInfo.retryDelay`` in a JSON error body (Gemini, Vertex)."""
-    for error in _error_objects(body):
-        for detail in error.get("details") or []:
-            if isinstance(detail, dict) and "retryDelay" in detail:
-                delay = parse_duration(str(detail["retryDelay"]))
-                if delay is not None:
-                    return delay
-    return None
-
-
-def retry_hint(headers: Any, body: str = "", *, now: float | None = None) -> float | None:
-    """Seconds the server asks to wait before retrying, from every form the supported APIs send
-    (OpenAI, Azure OpenAI, Gemini, vLLM serve), or None without a hint.
-
-    In order: ``retry-after-ms`` (milliseconds; OpenAI, Azure), ``Retry-After`` (seconds, or an HTTP
-    date), ``RetryInfo.retryDelay`` in the JSON error body (Google), then the longest of OpenAI's
-    ``x-ratelimit-reset-requests`` / ``x-ratelimit-reset-tokens`` (durations such as ``6m0s``).
-    """
-    get = (lambda name: headers.get(name)) if headers is not None else (lambda name: None)
-    value = get("retry-after-ms")
-    if value is not None:
-        with contextlib.suppress(ValueError):
-            if math.isfinite(float(value)):
-                return max(float(value) / 1000.0, 0.0)
-    value = get("Retry-After")
-    if value is not None:
-        try:
-            if not math.isfinite(float(value)):
-                raise ValueError(value)
-            return max(float(value), 0.0)
-        except ValueError:
-            try:
-                when = email.utils.parsedate_to_datetime(value)
-            except (TypeError, ValueError):
-                when = None
-            if when is not None:
-                if when.tzinfo is None:
-                    when = when.replace(tzinfo=datetime.timezone.utc)
-                current = time.time() if now is None else now
-                return max(when.timestamp() - current, 0.0)
-    delay = _retry_info(body) if body else None
-    if delay is not None:
-        return delay
-    resets = [
-        parse_duration(get(h) or "") for h in ("x-ratelimit-reset-requests", "x-ratelimit-reset-tokens")
-    ]
-    resets = [r for r in resets if r is not None and r > 0]
-    return max(resets) if resets else None
-
-
 #: error codes of requests rejected for their content: Azure OpenAI's content filter, OpenAI's
 #: usage-policy check ("invalid_prompt": the prompt was flagged)
 CONTENT_FILTER_CODES = frozenset({"content_filter", "ResponsibleAIPolicyViolation", "invalid_prompt"})
@@ -218,7 +151,7 @@ CONTENT_FILTER_CODES = frozenset({"content_filter", "ResponsibleAIPolicyViolatio
 
 def _is_content_filter(body: str) -> bool:
     """An error body saying a content filter rejected the request (Azure OpenAI's 400)."""
-    for error in _error_objects(body):
+    for error in error_objects(body):
         inner = error.get("innererror")
         codes = {
             str(error.get("code") or ""),
@@ -227,20 +160,6 @@ def _is_content_filter(body: str) -> bool:
         if codes & CONTENT_FILTER_CODES:
             return True
     return False
-
-
-@dataclass
-class RetryPolicy:
-    max_retries: int = 6
-    #: first wait in seconds; doubles per retry up to max_delay, with +-25% jitter
-    base_delay: float = 2.0
-    max_delay: float = 120.0
-
-    def delay(self, attempt: int, retry_after: float | None) -> float:
-        if retry_after is not None:
-            return min(max(retry_after, 0.0), self.max_delay)
-        wait = min(self.base_delay * 2**attempt, self.max_delay)
-        return wait * random.uniform(0.75, 1.25)
 
 
 @dataclass(frozen=True)
@@ -313,17 +232,24 @@ class OpenAIBackend(BackendBase):
                 "the openai backend needs --base-url (e.g. http://127.0.0.1:8000/v1 for vllm serve)"
             )
         base_url = options.base_url
+        if has_secret(base_url):
+            print(f"note: {SECRET_IN_URL}", file=sys.stderr)
         check_endpoint(base_url, dua_compliant=options.dua_compliant_endpoint)
         if on_error not in ("stop", "record"):
             raise ValueError(f"on_error must be 'stop' or 'record', got {on_error!r}")
         self.spec = spec
         self._sampling = sampling
-        self.url = base_url.rstrip("/") + "/chat/completions"
+        parts = urlsplit(base_url)  # the path goes before a query string (Azure's ?api-version=)
+        self.url = urlunsplit(parts._replace(path=parts.path.rstrip("/") + "/chat/completions"))
+        #: the endpoint as messages and run.json show it (chexpercept.redaction: no secret)
+        self.shown_url, self.shown_base_url = redact_url(self.url), redact_url(base_url)
         self.api_key = api_key if api_key is not None else os.environ.get(options.api_key_env)
         self.api_key_header = options.api_key_header
         self.concurrency = options.concurrency
         self.timeout = options.timeout
         self.retry = retry or RetryPolicy(max_retries=options.max_retries)
+        #: set when a server asks for a wait longer than the policy takes (eval/retries.py)
+        self.pause, self.notices = ServerPause(), WaitNotices()
         self.extra_body = dict(spec.api_extra) | dict(options.request_extra or {})
         #: what a content-filter rejection is: the end of the run (stop) or a refusal (record)
         self.on_error = on_error
@@ -343,6 +269,11 @@ class OpenAIBackend(BackendBase):
     def identity(self, context: RunContext) -> dict[str, Any]:
         """What is sent besides the conversation and the decoding: every request field."""
         return {"request_fields": self.extra_body}
+
+    def usage_summary(self, records: Mapping[str, Mapping[str, Any]]) -> str | None:
+        """What the server said it used (never a 0 it did not say: chexpercept.usage)."""
+        usages = [t.get("usage") or {} for r in records.values() for t in r.get("turns", [])]
+        return usage_line(usages, priced=price_for(self.spec.model_id) is not None)
 
     def token_counter(self, root: Any) -> Any:
         from ..estimate import ApiCounter
@@ -429,8 +360,11 @@ class OpenAIBackend(BackendBase):
 
     async def _one(self, request: Request, body: bytes) -> Response:
         where = f"{request.key_id} ({request.task})"
-        attempt = 0
+        attempt, waited = 0, 0.0
         while True:
+            paused = self.pause.reason()  # a server asked for a wait too long to take: send nothing
+            if paused:
+                return _failed(paused)
             started = await self.limit.acquire()
             self.clock.change(+1)
             outcome, error, reply = OTHER, None, None
@@ -449,9 +383,18 @@ class OpenAIBackend(BackendBase):
                 self.ledger.add(request.key_id, seconds)
                 return self._response(where, reply, attempts=attempt + 1, seconds=seconds)
             if isinstance(error, _Retryable):
-                if attempt >= self.retry.max_retries:
-                    return _failed(f"gave up after {attempt + 1} attempts: {error}")
-                await asyncio.sleep(self.retry.delay(attempt, error.retry_after))
+                wait, why = self.retry.next_wait(attempt, waited, error.hint)
+                if wait is None:
+                    asked = ""
+                    if error.hint is not None and self.retry.too_long(error.hint):
+                        self.pause.hold(error.hint)  # nothing more is sent before it ends
+                    elif error.hint is not None:
+                        asked = f"; {error.hint.asked()}"
+                    return _failed(f"{why}: {error}{asked}")
+                if error.hint is not None and wait >= self.retry.notice_after:
+                    self.notices.say(error.hint)
+                await asyncio.sleep(wait)  # a stop signal cancels it (the loop is stopped)
+                waited += wait
                 attempt += 1
                 self.retries += 1
                 continue
@@ -488,25 +431,28 @@ class OpenAIBackend(BackendBase):
         except aiohttp.ClientPayloadError as e:  # Content-Length or chunked body cut short
             raise _Retryable(f"the reply was cut off mid-body ({e})") from e
         except aiohttp.ClientConnectorError as e:
-            raise _Retryable(f"cannot reach {self.url}: {e}") from e
+            raise _Retryable(f"cannot reach {self.shown_url}: {redact_text(str(e))}") from e
         except (aiohttp.ClientError, OSError) as e:  # a reset or closed connection
-            raise _Retryable(f"{type(e).__name__}: {e}") from e
+            raise _Retryable(f"{type(e).__name__}: {redact_text(str(e))}") from e
         text = raw.decode("utf-8", "replace")
         detail = text[:500]
         if 300 <= status < 400:
+            location = headers.get("Location")
             raise _RunLevel(
-                f"HTTP {status} from {self.url} redirects to {headers.get('Location')!r}; redirects are "
+                f"HTTP {status} from {self.shown_url} redirects to "
+                f"{redact_url(location) if location else location!r}; redirects are "
                 "not followed (the images go only to the endpoint given): pass the final URL as --base-url"
             )
         if status in RETRY_STATUS:
-            raise _Retryable(f"HTTP {status}: {detail}", retry_hint(headers, text), status=status)
+            hint = read_wait_hint(headers, text, status=status)
+            raise _Retryable(f"HTTP {status}: {detail}", hint, status=status)
         if status == 400 and _is_content_filter(text):
             raise _Filtered(f"HTTP {status}: {detail}")
         if status in RUN_LEVEL_STATUS:
-            raise _RunLevel(f"HTTP {status} from {self.url}: {detail}")
+            raise _RunLevel(f"HTTP {status} from {self.shown_url}: {detail}")
         if not 200 <= status < 300:
-            raise BackendError(f"HTTP {status} from {self.url}: {detail}")
-        return _reply_object(text, headers.get("Content-Type") or "", self.url)
+            raise BackendError(f"HTTP {status} from {self.shown_url}: {detail}")
+        return _reply_object(text, headers.get("Content-Type") or "", self.shown_url)
 
     def _response(self, where: str, reply: dict[str, Any], *, attempts: int, seconds: float) -> Response:
         choices = reply.get("choices") or []
@@ -525,7 +471,7 @@ class OpenAIBackend(BackendBase):
         # vLLM serve with a reasoning parser: "reasoning" (vLLM >= 0.16), "reasoning_content" before
         reasoning = message.get("reasoning") or message.get("reasoning_content")
         refusal = message.get("refusal")
-        usage: dict[str, Any] = read_usage(reply.get("usage"))
+        usage: dict[str, Any] = read_usage(reply.get("usage"))  # None where the server said nothing
         usage["cost_usd"] = call_cost(
             self.spec.model_id, usage["input_tokens"], usage["cached_input_tokens"], usage["output_tokens"]
         )
@@ -591,7 +537,7 @@ class OpenAIBackend(BackendBase):
 
     def describe(self) -> dict[str, Any]:
         return {
-            "base_url": self.url.rsplit("/chat/completions", 1)[0],
+            "base_url": self.shown_base_url,
             "model_id": self.spec.model_id,
             "extra_body": self.extra_body,
             "concurrency": self.concurrency,
@@ -610,8 +556,9 @@ class OpenAIBackend(BackendBase):
 
 
 def _failed(message: str) -> Response:
-    """A failed request: no answer (the engine stops the run or records the case, per --on-error)."""
-    return Response("", {}, error=message)
+    """A failed request: no answer (the engine stops the run or records the case, per --on-error);
+    the message goes to failures.jsonl and the run's last line, so any URL in it is redacted."""
+    return Response("", {}, error=redact_text(message))
 
 
 def same_model(asked: str, served: str) -> bool:

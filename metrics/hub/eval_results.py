@@ -112,7 +112,7 @@ NOTE_PARTS: tuple[str, ...] = (
     rf"({'|'.join(PARSE_MODES)}) answer parsing",
     r"thinking (on|off)",
     r"greedy decoding",
-    rf"sampled \(temperature {_NUMBER}, top_p {_NUMBER}\)",
+    rf"sampled \(temperature ({_NUMBER}|server default), top_p ({_NUMBER}|server default)\)",
     r"decoding unknown",
     rf"Stage 1 from the oracle ({_ORACLES}) run",
     r"\d+ cases",
@@ -191,9 +191,12 @@ def _decoding(meta: Any) -> str:
         return "decoding unknown"
     if sampling.greedy or (sampling.greedy is None and sampling.temperature == 0):
         return "greedy decoding"
-    return (
-        f"sampled (temperature {round(sampling.temperature or 0, 6)}, top_p {round(sampling.top_p or 1, 6)})"
-    )
+    return f"sampled (temperature {_setting(sampling.temperature)}, top_p {_setting(sampling.top_p)})"
+
+
+def _setting(value: float | None) -> str:
+    """A decoding setting as sent; None: left to the server, whose default is unknown (never 0)."""
+    return "server default" if value is None else str(round(value, 6))
 
 
 def _notes(run: Any, variant: Variant, stage1_from: str | None, n_cases: int, version: str) -> str:

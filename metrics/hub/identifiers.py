@@ -32,6 +32,8 @@ from pathlib import Path as FsPath
 from typing import Any
 from urllib.parse import unquote_plus
 
+from chexpercept.os_errors import explain_os_error
+
 #: shortest identifier form looked for (after folding): shorter ones are too common to mean a case
 MIN_LENGTH = 6
 #: a part of an identifier (between separators) is looked for on its own from this length on
@@ -90,7 +92,9 @@ class Identifiers:
             )
         try:
             entries = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as e:
+        except OSError as e:
+            raise ValueError(f"cannot read {path}: {explain_os_error(e).what}") from e
+        except ValueError as e:
             raise ValueError(f"{path}: not readable JSON ({e})") from e
         if not isinstance(entries, dict):
             raise ValueError(f"{path}: expected a JSON object of entries keyed by key_id")

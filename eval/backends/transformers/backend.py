@@ -36,6 +36,7 @@ from PIL import Image
 
 from chexpercept.case import Case
 from chexpercept.containment import ContainmentError, open_image
+from chexpercept.os_errors import explain_os_error
 
 from ...conversation import Conversation
 from ...preflight import ContextLimits, model_context_length
@@ -432,6 +433,8 @@ class TransformersBackend(BatchBackend):
             with open_image(self.root, relative) as f:
                 return f.convert("RGB")
         except (OSError, ContainmentError) as e:  # missing, truncated, refused: name the file (and case)
+            if isinstance(e, OSError) and e.errno is not None:  # the system's, not the image's bytes
+                raise BackendError(f"cannot read image {path}: {explain_os_error(e).what}") from e
             raise BackendError(
                 f"cannot decode image {path}: {e} (validate the bundle with --check-images full)"
             ) from e

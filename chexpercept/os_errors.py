@@ -1,0 +1,272 @@
+"""What an operating-system error means, in words that name its real cause: the one place that turns an
+``OSError`` into a message (``chexpercept run``, ``generate``, ``report``, ``score``, ``review``...).
+
+``os.strerror`` alone often points at the wrong cause: "No space left on device" also means that the
+file system has no free inodes left (``df -h`` then shows free space; ``df -i`` shows the cause),
+"Permission denied" does not say who owns the folder, "Too many open files" does not say whether the
+limit is this process's (``ulimit -n``) or the whole system's, "File name too long" does not say
+which name. ``explain_os_error`` looks at the file system, the owner and the limits involved and
+says what happened and what to do about it.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path as FsPath
+
+#: what the advice ends with when the caller says nothing else
+RERUN = "then rerun the command"
+
+
+@dataclass(frozen=True)
+class OsErrorText:
+    """An operating-system error as a user reads it: what happened, and what to do."""
+
+    #: e.g. "no free inodes left on the file system of /runs/m/results.jsonl (No space left on device)"
+    what: str
+    #: e.g. "delete files there or use another file system (df -i /runs shows inodes), then rerun ..."
+    advice: str
+
+    def line(self, prog: str) -> str:
+        """``<prog>: error: <what>. <advice>.``"""
+        return f"{prog}: error: {self.what.rstrip('.')}. {self.advice.rstrip('.')}."
+
+
+def explain_os_error(
+    error: OSError, folder: str | os.PathLike[str] | None = None, *, then: str = RERUN
+) -> OsErrorText:
+    """What ``error`` means and what to do about it.
+
+    ``folder``: the folder the command was working in (its output folder), named when the error
+    names no file; ``then``: how the advice ends (e.g. "then rerun the same command to resume").
+    The file system is looked at (``statvfs``, ``stat``, the open-file limits) to tell causes that
+    share an errno apart; an error without an errno (PIL's, a library's) is described as it is.
+    """
+    where = _where(error, folder)
+    reason = os.strerror(error.errno) if error.errno else str(error)
+    explain = _EXPLAIN.get(error.errno or -1)
+    if explain is None:
+        return OsErrorText(f"{type(error).__name__} on {where}: {reason}", f"fix the cause, {then}")
+    return explain(error, where, reason, str(folder or where), then)
+
+
+def _where(error: OSError, folder: str | os.PathLike[str] | None) -> str:
+    name = error.filename if error.filename not in (None, "") else folder
+    if isinstance(name, bytes):
+        name = os.fsdecode(name)
+    return str(name) if name is not None else "(no file named)"
+
+
+def _existing(path: str) -> FsPath | None:
+    """``path`` or its nearest existing ancestor (None when none can be looked at)."""
+    p = FsPath(os.path.abspath(path))
+    for candidate in (p, *p.parents):
+        try:
+            candidate.lstat()
+            return candidate
+        except OSError:
+            continue
+    return None
+
+
+#: at most this many free inodes, or free bytes, counts as none left: the command may have removed a
+#: temporary file or a lock since the write failed (a file system is judged after the error)
+_FEW_INODES = 16
+_FEW_BYTES = 1 << 20
+
+
+def _no_space(error: OSError, where: str, reason: str, folder: str, then: str) -> OsErrorText:
+    at = _existing(where) or _existing(folder)
+    try:
+        fs = os.statvfs(at) if at is not None else None
+    except OSError:
+        fs = None
+    if fs is None:
+        inodes_short = space_short = True
+    else:
+        inodes_short = fs.f_files > 0 and fs.f_favail <= max(_FEW_INODES, fs.f_files // 1000)
+        space_short = fs.f_bavail * fs.f_frsize <= max(_FEW_BYTES, fs.f_blocks * fs.f_frsize // 1000)
+    if inodes_short and not space_short:
+        return OsErrorText(
+            f"no free inodes left on the file system of {where}: it can hold no more files, although "
+            f"it has space left ({reason}; df -i {folder} shows IUse% 100%)",
+            f"delete files there (many small files use up inodes) or write to another file system, {then}",
+        )
+    if space_short and not inodes_short:
+        return OsErrorText(
+            f"no space left on the device of {where} ({reason})",
+            f"free space there (df -h {folder}), {then}",
+        )
+    now = (
+        ""
+        if fs is None
+        else f"; it now has {_size(fs.f_bavail * fs.f_frsize)} and {fs.f_favail:,} inodes free"
+    )
+    return OsErrorText(
+        f"no space or no free inodes left on the device of {where} ({reason}{now})",
+        f"free space or files there (df -h {folder} shows space, df -i {folder} inodes), {then}",
+    )
+
+
+def _size(n: int) -> str:
+    """``512 bytes``, ``3.9 MiB``."""
+    value = float(n)
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if value < 1024:
+            return f"{n:,} bytes" if unit == "bytes" else f"{value:,.1f} {unit}"
+        value /= 1024
+    return f"{value:,.1f} TiB"
+
+
+def _quota(error: OSError, where: str, reason: str, folder: str, then: str) -> OsErrorText:
+    return OsErrorText(
+        f"your disk quota is used up on the file system of {where} ({reason}): the disk may have space "
+        "left, but this account may not use more of it",
+        f"free space within your quota (quota -s shows it) or ask for a larger one, {then}",
+    )
+
+
+def _read_only(error: OSError, where: str, reason: str, folder: str, then: str) -> OsErrorText:
+    return OsErrorText(
+        f"cannot write to {where}: its file system is mounted read-only ({reason})",
+        f"copy the folder to a writable place and pass that --output-dir, {then}",
+    )
+
+
+def _owner(uid: int) -> str:
+    import pwd
+
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid} (no such user here)"
+
+
+def _denied(error: OSError, where: str, reason: str, folder: str, then: str) -> OsErrorText:
+    at = _existing(where)
+    try:
+        st = at.stat() if at is not None else None
+    except OSError:
+        st = None
+    if at is None or st is None:
+        return OsErrorText(f"no permission to use {where} ({reason})", f"use a folder of your own, {then}")
+    shown = f"{at} (mode {stat.filemode(st.st_mode)}, owner {_owner(st.st_uid)})"
+    if st.st_uid != os.geteuid():
+        return OsErrorText(
+            f"no permission to use {where} ({reason}): {shown} belongs to another user, not to you "
+            f"({_owner(os.geteuid())})",
+            f"use a folder of your own (e.g. another --output-dir), or ask {_owner(st.st_uid)} to give "
+            f"you access, {then}",
+        )
+    return OsErrorText(
+        f"no permission to use {where} ({reason}): the permissions of {shown} do not allow it",
+        f"change them (chmod u+rwx {at}) or use another folder, {then}",
+    )
+
+
+def _too_many_open(error: OSError, where: str, reason: str, folder: str, then: str) -> OsErrorText:
+    import resource
+
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    limit = "unlimited" if soft == resource.RLIM_INFINITY else f"{soft:,}"
+    return OsErrorText(
+        f"this process has too many files open at once, opening {where} ({reason}; its limit is "
+        f"{limit}, ulimit -n)",
+        "raise the limit in the shell that runs the command (ulimit -n 65536) or lower --concurrency "
+        f"/ --batch-size, {then}",
+    )
+
+
+def _system_files(error: OSError, where: str, reason: str, folder: str, then: str) -> OsErrorText:
+    return OsErrorText(
+        f"the whole system has too many files open (its table is full), opening {where} ({reason}); "
+        "this process's own limit is not the cause",
+        f"close other programs, or ask the administrator to raise fs.file-max, {then}",
+    )
+
+
+def _name_too_long(error: OSError, where: str, reason: str, folder: str, then: str) -> OsErrorText:
+    parts = [p for p in where.split(os.sep) if p]
+    longest = max(parts, key=lambda p: len(os.fsencode(p)), default=where)
+    size = len(os.fsencode(longest))
+    at = _existing(where)
+    try:
+        name_max = os.pathconf(at, "PC_NAME_MAX") if at is not None else 255
+    except (OSError, ValueError):
+        name_max = 255
+    if size > name_max:
+        shown = longest if len(longest) <= 60 else longest[:57] + "..."
+        what = f"a file or folder name is too long: {shown!r} has {size} bytes, more than the {name_max} "
+        what += f"this file system allows ({reason})"
+    else:
+        what = f"the path {where[:80]}... is too long ({len(os.fsencode(where))} bytes; {reason})"
+    return OsErrorText(what, f"use a shorter name (--run-name, --output-dir), {then}")
+
+
+def _not_a_folder(error: OSError, where: str, reason: str, folder: str, then: str) -> OsErrorText:
+    p = FsPath(os.path.abspath(where))
+    for candidate in reversed((p, *p.parents)):
+        if candidate.exists() and not candidate.is_dir():
+            return OsErrorText(
+                f"{candidate} is a file, not a folder, so {where} cannot be made or opened ({reason})",
+                f"choose a path whose folders are folders (e.g. another --output-dir), {then}",
+            )
+    return OsErrorText(f"a part of {where} is not a folder ({reason})", f"choose another path, {then}")
+
+
+def _is_a_folder(error: OSError, where: str, reason: str, folder: str, then: str) -> OsErrorText:
+    return OsErrorText(
+        f"{where} is a folder where a file was expected ({reason})", f"give the file's path, {then}"
+    )
+
+
+def _missing(error: OSError, where: str, reason: str, folder: str, then: str) -> OsErrorText:
+    from .errors import no_such_path
+
+    return OsErrorText(f"{no_such_path(where, 'file or folder')} ({reason})", f"check the path, {then}")
+
+
+def _io(error: OSError, where: str, reason: str, folder: str, then: str) -> OsErrorText:
+    return OsErrorText(
+        f"the device failed to read or write {where} ({reason}): a disk or network file system error, "
+        "not a problem of the data",
+        f"check the device (dmesg; for a network file system, its server), {then}",
+    )
+
+
+def _stale(error: OSError, where: str, reason: str, folder: str, then: str) -> OsErrorText:
+    return OsErrorText(
+        f"the network file system lost track of {where} ({reason}): it was replaced or removed on "
+        "another machine while this one had it open",
+        f"check that no other machine writes to the same folder, {then}",
+    )
+
+
+def _loop(error: OSError, where: str, reason: str, folder: str, then: str) -> OsErrorText:
+    return OsErrorText(
+        f"the symbolic links on the way to {where} form a loop or a chain too long to follow ({reason})",
+        f"fix the links (ls -l along the path), {then}",
+    )
+
+
+_EXPLAIN = {
+    errno.ENOSPC: _no_space,
+    errno.EROFS: _read_only,
+    errno.EACCES: _denied,
+    errno.EPERM: _denied,
+    errno.EMFILE: _too_many_open,
+    errno.ENFILE: _system_files,
+    errno.ENAMETOOLONG: _name_too_long,
+    errno.ENOTDIR: _not_a_folder,
+    errno.EISDIR: _is_a_folder,
+    errno.ENOENT: _missing,
+    errno.EIO: _io,
+    errno.ELOOP: _loop,
+}
+if hasattr(errno, "EDQUOT"):
+    _EXPLAIN[errno.EDQUOT] = _quota
+if hasattr(errno, "ESTALE"):
+    _EXPLAIN[errno.ESTALE] = _stale

@@ -1,0 +1,119 @@
+"""What a server reports about a call (tokens, cost): a figure it did not report is unknown (None),
+never 0, wherever it is recorded, summed or printed.
+
+One call's usage (``TurnResult.usage``) holds each figure as the server reported it, or None
+(``count``). A sum over calls (a case's ``usage`` in results.jsonl; a run's in run.json's
+``estimate``) is known only when every call reported that figure: otherwise the sum is None and
+``unreported_calls`` says how many calls lacked it (``sum_usage``). ``Total.text`` prints a sum as
+``12,345``, ``at least 12,000 (2 of 40 calls unreported)`` or ``unknown`` (no call reported it).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+#: the figures of one call, in the order they are recorded (tokens, then USD)
+FIGURES: tuple[str, ...] = (
+    "input_tokens",
+    "cached_input_tokens",
+    "output_tokens",
+    "thinking_tokens",
+    "total_tokens",
+    "cost_usd",
+)
+#: the key of a sum's map ``figure -> calls that did not report it``
+UNREPORTED = "unreported_calls"
+
+
+def count(value: Any) -> int | None:
+    """A token count as a server reports it: a whole number >= 0 (an integral float or a string of
+    digits too); None for anything else (missing, null, negative, fractional, not a number)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value if value >= 0 else None
+    if isinstance(value, float):
+        return int(value) if math.isfinite(value) and value >= 0 and value.is_integer() else None
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value.strip())
+    return None
+
+
+def _number(value: Any) -> float | int | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return value if math.isfinite(value) else None
+
+
+@dataclass(frozen=True)
+class Total:
+    """A sum over calls of one figure, and how many calls did not report it."""
+
+    #: the sum of the calls that reported it
+    known: float
+    #: calls in all, and those that did not report it
+    calls: int
+    unreported: int = 0
+
+    @property
+    def value(self) -> float | None:
+        """The sum, or None when any call did not report the figure."""
+        return None if self.unreported else self.known
+
+    def text(self, *, usd: bool = False) -> str:
+        """``12,345`` / ``$1.2346``; ``at least ... (2 of 40 calls unreported)``; ``unknown``."""
+        if self.calls and self.unreported == self.calls:
+            return "unknown"
+        shown = f"${self.known:,.4f}" if usd else f"{self.known:,.0f}"
+        if self.unreported:
+            return f"at least {shown} ({self.unreported} of {self.calls} calls unreported)"
+        return shown
+
+
+def total(values: Iterable[Any]) -> Total:
+    """The sum of one figure over calls (``values``: one per call, None where it was not reported)."""
+    known: float = 0
+    calls = unreported = 0
+    for value in values:
+        calls += 1
+        number = _number(value)
+        if number is None:
+            unreported += 1
+        else:
+            known += number
+    return Total(known, calls, unreported)
+
+
+def sum_usage(usages: Sequence[Mapping[str, Any]], figures: Sequence[str] = FIGURES) -> dict[str, Any]:
+    """Each figure summed over calls (``usages``: one usage dict per call): ``{figure: sum or None}``
+    for the figures any call carries (a backend that never reports one leaves it out), and
+    ``unreported_calls: {figure: calls}`` for those some calls did not report (absent when none)."""
+    out: dict[str, Any] = {}
+    unreported: dict[str, int] = {}
+    for figure in figures:
+        if not any(figure in u for u in usages):
+            continue
+        t = total(u.get(figure) for u in usages)
+        out[figure] = None if t.unreported else (round(t.known, 8) if figure == "cost_usd" else t.known)
+        if t.unreported:
+            unreported[figure] = t.unreported
+    if unreported:
+        out[UNREPORTED] = unreported
+    return out
+
+
+def usage_line(usages: Sequence[Mapping[str, Any]], *, priced: bool) -> str:
+    """What the server reported over ``usages`` (one per call) in one line, unknown figures said so:
+    ``usage reported for 40 calls: input tokens 41,000 (cached 9,000); output tokens at least 1,800
+    (2 of 40 calls unreported); cost $0.1234``. ``priced``: the model has a price (else its cost is
+    unknown for that reason)."""
+    parts = []
+    for figure, label in (("input_tokens", "input tokens"), ("output_tokens", "output tokens")):
+        parts.append(f"{label} {total(u.get(figure) for u in usages).text()}")
+    cached = total(u.get("cached_input_tokens") for u in usages)
+    parts[0] += f" (cached: {cached.text()})"
+    cost = total(u.get("cost_usd") for u in usages).text(usd=True) if priced else "unknown (no price)"
+    return f"usage reported for {len(usages)} calls: {'; '.join(parts)}; cost {cost}"

@@ -1,0 +1,127 @@
+"""What a server did not report is unknown, never zero (chexpercept.usage): a reply without a ``usage``
+object, one with only some counts, a model without a price. Unknown is null in results.jsonl (each
+turn and the case's totals), in run.json's estimate, in ``score --details``, and printed as
+"unknown" or "at least X (N of M calls unreported)", never as 0 tokens or $0.00."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from chexpercept.cli import main as cli
+from chexpercept.eval.estimate import DEFAULT_ANSWER_TOKENS
+from chexpercept.eval.pricing import call_cost
+from chexpercept.eval.run import main
+from chexpercept.results import iter_results
+from chexpercept.usage import sum_usage, total
+
+sys.path.insert(0, str(Path(__file__).parent))
+from fake_openai import USAGE, FakeServer
+
+TOKENS = ("input_tokens", "cached_input_tokens", "output_tokens", "thinking_tokens", "total_tokens")
+
+
+def run(bundle: Path, out: Path, server: FakeServer, model: str = "gpt-5.4") -> int:
+    argv = ["--data-dir", str(bundle), "--model", model, "--backend", "openai", "--base-url", server.url]
+    return main([*argv, "--output-dir", str(out), "--no-progress", "--no-score", "--paths", "RF"])
+
+
+def details(run_dir: Path, capsys) -> dict:
+    capsys.readouterr()
+    assert cli(["score", str(run_dir), "--details"]) == 0
+    return json.loads(capsys.readouterr().out)["runs"][0]["usage"]
+
+
+def test_a_reply_without_usage_is_unknown_everywhere_not_zero(fixture_bundle, tmp_path, capsys):
+    with FakeServer(usage=lambda body: None) as server:
+        assert run(fixture_bundle, tmp_path, server) == 0
+    out = capsys.readouterr().out
+    folder = tmp_path / "gpt-5.4" / "oracle_implicit"
+    records = list(iter_results(folder / "results.jsonl"))
+    turn = records[0].turns[0]
+    assert all(turn.usage[k] is None for k in (*TOKENS, "cost_usd")), turn.usage
+    calls = records[0].usage["num_calls"]
+    assert records[0].usage["input_tokens"] is None and records[0].usage["cost_usd"] is None
+    assert records[0].usage["unreported_calls"]["output_tokens"] == calls
+    estimate = json.loads((folder / "run.json").read_text())["estimate"]
+    assert estimate["actual"]["input_tokens"] is None and estimate["actual"]["cost_usd"] is None
+    n = estimate["actual"]["calls"]
+    assert (
+        estimate["unreported_calls"]["input_tokens"] == n and estimate["relative_error"]["cost_usd"] is None
+    )
+    # the replay's answers: the estimator's assumed length, not 0 tokens
+    assert estimate["estimated"]["output_tokens"] == DEFAULT_ANSWER_TOKENS * n
+    assert f"usage reported for {n} calls: input tokens unknown" in out and "cost unknown" in out
+    assert "$0.00" not in out
+    shown = details(tmp_path / "gpt-5.4", capsys)
+    assert shown["actual"]["output_tokens"] is None and shown["unreported_calls"]["output_tokens"] == n
+
+
+def test_partial_usage_keeps_what_was_said_and_sums_say_at_least(fixture_bundle, tmp_path, capsys):
+    partial = {"prompt_tokens": 1000}  # no completion_tokens, no details, no total
+    replies = iter([USAGE, partial] * 100)
+    with FakeServer(usage=lambda body: next(replies)) as server:
+        assert run(fixture_bundle, tmp_path, server) == 0
+    out = capsys.readouterr().out
+    records = list(iter_results(tmp_path / "gpt-5.4" / "oracle_implicit" / "results.jsonl"))
+    turns = [t for r in records for t in r.turns]
+    cut = [t for t in turns if t.usage["output_tokens"] is None]
+    assert cut and all(t.usage["input_tokens"] == 1000 and t.usage["cost_usd"] is None for t in cut)
+    assert all(t.usage["cached_input_tokens"] is None and t.usage["total_tokens"] is None for t in cut)
+    mixed = next(
+        r for r in records if 0 < sum(t.usage["output_tokens"] is None for t in r.turns) < len(r.turns)
+    )
+    assert mixed.usage["input_tokens"] == 1000 * len(mixed.turns)  # every call reported it
+    assert mixed.usage["output_tokens"] is None and mixed.usage["unreported_calls"]["output_tokens"] > 0
+    known = 50 * (len(turns) - len(cut))
+    assert f"output tokens at least {known:,} ({len(cut)} of {len(turns)} calls unreported)" in out, out
+
+
+def test_a_model_without_a_price_has_an_unknown_cost_not_0_usd(fixture_bundle, tmp_path, capsys):
+    with FakeServer() as server:
+        assert run(fixture_bundle, tmp_path, server, model="local-vlm") == 0
+    out = capsys.readouterr().out
+    record = next(iter_results(tmp_path / "local-vlm" / "oracle_implicit" / "results.jsonl"))
+    assert record.turns[0].usage["cost_usd"] is None and record.usage["cost_usd"] is None
+    assert record.turns[0].usage["input_tokens"] == 1000  # the tokens are known
+    assert "cost unknown (no price)" in out
+    assert call_cost("my-local-model", 10, 0, 10) is None and call_cost("gpt-5.4", 10, None, 10) is None
+
+
+def test_sums_are_unknown_when_any_part_is():
+    assert total([3, 4]).value == 7 and total([3, None]).value is None
+    assert total([3, None, 2]).text() == "at least 5 (1 of 3 calls unreported)"
+    assert total([None, None]).text() == "unknown" and total([]).text() == "0"
+    summed = sum_usage([{"input_tokens": 5, "attempts": 1}, {"input_tokens": None}])
+    assert summed == {"input_tokens": None, "unreported_calls": {"input_tokens": 1}}
+    assert sum_usage([{"output_tokens": 2}, {}]) == {
+        "output_tokens": None,
+        "unreported_calls": {"output_tokens": 1},
+    }
+
+
+def test_a_temperature_left_to_the_server_is_not_published_as_0(fixture_bundle, tmp_path):
+    """--request-extra '{"temperature": null}' leaves the temperature to the server: the Hub's eval
+    results say "server default", never "temperature 0" (which reads as greedy)."""
+    import yaml
+
+    from chexpercept.metrics.hub.eval_results import stage_eval_results
+
+    args = ["--data-dir", str(fixture_bundle), "--model", "baseline:random", "--output-dir", str(tmp_path)]
+    assert main([*args, "--no-progress", "--no-score", "--limit", "3"]) == 0
+    run_json = tmp_path / "baseline-random" / "oracle_implicit" / "run.json"
+    meta = json.loads(run_json.read_text())
+    meta["sampling"] = {"temperature": None, "top_p": 1.0, "max_tokens": 64, "greedy": False}
+    run_json.write_text(json.dumps(meta))
+    staged = stage_eval_results(
+        tmp_path / "baseline-random",
+        tmp_path / "staged",
+        benchmark="org/chexpercept",
+        source_url="https://huggingface.co/datasets/org/chexpercept",
+        allow_synthetic=True,
+    )
+    assert list(staged.verify())  # the guard's schema accepts it
+    (path,) = (tmp_path / "staged" / ".eval_results").glob("*.yaml")
+    notes = [e["notes"] for e in yaml.safe_load(path.read_text())]
+    assert notes and all("sampled (temperature server default, top_p 1.0)" in n for n in notes), notes
