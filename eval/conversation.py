@@ -1,13 +1,29 @@
-"""One case's conversation as the reference runs it (spec 3.3-3.5), as a small state machine.
+"""One case's conversation as the reference runs it (spec 3.3-3.5): the public API for a loop of
+your own, and the one implementation of routes, oracle settings and parsing that the runner, the
+harness integrations (Inspect AI, lmms-eval) and ``chexpercept estimate`` all drive.
 
-A ``Conversation`` always knows its next request (or that it is done). The engine collects the
-pending requests of many conversations, sends them as one batch, and feeds each response back with
-``answer``; the conversation parses and scores it with the run's parse mode, applies the oracle
-setting before the next turn, and keeps the record that ends up in results.jsonl.
+A ``Conversation`` always knows its next request (``pending``: the whole conversation so far, system
+message first, then the new user turn with its images) or that it is done. Feed it the model's reply
+(``answer``): it parses and judges the reply with the run's parse mode, applies the oracle setting
+before the next turn (implicit: earlier wrong answers replaced by the gold ones in the history;
+explicit: the oracle text put before the next question), and keeps the record that ends up in
+results.jsonl (``result``). A loop of your own (docs/conversation.md)::
+
+    from chexpercept.eval.conversation import conversations
+
+    for conv in conversations("physionet.org/files/chexpercept/1.0.0", oracle="implicit"):
+        while not conv.done:
+            messages = conv.pending.chat_messages(images="data_url")  # OpenAI-style, as our runner sends
+            reply = my_model(messages)                                # your model: the reply's text
+            turn = conv.answer(reply)                                 # parsed, judged, oracle applied
+            print(conv.case.key_id, turn.task, turn.parsed, turn.correct)
+        records.append(conv.result())                                 # a results.jsonl record
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -25,8 +41,19 @@ from .provenance import now
 class Conversation:
     """The state of one case: messages so far, per-turn records, and the pending request."""
 
-    def __init__(self, case: Case, *, oracle: str, parse_mode: ParseMode = "reference", model: str = ""):
+    def __init__(
+        self,
+        case: Case,
+        *,
+        oracle: str,
+        parse_mode: ParseMode = "reference",
+        model: str = "",
+        root: str | os.PathLike[str] | None = None,
+    ):
+        """``case``: one case of a release (``chexpercept.bundle.read_bundle(DIR).cases``); ``root``:
+        the release folder, which its requests' images are read from (``Request.chat_messages``)."""
         self.case = case
+        self.root = root
         self.oracle = check_oracle(oracle)
         self.parse_mode = parse_mode
         #: model name given to the parser (GLM answer boxes are unwrapped for GLM models only)
@@ -81,14 +108,32 @@ class Conversation:
                     self._record(task).patched_to = answer_text
         self.messages.append(Message("user", text, turn.images))
         self._pending_oracle_text = oracle_text
-        self._pending = Request(key_id=self.case.key_id, messages=tuple(self.messages), turn=turn)
+        self._pending = Request(
+            key_id=self.case.key_id, messages=tuple(self.messages), turn=turn, root=self.root
+        )
 
-    def answer(self, response: Response) -> TurnResult | None:
-        """Record the model's answer to the pending request and move to the next turn.
+    @property
+    def history(self) -> tuple[Message, ...]:
+        """The conversation as the model will see it next: every message so far, oracle patches of
+        the implicit setting applied (the pending request's messages, or the whole conversation
+        once it is done)."""
+        return tuple(self.messages)
 
-        A response with an ``error`` is no answer: the conversation stops, ``failure`` says why,
-        and None is returned.
+    @property
+    def responses(self) -> list[str]:
+        """The raw reply of every turn answered so far (what ``evaluate``'s metric takes per case)."""
+        return [r.response for r in self.records]
+
+    def answer(self, response: Response | str) -> TurnResult | None:
+        """Record the model's answer to the pending request and move to the next turn; returns the
+        turn's record (``task``, ``parsed`` option indices, ``correct``, ``oracle_text``...).
+
+        ``response``: the reply's text, or a ``Response`` (with usage, the whole reply where the
+        text lost part of it, a refusal). A response with an ``error`` is no answer: the
+        conversation stops, ``failure`` says why, and None is returned.
         """
+        if isinstance(response, str):
+            response = Response(response)
         request = self.pending
         turn = request.turn
         if response.error is not None:
@@ -133,6 +178,41 @@ class Conversation:
             conversation=[m.as_record() for m in self.messages],
             usage=case_usage(self.records),
         )
+
+
+def conversations(
+    data_dir: str | os.PathLike[str],
+    *,
+    oracle: str = "implicit",
+    parse_mode: ParseMode = "reference",
+    model: str = "",
+    lesions: Sequence[str] | None = None,
+    paths: Sequence[str] | None = None,
+    key_ids: Iterable[str] | None = None,
+) -> Iterator[Conversation]:
+    """A new ``Conversation`` for every case of the release at ``data_dir`` (validated, images
+    checked: exists, parses), in release order, optionally only ``lesions``, ``paths`` or
+    ``key_ids``. ``oracle``: ``none``, ``implicit`` (the paper's Oracle-Passed runs; the default of
+    the runner) or ``explicit``; ``parse_mode``: ``reference`` (the paper's numbers) or ``strict``;
+    ``model``: the model's name, for the parser's per-family rules (GLM answer boxes).
+
+    Raises BundleValidationError (naming the case and the file) for a release that is not one, and
+    ValueError for a key_id that is not in it."""
+    from chexpercept.bundle import read_bundle
+
+    bundle = read_bundle(
+        data_dir, lesions=list(lesions) if lesions else None, paths=list(paths) if paths else None
+    )
+    cases = bundle.cases
+    if key_ids is not None:
+        wanted = list(dict.fromkeys(key_ids))
+        by_key = {c.key_id: c for c in cases}
+        unknown = [k for k in wanted if k not in by_key]
+        if unknown:
+            raise ValueError(f"{len(unknown)} key_id(s) are not cases of {bundle.root} (e.g. {unknown[0]!r})")
+        cases = [by_key[k] for k in wanted]
+    for case in cases:
+        yield Conversation(case, oracle=oracle, parse_mode=parse_mode, model=model, root=bundle.root)
 
 
 def case_usage(records: list[TurnResult]) -> dict[str, Any]:

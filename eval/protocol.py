@@ -13,6 +13,7 @@ and never re-encodes an image that it has already prepared for a live conversati
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path as FsPath
@@ -48,6 +49,8 @@ class Request:
     key_id: str
     messages: tuple[Message, ...]
     turn: Turn
+    #: the release folder the images are read from (``chat_messages``); not part of the request
+    root: str | os.PathLike[str] | None = field(default=None, compare=False, repr=False)
 
     @property
     def task(self) -> str:
@@ -73,6 +76,50 @@ class Request:
             content: list[dict[str, Any]] = [{"type": "text", "text": m.text}]
             content += [{"type": "image_url", "image_url": {"url": image_url(p)}} for p in m.images]
             messages.append({"role": m.role, "content": content})
+        return messages
+
+    def chat_messages(
+        self, images: str = "data_url", *, root: str | os.PathLike[str] | None = None
+    ) -> list[dict[str, Any]]:
+        """The request as chat messages, with its images in the form ``images`` names:
+
+        - ``data_url``: OpenAI-compatible ``image_url`` parts with ``data:`` URLs (what the openai
+          backend sends to an API);
+        - ``file_url``: ``image_url`` parts with ``file://`` URLs of the release's files (vLLM's
+          ``LLM.chat`` with ``allowed_local_media_path``);
+        - ``pil``: ``{"type": "image", "image": PIL.Image}`` parts, decoded as RGB (transformers'
+          ``apply_chat_template``).
+
+        Text and order are those of every backend: system message, then each user turn's text
+        followed by its images, and the assistant replies. Images are read inside ``root`` (default:
+        the release the conversation was made from), PNG or JPEG only (chexpercept.containment).
+        Raises ValueError for an unknown form or a request without a release folder.
+        """
+        from chexpercept.containment import image_data_url, image_file, open_image
+
+        base = root if root is not None else self.root
+        if base is None:
+            raise ValueError(f"{self.request_id}: no release folder to read the images from (pass root=)")
+        if images == "data_url":
+            return self.openai_messages(lambda rel: image_data_url(base, rel))
+        if images == "file_url":
+            return self.openai_messages(lambda rel: image_file(base, rel).as_uri())
+        if images != "pil":
+            raise ValueError(f"images must be 'data_url', 'file_url' or 'pil', got {images!r}")
+
+        def decoded(rel: str) -> Any:
+            with open_image(base, rel) as f:
+                return f.convert("RGB")
+
+        messages = self.openai_messages(lambda rel: rel)
+        for message in messages:
+            if isinstance(message["content"], list):
+                message["content"] = [
+                    {"type": "image", "image": decoded(part["image_url"]["url"])}
+                    if part["type"] == "image_url"
+                    else part
+                    for part in message["content"]
+                ]
         return messages
 
 
