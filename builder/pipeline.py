@@ -15,7 +15,7 @@ import hashlib
 import json
 import sys
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path as FsPath
 from typing import Any
 
@@ -61,17 +61,17 @@ def generate(config: GenerateConfig) -> GenerationSummary:
     """Run the whole pipeline; see the module docstring. Raises SourceError for bad global inputs."""
     config.check()
     lesions = config.selected_lesions()
-    cxr, ils, lesion_masks, review = _read_sources(config)
-
+    sources = Sources.of(config)
+    review = sources.review
     positives, negatives, cells, has_mask = plan_candidates(
-        ils, lesions, seed=config.seed, rosalia=bool(config.rosalia_pred), review=review
+        sources.ils, lesions, seed=config.seed, rosalia=bool(sources.rosalia_pred), review=review
     )
     anatomy_folder = config.anatomy if config.anatomy and FsPath(config.anatomy).is_dir() else None
     check_candidates(  # every id and path of the sources stays inside its folder, before any work
         (q.candidate for qs in cells.values() for q in qs),
-        cxr,
-        lesion_masks,
-        config.rosalia_pred,
+        sources.cxr,
+        sources.lesion_masks,
+        sources.rosalia_pred,
         anatomy_folder=anatomy_folder,
         cxas=config.cxas,
     )
@@ -96,9 +96,9 @@ def generate(config: GenerateConfig) -> GenerationSummary:
     settings = Settings(
         out=str(root),
         seed=config.seed,
-        cxr=cxr,
-        lesion_masks=lesion_masks,
-        rosalia=config.rosalia_pred,
+        cxr=sources.cxr,
+        lesion_masks=sources.lesion_masks,
+        rosalia=sources.rosalia_pred,
         anatomy=anatomy,
         deformer=config.deformer,
         deformer_options=config.deformer_options(),
@@ -114,35 +114,54 @@ def generate(config: GenerateConfig) -> GenerationSummary:
     return summary
 
 
-def read_sources(
-    mimic_cxr_jpg: str | None,
-    cxr_png: str | None,
-    mimic_ils: str | None,
-    lesion_masks: str | None,
-    rosalia_pred: str | None,
-) -> tuple[CxrTree, dict, str]:
-    """The CXR tree, the MIMIC-ILS table and the lesion mask folder, each checked as it is read
-    (shared by ``generate`` and ``review prepare``)."""
-    check_cxr_choice(mimic_cxr_jpg, cxr_png)
-    cxr = CxrTree.jpg_tree(mimic_cxr_jpg) if mimic_cxr_jpg else CxrTree.png_folder(cxr_png)  # type: ignore[arg-type]
-    check_ils_given(mimic_ils)
-    assert mimic_ils
-    ils = load_ils(mimic_ils)
-    masks = lesion_mask_root(mimic_ils, lesion_masks)
-    if not rosalia_pred and not FsPath(masks).is_dir():
-        raise SourceError(f"lesion masks folder {masks} does not exist (MIMIC-ILS lesion_mask/)")
-    if rosalia_pred and not FsPath(rosalia_pred).is_dir():
-        raise SourceError(f"--rosalia-pred: folder {rosalia_pred} does not exist")
-    return cxr, ils, masks
+@dataclass(frozen=True)
+class Sources:
+    """The generator's inputs, each resolved and checked once as it is read (``generate`` and
+    ``review prepare`` both start here): the CXR tree, the MIMIC-ILS table, where the lesion masks
+    are (MIMIC-ILS's folder, or the reference's ``rosalia_pred`` predictions), and the review
+    sheets (or None)."""
 
+    cxr: CxrTree
+    ils: dict
+    lesion_masks: str
+    rosalia_pred: str | None = None
+    review: dict[str, bool] | None = None
 
-def _read_sources(config: GenerateConfig) -> tuple[CxrTree, dict, str, dict[str, bool] | None]:
-    """The CXR tree, the MIMIC-ILS table, the lesion mask folder and the review sheets (or None)."""
-    cxr, ils, lesion_masks = read_sources(
-        config.mimic_cxr_jpg, config.cxr_png, config.mimic_ils, config.lesion_masks, config.rosalia_pred
-    )
-    review = read_review_sheets(config.review) if config.review else None
-    return cxr, ils, lesion_masks, review
+    @classmethod
+    def read(
+        cls,
+        *,
+        mimic_cxr_jpg: str | None,
+        cxr_png: str | None,
+        mimic_ils: str | None,
+        lesion_masks: str | None,
+        rosalia_pred: str | None,
+        review: str | None = None,
+    ) -> Sources:
+        """Read and check every source; SourceError names the first one missing or malformed."""
+        check_cxr_choice(mimic_cxr_jpg, cxr_png)
+        cxr = CxrTree.jpg_tree(mimic_cxr_jpg) if mimic_cxr_jpg else CxrTree.png_folder(cxr_png)  # type: ignore[arg-type]
+        check_ils_given(mimic_ils)
+        assert mimic_ils
+        ils = load_ils(mimic_ils)
+        masks = lesion_mask_root(mimic_ils, lesion_masks)
+        if not rosalia_pred and not FsPath(masks).is_dir():
+            raise SourceError(f"lesion masks folder {masks} does not exist (MIMIC-ILS lesion_mask/)")
+        if rosalia_pred and not FsPath(rosalia_pred).is_dir():
+            raise SourceError(f"--rosalia-pred: folder {rosalia_pred} does not exist")
+        sheets = read_review_sheets(review) if review else None
+        return cls(cxr, ils, masks, rosalia_pred, sheets)
+
+    @classmethod
+    def of(cls, config: GenerateConfig) -> Sources:
+        return cls.read(
+            mimic_cxr_jpg=config.mimic_cxr_jpg,
+            cxr_png=config.cxr_png,
+            mimic_ils=config.mimic_ils,
+            lesion_masks=config.lesion_masks,
+            rosalia_pred=config.rosalia_pred,
+            review=config.review,
+        )
 
 
 def _anatomy(config: GenerateConfig, dicom_ids: list[str], work: FsPath) -> Anatomy:

@@ -4,6 +4,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "validate": ("chexpercept.cmd_validate", "Validate a release bundle and report every problem found"),
     "inspect": (
         "chexpercept.cmd_inspect",
-        "Load a bundle with load_dataset and print per-path and per-lesion counts",
+        "Print the rows load_dataset gives for a bundle, per lesion and path, without building them",
     ),
 }

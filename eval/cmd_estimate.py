@@ -21,14 +21,18 @@ from chexpercept.cli_options import add_data_dir_option, add_option, write_outpu
 from chexpercept.os_errors import explain_os_error
 from chexpercept.results import ORACLE_SETTINGS
 
+from .backends import BACKENDS
 from .selection import add_selection_options
+
+#: every backend but the baselines, which call no model
+ESTIMATED_BACKENDS = tuple(name for name in BACKENDS if name != "baseline")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("what to estimate")
     add_data_dir_option(g)
     g.add_argument("--model", help="registry name, Hugging Face id or local folder (as for run)")
-    g.add_argument("--backend", choices=("vllm", "transformers", "openai"), help="as for run")
+    g.add_argument("--backend", choices=ESTIMATED_BACKENDS, help="as for run")
     g.add_argument("--model-id", help="as for run: this id or folder instead of the registry's")
     g.add_argument(
         "--oracle",

@@ -18,11 +18,8 @@ from typing import Any
 
 from chexpercept.reasoning import family_of
 
-from .backends import BACKENDS as _BACKEND_TABLE
+from .backends import BACKENDS
 from .backends.baselines import is_baseline
-
-#: the backends' names (chexpercept.eval.backends.BACKENDS says where each is)
-BACKENDS: tuple[str, ...] = tuple(_BACKEND_TABLE)
 
 OPEN_SAMPLING = {"temperature": 0.0, "top_p": 1.0, "max_tokens": 8192}
 API_SAMPLING = {"temperature": 1.0, "top_p": 1.0, "max_tokens": 8192}

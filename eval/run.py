@@ -29,14 +29,14 @@ if (
 from chexpercept.answers import PARSE_MODES
 from chexpercept.bundle import IMAGE_CHECKS
 from chexpercept.cli_options import add_progress_option
-from chexpercept.eval.backends import backend_class
+from chexpercept.eval.backends import BACKENDS, backend_class
 from chexpercept.eval.backends.options import json_object
 from chexpercept.eval.distributed import Distributed
 from chexpercept.eval.hub import add_revision_option
 from chexpercept.eval.interrupts import RunInterrupted, stop_on_signals
 from chexpercept.eval.outcome import os_error_text, say_end
 from chexpercept.eval.plan import build_plan
-from chexpercept.eval.registry import BACKENDS, REGISTRY
+from chexpercept.eval.registry import REGISTRY
 from chexpercept.eval.runner import EXIT_UNFINISHED, EXPECTED_ERRORS, execute
 from chexpercept.eval.selection import add_selection_options
 from chexpercept.redaction import redact_text

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from chexpercept.vocab import TASKS
 
-if TYPE_CHECKING:  # annotations only: model_scores imports nothing from here
+if TYPE_CHECKING:  # annotations only (model_scores imports this module inside a method)
     from .model_scores import ModelScores
 
 #: a token budget this large that replies still use up means a model that does not stop

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from waiting import wait_until
 
 pytest.importorskip("accelerate")
 pytest.importorskip("torch")
@@ -130,8 +131,7 @@ def test_a_signal_stops_every_process_of_an_accelerate_run(fixture_bundle, tmp_p
     assert len(ours) == 2 and all("stopped by SIG" in x and "selected cases are saved in" in x for x in ours)
     root = re.escape(str(RUN_SCRIPT.parents[1]))
     assert not re.search(rf'File "{root}/(?!\.venv)', err), err[-3000:]
-    time.sleep(0.5)
-    assert [p for p in processes if _alive(p)] == []
+    assert wait_until(lambda: [p for p in processes if _alive(p)] == [])
     assert not (folder / "run.lock").exists()
     launch_two(*common, "--output-dir", str(tmp_path))
     assert main([*common, "--output-dir", str(tmp_path / "one"), "--no-progress", "--no-score"]) == 0

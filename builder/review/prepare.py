@@ -31,7 +31,7 @@ from chexpercept.vocab import Path as CasePath
 
 from ..case_selection import Candidate, Queued
 from ..config import parse_lesions
-from ..pipeline import plan_candidates, read_sources
+from ..pipeline import Sources, plan_candidates
 from ..source_paths import check_candidates, cxr_path, lesion_mask_path
 from ..sources import (
     CaseInputError,
@@ -186,9 +186,14 @@ def prepare(
     split(0, names, reviews_per_case)  # checks K <= N before any work
     if (root / MANIFEST).is_file():
         return Prepared(_reuse(root, settings), time.perf_counter() - start, True, [])
-    cxr, ils, lesion_masks = read_sources(
-        src.mimic_cxr_jpg, src.cxr_png, src.mimic_ils, src.lesion_masks, src.rosalia_pred
+    sources = Sources.read(
+        mimic_cxr_jpg=src.mimic_cxr_jpg,
+        cxr_png=src.cxr_png,
+        mimic_ils=src.mimic_ils,
+        lesion_masks=src.lesion_masks,
+        rosalia_pred=src.rosalia_pred,
     )
+    cxr, ils, lesion_masks = sources.cxr, sources.ils, sources.lesion_masks
     if src.per_cell is not None and src.per_cell < 1:
         raise SourceError(f"--per-cell must be >= 1, got {src.per_cell}")
 
