@@ -27,6 +27,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path as FsPath
 from typing import Any
 
+from chexpercept.peer import PeerRefused
+
 #: the backends that load weights; the openai and baseline backends need none
 WEIGHT_BACKENDS = ("vllm", "transformers")
 #: the package each of them loads weights with
@@ -210,6 +212,8 @@ def resolve_weights(
             api.auth_check(model_id)
     except (RepositoryNotFoundError, RevisionNotFoundError) as e:  # GatedRepoError is one
         raise _not_found(model_id, revision, url, e, token) from None
+    except PeerRefused as e:  # a loopback HF_ENDPOINT served by another account (chexpercept.peer)
+        raise HubError(str(e)) from None
     except Exception as e:  # the Hub cannot be reached or answered (HTTP, connection): the cache may do
         return _unreachable_weights(model_id, revision, cache, url, e)
     return _snapshot_weights(model_id, revision, info, cache, storage, url, token)
