@@ -184,11 +184,20 @@ def http_server(send: Callable[[Any], None], stop: int, host: str, reply: bool, 
 
 
 def trickle_clients(
-    send: Callable[[Any], None], stop: int, port: int, n: int, every: float, seconds: float
+    send: Callable[[Any], None],
+    stop: int | None,
+    port: int,
+    n: int,
+    every: float,
+    seconds: float,
+    request: bytes = b"GET /static/review.css HTTP/1.1\r\n",
+    piece: bytes = b"X-Slow: 1\r\n",
 ) -> None:
-    """Open ``n`` connections to 127.0.0.1:``port``, send a request line and then one header line
-    every ``every`` seconds on each, for ``seconds`` at most; send, per connection, what the server
-    answered (its first bytes) and after how many seconds it closed the connection (None: never)."""
+    """Open ``n`` connections to 127.0.0.1:``port``, send ``request`` on each and then ``piece``
+    every ``every`` seconds, for ``seconds`` at most; send, per connection, what the server answered
+    (its first bytes) and after how many seconds it closed the connection (None: not within
+    ``seconds``), after ``{"opened": n}`` once all are open. With a ``stop`` descriptor, wait for it
+    before returning."""
     start = time.monotonic()
     conns = []
     for _ in range(n):
@@ -196,27 +205,31 @@ def trickle_clients(
         s.setblocking(False)
         conns.append({"sock": s, "opened": time.monotonic(), "closed": None, "answer": b""})
         with contextlib.suppress(OSError):
-            s.send(b"GET /static/review.css HTTP/1.1\r\n")
-    next_line = start + every
+            s.send(request)
+    send({"opened": n})
+    next_piece = start + every
     while time.monotonic() - start < seconds and any(c["closed"] is None for c in conns):
         live = [c["sock"] for c in conns if c["closed"] is None]
-        ready, _, _ = select.select(live, [], [], max(0.0, next_line - time.monotonic()))
+        ready, _, _ = select.select(
+            live, [], [], max(0.0, min(next_piece, start + seconds) - time.monotonic())
+        )
         for c in conns:
             if c["sock"] in ready:
                 try:
                     data = c["sock"].recv(4096)
                 except OSError:
                     data = b""
-                c["answer"] += data[:64] if len(c["answer"]) < 64 else b""
+                c["answer"] += data
                 if not data:
                     c["closed"] = time.monotonic() - c["opened"]
-        if time.monotonic() >= next_line:
-            next_line += every
+        if time.monotonic() >= next_piece:
+            next_piece += every
             for c in conns:
                 if c["closed"] is None:
                     with contextlib.suppress(OSError):
-                        c["sock"].send(b"X-Slow: 1\r\n")
-    send([{"closed": c["closed"], "answer": c["answer"][:40].decode("latin-1")} for c in conns])
+                        c["sock"].send(piece)
+    send([{"closed": c["closed"], "answer": c["answer"][:400].decode("latin-1")} for c in conns])
     for c in conns:
         c["sock"].close()
-    select.select([stop], [], [], 30)
+    if stop is not None:
+        select.select([stop], [], [], 30)
