@@ -36,7 +36,7 @@ from chexpercept.errors import BundleValidationError, ReleaseNotFoundError
 from chexpercept.eval.backends import backend_class, json_object_arg
 from chexpercept.eval.distributed import Distributed
 from chexpercept.eval.engine import EngineStats, admission_order, run_conversations
-from chexpercept.eval.hub import add_revision_option, prepare_model
+from chexpercept.eval.hub import add_revision_option, prepare_model, runs_remote_code
 from chexpercept.eval.interrupts import ChildProcesses, RunInterrupted, stop_on_signals
 from chexpercept.eval.outcome import READ_ONLY, Session, end_of, os_error_text, say_end
 from chexpercept.eval.protocol import Backend, BackendError, RunContext, Sampling
@@ -351,7 +351,7 @@ def execute(args: argparse.Namespace, dist: Distributed, children: ChildProcesse
     # Hub: the weights are resolved and checked (gated, missing, disk space), then fetched once per
     # machine, before the bundle's images are read and before any engine starts; the backend then
     # loads that snapshot folder
-    load_spec, weights = prepare_model(spec, args.revision, dist)
+    load_spec, weights = prepare_model(spec, args.revision, dist, remote_code=runs_remote_code(backend))
     if load_spec is not spec:
         backend = make_backend(load_spec, args, sampling, chat_kwargs)
     bundle, lesions, paths, cases = _selected_cases(args)
