@@ -20,10 +20,12 @@ import pwd
 import secrets
 import select
 import shutil
+import signal
 import socket
 import subprocess
 import time
 import traceback
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -47,10 +49,21 @@ def other_account() -> Iterator[pwd.struct_passwd]:
     )
     if made.returncode != 0:
         pytest.skip(f"useradd could not create a second local account: {made.stderr.strip()}")
+    account = pwd.getpwnam(name)
     try:
-        yield pwd.getpwnam(name)
+        yield account
     finally:
-        subprocess.run([userdel, name], capture_output=True, check=False)
+        for child in [c for c in _LIVE if c.uid == account.pw_uid]:
+            child.kill()  # a test that failed before stopping its child: userdel refuses while it runs
+        gone = subprocess.run([userdel, name], capture_output=True, text=True, check=False)
+        if gone.returncode != 0:
+            warnings.warn(
+                f"userdel {name} failed: {gone.stderr.strip()}; remove the account by hand", stacklevel=2
+            )
+
+
+#: children started by run_as and not yet waited for
+_LIVE: list[AsAccount] = []
 
 
 class AsAccount:
@@ -80,7 +93,23 @@ class AsAccount:
                 os._exit(status)
         os.close(out_w)
         os.close(stop_r)
-        self.pid, self._out, self._stop = pid, os.fdopen(out_r, "rb"), stop_w
+        self.pid, self.uid, self._out, self._stop = pid, account.pw_uid, os.fdopen(out_r, "rb"), stop_w
+        _LIVE.append(self)
+
+    def kill(self) -> None:
+        """End the child at once (SIGKILL, by its pid) and wait for it."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(self.pid, 0)
+        self._forget()
+
+    def _forget(self) -> None:
+        if self in _LIVE:
+            _LIVE.remove(self)
+        if self._stop is not None:
+            os.close(self._stop)
+            self._stop = None
 
     def receive(self, timeout: float = 30.0) -> Any:
         """The child's next message (AssertionError when none comes within ``timeout`` seconds)."""
@@ -106,6 +135,7 @@ class AsAccount:
                 break
             messages.append(json.loads(line))
         _, status = os.waitpid(self.pid, 0)
+        self._forget()
         assert os.waitstatus_to_exitcode(status) == 0, "the child running as another account failed"
         return messages
 
