@@ -17,6 +17,7 @@ from __future__ import annotations
 import sys
 import weakref
 from typing import Any
+from urllib.parse import urlsplit
 
 from .peer import PeerRefused, Route, check_peer, is_loopback_host, route
 
@@ -73,8 +74,6 @@ def _hub_route(url: str) -> Route:
 
 
 def _host(url: str) -> str:
-    from urllib.parse import urlsplit
-
     return urlsplit(url).hostname or ""
 
 
