@@ -32,6 +32,7 @@ NAME = "chexpercept"
 MODULE = "chexpercept_dataset"
 _DATASETS = "datasets"
 _EVALUATE = "evaluate"
+_HUB = "huggingface_hub"
 #: the metric's name for ``evaluate.load`` (the module folder metrics/chexpercept_metric/)
 METRIC_NAME = "chexpercept_metric"
 
@@ -138,8 +139,28 @@ def _register_metric_or_warn() -> None:
         )
 
 
+def _guard_hub_or_warn() -> None:
+    try:
+        from .peer_http import guard_hub
+
+        guard_hub()
+    except Exception as e:  # never break the user's `import huggingface_hub`
+        warnings.warn(
+            f"chexpercept: could not route huggingface_hub's requests through chexpercept.peer ({e!r}): "
+            "a loopback HF_ENDPOINT is not checked for another account's socket, and proxies from the "
+            "environment apply to it. Supported: huggingface_hub>=1.0.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+
+
 #: what to do right after each watched library has been imported
-_AFTER: dict[str, Callable[[], None]] = {_DATASETS: _register_or_warn, _EVALUATE: _register_metric_or_warn}
+_AFTER: dict[str, Callable[[], None]] = {
+    _DATASETS: _register_or_warn,
+    _EVALUATE: _register_metric_or_warn,
+    # every HTTP request of huggingface_hub follows chexpercept.peer's rule (docs/data-protection.md)
+    _HUB: _guard_hub_or_warn,
+}
 
 
 def spec_after_import(fullname: str, path: Any, target: Any = None) -> Any:
@@ -194,7 +215,7 @@ def _remove_hook() -> None:
 
 def register_when_imported() -> None:
     """Register now with each of datasets and evaluate that is imported, else as soon as it is
-    (without importing either here)."""
+    (without importing either here); the same for guarding huggingface_hub's HTTP client."""
     for name, after in _AFTER.items():
         if name in sys.modules:
             after()

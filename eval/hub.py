@@ -14,11 +14,22 @@ A model is a local folder (used as it is), or a Hub id resolved with ``huggingfa
 
 The backends are handed the snapshot folder, so every process loads exactly the resolved commit
 and none of them goes to the network again. run.json records the requested revision and the commit.
+
+A model whose own code will run (``trust_remote_code``: the registry's six such models,
+``--trust-remote-code``, or ``--engine-args '{"trust_remote_code": true}'``) runs it only from a
+pinned commit: the one ``--revision`` names, else the one recorded when its weights were first
+fetched into this cache (``REMOTE_CODE_RECORD`` in the model's cache folder). A newer upstream
+commit is not taken without an explicit ``--revision`` (which then becomes the record).
+``remote_code_commit`` (run.json ``weights.remote_code``) says which commit and why; code that the
+model's files fetch from another repository (an ``auto_map`` entry ``other/repo--module.Class``) is
+refused, as no revision of it is pinned.
 """
 
 from __future__ import annotations
 
+import datetime
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -28,6 +39,7 @@ from pathlib import Path as FsPath
 from typing import Any
 
 from chexpercept.fileio import write_atomic
+from chexpercept.peer import PeerRefused
 
 #: the backends that load weights; the openai and baseline backends need none
 WEIGHT_BACKENDS = ("vllm", "transformers")
@@ -37,6 +49,10 @@ _REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$"
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 #: room left free beyond the files themselves (file system overhead, temporary files)
 DISK_MARGIN = 1 << 20
+#: in a model's cache folder: the commit its own code (trust_remote_code) runs from
+REMOTE_CODE_RECORD = "chexpercept-remote-code.json"
+#: the files whose ``auto_map`` says which code transformers and vLLM load
+_CODE_MAPS = ("config.json", "tokenizer_config.json", "preprocessor_config.json", "processor_config.json")
 
 
 class HubError(ValueError):
@@ -60,16 +76,21 @@ class Weights:
     size: int | None = None
     #: bytes downloaded now
     downloaded: int = 0
+    #: when the model's own code runs: {"commit", "pinned_by"} (see ``remote_code_commit``)
+    remote_code: dict[str, Any] | None = None
 
     def record(self) -> dict[str, Any]:
         """What run.json keeps (``weights``)."""
-        return {
+        record = {
             "model_id": self.model_id,
             "revision": self.revision,
             "commit": self.commit,
             "source": self.source,
             "size_bytes": self.size,
         }
+        if self.remote_code is not None:
+            record["remote_code"] = dict(self.remote_code)
+        return record
 
 
 def human_size(n: float) -> str:
@@ -178,20 +199,37 @@ def resolve_weights(
     endpoint: str | None = None,
     token: str | None = None,
     local_only: bool = False,
+    remote_code: bool = False,
 ) -> Weights:
     """Resolve ``model_id`` at ``revision`` to a folder of files, downloading what is missing.
 
-    ``local_only``: never go to the network (as with ``HF_HUB_OFFLINE``). Raises HubError with a
-    message for the user (gated, not found, no such revision, not cached offline, not enough disk).
+    ``local_only``: never go to the network (as with ``HF_HUB_OFFLINE``). ``remote_code``: the
+    model's own code will run, so the revision is pinned (``remote_code_commit``). Raises HubError
+    with a message for the user (gated, not found, no such revision, not cached offline, not enough
+    disk, code from another repository).
     """
     expanded = os.path.expanduser(model_id)
     if os.path.isdir(expanded):
         if revision is not None:
             raise HubError(f"--revision applies to Hugging Face ids; {model_id} is a local folder")
-        return Weights(model_id, os.path.abspath(expanded), None, None, "local")
+        path = os.path.abspath(expanded)
+        pinned = None
+        if remote_code:  # the user's own files: they are what runs
+            check_code_references(path, model_id)
+            pinned = {"commit": None, "pinned_by": "local folder"}
+        return Weights(model_id, path, None, None, "local", remote_code=pinned)
     if not _REPO_ID.match(model_id):
         raise HubError(
             f"model {model_id!r} is neither a local folder nor a Hugging Face id (organisation/name)"
+        )
+    if remote_code:
+        return remote_code_commit(
+            model_id,
+            revision,
+            _storage(_cache_dir(cache_dir), model_id),
+            lambda rev: resolve_weights(
+                model_id, rev, cache_dir=cache_dir, endpoint=endpoint, token=token, local_only=local_only
+            ),
         )
     from huggingface_hub import HfApi
     from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundError
@@ -200,7 +238,9 @@ def resolve_weights(
     storage = _storage(cache, model_id)
     url = _endpoint(endpoint)
     if local_only or _offline():
-        return _offline_weights(model_id, revision, cache)
+        weights = _offline_weights(model_id, revision, cache)
+        _record_first_fetch(storage, weights)
+        return weights
 
     api = HfApi(endpoint=url, token=token)
     try:
@@ -209,9 +249,110 @@ def resolve_weights(
             api.auth_check(model_id)
     except (RepositoryNotFoundError, RevisionNotFoundError) as e:  # GatedRepoError is one
         raise _not_found(model_id, revision, url, e, token) from None
+    except PeerRefused as e:  # a loopback HF_ENDPOINT served by another account (chexpercept.peer)
+        raise HubError(str(e)) from None
     except Exception as e:  # the Hub cannot be reached or answered (HTTP, connection): the cache may do
-        return _unreachable_weights(model_id, revision, cache, url, e)
-    return _snapshot_weights(model_id, revision, info, cache, storage, url, token)
+        weights = _unreachable_weights(model_id, revision, cache, url, e)
+    else:
+        weights = _snapshot_weights(model_id, revision, info, cache, storage, url, token)
+    _record_first_fetch(storage, weights)
+    return weights
+
+
+# ------------------------------------------------------------------------------------ remote code
+def read_remote_code_record(storage: FsPath) -> dict[str, Any] | None:
+    """The record of the commit a model's own code runs from (None when there is none); HubError
+    when the file is not one we wrote."""
+    path = storage / REMOTE_CODE_RECORD
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        raise HubError(f"{path} cannot be read ({e}): delete it, then pass --revision to pin a commit") from e
+    if not isinstance(record, dict) or not _COMMIT.match(str(record.get("commit"))):
+        raise HubError(f"{path} names no commit: delete it, then pass --revision to pin a commit")
+    return record
+
+
+def _write_remote_code_record(storage: FsPath, weights: Weights, pinned_by: str) -> None:
+    """Record ``weights.commit`` as the commit the model's code runs from (written aside, then swapped)."""
+    record = {
+        "model_id": weights.model_id,
+        "commit": weights.commit,
+        "pinned_by": pinned_by,
+        "recorded": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+    tmp = storage / f".{REMOTE_CODE_RECORD}.{os.getpid()}.tmp"
+    try:
+        storage.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+        os.replace(tmp, storage / REMOTE_CODE_RECORD)
+    except OSError as e:  # a read-only shared cache: this run still uses the commit
+        print(
+            f"warning: cannot record commit {weights.commit} of {weights.model_id} as the one its own code "
+            f"runs from ({e.strerror or e}: {storage}); pass --revision {weights.commit} to pin it",
+            file=sys.stderr,
+        )
+
+
+def _record_first_fetch(storage: FsPath, weights: Weights) -> None:
+    """The first time a Hub model is resolved into this cache, record its commit (what its code will
+    run from, should it ever be trusted, until a --revision says otherwise)."""
+    if weights.commit and not (storage / REMOTE_CODE_RECORD).exists():
+        _write_remote_code_record(storage, weights, "first fetch")
+
+
+def remote_code_commit(model_id: str, revision: str | None, storage: FsPath, resolve: Any) -> Weights:
+    """The weights of ``model_id`` whose own code will run, at a pinned commit: ``revision``'s
+    when given (recorded as the new pin), else the recorded one (``REMOTE_CODE_RECORD``), else, at
+    the first fetch, what the default branch is now (recorded). ``resolve(revision)`` resolves
+    without pinning. The Weights carry ``remote_code`` = {"commit", "pinned_by"}; HubError when the
+    files load code from another repository."""
+    record = read_remote_code_record(storage) if revision is None else None
+    if revision is not None:
+        weights = resolve(revision)
+        pinned_by = f"--revision {revision}"
+        _write_remote_code_record(storage, weights, pinned_by)
+    elif record is not None:
+        weights = replace(resolve(record["commit"]), revision=None)
+        pinned_by = f"recorded ({record.get('pinned_by')}, {record.get('recorded')})"
+        print(
+            f"{model_id} runs its own code (trust_remote_code) from commit {weights.commit}, {pinned_by} in "
+            f"{storage / REMOTE_CODE_RECORD}; newer commits of the repository are not taken: pass "
+            "--revision (a branch, tag or commit) to run another revision's code",
+            file=sys.stderr,
+        )
+    else:  # the first fetch: resolve_weights records it
+        weights = resolve(None)
+        pinned_by = "first fetch"
+    check_code_references(weights.path, model_id)
+    return replace(weights, remote_code={"commit": weights.commit, "pinned_by": pinned_by})
+
+
+def check_code_references(folder: str, model_id: str) -> None:
+    """HubError when the model's files load code from another repository (``auto_map`` values such
+    as ``other/repo--modeling.Class``): transformers would fetch it from that repository's default
+    branch, a revision nobody pinned."""
+    for name in _CODE_MAPS:
+        path = os.path.join(folder, name)
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f)
+        except (OSError, ValueError):
+            continue
+        auto_map = data.get("auto_map") if isinstance(data, dict) else None
+        if not isinstance(auto_map, dict):
+            continue
+        for key, value in auto_map.items():
+            for ref in value if isinstance(value, list) else [value]:
+                if isinstance(ref, str) and "--" in ref:
+                    raise HubError(
+                        f"{model_id}: {name} auto_map.{key} loads code from another repository ({ref!r}), "
+                        "whose revision is not pinned; the toolkit runs remote code only from the model's "
+                        "own pinned commit. Use a copy of the model whose code is in its own files (a local "
+                        "folder)"
+                    )
 
 
 def _snapshot_weights(
@@ -332,20 +473,29 @@ def add_revision_option(parser: Any) -> None:
     )
 
 
-def prepare_model(spec: Any, revision: str | None, dist: Any) -> tuple[Any, Weights | None]:
+def runs_remote_code(backend: Any) -> bool:
+    """Whether ``backend`` will run the model's own code (its ``trust_remote_code``: the registry's,
+    ``--trust-remote-code``, or vLLM's ``--engine-args``)."""
+    return bool(getattr(backend, "trust_remote_code", False))
+
+
+def prepare_model(
+    spec: Any, revision: str | None, dist: Any, *, remote_code: bool = False
+) -> tuple[Any, Weights | None]:
     """Before any engine starts: resolve (and fetch once per machine) the weights of ``spec``.
 
     Returns the spec the backend should load (``model_id`` replaced by the snapshot folder for a Hub
     model) and the Weights (None for backends that need no weights). The first process of each
     machine resolves and downloads; the others wait at a barrier, then read the cache. A failure on
     the main process is raised there; the other processes exit quietly with status 2.
+    ``remote_code``: the model's own code will run, so its commit is pinned (``remote_code_commit``).
     """
     if spec.backend not in WEIGHT_BACKENDS:
         if revision is not None:
             raise HubError(f"--revision applies to the vllm and transformers backends, not {spec.backend}")
         return spec, None
     if is_local(spec.model_id):
-        weights = resolve_weights(spec.model_id, revision)
+        weights = resolve_weights(spec.model_id, revision, remote_code=remote_code)
         return spec, weights
     if importlib.util.find_spec(ENGINE_PACKAGES[spec.backend]) is None:
         # no engine to load them: the backend says what to install when it starts; fetching
@@ -357,7 +507,7 @@ def prepare_model(spec: Any, revision: str | None, dist: Any) -> tuple[Any, Weig
     weights = None
     if dist.is_main:
         try:
-            weights = resolve_weights(spec.model_id, revision)
+            weights = resolve_weights(spec.model_id, revision, remote_code=remote_code)
             outcome = {"ok": True, "commit": weights.commit}
         except HubError as e:
             error, outcome = e, {"ok": False}

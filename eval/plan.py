@@ -23,7 +23,7 @@ from chexpercept.run_metadata import Selection
 from .backends import backend_class
 from .backends.options import BackendOptions
 from .distributed import Distributed
-from .hub import prepare_model
+from .hub import prepare_model, runs_remote_code
 from .protocol import Backend, Sampling
 from .registry import ModelSpec, resolve
 from .selection import select_cases, split_list
@@ -151,7 +151,7 @@ def build_plan(args: argparse.Namespace, dist: Distributed) -> tuple[RunPlan, Ba
     # Hub: the weights are resolved and checked (gated, missing, disk space), then fetched once per
     # machine, before the bundle's images are read and before any engine starts; the backend then
     # loads that snapshot folder
-    load, weights = prepare_model(spec, args.revision, dist)
+    load, weights = prepare_model(spec, args.revision, dist, remote_code=runs_remote_code(backend))
     if load is not spec:
         backend = make_backend(load, options, sampling, chat_kwargs, args.on_error)
     bundle, cases, selection = _selected(args)

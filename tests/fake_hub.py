@@ -47,11 +47,24 @@ class FakeModel:
     pulls: list[dict[str, Any]] = field(default_factory=list)
     #: direct commits to main: {"summary", "files"}
     commits: list[dict[str, Any]] = field(default_factory=list)
+    #: earlier commits of main (``push``) -> their files, still served by commit
+    older: dict[str, dict[str, bytes]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.commit:
             self.commit = sha1(json.dumps(sorted(self.files)).encode() + b"".join(self.files.values()))
         self.refs.setdefault("main", self.commit)
+
+    def push(self, files: dict[str, bytes]) -> str:
+        """A new commit on main (upstream changed); the old one stays reachable by its hash."""
+        self.older[self.commit] = self.files
+        self.files = dict(files)
+        self.commit = sha1(json.dumps(sorted(files)).encode() + b"".join(files.values()))
+        self.refs["main"] = self.commit
+        return self.commit
+
+    def files_at(self, commit: str) -> dict[str, bytes]:
+        return self.files if commit == self.commit else self.older[commit]
 
 
 @dataclass
@@ -94,7 +107,7 @@ class FakeHub:
         if model is None:
             return None, "RepoNotFound"
         rev = rev or "main"
-        if rev == model.commit or rev in model.refs:
+        if rev == model.commit or rev in model.refs or rev in model.older:
             return model, model.refs.get(rev, rev)
         return None, "RevisionNotFound"
 
@@ -104,7 +117,7 @@ class FakeHub:
             return _error(commit, repo)
         siblings = [
             {"rfilename": name, "size": model.reported_sizes.get(name, len(data)), "blobId": sha1(data)}
-            for name, data in sorted(model.files.items())
+            for name, data in sorted(model.files_at(commit).items())
         ]
         body = {
             "_id": "0" * 24,
@@ -127,7 +140,7 @@ class FakeHub:
             return _error(commit, repo)
         entries = [
             {"type": "file", "oid": sha1(data), "size": len(data), "path": name}
-            for name, data in sorted(model.files.items())
+            for name, data in sorted(model.files_at(commit).items())
         ]
         return 200, {}, entries
 
@@ -147,7 +160,7 @@ class FakeHub:
         if model.gated:
             status, headers, body = _error("GatedRepo", repo)
             return status, headers, json.dumps(body).encode()
-        data = model.files.get(name)
+        data = model.files_at(commit).get(name)
         if data is None or name in model.lost:
             status, headers, body = _error("EntryNotFound", repo)
             return status, headers, json.dumps(body).encode()

@@ -335,3 +335,77 @@ def test_run_names_a_wrong_data_dir_before_fetching_weights(hub, tmp_path, capsy
     assert rc == 2
     err = capsys.readouterr().err
     assert "typo" in err and "gated" not in err
+
+
+# ------------------------------------------------------------------------------------ remote code
+def test_the_registry_s_remote_code_models_are_pinned():
+    from chexpercept.eval.backends.transformers.backend import TransformersBackend
+    from chexpercept.eval.backends.vllm import VLLMBackend
+    from chexpercept.eval.hub import runs_remote_code
+    from chexpercept.eval.protocol import Sampling
+    from chexpercept.eval.registry import REGISTRY
+
+    trusting = sorted(n for n, s in REGISTRY.items() if s.trust_remote_code)
+    assert len(trusting) == 6
+    sampling = Sampling(temperature=0.0, top_p=1.0, max_tokens=8, greedy=True)
+    for name in trusting:
+        spec = REGISTRY[name]
+        backend_class = VLLMBackend if spec.backend == "vllm" else TransformersBackend
+        assert runs_remote_code(backend_class(spec, sampling=sampling)), name
+    plain = REGISTRY["qwen3.6-27b"]
+    assert not runs_remote_code(VLLMBackend(plain, sampling=sampling))
+    # --engine-args can turn it on for any model: pinned as well
+    assert runs_remote_code(
+        VLLMBackend(plain, sampling=sampling, engine_args={"trust_remote_code": True})
+    )
+
+
+def _run_remote_code_model(fixture_bundle, out, name, *extra):
+    args = ["--data-dir", str(fixture_bundle), "--model", "lingshu-32b", "--backend", "transformers"]
+    args += ["--output-dir", str(out), "--run-name", name, "--limit", "1", "--max-tokens", "2"]
+    assert run_main([*args, "--no-progress", "--no-score", *extra]) == 0
+    return json.loads((out / name / "oracle_implicit" / "run.json").read_text())["weights"]
+
+
+def test_remote_code_runs_from_the_first_fetched_commit_until_a_revision_moves_it(
+    hub, cache, tiny_model, fixture_bundle, tmp_path, capsys
+):
+    """lingshu-32b (a registry model with trust_remote_code) on a loopback Hub: the first run
+    records the commit; upstream changes; the next run keeps the recorded code; --revision main
+    moves it (issue 27 item 7c)."""
+    files = {p.name: p.read_bytes() for p in Path(tiny_model).iterdir() if p.is_file()}
+    model = hub.models["lingshu-medical-mllm/Lingshu-32B"] = FakeModel(files)
+    first = model.commit
+    out = tmp_path / "runs"
+    recorded = _run_remote_code_model(fixture_bundle, out, "first")
+    assert recorded["commit"] == first
+
+    changed = dict(files, **{"modeling_lingshu.py": b"print('new upstream code')\n"})
+    upstream = model.push(changed)
+    downloads = len(hub.downloads())
+    weights = _run_remote_code_model(fixture_bundle, out, "again")
+    assert weights["commit"] == first and weights["revision"] is None  # not the new upstream
+    assert len(hub.downloads()) == downloads  # nothing of the new commit fetched
+    assert recorded["remote_code"] == {"commit": first, "pinned_by": "first fetch"}
+    assert weights["remote_code"]["pinned_by"].startswith("recorded (first fetch")
+    assert "pass --revision" in capsys.readouterr().err
+
+    weights = _run_remote_code_model(fixture_bundle, out, "moved", "--revision", "main")
+    assert weights["commit"] == upstream
+    assert weights["remote_code"] == {"commit": upstream, "pinned_by": "--revision main"}
+    # the explicit revision is the new record, offline too
+    constants.HF_HUB_OFFLINE = True
+    assert resolve_weights("lingshu-medical-mllm/Lingshu-32B", remote_code=True).commit == upstream
+
+
+def test_code_from_another_repository_is_refused(hub, cache):
+    config = json.dumps({"auto_map": {"AutoModel": "someone/else--modeling_x.Model"}}).encode()
+    hub.models["org/borrows-code"] = FakeModel({"config.json": config})
+    with pytest.raises(HubError) as e:
+        resolve_weights("org/borrows-code", remote_code=True)
+    assert "config.json auto_map.AutoModel" in str(e.value) and "someone/else--modeling_x.Model" in str(
+        e.value
+    )
+    own = json.dumps({"auto_map": {"AutoModel": "modeling_x.Model"}}).encode()
+    hub.models["org/own-code"] = FakeModel({"config.json": own, "modeling_x.py": b""})
+    assert resolve_weights("org/own-code", remote_code=True).remote_code["pinned_by"] == "first fetch"

@@ -15,8 +15,10 @@ import json
 import os
 import socket
 import stat
+import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -27,6 +29,9 @@ from chexpercept.builder.review.prepare import ReviewSources, prepare
 from chexpercept.builder.review.server import make_server, serve_in_thread
 from chexpercept.builder.review.store import read_decisions
 from chexpercept.builder.sources import SourceError, load_cxr
+
+sys.path.insert(0, str(Path(__file__).parent))
+from other_account import other_account, run_as, trickle_clients
 
 LESIONS = ["cardiomegaly"]
 
@@ -311,6 +316,61 @@ def test_stalled_connections_are_closed_and_the_server_stays_bounded(sources, tm
     finally:
         server.shutdown()
         server.server_close()
+
+
+@pytest.mark.parametrize("part", ["headers", "body"])
+def test_a_request_that_trickles_in_is_cut_at_its_deadline(sources, tmp_path, part):
+    """A header line (or ten body bytes) every 0.3 s used to keep a connection with a 1-s timeout
+    open for ever (each read had its own timeout): the whole request now has 1 s (issue 27 item 4)."""
+    _prepare(sources, tmp_path / "rev")
+    server, _ = serve_in_thread(tmp_path / "rev", connection_timeout=1.0)
+    port = server.server_address[1]
+    if part == "headers":
+        request, piece = b"GET /static/review.css HTTP/1.1\r\n", b"X-Slow: 1\r\n"
+    else:
+        request = (
+            f"POST /annotate/A/api/decision HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+            "Content-Type: application/json\r\nContent-Length: 60000\r\n\r\n"
+        ).encode()
+        piece = b" " * 10
+    sent: list = []
+    try:
+        trickle_clients(sent.append, None, port, 1, 0.3, 8.0, request, piece)
+    finally:
+        server.shutdown()
+        server.server_close()
+    (connection,) = sent[-1]
+    assert connection["closed"] is not None  # closed by the server, not kept alive by the trickle
+    assert not connection["answer"].startswith("HTTP/1.1 2")
+
+
+def test_another_accounts_slow_connections_leave_the_annotators_served(sources, tmp_path):
+    """Another local account opens 40 connections and trickles header lines into them: it gets its
+    own few places (the rest 503 at once), each closed at the request deadline, and the annotator
+    (this account) signs in and is served throughout (issue 27 item 4)."""
+    from chexpercept.builder.review.server import MAX_PEER_PENDING
+
+    _prepare(sources, tmp_path / "rev")
+    server, _ = serve_in_thread(tmp_path / "rev", connection_timeout=1.0)
+    port = server.server_address[1]
+    try:
+        with other_account() as account:
+            flood = run_as(account, trickle_clients, port, 40, 0.3, 6.0)
+            assert flood.receive() == {"opened": 40}
+            statuses = []
+            for _ in range(3):
+                cookie = _sign_in(server, "A")
+                statuses.append(_request(port, "GET", "/annotate/A/api/cases", cookie=cookie)[0])
+            flooded = flood.receive()
+            flood.stop()
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert statuses == [200, 200, 200]
+    refused = [c for c in flooded if c["answer"].startswith("HTTP/1.1 503")]
+    assert len(flooded) - len(refused) == MAX_PEER_PENDING
+    assert all(c["closed"] is not None for c in flooded)  # 503 at once, or closed at the deadline
+    assert f"not yet signed in from one account (uid {account.pw_uid})" in refused[0]["answer"]
 
 
 # ------------------------------------------------------------------------------- what is served

@@ -11,9 +11,13 @@ Routes, every one of an annotator's under ``/annotate/<A>`` and open only with A
 
 Requests whose ``Host`` header is not this loopback address are refused (DNS rebinding), a POST from
 another origin is refused, and every page carries a Content-Security-Policy that allows this origin
-only. Each connection times out (``CONNECTION_TIMEOUT``) and at most ``MAX_CONNECTIONS`` are served
-at once (more get 503 at once), so stalled connections cannot pile up. A malformed request gets a 4xx
-answer with a JSON ``error`` naming the field, never a dropped connection.
+only. Each request, its wait, request line, headers and body together, must arrive within
+``CONNECTION_TIMEOUT`` (a deadline for the whole request, however slowly its bytes trickle), or the
+connection is closed. Connections are admitted by ``admission.Admission``: at most
+``MAX_CONNECTIONS`` at once, of which at most ``MAX_PENDING`` not yet signed in, and at most
+``MAX_PEER_PENDING`` of those from one local account, so another account's slow or many connections
+never take the annotators' places (more get 503 at once). A malformed request gets a 4xx answer with a
+JSON ``error`` naming the field, never a dropped connection.
 
 The CXR is served as the pipeline decodes it (``sources.load_cxr``: no EXIF rotation, scaled to the
 1024 x 1024 frame the overlay is drawn in) and re-encoded as a PNG without metadata, so the browser
@@ -24,10 +28,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import io
 import json
 import os
 import socket
 import threading
+import time
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
@@ -41,6 +47,7 @@ from chexpercept.os_errors import explain_os_error
 from ..render import encode_png
 from ..sources import CaseInputError, SourceError, load_cxr
 from .access import Access, annotator_path, cookie_name, restrict_folder, set_cookie
+from .admission import Admission, peer_of
 from .manifest import load_manifest
 from .store import DECISIONS, DecisionStore, StoreError
 
@@ -49,10 +56,15 @@ MAX_BODY = 64 * 1024
 #: longest note a decision may carry (characters); the page counts and refuses before sending
 MAX_NOTE = 10_000
 MAX_CLIENT_ID = 80
-#: seconds a connection may stay idle or stalled before the server closes it
+#: seconds a request may take to arrive whole (the wait for it, its headers and its body); after
+#: that its connection is closed
 CONNECTION_TIMEOUT = 30.0
 #: connections served at once; more are answered 503 and closed
-MAX_CONNECTIONS = 32
+MAX_CONNECTIONS = 64
+#: of those, connections not yet signed in (the rest stay free for annotators at work)
+MAX_PENDING = 32
+#: connections not yet signed in from one local account (admission.py)
+MAX_PEER_PENDING = 8
 CSP = (
     "default-src 'self'; img-src 'self'; style-src 'self'; script-src 'self'; connect-src 'self'; "
     "object-src 'none'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
@@ -271,13 +283,49 @@ def _pipeline_png(path: str, size: int, mtime_ns: int) -> bytes:
     return encode_png(cxr.rgb)
 
 
+class _DeadlineSocket(io.RawIOBase):
+    """A connection's bytes: each read within what is left of the handler's ``deadline`` (the whole
+    request), each write within the server's ``connection_timeout``."""
+
+    def __init__(self, handler: _Handler):
+        super().__init__()
+        self.handler = handler
+        self.sock: socket.socket = handler.connection
+
+    def readable(self) -> bool:
+        return True
+
+    def writable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        left = self.handler.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the request did not arrive whole within its deadline")
+        self.sock.settimeout(left)
+        return self.sock.recv_into(buffer)
+
+    def write(self, data: Any) -> int:
+        self.sock.settimeout(self.handler.server.connection_timeout)
+        self.sock.sendall(data)
+        return len(data)
+
+
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
     protocol_version = "HTTP/1.1"
 
     def setup(self) -> None:
-        self.timeout = self.server.connection_timeout  # per connection: idle or stalled ones are closed
-        super().setup()
+        self.connection = self.request
+        self.deadline = time.monotonic() + self.server.connection_timeout
+        raw = _DeadlineSocket(self)
+        self.rfile = io.BufferedReader(raw)
+        self.wfile = raw
+
+    def handle_one_request(self) -> None:
+        # one deadline for the whole request: its wait, request line, headers and body
+        self.deadline = time.monotonic() + self.server.connection_timeout
+        super().handle_one_request()
 
     def log_message(self, format: str, *args: Any) -> None:
         return
@@ -334,7 +382,13 @@ class _Handler(BaseHTTPRequestHandler):
         return None
 
     def _authorized(self, annotator: str) -> bool:
-        return self.server.app.access.check(annotator, self._cookie(annotator))
+        return self._signed_in(self.server.app.access.check(annotator, self._cookie(annotator)))
+
+    def _signed_in(self, valid: bool) -> bool:
+        """``valid`` credentials make this connection trusted (admission.py); returns ``valid``."""
+        if valid:
+            self.server.admission.trust(self.connection)
+        return valid
 
     # -------------------------------------------------------------------------------------- routes
     def _route(self) -> tuple[str | None, list[str]]:
@@ -384,7 +438,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         token = parse_qs(urlsplit(self.path).query).get("token", [None])[0]
         if token is not None and not rest:  # the link: token -> cookie, then the page without it
-            if not app.access.check(annotator, token):
+            if not self._signed_in(app.access.check(annotator, token)):
                 raise RequestError(HTTPStatus.UNAUTHORIZED, "this link's token is not valid")
             self._send(
                 HTTPStatus.SEE_OTHER,
@@ -480,7 +534,8 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class _Server(ThreadingHTTPServer):
-    """A thread per connection, at most ``max_connections`` at once, each with a timeout."""
+    """A thread per connection, admitted by ``Admission`` (per-account limits), each request with a
+    deadline."""
 
     daemon_threads = True
     allow_reuse_address = True
@@ -493,17 +548,20 @@ class _Server(ThreadingHTTPServer):
         *,
         connection_timeout: float = CONNECTION_TIMEOUT,
         max_connections: int = MAX_CONNECTIONS,
+        max_pending: int = MAX_PENDING,
+        max_peer_pending: int = MAX_PEER_PENDING,
     ):
         self.app = app
         self.connection_timeout = connection_timeout
-        self.slots = threading.BoundedSemaphore(max_connections)
+        self.admission = Admission(max_connections, max_pending, max_peer_pending)
         self.open_connections: set[socket.socket] = set()
         self._open_lock = threading.Lock()
         super().__init__(address, _Handler)
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        if not self.slots.acquire(blocking=False):
-            _refuse_busy(request)
+        refused = self.admission.admit(request, peer_of(request, client_address))
+        if refused is not None:
+            _refuse_busy(request, refused)
             self.shutdown_request(request)
             return
         with self._open_lock:
@@ -522,9 +580,8 @@ class _Server(ThreadingHTTPServer):
 
     def _forget(self, request: socket.socket) -> None:
         with self._open_lock:
-            if request in self.open_connections:
-                self.open_connections.discard(request)
-                self.slots.release()
+            self.open_connections.discard(request)
+        self.admission.release(request)
 
     def server_close(self) -> None:
         """Stop listening and close every open connection (kept-alive ones too), as an exit would."""
@@ -536,8 +593,8 @@ class _Server(ThreadingHTTPServer):
                 request.shutdown(socket.SHUT_RDWR)
 
 
-def _refuse_busy(request: socket.socket) -> None:
-    body = b'{"ok": false, "error": "the review server is busy (too many connections); try again"}'
+def _refuse_busy(request: socket.socket, reason: str) -> None:
+    body = json.dumps({"ok": False, "error": f"the review server is busy ({reason}); try again"}).encode()
     head = (
         "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(body)}\r\nRetry-After: 2\r\nConnection: close\r\n\r\n"
@@ -554,13 +611,21 @@ def make_server(
     *,
     connection_timeout: float = CONNECTION_TIMEOUT,
     max_connections: int = MAX_CONNECTIONS,
+    max_pending: int = MAX_PENDING,
+    max_peer_pending: int = MAX_PEER_PENDING,
 ) -> _Server:
-    """A bound (not yet serving) server; port 0 picks a free port (``server.server_address[1]``)."""
+    """A bound (not yet serving) server; port 0 picks a free port (``server.server_address[1]``).
+    ``connection_timeout``: seconds a request may take to arrive whole; the limits: admission.py."""
     check_host(host)
     app = ReviewApp(review_dir)
     try:
         return _Server(
-            (host, port), app, connection_timeout=connection_timeout, max_connections=max_connections
+            (host, port),
+            app,
+            connection_timeout=connection_timeout,
+            max_connections=max_connections,
+            max_pending=max_pending,
+            max_peer_pending=max_peer_pending,
         )
     except OSError as e:
         raise ReviewServerError(f"cannot listen on {host}:{port}: {e.strerror} (try another --port)") from e

@@ -34,14 +34,15 @@ What a reply can be, and what becomes of it:
 Data protection: the PhysioNet credentialed data use agreement forbids sending the data to ordinary
 public APIs, so any endpoint that is not on this machine (loopback) is refused unless the user
 states, with ``--dua-compliant-endpoint``, that it is covered (e.g. a deployment with human review
-and data retention switched off, as PhysioNet's guidance on online services describes).
+and data retention switched off, as PhysioNet's guidance on online services describes). Without
+that flag the images go to the endpoint named and nowhere else (chexpercept.peer): never through a
+proxy from the environment, and each new connection must reach a loopback socket of this account.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import json
 import os
 import queue
@@ -54,6 +55,8 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from chexpercept.containment import ContainmentError, image_data_url
+from chexpercept.peer import DUA_FLAG, PeerRefused, is_loopback_host, route
+from chexpercept.peer_http import images_session
 from chexpercept.redaction import has_secret, redact_text, redact_url
 from chexpercept.usage import count, usage_line
 
@@ -89,13 +92,7 @@ SECRET_IN_URL = (
 
 
 def is_loopback(base_url: str) -> bool:
-    host = urlsplit(base_url).hostname or ""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    return is_loopback_host(urlsplit(base_url).hostname or "")
 
 
 def check_endpoint(base_url: str, *, dua_compliant: bool) -> None:
@@ -235,6 +232,13 @@ class OpenAIBackend(BackendBase):
         if has_secret(base_url):
             print(f"note: {SECRET_IN_URL}", file=sys.stderr)
         check_endpoint(base_url, dua_compliant=options.dua_compliant_endpoint)
+        #: proxies and peers as chexpercept.peer decides (checked for each new connection)
+        self.route = route(
+            base_url,
+            what="CheXpercept images",
+            declared=options.dua_compliant_endpoint,
+            vouch=f"rerun with {DUA_FLAG}",
+        )
         if on_error not in ("stop", "record"):
             raise ValueError(f"on_error must be 'stop' or 'record', got {on_error!r}")
         self.spec = spec
@@ -319,7 +323,7 @@ class OpenAIBackend(BackendBase):
     def submit(self, requests: Sequence[Request]) -> None:
         """Each request goes out at once (within the in-flight limit) on the backend's event loop."""
         if self._loop is None:
-            self._loop = _LoopThread()
+            self._loop = _LoopThread(self.route)
         for request in requests:
             self._outstanding += 1
             try:
@@ -426,6 +430,8 @@ class OpenAIBackend(BackendBase):
 
         try:
             status, headers, raw = await asyncio.wait_for(self._exchange(body), self.timeout)
+        except PeerRefused as e:  # another account's socket, or not loopback: nothing was sent
+            raise _RunLevel(str(e)) from e
         except asyncio.TimeoutError as e:
             raise _Retryable(f"no complete reply within {self.timeout:g} s (--timeout)") from e
         except aiohttp.ClientPayloadError as e:  # Content-Length or chunked body cut short
@@ -639,7 +645,8 @@ def _from_events(text: str) -> dict[str, Any]:
 class _LoopThread:
     """An asyncio event loop on a daemon thread, with the backend's HTTP session (aiohttp)."""
 
-    def __init__(self) -> None:
+    def __init__(self, peer_route: Any) -> None:
+        self.route = peer_route
         self.loop = asyncio.new_event_loop()
         self._session: Any = None
         self.thread = threading.Thread(target=self.loop.run_forever, name="chexpercept-openai", daemon=True)
@@ -652,13 +659,9 @@ class _LoopThread:
         if self._session is None:
             import aiohttp
 
-            # no pool limit of its own (the in-flight limit is ours); proxies from the environment
-            # as urllib honours them
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0),
-                trust_env=True,
-                timeout=aiohttp.ClientTimeout(total=None),
-            )
+            # no pool limit of its own (the in-flight limit is ours); proxies and each connection's
+            # peer as chexpercept.peer decides
+            self._session = images_session(self.route, timeout=aiohttp.ClientTimeout(total=None))
         return self._session
 
     async def _shutdown(self) -> None:

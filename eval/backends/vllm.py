@@ -297,6 +297,12 @@ class VLLMBackend(BackendBase):
         self.iterations = 0
         self.ledger = WorkLedger()
 
+    @property
+    def trust_remote_code(self) -> bool:
+        """Whether vLLM will run the model's own code (the registry's or --engine-args'
+        trust_remote_code); its commit is then pinned (eval/hub.py)."""
+        return bool({**self.spec.engine_args, **self.engine_overrides}.get("trust_remote_code"))
+
     # ------------------------------------------------------------------ engine arguments
     def build_engine_args(self, context: RunContext) -> dict[str, Any]:
         """The arguments of ``vllm.LLM`` for this process (also sets ``environment``)."""

@@ -1,0 +1,159 @@
+"""The toolkit's HTTP clients, each built to follow ``chexpercept.peer``'s rule.
+
+- ``images_session(route)``: the openai backend's aiohttp session. Environment proxies only for a
+  declared endpoint (``trust_env``); otherwise a connector that checks each new connection's peer
+  (``peer.check_peer``) after it is made and before the request is written, and closes it when
+  refused.
+- ``guard_hub()``: huggingface_hub's HTTP client (its ``set_client_factory``) with a transport that
+  decides each request's route by its URL: a loopback host (an ``HF_ENDPOINT`` such as
+  ``http://127.0.0.1:PORT``, or a redirect there) is reached directly and each new connection is
+  checked; any other host is declared (the public Hub receives no credentialed data) and goes through
+  the environment's proxies as urllib reads them. ``chexpercept.registration`` installs it whenever
+  huggingface_hub is imported in a process that imported chexpercept.
+"""
+
+from __future__ import annotations
+
+import sys
+import weakref
+from typing import Any
+from urllib.parse import urlsplit
+
+from .peer import PeerRefused, Route, check_peer, is_loopback_host, route
+
+#: what goes to a loopback Hub endpoint, and how to get past a refusal, for PeerRefused's message
+HUB_WHAT = "Hugging Face Hub requests (your token; answers loaded as model weights and code)"
+HUB_VOUCH = (
+    "serve it under your own account, or point HF_ENDPOINT at an address that is not loopback if that "
+    "server is to be trusted"
+)
+
+
+# ------------------------------------------------------------------------------------ aiohttp
+def images_session(r: Route, **kwargs: Any) -> Any:
+    """An ``aiohttp.ClientSession`` for the endpoint of ``r`` (keyword arguments go to the session):
+    no pool limit of its own, environment proxies only when ``r`` is declared, and each new
+    connection's peer checked when ``r`` checks peers. Call inside the event loop that uses it."""
+    import aiohttp
+
+    connector = _checked_connector(r) if r.checks_peer else aiohttp.TCPConnector(limit=0)
+    return aiohttp.ClientSession(connector=connector, trust_env=r.declared, **kwargs)
+
+
+def _checked_connector(r: Route) -> Any:
+    """A TCPConnector whose new connections are checked (``peer.check_peer``) before use."""
+    import aiohttp
+
+    class CheckedConnector(aiohttp.TCPConnector):
+        def __init__(self) -> None:
+            super().__init__(limit=0)
+            self._checked: weakref.WeakSet[Any] = weakref.WeakSet()
+
+        async def connect(self, req: Any, traces: Any, timeout: Any) -> Any:
+            conn = await super().connect(req, traces, timeout)
+            protocol = conn.protocol
+            if protocol is None or protocol in self._checked:
+                return conn  # a kept-alive connection, checked when it was made
+            transport = conn.transport
+            try:
+                if transport is None:
+                    raise PeerRefused(f"the connection to {r.url} closed before it could be checked")
+                check_peer(r, transport.get_extra_info("peername"), transport.get_extra_info("sockname"))
+            except BaseException:
+                conn.close()  # never returned to the pool
+                raise
+            self._checked.add(protocol)
+            return conn
+
+    return CheckedConnector()
+
+
+# ------------------------------------------------------------------------------------ huggingface_hub
+def _hub_route(url: str) -> Route:
+    return route(url, what=HUB_WHAT, declared=not is_loopback_host(_host(url)), vouch=HUB_VOUCH)
+
+
+def _host(url: str) -> str:
+    return urlsplit(url).hostname or ""
+
+
+def _tracer(r: Route, chained: Any) -> Any:
+    """An httpcore ``trace`` extension that checks each new TCP connection of ``r`` (event
+    ``connection.connect_tcp.complete``, whose return value is the network stream)."""
+
+    def trace(name: str, info: dict[str, Any]) -> None:
+        if chained is not None:
+            chained(name, info)
+        if name != "connection.connect_tcp.complete":
+            return
+        stream = info.get("return_value")
+        if stream is None:
+            return
+        try:
+            check_peer(r, stream.get_extra_info("server_addr"), stream.get_extra_info("client_addr"))
+        except BaseException:
+            stream.close()
+            raise
+
+    return trace
+
+
+def hub_transport(httpx: Any) -> Any:
+    """An ``httpx.BaseTransport`` (``httpx`` is the module huggingface_hub uses: httpx or httpx2)
+    that sends each request along ``peer``'s route for its URL (see the module docstring)."""
+
+    class HubTransport(httpx.BaseTransport):
+        def __init__(self) -> None:
+            self._direct = httpx.HTTPTransport()
+            self._proxied: dict[str, Any] = {}
+
+        def handle_request(self, request: Any) -> Any:
+            url = str(request.url)
+            r = _hub_route(url)
+            proxy = r.proxy(url)
+            if proxy is None:
+                transport = self._direct
+                if r.checks_peer:
+                    extensions = dict(request.extensions)
+                    extensions["trace"] = _tracer(r, extensions.get("trace"))
+                    request.extensions = extensions
+            else:
+                transport = self._proxied.get(proxy)
+                if transport is None:
+                    transport = self._proxied[proxy] = httpx.HTTPTransport(proxy=proxy)
+            return transport.handle_request(request)
+
+        def close(self) -> None:
+            self._direct.close()
+            for transport in self._proxied.values():
+                transport.close()
+
+    return HubTransport()
+
+
+def guard_hub() -> None:
+    """Make huggingface_hub's HTTP client follow the rule (idempotent): its default client, with
+    the transport ``hub_transport`` and no proxies of its own from the environment."""
+    from huggingface_hub.utils import _http
+
+    current = getattr(_http, "_GLOBAL_CLIENT_FACTORY", None)
+    if getattr(current, "chexpercept_peer", False):
+        return
+    default = _http.default_client_factory
+
+    def client_factory() -> Any:
+        base = default()
+        httpx = sys.modules[type(base).__module__.split(".")[0]]
+        client = httpx.Client(
+            event_hooks=base.event_hooks,
+            follow_redirects=base.follow_redirects,
+            timeout=base.timeout,
+            headers=base.headers,
+            trust_env=False,
+            transport=hub_transport(httpx),
+        )
+        base.close()
+        return client
+
+    client_factory.chexpercept_peer = True  # type: ignore[attr-defined]
+    _http.set_client_factory(client_factory)
