@@ -351,11 +351,11 @@ def test_another_accounts_slow_connections_leave_the_annotators_served(sources, 
     from chexpercept.builder.review.server import MAX_PEER_PENDING
 
     _prepare(sources, tmp_path / "rev")
-    server, _ = serve_in_thread(tmp_path / "rev", connection_timeout=1.0)
+    server, _ = serve_in_thread(tmp_path / "rev", connection_timeout=3.0)
     port = server.server_address[1]
     try:
         with other_account() as account:
-            flood = run_as(account, trickle_clients, port, 40, 0.3, 6.0)
+            flood = run_as(account, trickle_clients, port, 40, 0.3, 10.0)
             assert flood.receive() == {"opened": 40}
             statuses = []
             for _ in range(3):
