@@ -58,9 +58,9 @@ install_metric(str(__import__("pathlib").Path(init_dynamic_modules()).parent))
 ESTIMATE = """
 import json, sys
 from chexpercept.bundle import read_bundle
-from chexpercept.eval.estimate import estimate_bounds, sample_calls
-from chexpercept.eval.local_tokens import ProcessorCounter
-from chexpercept.eval.selection import select_cases
+from chexpercept.eval.estimate.count import estimate_bounds, sample_calls
+from chexpercept.eval.estimate.local_tokens import ProcessorCounter
+from chexpercept.eval.runner.selection import select_cases
 from chexpercept.results import ORACLE_SETTINGS
 root, model, per_cell, strategy = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 bundle = read_bundle(root, check_images="exists")

@@ -15,9 +15,9 @@ import tempfile
 import time
 
 from chexpercept.bundle import read_bundle
-from chexpercept.eval.cmd_estimate import _cell
-from chexpercept.eval.estimate import ApiCounter, estimate_bounds, total
-from chexpercept.eval.pricing import rules_for
+from chexpercept.eval.estimate.command import _cell
+from chexpercept.eval.estimate.count import ApiCounter, estimate_bounds, total
+from chexpercept.eval.estimate.pricing import rules_for
 from chexpercept.eval.registry import REGISTRY
 from chexpercept.results import ORACLE_SETTINGS
 from chexpercept.testing import write_fixture_bundle

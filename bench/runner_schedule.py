@@ -8,7 +8,7 @@ replaced (``schedule="step"``: every live conversation advances one turn, none g
 step's slowest answer) and against the floor for the same work,
 ``floor = max(longest conversation's chain, total work / most requests at once)``:
 
-* ``--sim``: the vllm backend over ``eval/simulated_vllm.py``, an iteration-level model of vLLM's
+* ``--sim``: the vllm backend over ``bench/simulated_vllm.py``, an iteration-level model of vLLM's
   continuous batching (rendering is instant), at the release's scale and mix of routes (2,100
   cases), 256 and 1,024 live conversations, answers lognormal around 700 tokens (sigma 1, at most
   8,192) and short ones (around 12). Counted in scheduler iterations (on a GPU an iteration costs
@@ -83,8 +83,9 @@ def run_modes(cases, make_backend, batch_size: int, modes: dict[str, tuple[str, 
 
 # ----------------------------------------------------------------------------------- simulation
 def simulate(work: Path, seeds: int) -> dict[str, Any]:
-    from chexpercept.eval.backends.vllm import VLLMBackend
-    from chexpercept.eval.simulated_vllm import SimulatedLLM, heavy_tailed_answers
+    from simulated_vllm import SimulatedLLM, heavy_tailed_answers
+
+    from chexpercept.eval.backends.vllm.backend import VLLMBackend
 
     root = write_fixture_bundle(work / "release", per_cell=100, image_pool=8)  # 2,100 cases
     bundle = read_bundle(root, check_images="exists")
@@ -142,7 +143,7 @@ def simulate(work: Path, seeds: int) -> dict[str, Any]:
 def real_vllm(work: Path, per_cell: int, live: int, median: float, cap: int) -> dict[str, Any]:
     from vllm import SamplingParams
 
-    from chexpercept.eval.backends.vllm import VLLMBackend
+    from chexpercept.eval.backends.vllm.backend import VLLMBackend
     from chexpercept.eval.tiny_model import build_tiny_model
 
     model = build_tiny_model(work / "tiny-gemma3", arch="gemma3")
@@ -316,7 +317,7 @@ class SlowServer:
 
 
 def api(work: Path, median: float) -> dict[str, Any]:
-    from chexpercept.eval.backends.openai import OpenAIBackend, RetryPolicy
+    from chexpercept.eval.backends.openai.backend import OpenAIBackend, RetryPolicy
 
     root = write_fixture_bundle(work / "api-bundle", per_cell=8)  # 168 cases
     bundle = read_bundle(root)
@@ -371,7 +372,7 @@ def markdown(report: dict[str, Any], command: str) -> str:
     if sim:
         lines += [
             f"**Simulation** ({sim['cases']:,} cases, {sim['turns']:,} turns: the release's mix of routes; the vllm "
-            "backend over eval/simulated_vllm.py, an iteration-level model of vLLM's continuous batching with "
+            "backend over bench/simulated_vllm.py, an iteration-level model of vLLM's continuous batching with "
             f"instant rendering; answer lengths drawn from each conversation, {sim['seeds']} draws): scheduler "
             "iterations over the floor, mean (lowest to highest):",
             "",

@@ -32,7 +32,7 @@ from typing import Any
 
 from chexpercept.bundle import read_bundle
 from chexpercept.eval.backends.transformers.backend import TransformersBackend
-from chexpercept.eval.backends.vllm import VLLMBackend
+from chexpercept.eval.backends.vllm.backend import VLLMBackend
 from chexpercept.eval.engine import run_conversations
 from chexpercept.eval.protocol import RunContext, Sampling
 from chexpercept.eval.registry import resolve

@@ -17,7 +17,7 @@ rules, decided here once:
   aside and swapped in with one rename (``renameat2(RENAME_EXCHANGE)`` where Linux has it).
 - **Appended durably.** ``append_durable`` writes whole lines in one ``write`` on an ``O_APPEND``
   descriptor under an exclusive ``flock`` (several processes may append to one file), then ``fsync``.
-  A crash leaves at most one torn last line, which readers skip and ``chexpercept.eval.store``
+  A crash leaves at most one torn last line, which readers skip and ``chexpercept.eval.runner.store``
   repairs.
 
 Every write here is fsynced: run.json and the report are small, and a power cut must not leave an

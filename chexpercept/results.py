@@ -24,7 +24,7 @@ RESULTS_NAME = "results.jsonl"
 RUN_NAME = "run.json"
 #: cases a run could not finish because a request failed (one line per failure; never scored)
 FAILURES_NAME = "failures.jsonl"
-#: the lock a run holds on its folder for as long as it writes there (chexpercept.eval.store.RunLock)
+#: the lock a run holds on its folder for as long as it writes there (chexpercept.eval.runner.store.RunLock)
 LOCK_NAME = "run.lock"
 ORACLE_SETTINGS: tuple[str, ...] = ("none", "implicit", "explicit")
 SCHEMA_VERSION = 3  # 2: full_response and refusal per turn; failed requests kept apart; 3: run identity

@@ -142,7 +142,7 @@ class RunMetadata(_Record):
     git_commit: str | None = field(default=None, metadata=_kind("str", always=True))
     command: list[str] | None = field(default=None, metadata=_kind("str_list"))
     started: str | None = field(default=None, metadata=_kind("str"))
-    #: what must match for a rerun to continue the run (eval/store.py compares it)
+    #: what must match for a rerun to continue the run (eval/runner/store.py compares it)
     settings: dict[str, Any] | None = field(default=None, metadata=_kind("object"))
     #: start times of the sessions that continued the run
     resumed: list[str] | None = field(default=None, metadata=_kind("str_list"))
@@ -156,7 +156,7 @@ class RunMetadata(_Record):
     n_results: int | None = field(default=None, metadata=_kind("int"))
     last_session: dict[str, Any] | None = field(default=None, metadata=_kind("object"))
     #: the estimator's tokens and cost for the conversations this run had, beside what the API
-    #: reported (eval/estimate.py; runs whose backend reports usage)
+    #: reported (eval/estimate/count.py; runs whose backend reports usage)
     estimate: dict[str, Any] | None = field(default=None, metadata=_kind("object"))
     #: not written by the runner: the reference layout's provider, and where the record came from
     provider: str | None = field(default=None, metadata=_kind("str"))

@@ -9,7 +9,7 @@ metric right after that library has loaded. Anything that goes wrong leaves the 
 ``CHEXPERCEPT_NO_STARTUP_HOOK=1`` turns it off (the .pth line checks it before running this).
 
 Its second job: a Python process that a run's engine spawned dies with the run's process
-(``CHEXPERCEPT_DIE_WITH_PARENT`` names it while ``chexpercept.eval.interrupts.shielded_children``
+(``CHEXPERCEPT_DIE_WITH_PARENT`` names it while ``chexpercept.eval.runner.interrupts.shielded_children``
 starts the engine; that module decides, and it is imported only where the variable is set).
 
 Run as the .pth's code, ``__name__`` is ``chexpercept_startup``; importing ``chexpercept.startup``
@@ -19,7 +19,7 @@ gives the same class for tests (``install()`` is then a no-op when the hook is a
 import sys
 
 WATCHED = ("datasets", "evaluate")
-#: names the run's process that a process started by its engine dies with (eval/interrupts.py)
+#: names the run's process that a process started by its engine dies with (eval/runner/interrupts.py)
 PARENT_VARIABLE = "CHEXPERCEPT_DIE_WITH_PARENT"
 
 
@@ -62,13 +62,13 @@ def install():
 
 def follow_parent():
     """Die with the process ``CHEXPERCEPT_DIE_WITH_PARENT`` names when it is this one's parent
-    (``chexpercept.eval.interrupts.follow_parent``, imported only where the variable is set)."""
+    (``chexpercept.eval.runner.interrupts.follow_parent``, imported only where the variable is set)."""
     import os  # already imported by site: free
 
     if not os.environ.get(PARENT_VARIABLE):
         return
     try:
-        from chexpercept.eval.interrupts import follow_parent as follow
+        from chexpercept.eval.runner.interrupts import follow_parent as follow
     except Exception:  # chexpercept removed or broken: leave the process alone
         return
     follow()

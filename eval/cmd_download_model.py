@@ -9,7 +9,7 @@ import sys
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    from chexpercept.eval.hub import add_revision_option
+    from chexpercept.eval.weights import add_revision_option
 
     parser.add_argument(
         "name", metavar="NAME", help="registry name (see chexpercept run --list-models) or Hugging Face id"
@@ -24,8 +24,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def model_id_of(name: str) -> str:
     """The Hugging Face id a registry name stands for (any other name is taken as an id)."""
-    from chexpercept.eval.hub import WEIGHT_BACKENDS
     from chexpercept.eval.registry import lookup
+    from chexpercept.eval.weights import WEIGHT_BACKENDS
 
     spec = lookup(name)
     if spec is None:
@@ -38,7 +38,7 @@ def model_id_of(name: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from chexpercept.eval.hub import HubError, human_size, resolve_weights
+    from chexpercept.eval.weights import HubError, human_size, resolve_weights
 
     try:
         model_id = model_id_of(args.name)

@@ -6,7 +6,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "Run a model or baseline on a bundle (same as eval/run.py; resumable, accelerate-shardable)",
     ),
     "estimate": (
-        "chexpercept.eval.cmd_estimate",
+        "chexpercept.eval.estimate.command",
         "Model calls, tokens, cost and time of a run before it starts (same conversations as run)",
     ),
     "make-tiny-model": (

@@ -29,13 +29,12 @@ from typing import Any
 
 from chexpercept.answers import ParseMode
 from chexpercept.case import Case, Turn
+from chexpercept.eval.oracle import ORACLE_SEPARATOR, intervention
+from chexpercept.eval.protocol import Message, Request, Response
+from chexpercept.eval.runner.provenance import now
 from chexpercept.results import CaseFailure, CaseResult, TurnResult, check_oracle, judge_turn
 from chexpercept.templates import SYSTEM_MESSAGE
 from chexpercept.usage import sum_usage
-
-from .oracle import ORACLE_SEPARATOR, intervention
-from .protocol import Message, Request, Response
-from .provenance import now
 
 
 class Conversation:

@@ -33,10 +33,9 @@ from dataclasses import dataclass
 
 from chexpercept.answers import ParseMode
 from chexpercept.case import Case
+from chexpercept.eval.conversation import Conversation
+from chexpercept.eval.protocol import Backend, BackendError, Completion, Request, streaming
 from chexpercept.results import CaseFailure, CaseResult
-
-from .conversation import Conversation
-from .protocol import Backend, BackendError, Completion, Request, streaming
 
 #: seconds to sleep after each round; only for tests that kill a run part-way through
 _STEP_DELAY_ENV = "CHEXPERCEPT_TEST_STEP_DELAY"
@@ -118,7 +117,7 @@ def run_conversations(
         raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
     backend = streaming(backend)
     delay = _test_delay()
-    #: taken one at a time when a slot is free: ``cases`` may be a shared queue (eval/work_queue.py)
+    #: taken one at a time when a slot is free: ``cases`` may be a shared queue (eval/runner/work_queue.py)
     queue = iter(cases)
     #: request id -> the conversation waiting for that request's answer
     waiting: dict[str, Conversation] = {}

@@ -20,14 +20,13 @@ from pathlib import Path as FsPath
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from chexpercept.case import Case, Turn
-
-from .backends.options import BackendOptions, NoOptions
+from chexpercept.eval.backends.options import BackendOptions, NoOptions
 
 if TYPE_CHECKING:
     import argparse
 
-    from .preflight import ContextLimits
-    from .registry import ModelSpec
+    from chexpercept.eval.registry import ModelSpec
+    from chexpercept.eval.runner.preflight import ContextLimits
 
 
 @dataclass(frozen=True)
@@ -131,7 +130,7 @@ class Response:
     text: str
     usage: dict[str, Any] = field(default_factory=dict)
     #: the whole reply as the parser reads it, where ``text`` lost part of it (special-token
-    #: reasoning markers, an API's separate reasoning field); see eval/replies.py
+    #: reasoning markers, an API's separate reasoning field); see eval/backends/replies.py
     full_text: str | None = None
     #: the model or the service declined to answer (an API's refusal, a content filter): an answer,
     #: scored as unparsed, and counted
@@ -305,7 +304,7 @@ class BackendBase:
         return None
 
     def token_counter(self, root: FsPath) -> Any:
-        """A counter of the tokens an API bills for this run's requests (eval/estimate.py), to
+        """A counter of the tokens an API bills for this run's requests (eval/estimate/count.py), to
         compare with the usage the API reported; None when the backend reports no billed usage."""
         return None
 

@@ -16,10 +16,9 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from chexpercept.eval.backends import BACKENDS
+from chexpercept.eval.backends.baselines import is_baseline
 from chexpercept.reasoning import family_of
-
-from .backends import BACKENDS
-from .backends.baselines import is_baseline
 
 OPEN_SAMPLING = {"temperature": 0.0, "top_p": 1.0, "max_tokens": 8192}
 API_SAMPLING = {"temperature": 1.0, "top_p": 1.0, "max_tokens": 8192}

@@ -31,14 +31,14 @@ from chexpercept.bundle import IMAGE_CHECKS
 from chexpercept.cli_options import add_progress_option
 from chexpercept.eval.backends import BACKENDS, backend_class
 from chexpercept.eval.backends.options import json_object
-from chexpercept.eval.distributed import Distributed
-from chexpercept.eval.hub import add_revision_option
-from chexpercept.eval.interrupts import RunInterrupted, stop_on_signals
-from chexpercept.eval.outcome import os_error_text, say_end
-from chexpercept.eval.plan import build_plan
 from chexpercept.eval.registry import REGISTRY
-from chexpercept.eval.runner import EXIT_UNFINISHED, EXPECTED_ERRORS, execute
-from chexpercept.eval.selection import add_selection_options
+from chexpercept.eval.runner.distributed import Distributed
+from chexpercept.eval.runner.execute import EXIT_UNFINISHED, EXPECTED_ERRORS, execute
+from chexpercept.eval.runner.interrupts import RunInterrupted, stop_on_signals
+from chexpercept.eval.runner.outcome import os_error_text, say_end
+from chexpercept.eval.runner.plan import build_plan
+from chexpercept.eval.runner.selection import add_selection_options
+from chexpercept.eval.weights import add_revision_option
 from chexpercept.redaction import redact_text
 from chexpercept.results import ORACLE_SETTINGS
 
@@ -69,7 +69,7 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--model-id", help="load/send this id or folder instead of the registry's (e.g. a local copy)"
     )
-    add_revision_option(g)  # Hub (chexpercept.eval.hub)
+    add_revision_option(g)  # Hub (chexpercept.eval.weights)
     g.add_argument(
         "--oracle",
         nargs="+",

@@ -344,7 +344,7 @@ def _run_rows(by_setting: Mapping[str, Run], scores: Mapping[str, CaseScores]) -
             "verdict_agreement": _agreement(scores[s]),
         }
         estimate = getattr(r.meta, "estimate", None)
-        if estimate:  # tokens and cost estimated beside those the API reported (eval/estimate.py)
+        if estimate:  # tokens and cost estimated beside those the API reported (eval/estimate/count.py)
             row["usage"] = estimate
         rows.append(row)
     return rows

@@ -7,7 +7,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from chexpercept.eval.backends.openai import OpenAIBackend, RetryPolicy
+from chexpercept.eval.backends.openai.backend import OpenAIBackend, RetryPolicy
 from chexpercept.eval.engine import run_conversations
 from chexpercept.eval.protocol import RunContext, Sampling
 from chexpercept.eval.registry import resolve

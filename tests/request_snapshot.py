@@ -11,7 +11,7 @@ Regenerate after a deliberate change of what is sent (then review the diff of th
 
     python tests/request_snapshot.py --update
 
-The file also records the toolkit's prompt version (``PROMPT_VERSION`` in eval/identity.py), which
+The file also records the toolkit's prompt version (``PROMPT_VERSION`` in eval/runner/identity.py), which
 every run's identity carries: a resume after the prompts changed is refused. ``--update`` refuses to
 record other requests under the same version, so that a change of what is sent cannot forget to
 raise it.
@@ -88,7 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--update", action="store_true", help=f"rewrite {SNAPSHOT}")
     args = parser.parse_args(argv)
-    from chexpercept.eval.identity import PROMPT_VERSION
+    from chexpercept.eval.runner.identity import PROMPT_VERSION
 
     data = snapshot()
     stored = json.loads(SNAPSHOT.read_text(encoding="utf-8")) if SNAPSHOT.exists() else {}
@@ -99,7 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not same and stored.get("prompt_version") == PROMPT_VERSION:
         print(
             f"the requests differ from {SNAPSHOT} but PROMPT_VERSION is still {PROMPT_VERSION}: raise it in "
-            "eval/identity.py (runs made before the change must not be resumed by this version), then update",
+            "eval/runner/identity.py (runs made before the change must not be resumed by this version), then update",
             file=sys.stderr,
         )
         return 1

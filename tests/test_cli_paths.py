@@ -126,7 +126,7 @@ def test_report_without_output_dir_says_where_it_writes(tmp_path, monkeypatch, c
 
 def test_one_model_folder_however_spelled(tmp_path, monkeypatch):
     from chexpercept.eval.registry import same_model_id
-    from chexpercept.eval.store import RunStore
+    from chexpercept.eval.runner.store import RunStore
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "models" / "vlm").mkdir(parents=True)
@@ -140,14 +140,14 @@ def test_one_model_folder_however_spelled(tmp_path, monkeypatch):
     settings = {"model_id": "models/vlm", "backend": "vllm"}
     (store.path / "run.json").write_text(json.dumps({"settings": settings}))
     assert store.check_settings({**settings, "model_id": absolute}) is not None
-    from chexpercept.eval.store import StoreError
+    from chexpercept.eval.runner.store import StoreError
 
     with pytest.raises(StoreError, match="model_id"):
         store.check_settings({**settings, "model_id": "other/model"})
 
 
 def test_estimate_from_run_accepts_the_same_model_given_another_way(tmp_path, monkeypatch):
-    from chexpercept.eval.cmd_estimate import timed_session
+    from chexpercept.eval.estimate.command import timed_session
 
     def _seconds_per_case(run_dir: str, model_id: str) -> float:
         _, seconds, cases = timed_session(run_dir, model_id)

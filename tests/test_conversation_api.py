@@ -52,8 +52,8 @@ def test_implicit_oracle_patches_the_history_the_model_sees_next(fixture_bundle)
 
 
 def test_request_forms_are_those_the_backends_send(fixture_bundle):
-    from chexpercept.eval.backends.openai import OpenAIBackend
-    from chexpercept.eval.backends.vllm import VLLMBackend
+    from chexpercept.eval.backends.openai.backend import OpenAIBackend
+    from chexpercept.eval.backends.vllm.backend import VLLMBackend
     from chexpercept.eval.protocol import RunContext, Sampling
     from chexpercept.eval.registry import resolve
 

@@ -8,8 +8,8 @@ import pytest
 
 from chexpercept.bundle import read_bundle
 from chexpercept.cli import main as cli
-from chexpercept.eval.estimate import ApiCounter, Estimate, estimate_oracle, walk
-from chexpercept.eval.pricing import GEMINI3, OPENAI_GPT4, OPENAI_GPT5, call_cost, rules_for
+from chexpercept.eval.estimate.count import ApiCounter, Estimate, estimate_oracle, walk
+from chexpercept.eval.estimate.pricing import GEMINI3, OPENAI_GPT4, OPENAI_GPT5, call_cost, rules_for
 from chexpercept.eval.protocol import Response
 from chexpercept.testing import write_fixture_bundle
 
@@ -118,7 +118,7 @@ def test_local_model_counts_with_its_own_processor(bundle, tiny_model, capsys):
 
 
 def test_estimate_total_is_the_sum(bundle):
-    from chexpercept.eval.estimate import total
+    from chexpercept.eval.estimate.count import total
 
     counter = ApiCounter(bundle.root, OPENAI_GPT5, text=len, answer_tokens=5)
     parts = [
@@ -134,7 +134,7 @@ def test_estimate_total_is_the_sum(bundle):
 def test_recorded_estimate_against_usage_a_loopback_api_reports(tmp_path):
     """The estimator's error made visible: a phantom run through the openai backend against a server
     that reports usage the way the API counts it, then the same conversations estimated."""
-    from chexpercept.eval.estimate import compare, estimate_recorded
+    from chexpercept.eval.estimate.count import compare, estimate_recorded
 
     from .fake_openai import FakeServer, RealisticUsage, backend_for, run_cases
 
@@ -234,8 +234,8 @@ def mixed_sizes(tmp_path_factory):
 def test_local_count_once_per_shape_equals_the_processor_on_every_call(mixed_sizes, tiny_model):
     """The fast count (template and image tokens once per shape) gives the same numbers as the
     processor on every call's real images, the way the estimate counted before."""
-    from chexpercept.eval.estimate import estimate_bounds, sample_calls
-    from chexpercept.eval.local_tokens import ProcessorCounter
+    from chexpercept.eval.estimate.count import estimate_bounds, sample_calls
+    from chexpercept.eval.estimate.local_tokens import ProcessorCounter
     from chexpercept.results import ORACLE_SETTINGS
 
     cases = mixed_sizes.cases
@@ -264,8 +264,8 @@ def test_local_count_once_per_shape_equals_the_processor_on_every_call(mixed_siz
 def test_local_count_falls_back_to_the_processor_when_a_fast_way_differs(
     mixed_sizes, tiny_model, monkeypatch
 ):
-    from chexpercept.eval.estimate import sample_calls
-    from chexpercept.eval.local_tokens import ProcessorCounter
+    from chexpercept.eval.estimate.count import sample_calls
+    from chexpercept.eval.estimate.local_tokens import ProcessorCounter
 
     calls = sample_calls(mixed_sizes.cases, ["implicit"])
     counter = ProcessorCounter(mixed_sizes.root, str(tiny_model))

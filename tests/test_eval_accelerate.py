@@ -58,7 +58,7 @@ def test_two_processes_with_the_tiny_model(fixture_bundle, tmp_path):
 
 
 def test_a_launch_that_runs_fewer_processes_than_asked_is_named():
-    from chexpercept.eval.distributed import launch_mismatch
+    from chexpercept.eval.runner.distributed import launch_mismatch
 
     simple = {"ACCELERATE_MIXED_PRECISION": "no", "MASTER_PORT": "29500"}
     asked_two = ["python", "accelerate", "launch", "--num_processes", "2", "eval/run.py"]
@@ -98,7 +98,7 @@ def test_a_signal_stops_every_process_of_an_accelerate_run(fixture_bundle, tmp_p
     import signal
     import time
 
-    from chexpercept.eval.interrupts import _alive, descendants
+    from chexpercept.eval.runner.interrupts import _alive, descendants
 
     common = ["--data-dir", str(fixture_bundle), "--model", "baseline:random", "--batch-size", "2"]
     folder = tmp_path / "baseline-random" / "oracle_implicit"
@@ -141,7 +141,7 @@ def test_a_signal_stops_every_process_of_an_accelerate_run(fixture_bundle, tmp_p
 
 @pytest.mark.slow
 def test_a_slow_process_takes_fewer_cases_and_no_barrier_times_out(fixture_bundle, tmp_path):
-    """Issue 28 class C: the processes take cases as they go (eval/work_queue.py). Process 1 is slowed
+    """Issue 28 class C: the processes take cases as they go (eval/runner/work_queue.py). Process 1 is slowed
     (each of its rounds sleeps) and the processes' meeting timeout is cut to 5 s: process 0 takes most
     cases and finishes more than 5 s before process 1, and the run still completes, equal to one
     process."""

@@ -136,7 +136,7 @@ def test_a_signal_stops_a_transformers_run(fixture_bundle, tiny_model, tmp_path)
 STUCK = textwrap.dedent(
     """
     import subprocess, sys, time
-    from chexpercept.eval.interrupts import RunInterrupted, stop_on_signals
+    from chexpercept.eval.runner.interrupts import RunInterrupted, stop_on_signals
     with stop_on_signals(grace=float(sys.argv[1])):
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
         try:  # the signal may come as soon as the pid is out
@@ -175,7 +175,7 @@ def test_a_stuck_shutdown_is_cut_short_and_a_second_signal_ends_it_at_once(tmp_p
 SHIELDED = textwrap.dedent(
     """
     import multiprocessing, signal, subprocess, sys, time
-    from chexpercept.eval.interrupts import RunInterrupted, shielded_children, stop_on_signals
+    from chexpercept.eval.runner.interrupts import RunInterrupted, shielded_children, stop_on_signals
 
     def took(signum, _frame):
         sys.exit(f"engine process took {signal.Signals(signum).name}")
@@ -234,7 +234,7 @@ def test_ctrl_c_to_the_process_group_reaches_the_main_process_only(tmp_path):
 ORPHAN = textwrap.dedent(
     """
     import multiprocessing, threading, time
-    from chexpercept.eval.interrupts import shielded_children
+    from chexpercept.eval.runner.interrupts import shielded_children
 
     def engine():
         time.sleep(300)

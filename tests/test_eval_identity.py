@@ -1,6 +1,6 @@
 """A resume never keeps an answer made under other settings (issue 28, class A).
 
-A run's identity (eval/identity.py) is everything that can change an answer; each member below
+A run's identity (eval/runner/identity.py) is everything that can change an answer; each member below
 changes one part of it between two runs on one folder, and the second run must refuse, naming the
 difference, before anything runs. Lines whose identity cannot be established are quarantined,
 never scored.
@@ -15,7 +15,7 @@ import pytest
 from fake_openai import FakeServer
 
 from chexpercept.eval.run import main
-from chexpercept.eval.store import RunStore
+from chexpercept.eval.runner.store import RunStore
 
 
 def _run(bundle, out, model, *extra) -> int:
@@ -88,7 +88,7 @@ def test_a_prior_over_another_selection_is_refused(fixture_bundle, tmp_path, cap
 
 def test_another_prompt_version_is_refused(fixture_bundle, tmp_path, capsys, monkeypatch):
     """A run made before the toolkit's prompts changed is not resumed after."""
-    from chexpercept.eval import runner
+    from chexpercept.eval.runner import execute as runner
 
     assert _run(fixture_bundle, tmp_path, "baseline:random", "--limit", "3") == 0
     monkeypatch.setattr(runner, "PROMPT_VERSION", runner.PROMPT_VERSION + 1)
@@ -98,7 +98,7 @@ def test_another_prompt_version_is_refused(fixture_bundle, tmp_path, capsys, mon
 
 def test_vllm_engine_arguments_that_change_answers_enter_the_identity():
     """--engine-args: dtype, quantization or max_model_len are identity; memory and placement are not."""
-    from chexpercept.eval.backends.vllm import VLLMBackend
+    from chexpercept.eval.backends.vllm.backend import VLLMBackend
     from chexpercept.eval.protocol import RunContext, Sampling
     from chexpercept.eval.registry import resolve
 

@@ -9,7 +9,7 @@ import pytest
 from fake_openai import FakeServer, backend_for, run_cases
 
 from chexpercept.bundle import read_bundle
-from chexpercept.eval.backends.openai import (
+from chexpercept.eval.backends.openai.backend import (
     call_cost,
     check_endpoint,
     price_for,

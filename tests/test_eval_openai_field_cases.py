@@ -16,12 +16,12 @@ import pytest
 from fake_openai import FakeServer, backend_for, run_cases
 
 from chexpercept.bundle import read_bundle
-from chexpercept.eval.backends.openai import OpenAIBackend, RetryPolicy
+from chexpercept.eval.backends.openai.backend import OpenAIBackend, RetryPolicy
+from chexpercept.eval.backends.openai.retries import parse_duration, retry_hint
 from chexpercept.eval.conversation import Conversation
 from chexpercept.eval.engine import run_conversations
 from chexpercept.eval.protocol import RunContext, Sampling
 from chexpercept.eval.registry import resolve
-from chexpercept.eval.retries import parse_duration, retry_hint
 from chexpercept.eval.run import EXIT_UNFINISHED, main
 from chexpercept.metrics import score_path
 from chexpercept.results import iter_results, read_failures

@@ -11,11 +11,11 @@ pytest.importorskip("transformers")
 
 from chexpercept.answers import parse_answer
 from chexpercept.bundle import read_bundle
-from chexpercept.eval.backends.vllm import VLLMBackend
+from chexpercept.eval.backends.replies import MarkerDecoder, join_reasoning
+from chexpercept.eval.backends.vllm.backend import VLLMBackend
 from chexpercept.eval.engine import run_conversations
 from chexpercept.eval.protocol import RunContext, Sampling
 from chexpercept.eval.registry import resolve
-from chexpercept.eval.replies import MarkerDecoder, join_reasoning
 
 GEMMA4_MARKERS = ["<|channel>", "<channel|>"]
 

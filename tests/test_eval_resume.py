@@ -14,8 +14,8 @@ import pytest
 
 from chexpercept.bundle import read_bundle
 from chexpercept.eval.run import main
-from chexpercept.eval.selection import select_cases, shard
-from chexpercept.eval.store import (
+from chexpercept.eval.runner.selection import select_cases, shard
+from chexpercept.eval.runner.store import (
     RunLock,
     RunLockedError,
     StoreError,

@@ -10,15 +10,15 @@ import sys
 from pathlib import Path
 
 import pytest
+from simulated_vllm import BatchOnlyLLM, SimulatedLLM, heavy_tailed_answers
 
 from chexpercept.bundle import read_bundle
 from chexpercept.eval.backends import vllm as backend_vllm
-from chexpercept.eval.backends.vllm import VLLMBackend, plan_cpus, plan_gpus
+from chexpercept.eval.backends.vllm.backend import VLLMBackend, plan_cpus, plan_gpus
 from chexpercept.eval.engine import ConversationFailed, run_conversations
 from chexpercept.eval.protocol import BackendError, RunContext, Sampling
 from chexpercept.eval.registry import resolve
 from chexpercept.eval.run import main
-from chexpercept.eval.simulated_vllm import BatchOnlyLLM, SimulatedLLM, heavy_tailed_answers
 
 GREEDY = Sampling(temperature=0.0, top_p=1.0, max_tokens=8192, greedy=True)
 
@@ -29,7 +29,7 @@ class FakeSamplingParams:
 
 
 class FakeLLM(SimulatedLLM):
-    """vLLM's LLM as far as the backend uses it (eval/simulated_vllm.py), keeping what it was given."""
+    """vLLM's LLM as far as the backend uses it (bench/simulated_vllm.py), keeping what it was given."""
 
     instances: list[FakeLLM] = []
 
@@ -240,8 +240,8 @@ def test_a_vllm_without_enqueue_chat_is_driven_a_batch_at_a_time(fixture_bundle)
 def test_no_thinking_only_where_the_model_has_the_switch(fixture_bundle, tmp_path, capsys):
     import argparse
 
-    from chexpercept.eval.plan import chat_kwargs_for
     from chexpercept.eval.run import configure
+    from chexpercept.eval.runner.plan import chat_kwargs_for
 
     parser = argparse.ArgumentParser()
     configure(parser)
@@ -366,7 +366,7 @@ def test_each_process_gets_its_own_gpus_and_a_clean_environment(fixture_bundle, 
 
 def test_the_vllm_and_openai_backends_send_the_same_messages(fixture_bundle):
     """One request builder (Request.openai_messages) serves both: only the image URLs differ."""
-    from chexpercept.eval.backends.openai import OpenAIBackend
+    from chexpercept.eval.backends.openai.backend import OpenAIBackend
     from chexpercept.eval.conversation import Conversation
     from chexpercept.eval.protocol import Response
 

@@ -1,4 +1,4 @@
-"""Model weights through huggingface_hub (chexpercept.eval.hub, ``download-model``, ``run``), offline
+"""Model weights through huggingface_hub (chexpercept.eval.weights, ``download-model``, ``run``), offline
 against a cache laid out like the Hub's and online against a loopback Hub (tests/fake_hub.py)."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from fake_hub import FakeHub, FakeModel, sha1
 from huggingface_hub import constants
 
 from chexpercept.cli import main as cli
-from chexpercept.eval.hub import HubError, Weights, prepare_model, resolve_weights
 from chexpercept.eval.registry import resolve
 from chexpercept.eval.run import main as run_main
+from chexpercept.eval.weights import HubError, Weights, prepare_model, resolve_weights
 
 FILES = {
     "config.json": b'{"model_type": "toy"}',
@@ -340,10 +340,10 @@ def test_run_names_a_wrong_data_dir_before_fetching_weights(hub, tmp_path, capsy
 # ------------------------------------------------------------------------------------ remote code
 def test_the_registry_s_remote_code_models_are_pinned():
     from chexpercept.eval.backends.transformers.backend import TransformersBackend
-    from chexpercept.eval.backends.vllm import VLLMBackend
-    from chexpercept.eval.hub import runs_remote_code
+    from chexpercept.eval.backends.vllm.backend import VLLMBackend
     from chexpercept.eval.protocol import Sampling
     from chexpercept.eval.registry import REGISTRY
+    from chexpercept.eval.weights import runs_remote_code
 
     trusting = sorted(n for n, s in REGISTRY.items() if s.trust_remote_code)
     assert len(trusting) == 6
@@ -355,9 +355,7 @@ def test_the_registry_s_remote_code_models_are_pinned():
     plain = REGISTRY["qwen3.6-27b"]
     assert not runs_remote_code(VLLMBackend(plain, sampling=sampling))
     # --engine-args can turn it on for any model: pinned as well
-    assert runs_remote_code(
-        VLLMBackend(plain, sampling=sampling, engine_args={"trust_remote_code": True})
-    )
+    assert runs_remote_code(VLLMBackend(plain, sampling=sampling, engine_args={"trust_remote_code": True}))
 
 
 def _run_remote_code_model(fixture_bundle, out, name, *extra):

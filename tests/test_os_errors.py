@@ -192,7 +192,7 @@ def test_each_cause_is_named_when_writing_results(
 ):
     """The error raised where the runner appends a case, as the system raises it; the run's last line
     names the cause and its remedy, and a rerun resumes."""
-    from chexpercept.eval.store import RunStore
+    from chexpercept.eval.runner.store import RunStore
 
     results = tmp_path / "m" / "oracle_implicit" / "results.jsonl"
 

@@ -245,7 +245,7 @@ def online(monkeypatch, tmp_path):
 
 
 def test_a_loopback_hub_of_another_account_is_refused_naming_the_owner(account, online, monkeypatch):
-    from chexpercept.eval.hub import HubError, resolve_weights
+    from chexpercept.eval.weights import HubError, resolve_weights
 
     other = run_as(account, http_server, "127.0.0.1", True)
     port = other.receive()["port"]
@@ -260,7 +260,7 @@ def test_a_loopback_hub_of_another_account_is_refused_naming_the_owner(account, 
 
 
 def test_a_loopback_hub_is_reached_directly_whatever_the_proxy_variables_say(online, monkeypatch, fake_proxy):
-    from chexpercept.eval.hub import resolve_weights
+    from chexpercept.eval.weights import resolve_weights
 
     hub = FakeHub().start()
     hub.models["org/toy"] = FakeModel({"config.json": b"{}"})
@@ -274,7 +274,7 @@ def test_a_loopback_hub_is_reached_directly_whatever_the_proxy_variables_say(onl
 
 
 def test_a_public_hub_goes_through_the_environment_proxy(online, monkeypatch, fake_proxy):
-    from chexpercept.eval.hub import HubError, resolve_weights
+    from chexpercept.eval.weights import HubError, resolve_weights
 
     monkeypatch.setenv("HF_ENDPOINT", "http://hub.example.invalid")
     with pytest.raises(HubError):

@@ -6,7 +6,7 @@ import json
 
 from request_snapshot import ORACLES, SNAPSHOT, snapshot
 
-from chexpercept.eval.identity import PROMPT_VERSION
+from chexpercept.eval.runner.identity import PROMPT_VERSION
 
 
 def test_every_request_equals_the_committed_snapshot():
@@ -24,7 +24,7 @@ def test_every_request_equals_the_committed_snapshot():
         assert not changed, (
             f"oracle {oracle}: {len(changed)} request(s) differ from tests/data/request_snapshot.json, "
             f"e.g. {changed[0]}: {before[changed[0]]} -> {after[changed[0]]}. If the change is meant, "
-            "raise PROMPT_VERSION in eval/identity.py (a run made before it must not be resumed after it), "
+            "raise PROMPT_VERSION in eval/runner/identity.py (a run made before it must not be resumed after it), "
             "run python tests/request_snapshot.py --update and review the diff."
         )
 

@@ -1,5 +1,5 @@
 """The server's wait hints, read against its own clock and honoured or reported, never turned into
-pointless retries (eval/retries.py): an HTTP date with a skewed local clock, an epoch reset time, a
+pointless retries (eval/backends/openai/retries.py): an HTTP date with a skewed local clock, an epoch reset time, a
 rate-limit window on a 503, a hint longer than the client's own backoff cap, a wait too long to
 take (the run stops, or records, naming it and when to rerun), garbage hints, the total waiting of
 one request, and Ctrl-C in the middle of a wait."""
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from chexpercept.bundle import read_bundle
-from chexpercept.eval.backends.openai import RetryPolicy
+from chexpercept.eval.backends.openai.backend import RetryPolicy
 from chexpercept.eval.engine import ConversationFailed
 from chexpercept.results import read_failures
 
@@ -102,7 +102,7 @@ def test_a_hint_that_is_no_wait_falls_back_to_the_backoff(fixture_bundle, header
 
 
 def test_every_form_is_read_relative_to_the_reply():
-    from chexpercept.eval.retries import read_wait_hint
+    from chexpercept.eval.backends.openai.retries import read_wait_hint
 
     for garbage in ({"Retry-After": "-5"}, {"retry-after-ms": "nan"}, {"Retry-After": "1e400"}):
         assert read_wait_hint(garbage, status=429) is None

@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 from chexpercept.cli import main as cli
-from chexpercept.eval.estimate import DEFAULT_ANSWER_TOKENS
-from chexpercept.eval.pricing import call_cost
+from chexpercept.eval.estimate.count import DEFAULT_ANSWER_TOKENS
+from chexpercept.eval.estimate.pricing import call_cost
 from chexpercept.eval.run import main
 from chexpercept.results import iter_results
 from chexpercept.usage import sum_usage, total

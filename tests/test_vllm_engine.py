@@ -161,13 +161,13 @@ def wait_for_results(results: Path, n: int, proc: subprocess.Popen) -> None:
 
 def tree(pid: int) -> list[int]:
     """``pid`` and every process below it."""
-    from chexpercept.eval.interrupts import descendants
+    from chexpercept.eval.runner.interrupts import descendants
 
     return [pid, *descendants(pid)]
 
 
 def alive(pids: list[int]) -> list[int]:
-    from chexpercept.eval.interrupts import _alive
+    from chexpercept.eval.runner.interrupts import _alive
 
     return [p for p in pids if _alive(p)]
 
@@ -273,8 +273,8 @@ def test_a_conversation_the_engine_cannot_take_is_named_first_and_fails_alone(
     """max_model_len below the longest routes' late turns (vllm-project/vllm#16732): the preflight
     names those cases before the engine loads; with --on-error record the run goes on and only those
     conversations fail (failures.jsonl, exit status 3)."""
-    from chexpercept.eval.local_tokens import ProcessorCounter
-    from chexpercept.eval.preflight import ContextLimits, check_fit
+    from chexpercept.eval.estimate.local_tokens import ProcessorCounter
+    from chexpercept.eval.runner.preflight import ContextLimits, check_fit
 
     bundle = read_bundle(phantom_bundle)
     sizes = check_fit(

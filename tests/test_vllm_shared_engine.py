@@ -17,7 +17,7 @@ pytest.importorskip("vllm", reason="vLLM is not installed here: bash scripts/set
 
 from chexpercept.bundle import read_bundle  # noqa: E402
 from chexpercept.cli import main as cli  # noqa: E402
-from chexpercept.eval.backends.vllm import VLLMBackend  # noqa: E402
+from chexpercept.eval.backends.vllm.backend import VLLMBackend  # noqa: E402
 from chexpercept.eval.conversation import Conversation  # noqa: E402
 from chexpercept.eval.engine import admission_order, run_conversations  # noqa: E402
 from chexpercept.eval.protocol import Response, RunContext, Sampling  # noqa: E402

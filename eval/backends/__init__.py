@@ -21,16 +21,16 @@ import importlib
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from ..protocol import Backend, Sampling
-    from ..registry import ModelSpec
-    from .options import BackendOptions
+    from chexpercept.eval.backends.options import BackendOptions
+    from chexpercept.eval.protocol import Backend, Sampling
+    from chexpercept.eval.registry import ModelSpec
 
 #: backend name (``--backend``, ``ModelSpec.backend``) -> "module:Class"; the order is the order of
 #: ``--backend``'s choices and of the option groups in ``--help``
 BACKENDS: dict[str, str] = {
-    "vllm": "chexpercept.eval.backends.vllm:VLLMBackend",
+    "vllm": "chexpercept.eval.backends.vllm.backend:VLLMBackend",
     "transformers": "chexpercept.eval.backends.transformers.backend:TransformersBackend",
-    "openai": "chexpercept.eval.backends.openai:OpenAIBackend",
+    "openai": "chexpercept.eval.backends.openai.backend:OpenAIBackend",
     "baseline": "chexpercept.eval.backends.baselines:BaselineBackend",
 }
 

@@ -20,12 +20,11 @@ from typing import TYPE_CHECKING, Any
 
 from chexpercept.answers import oracle_answer_text
 from chexpercept.case import Case, Turn
-
-from ..protocol import BatchBackend, Request, Response, RunContext, Sampling
-from .options import NoOptions
+from chexpercept.eval.backends.options import NoOptions
+from chexpercept.eval.protocol import BatchBackend, Request, Response, RunContext, Sampling
 
 if TYPE_CHECKING:
-    from ..registry import ModelSpec
+    from chexpercept.eval.registry import ModelSpec
 
 BASELINE_PREFIX = "baseline:"
 KINDS = ("random", "constant", "prior", "oracle")

@@ -36,18 +36,25 @@ from PIL import Image
 
 from chexpercept.case import Case
 from chexpercept.containment import ContainmentError, open_image
+from chexpercept.eval.backends.options import BackendOptions, at_least, option, positive
+from chexpercept.eval.backends.replies import MarkerDecoder
+from chexpercept.eval.backends.transformers.image_resize import FixedResize, fixed_resize_of
+from chexpercept.eval.backends.transformers.pixel_cache import PixelCache
+from chexpercept.eval.backends.transformers.prefill_masks import (
+    FULL,
+    SLIDING,
+    cache_keyword,
+    positions,
+    prefill_masks,
+    same_as_model,
+    window_start,
+)
+from chexpercept.eval.backends.transformers.turn_cache import TurnCache, TurnCacheStats
+from chexpercept.eval.conversation import Conversation
+from chexpercept.eval.protocol import BackendError, BatchBackend, Request, Response, RunContext, Sampling
+from chexpercept.eval.registry import ModelSpec
+from chexpercept.eval.runner.preflight import ContextLimits, model_context_length
 from chexpercept.os_errors import explain_os_error
-
-from ...conversation import Conversation
-from ...preflight import ContextLimits, model_context_length
-from ...protocol import BackendError, BatchBackend, Request, Response, RunContext, Sampling
-from ...registry import ModelSpec
-from ...replies import MarkerDecoder
-from ..options import BackendOptions, at_least, option, positive
-from .image_resize import FixedResize, fixed_resize_of
-from .pixel_cache import PixelCache
-from .prefill_masks import FULL, SLIDING, cache_keyword, positions, prefill_masks, same_as_model, window_start
-from .turn_cache import TurnCache, TurnCacheStats
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 #: padded prompt tokens per generate call (rows x longest row), estimated. Each micro-batch pays

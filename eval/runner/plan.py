@@ -4,7 +4,7 @@
 makes a wrong argument fail first: the model and its backend's options (a bad flag fails before
 anything is read), the release folder, the weights (resolved and fetched once per machine before
 any engine starts), then the bundle with its images checked and the cases selected. The runner
-(``chexpercept.eval.runner``) takes the plan and the backend built from it.
+(``chexpercept.eval.runner.execute``) takes the plan and the backend built from it.
 """
 
 from __future__ import annotations
@@ -18,15 +18,14 @@ from typing import Any
 from chexpercept.bundle import Bundle, check_release_dir, read_bundle
 from chexpercept.case import Case
 from chexpercept.cli_options import progress_enabled
+from chexpercept.eval.backends import backend_class
+from chexpercept.eval.backends.options import BackendOptions
+from chexpercept.eval.protocol import Backend, Sampling
+from chexpercept.eval.registry import ModelSpec, resolve
+from chexpercept.eval.runner.distributed import Distributed
+from chexpercept.eval.runner.selection import select_cases, split_list
+from chexpercept.eval.weights import prepare_model, runs_remote_code
 from chexpercept.run_metadata import Selection
-
-from .backends import backend_class
-from .backends.options import BackendOptions
-from .distributed import Distributed
-from .hub import prepare_model, runs_remote_code
-from .protocol import Backend, Sampling
-from .registry import ModelSpec, resolve
-from .selection import select_cases, split_list
 
 
 @dataclass(frozen=True)

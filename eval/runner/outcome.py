@@ -115,9 +115,9 @@ def end_of(
     error (2), an ``expected`` error such as bad input (2), or a bug (1, its traceback in error.txt).
     ``main``: this is the main process, which speaks for a run that a signal stopped before this
     process finished anything."""
-    from .engine import ConversationFailed
-    from .interrupts import RunInterrupted, received
-    from .protocol import BackendError
+    from chexpercept.eval.engine import ConversationFailed
+    from chexpercept.eval.protocol import BackendError
+    from chexpercept.eval.runner.interrupts import RunInterrupted, received
 
     saved = session is not None and count_lines(session.results) > 0
     resume = "rerun the same command to resume" if saved else "rerun the same command"

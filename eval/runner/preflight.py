@@ -27,9 +27,8 @@ from pathlib import Path as FsPath
 from typing import Any
 
 from chexpercept.case import Case
-
-from .estimate import SCENARIOS, _scripted, walk
-from .protocol import Request
+from chexpercept.eval.estimate.count import SCENARIOS, _scripted, walk
+from chexpercept.eval.protocol import Request
 
 #: config.json keys that bound a model's context (the first found wins; text_config first)
 CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "max_sequence_length")
@@ -185,7 +184,7 @@ def check_fit(
 ) -> FitReport:
     """Every case's largest turn against ``limits``.
 
-    counter: a ProcessorCounter (eval/local_tokens.py; checked here on a sample of the requests) whose
+    counter: a ProcessorCounter (eval/estimate/local_tokens.py; checked here on a sample of the requests) whose
     ``answer_tokens`` is set to ``max_tokens`` for the worst case and to None for the least; None
     when there is no processor to count with (``uncounted`` says why): then the images per prompt
     are checked alone, which needs no processor.

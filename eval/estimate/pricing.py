@@ -2,7 +2,7 @@
 
 Prices are the reference's table (spec 3.10; USD per 1M tokens: input, cached input, output). The
 provider rules say how many input tokens an image costs and when a repeated prefix is billed at the
-cached price; the estimator (eval/estimate.py) uses both, the openai backend prices the usage each
+cached price; the estimator (eval/estimate/count.py) uses both, the openai backend prices the usage each
 reply reports.
 
 Sources of the provider rules (checked 2026-12):

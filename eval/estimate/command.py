@@ -3,7 +3,7 @@
     chexpercept estimate --data-dir DIR --model gpt-5.4 [--oracle none implicit] [--answer-tokens 1000]
     chexpercept estimate --data-dir DIR --model ./my-vlm --backend vllm --tokens-per-second 2500
 
-Counts exactly the turns ``run`` would send for the same selection (eval/estimate.py): per oracle
+Counts exactly the turns ``run`` would send for the same selection (eval/estimate/count.py): per oracle
 setting the bounds of the two scenarios (every answer right, every answer wrong), then the total.
 """
 
@@ -18,11 +18,10 @@ from pathlib import Path as FsPath
 from typing import Any
 
 from chexpercept.cli_options import add_data_dir_option, add_option, write_output
+from chexpercept.eval.backends import BACKENDS
+from chexpercept.eval.runner.selection import add_selection_options
 from chexpercept.os_errors import explain_os_error
 from chexpercept.results import ORACLE_SETTINGS
-
-from .backends import BACKENDS
-from .selection import add_selection_options
 
 #: every backend but the baselines, which call no model
 ESTIMATED_BACKENDS = tuple(name for name in BACKENDS if name != "baseline")
@@ -76,13 +75,13 @@ def _counter(
     chat_kwargs: dict[str, Any],
     sample: Callable[[], list[Any]],
 ) -> Any:
-    from .estimate import ApiCounter
-    from .pricing import rules_for
+    from chexpercept.eval.estimate.count import ApiCounter
+    from chexpercept.eval.estimate.pricing import rules_for
 
     if spec.backend == "openai":
         return ApiCounter(root, rules_for(spec.model_id), answer_tokens=answer_tokens)
     try:
-        from .local_tokens import ProcessorCounter
+        from chexpercept.eval.estimate.local_tokens import ProcessorCounter
 
         counter = ProcessorCounter(root, spec.model_id, chat_kwargs, answer_tokens=answer_tokens)
         counter.check(sample())
@@ -112,9 +111,8 @@ def timed_session(run_dir: str, model_id: str) -> tuple[dict[str, Any], float, i
     that names the same model). Raises ValueError naming the file: no such folder, no timed session,
     a run of another model or a baseline."""
     from chexpercept.errors import no_such_path
+    from chexpercept.eval.registry import same_model_id
     from chexpercept.results import RUN_NAME
-
-    from .registry import same_model_id
 
     if not FsPath(run_dir).is_dir():
         raise ValueError(f"--from-run {no_such_path(run_dir)}")
@@ -144,9 +142,8 @@ def measured_throughput(run_dir: str, spec: Any, cases: list[Any], counter: Any)
     count at ``--answer-tokens`` over this rate, so it follows the answer length asked for.
 
     Raises ValueError naming the file (see ``timed_session``; also: no case of this bundle)."""
+    from chexpercept.eval.estimate.count import estimate_recorded
     from chexpercept.results import RESULTS_NAME, iter_results
-
-    from .estimate import estimate_recorded
 
     info, seconds, session_cases = timed_session(run_dir, spec.model_id)
     folder = FsPath(run_dir)
@@ -222,7 +219,7 @@ def missing_notes(rows: list[tuple[str, Any, Any]], spec: Any) -> list[str]:
     if any(lo.cost_usd is None for _, lo, _ in rows):
         if spec.backend == "openai":
             notes.append(
-                f"USD N/A: no price is known for {spec.model_id!r} (the paper's price table, eval/pricing.py)"
+                f"USD N/A: no price is known for {spec.model_id!r} (the paper's price table, eval/estimate/pricing.py)"
             )
         else:
             notes.append("USD N/A: a local model has no price per token (its cost is the time on your GPUs)")
@@ -262,10 +259,9 @@ def render(
 def run(args: argparse.Namespace) -> int:
     from chexpercept.bundle import read_bundle
     from chexpercept.errors import BundleValidationError, ReleaseNotFoundError
-
-    from .estimate import estimate_bounds, sample_calls, total
-    from .registry import resolve
-    from .selection import select_cases, split_list
+    from chexpercept.eval.estimate.count import estimate_bounds, sample_calls, total
+    from chexpercept.eval.registry import resolve
+    from chexpercept.eval.runner.selection import select_cases, split_list
 
     prog = "chexpercept estimate"
     if not args.data_dir or not args.model:

@@ -20,6 +20,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path as FsPath
 from typing import Any
 
+from chexpercept.eval.runner.identity import settings_diff
+from chexpercept.eval.runner.interrupts import deferred
+from chexpercept.eval.runner.provenance import now
 from chexpercept.fileio import append_durable, open_private, private_dir, replace_json_lines, tighten
 from chexpercept.fileio import write_json_atomic as write_json_atomic
 from chexpercept.results import (
@@ -33,10 +36,6 @@ from chexpercept.results import (
     check_identity,
     complete_lines,
 )
-
-from .identity import settings_diff
-from .interrupts import deferred
-from .provenance import now
 
 QUARANTINE_NAME = "quarantine.jsonl"
 
@@ -281,7 +280,7 @@ class RunStore:
 
     def check_settings(self, settings: Mapping[str, Any]) -> dict[str, Any] | None:
         """The previous run.json if this folder may be resumed with ``settings`` (the run's identity,
-        eval/identity.py), else StoreError naming every difference."""
+        eval/runner/identity.py), else StoreError naming every difference."""
         previous = read_json(self.run_json)
         if previous is None:
             if self.results.exists() and self.results.stat().st_size > 0:

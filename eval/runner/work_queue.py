@@ -107,7 +107,7 @@ class WorkQueue:
         """Main process: wait (reading the file, never at a barrier) until every process is done.
 
         ``on_wait(done, seconds)`` is called now and then while some are not (a line saying who is
-        still working). A stop signal interrupts the wait like any other (eval/interrupts.py); a
+        still working). A stop signal interrupts the wait like any other (eval/runner/interrupts.py); a
         process that dies ends the whole launch (the launcher stops the others)."""
         start = time.monotonic()
         told = 0.0

@@ -27,9 +27,8 @@ from pathlib import Path as FsPath
 from typing import Any
 
 from chexpercept.containment import image_file, open_image
-
-from .estimate import CallTokens, image_size
-from .protocol import Message, Request
+from chexpercept.eval.estimate.count import CallTokens, image_size
+from chexpercept.eval.protocol import Message, Request
 
 #: ways of counting, fastest first; "processor" is the definition
 STRATEGIES: tuple[str, ...] = ("pieces", "text", "processor")

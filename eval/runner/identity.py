@@ -77,7 +77,7 @@ def weights_identity(model_id: str, weights: Mapping[str, Any] | None) -> dict[s
 def settings_diff(before: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
     """``key: old -> new`` for every setting that differs, nested objects compared key by key
     (``backend.engine_args.dtype: 'bfloat16' -> 'float16'``)."""
-    from .registry import same_model_id
+    from chexpercept.eval.registry import same_model_id
 
     out: list[str] = []
 

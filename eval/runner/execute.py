@@ -3,16 +3,16 @@
 ``execute(plan, backend, dist, children)`` does, for every oracle setting of the plan:
 
 1. the main process takes the setting's folder (``run.lock``), checks that a previous run there has
-   this run's identity (eval/identity.py; any difference is refused, named), repairs a torn last
+   this run's identity (eval/runner/identity.py; any difference is refused, named), repairs a torn last
    line and writes run.json; every process learns the outcome (``FolderOutcome``);
 2. before any engine loads, the preflight check of every conversation left against the engine's
-   limits (eval/preflight.py);
+   limits (eval/runner/preflight.py);
 3. the conversations (eval/engine.py), each finished case appended at once, failed ones apart under
    ``--on-error record``; every process takes cases from the setting's work queue as it goes
-   (eval/work_queue.py), so none idles while another has a queue;
+   (eval/runner/work_queue.py), so none idles while another has a queue;
 4. the main process checks every selected case is there once, orders the file, signs run.json off.
 
-Every early end is one line (eval/outcome.py). The command's options live in eval/run.py.
+Every early end is one line (eval/runner/outcome.py). The command's options live in eval/run.py.
 """
 
 from __future__ import annotations
@@ -26,6 +26,23 @@ from typing import Any
 
 from chexpercept.case import Case
 from chexpercept.errors import BundleValidationError, ReleaseNotFoundError
+from chexpercept.eval.engine import EngineStats, admission_order, run_conversations
+from chexpercept.eval.protocol import Backend, BackendError, RunContext
+from chexpercept.eval.runner.distributed import Distributed
+from chexpercept.eval.runner.identity import PROMPT_VERSION, weights_identity
+from chexpercept.eval.runner.interrupts import ChildProcesses, RunInterrupted
+from chexpercept.eval.runner.outcome import READ_ONLY, Session, end_of, os_error_text, say_end
+from chexpercept.eval.runner.plan import RunPlan
+from chexpercept.eval.runner.provenance import git_commit, now, versions
+from chexpercept.eval.runner.store import (
+    RunLockedError,
+    RunStore,
+    StoreError,
+    read_records,
+    repair_tail,
+    rewrite_in_order,
+)
+from chexpercept.eval.runner.work_queue import WorkQueue, queue_path, remove_queues
 from chexpercept.fileio import private_dir, write_json_atomic
 from chexpercept.results import (
     CaseFailure,
@@ -36,17 +53,6 @@ from chexpercept.results import (
     run_identity,
 )
 from chexpercept.run_metadata import BundleInfo, RunMetadata, SamplingInfo
-
-from .distributed import Distributed
-from .engine import EngineStats, admission_order, run_conversations
-from .identity import PROMPT_VERSION, weights_identity
-from .interrupts import ChildProcesses, RunInterrupted
-from .outcome import READ_ONLY, Session, end_of, os_error_text, say_end
-from .plan import RunPlan
-from .protocol import Backend, BackendError, RunContext
-from .provenance import git_commit, now, versions
-from .store import RunLockedError, RunStore, StoreError, read_records, repair_tail, rewrite_in_order
-from .work_queue import WorkQueue, queue_path, remove_queues
 
 #: exit status of a run that ended with cases left unfinished by failed requests (rerun to retry)
 EXIT_UNFINISHED = 3
@@ -80,7 +86,7 @@ class FolderOutcome:
     finished: tuple[str, ...] = ()
     #: run.json as this session wrote it
     info: dict[str, Any] = field(default_factory=dict)
-    #: this session's name (its work queue, eval/work_queue.py)
+    #: this session's name (its work queue, eval/runner/work_queue.py)
     session: str = ""
 
 
@@ -111,7 +117,7 @@ def context_of(plan: RunPlan, dist: Distributed) -> RunContext:
 
 
 def settings_of(plan: RunPlan, backend: Backend, context: RunContext, oracle: str) -> dict[str, Any]:
-    """The identity of one setting's run: everything that can change an answer (eval/identity.py)."""
+    """The identity of one setting's run: everything that can change an answer (eval/runner/identity.py)."""
     return {
         "model_id": plan.model.model_id,
         "weights": weights_identity(plan.load.model_id, plan.weights),
@@ -326,7 +332,7 @@ def _run_all(
                 backend.setup(context)
                 ready = True
             statuses.append(_run_one(plan, backend, dist, run))
-    except (Exception, RunInterrupted) as e:  # every early end is one line (eval/outcome.py)
+    except (Exception, RunInterrupted) as e:  # every early end is one line (eval/runner/outcome.py)
         run = current or todo[0]
         error: BaseException = e
         try:  # the engine's own shutdown log goes before that line
@@ -364,7 +370,7 @@ def _remaining(plan: RunPlan, run: OracleRun, dist: Distributed) -> list[Case]:
 
 
 def _preflight(plan: RunPlan, backend: Backend, context: RunContext, run: OracleRun) -> str:
-    """Main process: the preflight report (eval/preflight.py) of one setting's cases left, before
+    """Main process: the preflight report (eval/runner/preflight.py) of one setting's cases left, before
     the engine loads; returns the reason to stop ("" to go on). Cases that cannot run stop the run
     under --on-error stop; under record they are reported and fail one by one."""
     if not run.remaining:
@@ -372,8 +378,8 @@ def _preflight(plan: RunPlan, backend: Backend, context: RunContext, run: Oracle
     limits = backend.context_limits(context)
     if limits is None or (limits.max_model_len is None and limits.max_images is None):
         return ""
-    from .local_tokens import ProcessorCounter
-    from .preflight import check_fit
+    from chexpercept.eval.estimate.local_tokens import ProcessorCounter
+    from chexpercept.eval.runner.preflight import check_fit
 
     model_dir = backend.model_dir()
     counter, uncounted = None, ""
@@ -409,7 +415,7 @@ def _preflight(plan: RunPlan, backend: Backend, context: RunContext, run: Oracle
 
 def _run_one(plan: RunPlan, backend: Backend, dist: Distributed, run: OracleRun) -> int:
     """One oracle setting: the conversations this process takes from the setting's work queue (as
-    slots free up, eval/work_queue.py), then (main process, once every process is done) every
+    slots free up, eval/runner/work_queue.py), then (main process, once every process is done) every
     selected case checked there once, the file ordered, run.json signed off."""
     stats = EngineStats()
     queue = WorkQueue(
@@ -513,7 +519,7 @@ def _sign_off(
     }
     counter = backend.token_counter(plan.bundle.root) if records else None
     if counter is not None:
-        from .estimate import usage_estimate
+        from chexpercept.eval.estimate.count import usage_estimate
 
         info.estimate = usage_estimate(counter, plan, records, run.oracle)
     write_json_atomic(folder.run_json, info.to_json())

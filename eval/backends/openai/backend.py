@@ -3,13 +3,13 @@
 Each request goes out as soon as the engine hands it over (a conversation's next turn as soon as its
 answer is in), on an asyncio event loop of its own (aiohttp), with at most ``--concurrency`` in
 flight: an adaptive limit that halves on a 429 and grows back by about one per round trip (AIMD,
-eval/inflight.py; the limits taken are in run.json). Each attempt has a deadline
+eval/backends/openai/inflight.py; the limits taken are in run.json). Each attempt has a deadline
 (``--timeout``, from sending to the reply's last byte, however slowly the bytes trickle). Retries
 with exponential backoff on 408, 409, 429, 5xx, timeouts, dropped connections and replies cut off
 mid-body (a bad Content-Length, a cut chunked body, or a close-delimited body that is not complete
 JSON), waiting as long as the server's back-off hint says where it gives one (every form the
 supported APIs send: ``retry-after-ms``, ``Retry-After`` in seconds or as an HTTP date, Google's
-``RetryInfo.retryDelay`` in the error body, OpenAI's ``x-ratelimit-reset-*``; eval/retries.py reads
+``RetryInfo.retryDelay`` in the error body, OpenAI's ``x-ratelimit-reset-*``; eval/backends/openai/retries.py reads
 them against the server's clock, and a wait too long to take ends the request naming it). Redirects
 are not followed (the images go to the endpoint given and nowhere else). The model the server says
 it answered with is recorded per turn (``usage.served_model``; a warning when it is not the one asked
@@ -22,7 +22,7 @@ What a reply can be, and what becomes of it:
 
 * an answer: ``message.content`` (text or text parts), with the model's reasoning put back in front
   of it where the server returns it apart (``reasoning``, or ``reasoning_content`` before vLLM 0.16;
-  eval/replies.py), so the parser reads it by the model family's rules;
+  eval/backends/replies.py), so the parser reads it by the model family's rules;
 * the model or the service declining: ``message.refusal``, ``finish_reason: content_filter``, or a
   request rejected by a content filter (Azure's HTTP 400 ``content_filter``, with
   ``--on-error record``): an answer that is no option, scored as unparsed and counted as a refusal;
@@ -55,19 +55,33 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from chexpercept.containment import ContainmentError, image_data_url
+from chexpercept.eval.backends.occupancy import InFlightClock, WorkLedger, ratio, schedule_record
+from chexpercept.eval.backends.openai.inflight import OK, OTHER, THROTTLED, AdaptiveLimit
+from chexpercept.eval.backends.openai.retries import (
+    RetryPolicy,
+    ServerPause,
+    WaitHint,
+    WaitNotices,
+    error_objects,
+    read_wait_hint,
+)
+from chexpercept.eval.backends.options import BackendOptions, at_least, json_object, option, positive
+from chexpercept.eval.backends.replies import join_reasoning
+from chexpercept.eval.estimate.pricing import call_cost, price_for
+from chexpercept.eval.protocol import (
+    BackendBase,
+    BackendError,
+    Completion,
+    Request,
+    Response,
+    RunContext,
+    Sampling,
+)
+from chexpercept.eval.registry import ModelSpec
 from chexpercept.peer import DUA_FLAG, PeerRefused, is_loopback_host, route
 from chexpercept.peer_http import images_session
 from chexpercept.redaction import has_secret, redact_text, redact_url
 from chexpercept.usage import count, usage_line
-
-from ..inflight import OK, OTHER, THROTTLED, AdaptiveLimit
-from ..occupancy import InFlightClock, WorkLedger, ratio, schedule_record
-from ..pricing import call_cost, price_for
-from ..protocol import BackendBase, BackendError, Completion, Request, Response, RunContext, Sampling
-from ..registry import ModelSpec
-from ..replies import join_reasoning
-from ..retries import RetryPolicy, ServerPause, WaitHint, WaitNotices, error_objects, read_wait_hint
-from .options import BackendOptions, at_least, json_object, option, positive
 
 RETRY_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
 #: a wrong key, a forbidden resource or a wrong URL: every request would fail the same way, so the
@@ -128,7 +142,7 @@ def read_usage(usage: Any) -> dict[str, int | None]:
 class _Retryable(Exception):
     def __init__(self, message: str, hint: WaitHint | None = None, *, status: int | None = None):
         super().__init__(message)
-        #: the wait the server asked for (eval/retries.py), if it asked
+        #: the wait the server asked for (eval/backends/openai/retries.py), if it asked
         self.hint = hint
         self.status = status
 
@@ -252,7 +266,7 @@ class OpenAIBackend(BackendBase):
         self.concurrency = options.concurrency
         self.timeout = options.timeout
         self.retry = retry or RetryPolicy(max_retries=options.max_retries)
-        #: set when a server asks for a wait longer than the policy takes (eval/retries.py)
+        #: set when a server asks for a wait longer than the policy takes (eval/backends/openai/retries.py)
         self.pause, self.notices = ServerPause(), WaitNotices()
         self.extra_body = dict(spec.api_extra) | dict(options.request_extra or {})
         #: what a content-filter rejection is: the end of the run (stop) or a refusal (record)
@@ -280,8 +294,8 @@ class OpenAIBackend(BackendBase):
         return usage_line(usages, priced=price_for(self.spec.model_id) is not None)
 
     def token_counter(self, root: Any) -> Any:
-        from ..estimate import ApiCounter
-        from ..pricing import rules_for
+        from chexpercept.eval.estimate.count import ApiCounter
+        from chexpercept.eval.estimate.pricing import rules_for
 
         return ApiCounter(root, rules_for(self.spec.model_id))
 

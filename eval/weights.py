@@ -38,7 +38,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path as FsPath
 from typing import Any
 
-from chexpercept.fileio import write_atomic
+from chexpercept.fileio import write_atomic, write_json_atomic
 from chexpercept.peer import PeerRefused
 
 #: the backends that load weights; the openai and baseline backends need none
@@ -283,11 +283,8 @@ def _write_remote_code_record(storage: FsPath, weights: Weights, pinned_by: str)
         "pinned_by": pinned_by,
         "recorded": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
-    tmp = storage / f".{REMOTE_CODE_RECORD}.{os.getpid()}.tmp"
     try:
-        storage.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
-        os.replace(tmp, storage / REMOTE_CODE_RECORD)
+        write_json_atomic(storage / REMOTE_CODE_RECORD, record, indent=1)
     except OSError as e:  # a read-only shared cache: this run still uses the commit
         print(
             f"warning: cannot record commit {weights.commit} of {weights.model_id} as the one its own code "

@@ -10,7 +10,7 @@ assumed ``answer_tokens`` long (the reference's estimator: 1,000).
 
 Counting: API models count text with tiktoken's ``o200k_base`` encoding when it is available (the
 reference uses the GPT-4o encoding for every API model), else about 4 characters a token (marked
-approximate); images and caching follow the provider's rules (eval/pricing.py). Local models
+approximate); images and caching follow the provider's rules (eval/estimate/pricing.py). Local models
 (vllm / transformers backends) count with the model's own processor and chat template when its files
 are local: text and image tokens exactly as the model sees them, and the prefix a prefix cache
 reuses; with a throughput the wall time follows.
@@ -29,13 +29,12 @@ from typing import Any, Protocol
 
 from chexpercept.case import Case
 from chexpercept.containment import image_file
+from chexpercept.eval.conversation import Conversation
+from chexpercept.eval.estimate.pricing import ProviderRules, call_cost, price_for
+from chexpercept.eval.protocol import Message, Request, Response
 from chexpercept.results import CaseResult
 from chexpercept.usage import count
 from chexpercept.usage import total as reported_total
-
-from .conversation import Conversation
-from .pricing import ProviderRules, call_cost, price_for
-from .protocol import Message, Request, Response
 
 SCENARIOS: tuple[str, ...] = ("all_right", "all_wrong")
 DEFAULT_ANSWER_TOKENS = 1000

@@ -39,15 +39,22 @@ from dataclasses import dataclass
 from typing import Any
 
 from chexpercept.containment import image_file
-
-from ..decoded_images import DecodedImages
-from ..interrupts import shielded_children
-from ..occupancy import WorkLedger, ratio, schedule_record
-from ..preflight import ContextLimits, model_context_length
-from ..protocol import BackendBase, BackendError, Completion, Request, Response, RunContext, Sampling
-from ..registry import ModelSpec
-from ..replies import MarkerDecoder
-from .options import BackendOptions, at_least, json_object, option, positive
+from chexpercept.eval.backends.occupancy import WorkLedger, ratio, schedule_record
+from chexpercept.eval.backends.options import BackendOptions, at_least, json_object, option, positive
+from chexpercept.eval.backends.replies import MarkerDecoder
+from chexpercept.eval.backends.vllm.decoded_images import DecodedImages
+from chexpercept.eval.protocol import (
+    BackendBase,
+    BackendError,
+    Completion,
+    Request,
+    Response,
+    RunContext,
+    Sampling,
+)
+from chexpercept.eval.registry import ModelSpec
+from chexpercept.eval.runner.interrupts import shielded_children
+from chexpercept.eval.runner.preflight import ContextLimits, model_context_length
 
 #: launcher variables that would make vLLM's own worker processes think they belong to our group
 _LAUNCHER_ENV = (
@@ -275,7 +282,7 @@ class VLLMBackend(BackendBase):
         self.root = ""
         self.llm: Any = None
         self.params: Any = None
-        #: keeps reasoning markers that are special tokens for the parser (eval/replies.py)
+        #: keeps reasoning markers that are special tokens for the parser (eval/backends/replies.py)
         self.markers: MarkerDecoder | None = None
         self._prompt_tokens = 0
         self._cached_tokens = 0
@@ -300,7 +307,7 @@ class VLLMBackend(BackendBase):
     @property
     def trust_remote_code(self) -> bool:
         """Whether vLLM will run the model's own code (the registry's or --engine-args'
-        trust_remote_code); its commit is then pinned (eval/hub.py)."""
+        trust_remote_code); its commit is then pinned (eval/weights.py)."""
         return bool({**self.spec.engine_args, **self.engine_overrides}.get("trust_remote_code"))
 
     # ------------------------------------------------------------------ engine arguments
