@@ -138,6 +138,19 @@ def add_derived(values: dict[str, float | None]) -> dict[str, float | None]:
     return out
 
 
+def is_share(name: str) -> bool:
+    """True when a metric is a mean of 0/1 values (an accuracy or a rate, in [0, 1]; LF's depth);
+    False for the other depths, point counts and the differences in ``DERIVED``. Shares get intervals that stay inside [0, 1]
+    (metrics/inference.py)."""
+    name = ALIASES.get(name, name)
+    if name in DERIVED:
+        return False
+    parts = name.split("/")
+    if any(part.startswith("depth") for part in parts):
+        return parts[-1] == "LF"  # LF asks one stage: its depth is 0 or 1
+    return parts[-1] not in ("points", "gold_points")
+
+
 def metric_names() -> frozenset[str]:
     """Every metric name ``ModelScores.values`` can hold: the columns, DERIVED and ALIASES."""
     from .scoring import score_records

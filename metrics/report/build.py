@@ -4,6 +4,8 @@ It finds the runs (metrics/discovery.py), loads and scores them with the metric 
 (``load_run``, ``score_model``, intervals, ``render_table``), then writes:
 
 - ``tables.md`` and ``tables/table<N>.{md,csv}``: the paper's Tables 2, 3, 8, 9, 10, 11 (with intervals);
+- ``comparisons.{md,csv}``: paired comparisons of the models next to each other on the End-to-End
+  leaderboard (metrics/comparisons.py);
 - ``leaderboard.{md,csv}``: models ranked under End-to-End and under Oracle-Passed; with a leaderboard
   read from the Hub (``hub_leaderboard``), ``leaderboard.md`` also shows the Hub's rows and a ranking of
   the local End-to-End scores beside them, each row marked with where it comes from, and
@@ -21,6 +23,9 @@ CSVs and figures score each run on its own, as the reference does.
 
 from __future__ import annotations
 
+import csv
+import io
+import itertools
 import json
 import os
 import shutil
@@ -37,7 +42,13 @@ from chexpercept.metrics.tables import TABLE_IDS, legend
 from chexpercept.results import ORACLE_SETTINGS
 from chexpercept.vocab import LESIONS, PATHS
 
-from ..answer_warnings import DEFAULT_THRESHOLD, AnswerWarning, answer_warnings, parse_rate_table
+from ..answer_warnings import (
+    DEFAULT_THRESHOLD,
+    AnswerWarning,
+    answer_warnings,
+    merge_warnings,
+    parse_rate_table,
+)
 from ..hub.leaderboard import (
     HubBoard,
     hub_leaderboard_csv,
@@ -277,8 +288,7 @@ def _write_tables(
     out: FsPath,
     reports: dict[str, Any],
     *,
-    n_resamples: int,
-    seed: int,
+    intervals: bool,
     title: str,
     hub: HubBoard | None = None,
 ) -> _Tables:
@@ -287,16 +297,16 @@ def _write_tables(
     (out / "tables").mkdir(exist_ok=True)
     blocks = []
     for tid in TABLE_IDS:
-        md = m.render_table(tid, reports, fmt="markdown", intervals=n_resamples > 0)
+        md = m.render_table(tid, reports, fmt="markdown", intervals=intervals, mark_no_variation=intervals)
         files.append(_write(out / "tables" / f"table{tid}.md", md))
         files.append(
             _write(
                 out / "tables" / f"table{tid}.csv",
-                m.render_table(tid, reports, fmt="csv", intervals=n_resamples > 0),
+                m.render_table(tid, reports, fmt="csv", intervals=intervals),
             )
         )
         blocks.append(md)
-    ci_note = legend(n_resamples, seed=seed)
+    ci_note = legend(intervals)
     tables_md = _write(out / "tables.md", f"# {title}: tables\n\n{ci_note}\n\n" + "\n".join(blocks))
     files.append(tables_md)
     board = leaderboard_rows(reports)
@@ -305,6 +315,55 @@ def _write_tables(
     if hub is not None:
         files.append(_write(out / "hub_leaderboard.csv", hub_leaderboard_csv(hub.entries)))
     return _Tables(files, blocks, ci_note, tables_md, board, leaderboard_md, hub)
+
+
+@dataclass
+class _Comparisons:
+    """The paired comparisons of models next to each other on the End-to-End leaderboard."""
+
+    files: list[FsPath]
+    markdown: str
+
+
+def adjacent_pairs(board: Sequence[dict[str, Any]], setting: str = "e2e") -> list[tuple[str, str]]:
+    """(better, next) model names for each two models next to each other on the ranked board."""
+    ranked = [r["model"] for r in board if r["setting"] == setting and r["rank"] is not None]
+    return list(itertools.pairwise(ranked))
+
+
+def _write_comparisons(
+    out: FsPath, reports: dict[str, Any], board: Sequence[dict[str, Any]], *, title: str
+) -> _Comparisons:
+    """``comparisons.md`` (Table 2's family for each adjacent pair of the End-to-End leaderboard) and
+    ``comparisons.csv`` (every family of those pairs)."""
+    from ..comparisons import compare, csv_rows, render_comparison
+
+    intro = (
+        "Each model against the next one on the End-to-End leaderboard, on the cases both were scored on: "
+        "Table 2's numbers (every family, Table 8's paths and Table 9's lesions included, in "
+        "`comparisons.csv`; any two models: `chexpercept score A B --compare`)."
+    )
+    blocks, rows, header = [intro, ""], [], ["model_a", "model_b"]
+    pairs = adjacent_pairs(board)
+    if not pairs:
+        blocks.append("Comparisons need two models with End-to-End numbers; this report has fewer.")
+    for a, b in pairs:
+        try:
+            comparison = compare(reports[a], reports[b])
+        except ValueError as e:  # other bundles, no shared case: said, not fatal
+            blocks += [f"**{a} - {b}**: not compared: {e}.", ""]
+            continue
+        blocks.append(render_comparison(comparison, families=["2"]))
+        names, pair_rows = csv_rows(comparison, families=["all"])
+        header = ["model_a", "model_b", *names]
+        rows += [[a, b, *row] for row in pair_rows]
+    markdown = "\n".join(blocks)
+    md = _write(out / "comparisons.md", f"# {title}: paired comparisons\n\n{markdown}")
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(header)
+    writer.writerows(rows)
+    return _Comparisons([md, _write(out / "comparisons.csv", buf.getvalue())], markdown)
 
 
 def _write_reference_csvs(
@@ -364,6 +423,7 @@ def _viewer_runs(
 def _page_sections(
     out: FsPath,
     tables: _Tables,
+    comparisons: _Comparisons,
     figures: Sequence[Figure],
     per_setting_figures: dict[str, list[FsPath]],
     runs_section: Section,
@@ -373,6 +433,7 @@ def _page_sections(
     sections = [
         Section("leaderboard", "Leaderboard", markdown_to_html(_board_markdown(tables.board, tables.hub))),
         Section("tables", "Tables", markdown_to_html(tables.ci_note + "\n\n" + "\n".join(tables.blocks))),
+        Section("comparisons", "Comparisons", markdown_to_html(comparisons.markdown)),
         Section(
             "answers", "Answers read", markdown_to_html(ANSWERS_NOTE + "\n\n" + parse_rate_table(reports))
         ),
@@ -416,8 +477,9 @@ def write_report(
     bundle: str | os.PathLike[str] | Bundle | None = None,
     mode: str = "reference",
     embed_images: bool = False,
-    n_resamples: int = 1000,
-    seed: int = 0,
+    intervals: bool = True,
+    n_resamples: int | None = None,
+    seed: int | None = None,
     na_as_zero: bool = False,
     plots: bool = True,
     html: bool = True,
@@ -426,9 +488,10 @@ def write_report(
 ) -> ReportOutput:
     """Write the whole report for the runs under ``results`` into ``out`` (see the module docstring).
 
-    n_resamples: bootstrap replicates for the 95% intervals (0: no intervals). na_as_zero: write the
-    reference's 0.0 instead of an empty cell where a CSV cell does not apply. hub_leaderboard: a
-    leaderboard read from the Hub (``chexpercept.metrics.hub.leaderboard.read_leaderboard``) to show
+    intervals: the tables' 95% intervals (design-based, metrics/inference.py). n_resamples, seed: the
+    earlier bootstrap's; n_resamples=0 still means no intervals, other values and seed are not used.
+    na_as_zero: write the reference's 0.0 instead of an empty cell where a CSV cell does not apply.
+    hub_leaderboard: a leaderboard read from the Hub (``chexpercept.metrics.hub.leaderboard.read_leaderboard``) to show
     beside the local runs, marked as taken from the Hub.
     """
     start = time.perf_counter()
@@ -446,16 +509,20 @@ def write_report(
 
     # --- scores: per model (headline numbers) and per run (the reference's per-run view)
     per_run, models, reports = _score(folders, loaded, mode)
-    warnings = [w for rep in reports.values() for w in answer_warnings(rep)]
+    warnings = merge_warnings([w for rep in reports.values() for w in answer_warnings(rep)])
     clock.lap("score")
-    if n_resamples > 0:
+    if n_resamples is not None:
+        intervals = intervals and n_resamples > 0
+    if intervals:
         for rep in reports.values():
-            rep.with_intervals(n_resamples, seed=seed)
+            rep.with_intervals()
     clock.lap("intervals")
 
     # --- the paper's tables and the leaderboard
-    tables = _write_tables(out, reports, n_resamples=n_resamples, seed=seed, title=title, hub=hub_leaderboard)
+    tables = _write_tables(out, reports, intervals=intervals, title=title, hub=hub_leaderboard)
     files += tables.files
+    comparisons = _write_comparisons(out, reports, tables.board, title=title)
+    files += comparisons.files
     clock.lap("tables")
 
     # --- the reference's CSVs and figures, per run and per oracle setting
@@ -492,7 +559,9 @@ def write_report(
         write_viewer_data(out, _viewer_runs(folders, loaded, per_run), bundle_obj, embed_images=embed_images)
         clock.lap("viewer")
         runs_section = _runs_section(folders, loaded, reports, mode)
-        sections = _page_sections(out, tables, figures, per_setting_figures, runs_section, files, reports)
+        sections = _page_sections(
+            out, tables, comparisons, figures, per_setting_figures, runs_section, files, reports
+        )
         banners = _banners(folders, bundle_obj, embed_images, notes, warnings)
         subtitle = f"{len(models)} model(s), {len(folders)} run(s), {n_cases} cases"
         index_html = write_index_html(out, title=title, sections=sections, banners=banners, subtitle=subtitle)
