@@ -238,7 +238,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _output(args: argparse.Namespace, reports: list[Any], intervals: bool) -> str:
-    from .tables import legend, render_table
+    from .tables import legend, render_table, zero_width
 
     if args.compare:
         from .comparisons import compare, render_comparison
@@ -261,7 +261,8 @@ def _output(args: argparse.Namespace, reports: list[Any], intervals: bool) -> st
             for t in ids
         ]
         if args.format == "markdown":
-            parts.insert(0, legend(intervals, level=args.level) + "\n")
+            marked = intervals and zero_width(models, ids)
+            parts.insert(0, legend(intervals, level=args.level, marked=marked) + "\n")
         return "\n".join(parts)
     if args.details:
         data = [r.to_dict(cases=args.cases) for r in reports]

@@ -23,7 +23,7 @@ from chexpercept.vocab import LESIONS, PATHS, route_stages
 
 from .columns import DERIVED, FLAT_KEYS
 from .inference import DEFAULT_LEVEL, DEFAULT_POWER, Paired, adjust, paired_columns
-from .tables import TABLES
+from .tables import TABLES, table_cells
 
 if TYPE_CHECKING:  # annotations only
     from .model_scores import ModelScores
@@ -31,9 +31,10 @@ if TYPE_CHECKING:  # annotations only
 FORMATS: tuple[str, ...] = ("markdown", "csv", "json")
 METHOD_DOC = 'docs/scoring.md, "Intervals, tests and power"'
 NO_VARIATION = (
-    "† no variation: every case of each lesion x path cell has the same difference, so no draw of cases "
-    "with these cells changes it (exact for constant answers to Stages 1 and 2, whose gold answer is "
-    "fixed per path; otherwise the cells are too small to show variation)."
+    "† no variation: every case of each stratum (lesion x path cell; path where cells hold under 10 "
+    "cases) has the same difference, so no draw of cases with these cells changes it (exact for constant "
+    "answers to Stages 1 and 2, whose gold answer is fixed per path; otherwise too few cases to show "
+    "variation)."
 )
 
 
@@ -57,13 +58,11 @@ class Family:
 
 
 def _table_family(table_id: str) -> Family:
-    table = TABLES[table_id]
-    rows = []
-    for label, subs in table.rows or (("", {}),):
-        for col in table.cols:
-            kind = "num" if col.kind == "num" else "pct"
-            rows.append(FamilyRow(col.key.format(**subs), f"{label} {col.header}".strip(), kind))
-    return Family(table_id, table.title, tuple(rows))
+    rows = tuple(
+        FamilyRow(key, label, "num" if col.kind == "num" else "pct")
+        for key, label, col in table_cells(table_id)
+    )
+    return Family(table_id, TABLES[table_id].title, rows)
 
 
 def _families() -> dict[str, Family]:

@@ -20,7 +20,9 @@ freedom: the cases minus the cells, over the cells the metric applies to.
 **Intervals.** A share (a mean of 0/1 values) gets the Korn-Graubard interval: Clopper-Pearson at
 the effective number of cases ``p (1 - p) / V``, scaled for the degrees of freedom; it stays inside
 [0, 1] and keeps a width at 0% and 100% (0 of 700 gives [0, 0.5%]). Depth, point counts and
-differences get ``θ ± t_df · sqrt(V)``.
+differences get ``θ ± t_df · sqrt(V)``, kept within the values a case can have; a depth at its
+lowest or highest possible value, or a difference of shares with no case differing, keeps a width
+from the Clopper-Pearson bound of the share of cases that could be elsewhere.
 
 **Paired differences.** Two models on the same cases: the difference of their linearised values per
 case carries the pairing (how often both pass or fail the same case), so the same estimator gives the
@@ -53,7 +55,7 @@ import numpy as np
 
 from chexpercept.vocab import PATHS
 
-from .columns import ALIASES, DERIVED, ColumnMatrix, is_share
+from .columns import ALIASES, DERIVED, ColumnMatrix, is_share, value_range
 
 #: multiplicity adjustments: Holm (family-wise error), Benjamini-Hochberg (false discovery rate), none
 ADJUSTMENTS: tuple[str, ...] = ("holm", "bh", "none")
@@ -85,6 +87,8 @@ class Estimate:
     #: for a difference of shares, the largest |value| one case can have (1; 2 for the paired
     #: difference of two models' gains): the interval stays within ±limit
     limit: float | None = None
+    #: for a depth, the lowest and highest value one case can have: the interval stays within them
+    bounds: tuple[float, float] | None = None
 
     @property
     def varies(self) -> bool:
@@ -98,6 +102,8 @@ class Estimate:
             return share_interval(self, level)
         if self.limit is not None:
             return difference_interval(self, level)
+        if self.bounds is not None:
+            return bounded_interval(self, level)
         return t_interval(self, level)
 
     def p_value(self) -> float:
@@ -158,6 +164,20 @@ def difference_interval(est: Estimate, level: float = DEFAULT_LEVEL) -> tuple[fl
         limit = est.limit or 1.0
         return -limit * bound, limit * bound
     return t_interval(est, level)
+
+
+def bounded_interval(est: Estimate, level: float = DEFAULT_LEVEL) -> tuple[float, float]:
+    """Interval of a mean of values between ``bounds`` (a depth): the t interval within them; when
+    every case sits at one bound, from it to the bound's value moved by the upper bound of the share
+    of cases that could be elsewhere, 0 of n (``share_interval``) times the range (a perfect depth of
+    4.00 over 42 cases is not known to be exactly 4.00)."""
+    low, high = est.bounds or (-math.inf, math.inf)
+    if est.se <= 0 and est.value in (low, high):
+        share = share_interval(Estimate(0.0, 0.0, est.df, est.n, share=True), level)[1]
+        step = share * (high - low)
+        return (low, low + step) if est.value == low else (high - step, high)
+    lo, hi = t_interval(est, level)
+    return max(lo, low), min(hi, high)
 
 
 def share_interval(est: Estimate, level: float = DEFAULT_LEVEL) -> tuple[float, float]:
@@ -284,6 +304,8 @@ def _estimates(
         est = Estimate(float(value[k]), float(se[k]), int(df[k]), int(n[k]), share and not limits)
         if (limits and share) or derived:
             est = replace(est, limit=2.0 if limits and derived else 1.0)
+        elif not limits and not share and (bounds := value_range(name)) is not None:
+            est = replace(est, bounds=bounds)
         out[name] = est
     return out
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -175,22 +175,47 @@ TABLE_IDS: tuple[str, ...] = tuple(TABLES)
 
 #: what a zero-width interval means (the mark after it in score's and the report's tables)
 NO_VARIATION_NOTE = (
-    "† zero width: every case of each lesion x path cell has the same value, so no draw of cases with "
-    "these cells changes the number (exact for a constant answer to Stage 1 or 2, whose gold answer is "
-    "fixed per path; otherwise the cells are too small to show variation)"
+    "† zero width: every case of each stratum (lesion x path cell; path where cells hold under 10 cases) "
+    "has the same value, so no draw of cases with these cells changes the number (exact for a constant "
+    "answer to Stage 1 or 2, whose gold answer is fixed per path; otherwise too few cases to show "
+    "variation)"
 )
 
 
-def legend(intervals: bool = False, *, level: float = 0.95) -> str:
+def legend(intervals: bool = False, *, level: float = 0.95, marked: bool = False) -> str:
     """What the numbers, brackets and dashes of the markdown tables mean (one line, printed above
-    them by ``chexpercept score --table`` and the report)."""
+    them by ``chexpercept score --table`` and the report); ``marked``: some interval has a †."""
     if intervals:
         return (
             f"Values in %, depth in stages; brackets: {level:.0%} intervals (design-based: cases the unit, "
             "lesion x path cells the strata; Korn-Graubard for percentages, t for depth; "
-            f"docs/scoring.md). {NO_VARIATION_NOTE}. – = does not apply or not measured."
+            'docs/scoring.md, "Intervals, tests and power"). '
+            + (f"{NO_VARIATION_NOTE}. " if marked else "")
+            + "– = does not apply or not measured."
         )
     return "Values in %, depth in stages. – = does not apply or not measured."
+
+
+def table_cells(table_id: str) -> list[tuple[str, str, Col]]:
+    """(metric key, label, column) of every cell of a table's rows, in reading order; the label is the
+    row's and the column's ("RR E2E S2")."""
+    table = TABLES[str(table_id)]
+    return [
+        (col.key.format(**subs), f"{label} {col.header}".strip(), col)
+        for label, subs in table.rows or (("", {}),)
+        for col in table.cols
+    ]
+
+
+def zero_width(reports: Mapping[str, Any], table_ids: Sequence[str] = TABLE_IDS) -> bool:
+    """Whether a cell of these tables has a zero-width interval for one of these models
+    (``ModelScores`` with intervals): the † that ``legend(marked=True)`` explains."""
+    keys = {key for tid in table_ids for key, _, _ in table_cells(tid)}
+    return any(
+        (ci := (rep.intervals or {}).get(key)) is not None and ci[0] == ci[1]
+        for rep in reports.values()
+        for key in keys
+    )
 
 
 def table_choices() -> str:

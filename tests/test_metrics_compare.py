@@ -194,3 +194,15 @@ def test_power_from_two_runs_uses_their_own_differences(runs, capsys):
     assert "From the runs: strong vs weak" in out and "| Metric | Discordance | Cases (runs) |" in out
     code, _, err = _cli(capsys, "power", runs / "strong")
     assert code == 2 and "give two runs of the same cases (or none), got 1" in err
+
+
+def test_zero_width_intervals_are_marked_and_explained(runs, tmp_path, capsys):
+    cases = fixture_cases(per_cell=4, seed=2)
+    records = simulate_records(cases, lambda c, t: "Answer: 1", oracle="implicit")  # baseline:constant:1
+    _write(tmp_path / "constant" / "oracle_implicit", records, "constant", "implicit")
+    code, out, _ = _cli(capsys, "score", tmp_path / "constant", "--table", "2", "--intervals")
+    assert code == 0 and "| constant | 66.7 [66.7, 66.7]† |" in out
+    legend = out.splitlines()[0]
+    assert "† zero width: every case of each stratum" in legend and "gold answer is fixed per path" in legend
+    code, out, _ = _cli(capsys, "score", runs / "strong", "--table", "2", "--intervals")
+    assert "†" not in out  # nothing to explain

@@ -197,3 +197,25 @@ def test_a_difference_with_a_part_that_does_not_apply_does_not_apply():
     scores = score_model([run_from_records(records, oracle="none")]).with_intervals()  # no oracle run
     assert scores.values["gain/stage2"] is None and scores.intervals["gain/stage2"] is None
     assert estimates(scores.matrix)["gain/stage2"] is None
+
+
+def test_a_depth_at_its_limit_keeps_a_width_and_intervals_stay_within_the_possible_values():
+    from chexpercept.metrics.columns import value_range
+
+    assert value_range("depth/RR") == (0.0, 4.0) and value_range("lesion/cardiomegaly/depth_native/RF") == (
+        0,
+        2,
+    )
+    assert value_range("sub/location") == (0.0, 1.0) and value_range("gain/stage2") is None
+    cases = fixture_cases(per_cell=2, seed=1)
+    records = simulate_records(cases, lambda c, t: True, oracle="implicit")  # the oracle baseline
+    scores = score_model([run_from_records(records, oracle="implicit", greedy=True)]).with_intervals()
+    lo, hi = scores.intervals["depth/RR"]
+    assert scores.values["depth/RR"] == 4.0 and 3.0 < lo < 4.0 and hi == 4.0
+    rnd = random.Random(2)
+    records = simulate_records(cases, lambda c, t: rnd.random() < 0.1, oracle="implicit")
+    scores = score_model([run_from_records(records, oracle="implicit", greedy=True)]).with_intervals()
+    for key in ("depth/RR", "depth/RF", "lesion/edema/depth_native/RR"):
+        low, high = value_range(key)
+        lo, hi = scores.intervals[key]
+        assert low <= lo <= scores.values[key] <= hi <= high, key

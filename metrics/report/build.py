@@ -38,7 +38,7 @@ from typing import Any
 from chexpercept.bundle import Bundle
 from chexpercept.metrics.discovery import RunFolder, discover_runs
 from chexpercept.metrics.runs import open_bundle
-from chexpercept.metrics.tables import TABLE_IDS, legend
+from chexpercept.metrics.tables import TABLE_IDS, legend, zero_width
 from chexpercept.results import ORACLE_SETTINGS
 from chexpercept.vocab import LESIONS, PATHS
 
@@ -306,7 +306,7 @@ def _write_tables(
             )
         )
         blocks.append(md)
-    ci_note = legend(intervals)
+    ci_note = legend(intervals, marked=intervals and zero_width(reports))
     tables_md = _write(out / "tables.md", f"# {title}: tables\n\n{ci_note}\n\n" + "\n".join(blocks))
     files.append(tables_md)
     board = leaderboard_rows(reports)
