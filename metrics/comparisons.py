@@ -156,8 +156,9 @@ class Comparison:
             "method": (
                 "paired t test and interval from the design-based standard error of the difference "
                 "(cases the unit, lesion x path cells the strata); p_adjusted within each family; "
-                f"detectable: 80%-power difference at the family's level; see {METHOD_DOC}"
-            ).replace("80%", f"{self.power:.0%}"),
+                f"detectable: the difference found with {self.power:.0%} power at the family's level; "
+                f"see {METHOD_DOC}"
+            ),
             "families": {
                 r.family.id: {
                     "title": r.family.title,

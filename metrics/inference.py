@@ -13,9 +13,11 @@ variance over draws of cases with the release's cell sizes is estimated by the s
 with-replacement estimator ``V = Σ_h n_h / (n_h - 1) Σ_{i in h} (z_i - mean_h z)²``: survey
 statistics' Taylor-linearisation estimator with cases as primary units (what R's ``survey`` and
 Stata's ``svy`` compute with these strata, and what a rescaled stratified bootstrap approximates
-without Monte Carlo noise). A cell holding one case cannot show its own variance; it is compared with
-the overall mean instead (``survey``'s ``lonely.psu = "adjust"``), which errs wide. Degrees of
-freedom: the cases minus the cells, over the cells the metric applies to.
+without Monte Carlo noise). A cell of fewer than ``MIN_CELL_CASES`` cases (a subset, the demo) cannot
+estimate its own variance (two cases that agree would claim none), so such cells are pooled with the
+other lesions of their path (``design_strata``); a stratum that still holds one case is compared with
+the overall mean (``survey``'s ``lonely.psu = "adjust"``), which errs wide. Degrees of freedom: the
+cases minus the strata, over the strata the metric applies to.
 
 **Intervals.** A share (a mean of 0/1 values) gets the Korn-Graubard interval: Clopper-Pearson at
 the effective number of cases ``p (1 - p) / V``, scaled for the degrees of freedom; it stays inside
@@ -96,8 +98,8 @@ class Estimate:
         return self.se > 0
 
     def interval(self, level: float = DEFAULT_LEVEL) -> tuple[float, float]:
-        """Korn-Graubard for a share, ``difference_interval`` for a difference of shares, t otherwise
-        (see the module docstring)."""
+        """Korn-Graubard for a share, ``difference_interval`` for a difference of shares,
+        ``bounded_interval`` for a depth, t otherwise (see the module docstring)."""
         if self.share:
             return share_interval(self, level)
         if self.limit is not None:

@@ -339,3 +339,18 @@ def test_the_report_compares_neighbours_on_the_leaderboard(report):
     assert {r["family"] for r in rows} >= {"2", "3", "8", "9", "gains", "cells"}
     page = report.index_html.read_text()
     assert 'id="comparisons"' in page and "Paired comparison: oracle - steady" in page
+
+
+def test_the_page_says_each_note_once(workspace, tmp_path):
+    import shutil
+
+    root, _ = workspace
+    shutil.copytree(root / "runs", tmp_path / "runs")
+    for meta in (tmp_path / "runs").rglob("run.json"):
+        meta.unlink()  # every run: the same note
+    out = write_report(tmp_path / "runs", tmp_path / "report", n_resamples=0, plots=False)
+    page = out.index_html.read_text()
+    banners = [b for b in page.split('<div class="banner">')[1:] if "run.json is missing" in b]
+    assert len(banners) == 1 and "oracle · implicit" in banners[0] and "steady · none" in banners[0]
+    assert sum("run.json is missing" in n for n in out.notes) == 1
+    assert sum("no run.json; oracle setting taken from the records" in n for n in out.notes) == 1

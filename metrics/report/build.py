@@ -30,7 +30,7 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path as FsPath
 from typing import Any
@@ -118,7 +118,7 @@ def resolve_bundle(
             where = f" (run.json names {recorded[0][1]})" if recorded else ""
             notes.append(
                 f"the bundle is not on this disk{where}: the case viewer shows the recorded conversations "
-                "without images; pass --bundle DIR to show them"
+                "without images; pass --data-dir DIR to show them"
             )
             return None, notes
         found = open_bundle(existing[0][1])
@@ -501,7 +501,7 @@ def write_report(
     bundle_obj, notes = resolve_bundle(bundle, folders)
     loaded = _load(folders, bundle_obj)
     clock.lap("load")
-    notes.extend(note for rf in folders for note in rf.notes)
+    notes.extend(said_once((rf.label, note) for rf in folders for note in rf.notes))
 
     out = FsPath(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -577,12 +577,34 @@ def write_report(
         tables_md=tables.tables_md,
         leaderboard_md=tables.leaderboard_md,
         files=files,
-        notes=notes + [f"{name}: {n}" for name, rep in reports.items() for n in rep.notes],
+        notes=notes + _model_notes(folders, reports),
         warnings=warnings,
         seconds=time.perf_counter() - start,
         timings=clock.laps,
         table2=_metrics().render_table("2", reports, fmt="markdown", intervals=False),
     )
+
+
+def said_once(items: Iterable[tuple[str, str]]) -> list[str]:
+    """Each distinct note once, naming what it concerns: (subject, note) pairs -> "note (a, b)"."""
+    subjects: dict[str, list[str]] = {}
+    for subject, note in items:
+        names = subjects.setdefault(note, [])
+        if subject not in names:
+            names.append(subject)
+    return [f"{note} ({', '.join(names)})" for note, names in subjects.items()]
+
+
+def _model_notes(folders: Sequence[RunFolder], reports: dict[str, Any]) -> list[str]:
+    """The models' notes, each said once: a note about a run folder ("<folder>: ...") is grouped
+    with the same note about other folders."""
+    items = []
+    for name, rep in reports.items():
+        prefixes = [f"{rf.folder}: " for rf in folders if rf.model == name]
+        for note in rep.notes:
+            prefix = next((p for p in prefixes if note.startswith(p)), None)
+            items.append((prefix[:-2], note[len(prefix) :]) if prefix else (name, note))
+    return said_once(items)
 
 
 def model_dirname(model: str) -> str:
