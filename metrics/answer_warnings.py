@@ -146,12 +146,8 @@ class AnswerWarning:
         scope = f"in every task ({tasks})" if every else f"in {tasks}"
         low = min(t.share for t in self.tasks)
         pct = f"{self.share:.0%}" if low == self.share else f"{low:.0%}-{self.share:.0%}"
-        settings = [o for o, _ in self.runs]
-        runs = (
-            f"oracle {settings[0]} run"
-            if len(settings) == 1
-            else (f"oracle {', '.join(settings[:-1])} and {settings[-1]} runs")
-        )
+        *others, last = [o for o, _ in self.runs]
+        runs = f"oracle {', '.join(others)} and {last} runs" if others else f"oracle {last} run"
         return (
             f"{self.model}, {runs} ({self.parse_mode} parsing): {pct} of the answers "
             f"{_WHAT[self.kind]} {scope}. Its numbers measure the answer format, not perception."

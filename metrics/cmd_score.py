@@ -141,12 +141,9 @@ def _expanded(paths: list[str], names: list[str | None]) -> list[tuple[str, str 
 def _say_once(items: list[tuple[str, str]]) -> None:
     """Print each (model, line) pair on stderr as ``[model] line``, a line that several models share
     once with all their names: ``[a, b] line``."""
-    names: dict[str, list[str]] = {}
-    for model, line in items:
-        names.setdefault(line, [])
-        if model not in names[line]:
-            names[line].append(model)
-    for line, models in names.items():
+    from .model_scores import said_once
+
+    for line, models in said_once(items):
         print(f"[{', '.join(models)}] {line}", file=sys.stderr)
 
 
@@ -163,6 +160,8 @@ def _interval_options(args: argparse.Namespace) -> bool:
         )
     if args.seed is not None:
         print("note: --seed is not used: nothing in score is random any more", file=sys.stderr)
+    if not 0 < args.level < 1:
+        raise ValueError(f"--level must be between 0 and 1 (e.g. 0.95), got {args.level}")
     return args.intervals or bool(args.bootstrap)
 
 

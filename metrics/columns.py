@@ -140,8 +140,8 @@ def add_derived(values: dict[str, float | None]) -> dict[str, float | None]:
 
 def is_share(name: str) -> bool:
     """True when a metric is a mean of 0/1 values (an accuracy or a rate, in [0, 1]; LF's depth);
-    False for the other depths, point counts and the differences in ``DERIVED``. Shares get intervals that stay inside [0, 1]
-    (metrics/inference.py)."""
+    False for the other depths, point counts and the differences in ``DERIVED``. Shares get
+    intervals that stay inside [0, 1] (metrics/inference.py)."""
     name = ALIASES.get(name, name)
     if name in DERIVED:
         return False

@@ -21,7 +21,9 @@ cases minus the strata, over the strata the metric applies to.
 
 **Intervals.** A share (a mean of 0/1 values) gets the Korn-Graubard interval: Clopper-Pearson at
 the effective number of cases ``p (1 - p) / V``, scaled for the degrees of freedom; it stays inside
-[0, 1] and keeps a width at 0% and 100% (0 of 700 gives [0, 0.5%]). Depth, point counts and
+[0, 1] and keeps a width at 0% and 100% (0 of 700 gives [0, 0.5%]); so does a gain of
+Oracle-Passed over End-to-End whose every case is 0 or 1 (the share of cases that pass only with the
+oracle: always so when both come from one oracle run). Depth, point counts and
 differences get ``θ ± t_df · sqrt(V)``, kept within the values a case can have; a depth at its
 lowest or highest possible value, or a difference of shares with no case differing, keeps a width
 from the Clopper-Pearson bound of the share of cases that could be elsewhere.
@@ -327,9 +329,28 @@ def estimate_columns(
     ``design_strata``. None where a metric applies to no case.
     """
     value, z = _linearised(weighted, applies)
+    shares = _gains_of_cases(weighted, applies, names)
     names, value, z, applies = _with_derived(names, value, z, applies)
     variance, df = _Cells(design_strata(strata, min_cases)).variance(z, applies)
-    return _estimates(names, value, np.sqrt(variance), df, applies)
+    out = _estimates(names, value, np.sqrt(variance), df, applies)
+    for name in shares:
+        if (est := out.get(name)) is not None:
+            out[name] = replace(est, share=True, limit=None)
+    return out
+
+
+def _gains_of_cases(weighted: np.ndarray, applies: np.ndarray, names: Sequence[str]) -> list[str]:
+    """DERIVED differences of two shares over the same cases whose every case is 0 or 1 (a gain of
+    Oracle-Passed over End-to-End: always so when both come from one oracle run): a share of cases,
+    whose interval is then the share's (Korn-Graubard), not the t interval of a rare difference."""
+    col = {name: i for i, name in enumerate(names)}
+    out = []
+    for name, (a, b) in DERIVED.items():
+        if a in col and b in col and is_share(a) and is_share(b):
+            i, j = col[a], col[b]
+            if (applies[:, i] == applies[:, j]).all() and (weighted[:, i] >= weighted[:, j]).all():
+                out.append(name)
+    return out
 
 
 def estimates(matrix: ColumnMatrix) -> dict[str, Estimate | None]:

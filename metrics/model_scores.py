@@ -15,7 +15,7 @@ inputs (``notes``): unfinished runs, missing run.json fields, cases missing from
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -127,6 +127,17 @@ class ModelScores:
         if cases:
             out["cases"] = {setting: cs.cases() for setting, cs in self.scores.items()}
         return out
+
+
+def said_once(items: Iterable[tuple[str, str]]) -> list[tuple[str, list[str]]]:
+    """(line, subjects) for each distinct line of (subject, line) pairs, in first-seen order: what
+    several models or runs share (a source, a note) is said once, naming them all."""
+    subjects: dict[str, list[str]] = {}
+    for subject, line in items:
+        names = subjects.setdefault(line, [])
+        if subject not in names:
+            names.append(subject)
+    return list(subjects.items())
 
 
 def _cut_off(cs: CaseScores, run: Run) -> dict[str, dict[str, int]]:

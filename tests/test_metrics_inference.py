@@ -154,15 +154,25 @@ def test_two_models_that_never_differ_get_p_one_and_an_interval_wider_than_zero(
     assert hi == pytest.approx(share_interval(Estimate(0.0, 0.0, d.df, d.n, share=True))[1])
 
 
-def test_derived_differences_of_shares_stay_within_one():
-    rnd = random.Random(5)
+def test_gains_are_shares_of_cases_and_differences_stay_within_one():
     cases = fixture_cases(per_cell=3, seed=5)
-    records = simulate_records(cases, lambda c, t: rnd.random() < 0.4, oracle="implicit")
-    scores = score_model([run_from_records(records, oracle="implicit", greedy=True)]).with_intervals()
-    est = estimates(scores.matrix)
-    assert est["gain/stage2"].limit == 1.0 and not est["gain/stage2"].share
-    lo, hi = scores.intervals["bias/stage2/delta"]
-    assert -1 <= lo <= hi <= 1
+    rnd = random.Random(5)
+    implicit = simulate_records(cases, lambda c, t: rnd.random() < 0.4, oracle="implicit")
+    one_run = score_model([run_from_records(implicit, oracle="implicit", greedy=True)]).with_intervals()
+    # End-to-End from the oracle run itself: a case gains (0 or 1) where OP passed and E2E did not
+    gain = estimates(one_run.matrix)["gain/stage2"]
+    assert gain.share and 0 < gain.value < 1
+    lo, hi = one_run.intervals["gain/stage2"]
+    assert 0 <= lo < gain.value < hi <= 1
+    # End-to-End from a separate none run: a case can lose too; a difference of shares, within ±1
+    none = simulate_records(cases, lambda c, t: rnd.random() < 0.6, oracle="none")
+    runs = [run_from_records(none, oracle="none"), run_from_records(implicit, oracle="implicit", greedy=True)]
+    two_runs = score_model(runs).with_intervals()
+    gain = estimates(two_runs.matrix)["gain/stage2"]
+    assert gain.limit == 1.0 and not gain.share
+    for key in ("gain/stage2", "bias/stage2/delta"):
+        lo, hi = two_runs.intervals[key]
+        assert -1 <= lo <= two_runs.values[key] <= hi <= 1, key
 
 
 def test_holm_and_benjamini_hochberg():

@@ -56,6 +56,7 @@ from ..hub.leaderboard import (
     render_side_by_side,
     side_by_side,
 )
+from ..model_scores import said_once
 from . import plots, reference_csv
 from .cases import ViewerRun, write_viewer_data
 from .leaderboard import leaderboard_rows, render_leaderboard, write_leaderboard_csv
@@ -501,7 +502,7 @@ def write_report(
     bundle_obj, notes = resolve_bundle(bundle, folders)
     loaded = _load(folders, bundle_obj)
     clock.lap("load")
-    notes.extend(said_once((rf.label, note) for rf in folders for note in rf.notes))
+    notes.extend(_notes_once((rf.label, note) for rf in folders for note in rf.notes))
 
     out = FsPath(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -585,14 +586,9 @@ def write_report(
     )
 
 
-def said_once(items: Iterable[tuple[str, str]]) -> list[str]:
+def _notes_once(items: Iterable[tuple[str, str]]) -> list[str]:
     """Each distinct note once, naming what it concerns: (subject, note) pairs -> "note (a, b)"."""
-    subjects: dict[str, list[str]] = {}
-    for subject, note in items:
-        names = subjects.setdefault(note, [])
-        if subject not in names:
-            names.append(subject)
-    return [f"{note} ({', '.join(names)})" for note, names in subjects.items()]
+    return [f"{note} ({', '.join(names)})" for note, names in said_once(items)]
 
 
 def _model_notes(folders: Sequence[RunFolder], reports: dict[str, Any]) -> list[str]:
@@ -604,7 +600,7 @@ def _model_notes(folders: Sequence[RunFolder], reports: dict[str, Any]) -> list[
         for note in rep.notes:
             prefix = next((p for p in prefixes if note.startswith(p)), None)
             items.append((prefix[:-2], note[len(prefix) :]) if prefix else (name, note))
-    return said_once(items)
+    return _notes_once(items)
 
 
 def model_dirname(model: str) -> str:
