@@ -115,8 +115,9 @@ def _bootstrap(report, n_rep: int, seed: int) -> None:
     for s in np.unique(m.strata):
         idx = np.flatnonzero(m.strata == s)
         weights[:, idx] = rng.multinomial(len(idx), np.full(len(idx), 1 / len(idx)), size=n_rep)
+    cols = m.applies.any(axis=0)  # metrics with no case have no interval
     with np.errstate(invalid="ignore", divide="ignore"):
-        reps = (weights @ m.weighted) / (weights @ m.applies.astype(float))
+        reps = (weights @ m.weighted[:, cols]) / (weights @ m.applies[:, cols].astype(float))
     np.nanpercentile(reps, [2.5, 97.5], axis=0)
 
 
