@@ -394,11 +394,15 @@ def csv_rows(
 
 
 def render_comparison(
-    comparison: Comparison, fmt: str = "markdown", *, families: Iterable[str] | None = None
+    comparison: Comparison,
+    fmt: str = "markdown",
+    *,
+    families: Iterable[str] | None = None,
+    explain: bool = True,
 ) -> str:
-    """The comparison in ``markdown`` (a title, how to read it, one table per family), ``csv`` (one
-    row per test, fractions) or ``json``. families: ids to show (default ``DEFAULT_FAMILIES``;
-    ``all``); the adjustment always covers the whole family."""
+    """The comparison in ``markdown`` (a title, how to read it unless ``explain`` is False, one table
+    per family), ``csv`` (one row per test, fractions) or ``json``. families: ids to show (default
+    ``DEFAULT_FAMILIES``; ``all``); the adjustment always covers the whole family."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
     shown = _selected(comparison, families)
@@ -414,11 +418,8 @@ def render_comparison(
         writer.writerows(rows)
         return buf.getvalue()
     a, b = comparison.a, comparison.b
-    parts = [
-        f"**Paired comparison: {a} - {b}** on the {comparison.cases:,} cases both were scored on",
-        "",
-        how_to_read(comparison),
-        "",
-    ]
+    parts = [f"**Paired comparison: {a} - {b}** on the {comparison.cases:,} cases both were scored on", ""]
+    if explain:
+        parts += [how_to_read(comparison), ""]
     parts += [_markdown_family(r, a, b, comparison.adjust) for r in shown]
     return "\n".join(parts)

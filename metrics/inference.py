@@ -111,9 +111,15 @@ class Estimate:
         return t_interval(self, level)
 
     def p_value(self) -> float:
-        """Two-sided t test of value = 0 (for a paired difference: no difference)."""
+        """Two-sided t test of value = 0 (for a paired difference: no difference). Without variation:
+        1 at 0; for a difference of shares where every case differs the same way, the sign test's
+        ``2 · 0.5^n`` (what ``difference_interval`` inverts); otherwise 0."""
         if self.se <= 0:
-            return 1.0 if self.value == 0 else 0.0
+            if self.value == 0:
+                return 1.0
+            if self.limit is not None and abs(self.value) == self.limit:
+                return min(1.0, 2 * 0.5**self.n)
+            return 0.0
         return 2 * _t_cdf(-abs(self.value) / self.se, self.df)
 
     def detectable(
@@ -162,11 +168,18 @@ def t_interval(est: Estimate, level: float = DEFAULT_LEVEL) -> tuple[float, floa
 def difference_interval(est: Estimate, level: float = DEFAULT_LEVEL) -> tuple[float, float]:
     """Interval of a difference of shares (two models', or a gain): the t interval within ±limit;
     when no case differs at all, ±limit times the upper bound of the share of cases that differ, 0 of
-    n (``share_interval``): a difference cannot exceed that share, and 0 of n does not prove it is 0."""
+    n (``share_interval``): a difference cannot exceed that share, and 0 of n does not prove it is 0.
+    When every case differs by the whole limit the same way (one model right on every case, the
+    other wrong), the cases that could differ less are at most Clopper-Pearson's ``1 - (α/2)^(1/n)``
+    of them, each at worst -limit: the interval leaves out 0 exactly when the sign test's p does."""
+    limit = est.limit or 1.0
     if est.se <= 0 and est.value == 0:
         bound = share_interval(Estimate(0.0, 0.0, est.df, est.n, share=True), level)[1]
-        limit = est.limit or 1.0
         return -limit * bound, limit * bound
+    if est.se <= 0 and abs(est.value) == limit:
+        rest = 1 - ((1 - _check_level(level)) / 2) ** (1 / est.n)
+        near = limit * (1 - 2 * rest)
+        return (near, limit) if est.value > 0 else (-limit, -near)
     return t_interval(est, level)
 
 

@@ -229,3 +229,17 @@ def test_a_depth_at_its_limit_keeps_a_width_and_intervals_stay_within_the_possib
         low, high = value_range(key)
         lo, hi = scores.intervals[key]
         assert low <= lo <= scores.values[key] <= hi <= high, key
+
+
+def test_one_model_right_on_every_case_the_other_wrong_is_a_sign_test():
+    strata = np.repeat(np.arange(7) * 3, 2)  # 14 RR cases, 2 per cell
+    right, wrong = np.ones((14, 1)), np.zeros((14, 1))
+    d = paired_columns(right, wrong, np.ones((14, 1), bool), strata, ["e2e/stage3/RR"])["e2e/stage3/RR"]
+    d = d.difference
+    lo, hi = d.interval(0.95)
+    assert d.value == 1.0 and hi == 1.0 and lo == pytest.approx(1 - 2 * (1 - 0.025 ** (1 / 14)))
+    assert d.p_value() == pytest.approx(2 * 0.5**14)  # not 0, not an interval of [1, 1]
+    few = paired_columns(right[:4], wrong[:4], np.ones((4, 1), bool), strata[:4], ["e2e/stage3/RR"])
+    d = few["e2e/stage3/RR"].difference  # 4 cases: the sign test cannot reject, nor can the interval
+    lo, hi = d.interval(0.95)
+    assert d.p_value() == 0.125 and lo < 0 < hi

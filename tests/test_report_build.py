@@ -354,3 +354,8 @@ def test_the_page_says_each_note_once(workspace, tmp_path):
     assert len(banners) == 1 and "oracle · implicit" in banners[0] and "steady · none" in banners[0]
     assert sum("run.json is missing" in n for n in out.notes) == 1
     assert sum("no run.json; oracle setting taken from the records" in n for n in out.notes) == 1
+
+
+def test_the_comparisons_say_how_to_read_them_once(report):
+    md = (report.out / "comparisons.md").read_text()
+    assert md.count("**Paired comparison:") == 2 and md.count("the interval leaves out 0 exactly when") == 1

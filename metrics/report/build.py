@@ -337,7 +337,7 @@ def _write_comparisons(
 ) -> _Comparisons:
     """``comparisons.md`` (Table 2's family for each adjacent pair of the End-to-End leaderboard) and
     ``comparisons.csv`` (every family of those pairs)."""
-    from ..comparisons import compare, csv_rows, render_comparison
+    from ..comparisons import compare, csv_rows, how_to_read, render_comparison
 
     intro = (
         "Each model against the next one on the End-to-End leaderboard, on the cases both were scored on: "
@@ -348,13 +348,17 @@ def _write_comparisons(
     pairs = adjacent_pairs(board)
     if not pairs:
         blocks.append("Comparisons need two models with End-to-End numbers; this report has fewer.")
+    explained = False
     for a, b in pairs:
         try:
             comparison = compare(reports[a], reports[b])
         except ValueError as e:  # other bundles, no shared case: said, not fatal
             blocks += [f"**{a} - {b}**: not compared: {e}.", ""]
             continue
-        blocks.append(render_comparison(comparison, families=["2"]))
+        if not explained:  # how to read the tables, once
+            blocks += [how_to_read(comparison), ""]
+            explained = True
+        blocks.append(render_comparison(comparison, families=["2"], explain=False))
         names, pair_rows = csv_rows(comparison, families=["all"])
         header = ["model_a", "model_b", *names]
         rows += [[a, b, *row] for row in pair_rows]
