@@ -26,11 +26,14 @@ Scoring
     ``Report`` and ``build_report`` are deprecated names of ``ModelScores`` and ``score_model``
         ("report" now means the HTML report, ``chexpercept.metrics.report``).
 
-Uncertainty
-    ``ModelScores.with_intervals(n_resamples=1000, seed=0, level=0.95)`` / ``bootstrap_intervals(scores)``:
-        percentile intervals, cases resampled within each (lesion, path) cell.
-    ``compare_reports(a, b, keys=None, n_resamples=1000, n_permutations=1000, seed=0)``: paired
-        difference on the common cases, bootstrap interval and permutation p-value per metric.
+Uncertainty (one design-based method: cases the unit, lesion x path cells the strata; metrics/inference.py)
+    ``ModelScores.with_intervals(level=0.95)`` / ``intervals(scores.matrix)``: every metric's interval
+        (Korn-Graubard for shares, t otherwise); ``estimates(scores.matrix)``: values with standard errors.
+    ``compare(a, b, level=0.95, adjust_method="holm")``: paired differences, intervals, t tests and
+        detectable differences, p-values adjusted within families (the paper's tables, Table 2's gains,
+        the lesion x path x stage cells); ``render_comparison(comparison, fmt)``: markdown, CSV, JSON.
+        ``compare_reports(a, b, keys=None)``: the same per metric, unadjusted.
+    ``detectable_difference(se, df)``, ``cases_needed(sd, difference)``: power (``chexpercept power``).
 
 Tables
     ``render_table(id, scores_or_{name: scores}, fmt="markdown"|"csv", intervals=False)`` for
@@ -74,7 +77,13 @@ _EXPORTS: dict[str, str] = {
     "score_model": "model_scores",
     "score_path": "api",
     "bootstrap_intervals": "bootstrap",
-    "compare_reports": "bootstrap",
+    "intervals": "inference",
+    "estimates": "inference",
+    "detectable_difference": "inference",
+    "cases_needed": "inference",
+    "compare": "comparisons",
+    "compare_reports": "comparisons",
+    "render_comparison": "comparisons",
     "TABLES": "tables",
     "render_table": "tables",
     "table2_row": "tables",

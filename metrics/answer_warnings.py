@@ -19,7 +19,7 @@ table of its summary page) and the end of ``chexpercept run``.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from chexpercept.vocab import TASKS
@@ -72,6 +72,13 @@ class AnswerWarning:
     max_tokens: int | None = None
     #: of the unreadable answers, how many used the whole token budget (cut off)
     at_token_limit: int = 0
+    #: other runs of the model with exactly this finding, (oracle setting, folder): ``merge_warnings``
+    also: tuple[tuple[str, str | None], ...] = ()
+
+    @property
+    def runs(self) -> tuple[tuple[str, str | None], ...]:
+        """(oracle setting, folder) of every run this warning is about."""
+        return ((self.oracle, self.path), *self.also)
 
     @property
     def count(self) -> int:
@@ -123,10 +130,12 @@ class AnswerWarning:
         return out
 
     def where(self) -> str:
-        if self.path:
+        paths = [p for _, p in self.runs if p]
+        if paths:
+            files = " and ".join(f"{p}/results.jsonl" for p in paths)
             return (
-                f"the raw replies: `response` in {self.path}/results.jsonl, per case: "
-                f"chexpercept score {self.path} --details --cases, or the report's Cases tab"
+                f"the raw replies: `response` in {files}, per case: "
+                f"chexpercept score {paths[0]} --details --cases, or the report's Cases tab"
             )
         return "the raw replies (per case: return_cases=True, or chexpercept score RUN --details --cases)"
 
@@ -137,8 +146,10 @@ class AnswerWarning:
         scope = f"in every task ({tasks})" if every else f"in {tasks}"
         low = min(t.share for t in self.tasks)
         pct = f"{self.share:.0%}" if low == self.share else f"{low:.0%}-{self.share:.0%}"
+        *others, last = [o for o, _ in self.runs]
+        runs = f"oracle {', '.join(others)} and {last} runs" if others else f"oracle {last} run"
         return (
-            f"{self.model}, oracle {self.oracle} run ({self.parse_mode} parsing): {pct} of the answers "
+            f"{self.model}, {runs} ({self.parse_mode} parsing): {pct} of the answers "
             f"{_WHAT[self.kind]} {scope}. Its numbers measure the answer format, not perception."
         )
 
@@ -164,6 +175,7 @@ class AnswerWarning:
             "path": self.path,
             "max_tokens": self.max_tokens,
             "at_token_limit": self.at_token_limit,
+            "runs": [{"oracle": o, "path": p} for o, p in self.runs],
             "causes": self.causes(),
             "text": self.text(),
         }
@@ -218,10 +230,21 @@ def answer_warnings(scores: ModelScores, *, threshold: float = DEFAULT_THRESHOLD
     return out
 
 
+def merge_warnings(warnings: Sequence[AnswerWarning]) -> list[AnswerWarning]:
+    """The warnings with each finding said once: warnings of one model's runs that found exactly the
+    same (kind, tasks and counts, parse mode, token budget) become one naming every run."""
+    merged: dict[tuple[Any, ...], AnswerWarning] = {}
+    for w in warnings:
+        key = (w.model, w.kind, w.tasks, w.asked, w.parse_mode, w.max_tokens, w.at_token_limit)
+        first = merged.get(key)
+        merged[key] = w if first is None else replace(first, also=(*first.also, *w.runs))
+    return list(merged.values())
+
+
 def warning_lines(scores: ModelScores, *, threshold: float = DEFAULT_THRESHOLD) -> list[str]:
-    """``answer_warnings`` as the lines the command line prints (each warning's first line starts
-    with WARNING)."""
-    return [line for w in answer_warnings(scores, threshold=threshold) for line in w.lines()]
+    """``answer_warnings`` as the lines the command line prints, each finding once
+    (``merge_warnings``; each warning's first line starts with WARNING)."""
+    return [line for w in merge_warnings(answer_warnings(scores, threshold=threshold)) for line in w.lines()]
 
 
 def parse_rate_table(reports: Mapping[str, ModelScores] | Sequence[ModelScores]) -> str:

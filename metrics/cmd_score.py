@@ -20,6 +20,12 @@ from chexpercept.results import ORACLE_SETTINGS
 
 from .tables import TABLE_IDS, table_choices
 
+# the names of comparisons.FAMILIES, comparisons.FORMATS and inference.ADJUSTMENTS, spelled here so
+# that --help imports no numpy (tests/test_metrics_compare.py checks they agree)
+FAMILY_IDS: tuple[str, ...] = (*TABLE_IDS, "gains", "cells")
+FORMATS: tuple[str, ...] = ("markdown", "csv", "json")
+ADJUSTMENTS: tuple[str, ...] = ("holm", "bh", "none")
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
@@ -59,14 +65,46 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="print the paper's table: " + table_choices() + "; all: every one (several PATHs: one row "
         "per model)",
     )
-    out.add_argument("--compare", action="store_true", help="paired comparison of exactly two PATHs")
-    parser.add_argument("--format", choices=("markdown", "csv"), default="markdown", help="table format")
+    out.add_argument(
+        "--compare",
+        action="store_true",
+        help="paired comparison of exactly two PATHs: difference, interval, p-value adjusted within each "
+        "family, cases and detectable difference per metric (see --family, --adjust)",
+    )
+    parser.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="markdown",
+        help="--table: markdown or csv; --compare: markdown, csv or json (default markdown)",
+    )
     parser.add_argument("--cases", action="store_true", help="with --details: add every case's verdicts")
     parser.add_argument(
-        "--bootstrap", type=int, default=0, metavar="N", help="bootstrap resamples for intervals (0: none)"
+        "--intervals",
+        action="store_true",
+        help="add 95%% intervals (design-based: cases the unit, lesion x path cells the strata) to "
+        "--table and --details",
     )
-    parser.add_argument("--seed", type=int, default=0, help="bootstrap/permutation seed (default 0)")
+    parser.add_argument(
+        "--family",
+        action="append",
+        choices=(*FAMILY_IDS, "all"),
+        metavar="F",
+        help="with --compare: the families of tests to show, repeatable: a table number ("
+        + ", ".join(TABLE_IDS)
+        + "), gains (Table 2's brackets), cells (lesion x path x stage) or all (default: 2, 3, 8); "
+        "p-values are adjusted over the whole family",
+    )
+    parser.add_argument(
+        "--adjust",
+        choices=ADJUSTMENTS,
+        default="holm",
+        help="with --compare: multiplicity adjustment within each family: holm (family-wise error, the "
+        "default), bh (Benjamini-Hochberg false discovery rate) or none",
+    )
     parser.add_argument("--level", type=float, default=0.95, help="interval level (default 0.95)")
+    # earlier spellings: intervals came from a bootstrap; kept working, hidden from --help
+    parser.add_argument("--bootstrap", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--seed", type=int, default=None, help=argparse.SUPPRESS)
     add_option(
         parser, "--output", "--out", metavar="FILE", help="write the output to this file instead of stdout"
     )
@@ -100,11 +138,59 @@ def _expanded(paths: list[str], names: list[str | None]) -> list[tuple[str, str 
     return out
 
 
+def _say_once(items: list[tuple[str, str]]) -> None:
+    """Print each (model, line) pair on stderr as ``[model] line``, a line that several models share
+    once with all their names: ``[a, b] line``."""
+    from .model_scores import said_once
+
+    for line, models in said_once(items):
+        print(f"[{', '.join(models)}] {line}", file=sys.stderr)
+
+
+def _interval_options(args: argparse.Namespace) -> bool:
+    """Whether intervals were asked for (``--intervals``, or the earlier ``--bootstrap N``), saying
+    what the earlier options do now."""
+    if args.bootstrap is not None:
+        if args.bootstrap < 0:
+            raise ValueError("--bootstrap must be 0 or more")
+        print(
+            "note: --bootstrap is deprecated: the intervals are design-based and need no resampling "
+            f"(N is not used); {'use --intervals' if args.bootstrap else 'leave --intervals out'}",
+            file=sys.stderr,
+        )
+    if args.seed is not None:
+        print("note: --seed is not used: nothing in score is random any more", file=sys.stderr)
+    if not 0 < args.level < 1:
+        raise ValueError(f"--level must be between 0 and 1 (e.g. 0.95), got {args.level}")
+    return args.intervals or bool(args.bootstrap)
+
+
+def _check_formats(args: argparse.Namespace) -> None:
+    """--format json is for --compare; other formats say when they do nothing."""
+    if args.format == "json" and args.table:
+        raise ValueError("--table prints markdown or csv; --format json is for --compare")
+    if args.format != "markdown" and not (args.table or args.compare):
+        print(
+            f"note: --format {args.format} applies to --table and --compare; the flat metrics are JSON",
+            file=sys.stderr,
+        )
+    if args.family and not args.compare:
+        print(
+            "note: --family chooses what --compare shows; without --compare it does nothing", file=sys.stderr
+        )
+    if args.compare and args.intervals:
+        print(
+            "note: --compare gives every difference its interval; --intervals adds nothing", file=sys.stderr
+        )
+
+
 def run(args: argparse.Namespace) -> int:
     from .answer_warnings import warning_lines
     from .api import score_path
 
     try:
+        intervals = _interval_options(args)
+        _check_formats(args)
         models = _expanded(args.paths, _names(args))
         if args.compare and len(models) != 2:
             raise ValueError(f"--compare needs exactly two models, got {len(models)}")
@@ -129,55 +215,53 @@ def run(args: argparse.Namespace) -> int:
         seen[report.name] = seen.get(report.name, 0) + 1
         if seen[report.name] > 1:
             report.name = f"{report.name} ({seen[report.name]})"
-        for line in report.source_lines():
-            print(f"[{report.name}] {line}", file=sys.stderr)
-        for note in report.notes:
-            print(f"[{report.name}] note: {note}", file=sys.stderr)
+    _say_once([(r.name, line) for r in reports for line in r.source_lines()])
+    _say_once([(r.name, f"note: {note}") for r in reports for note in r.notes])
+    for report in reports:
         for line in warning_lines(report):
             print(line, file=sys.stderr)
-        if args.bootstrap > 0 and not args.compare:
-            report.with_intervals(args.bootstrap, seed=args.seed, level=args.level)
+        if intervals and not args.compare:
+            report.with_intervals(level=args.level)
     if args.cases and not args.details:
         print(
             "note: --cases adds every case's verdicts to --details; without --details it does nothing",
             file=sys.stderr,
         )
-    write_output(args.output, _output(args, reports))
+    try:
+        text = _output(args, reports, intervals)
+    except ValueError as e:  # e.g. two models of different bundles
+        print(f"chexpercept score: error: {e}", file=sys.stderr)
+        return 2
+    write_output(args.output, text)
     return 0
 
 
-def _output(args: argparse.Namespace, reports: list[Any]) -> str:
-    from .bootstrap import compare_reports
-    from .tables import legend, render_table
+def _output(args: argparse.Namespace, reports: list[Any], intervals: bool) -> str:
+    from .tables import legend, render_table, zero_width
 
     if args.compare:
+        from .comparisons import compare, render_comparison
+
         a, b = reports
-        result = {
-            "a": a.name,
-            "b": b.name,
-            "mode": args.parse_mode,
-            "n_resamples": args.bootstrap or 1000,
-            "metrics": compare_reports(
-                a,
-                b,
-                n_resamples=args.bootstrap or 1000,
-                n_permutations=args.bootstrap or 1000,
-                seed=args.seed,
-                level=args.level,
-            ),
-        }
-        return json.dumps(result, indent=2) + "\n"
+        comparison = compare(a, b, level=args.level, adjust_method=args.adjust)
+        return render_comparison(comparison, args.format, families=args.family)
     if args.table:
         ids = TABLE_IDS if args.table == "all" else (args.table,)
         models = {r.name: r for r in reports}
         parts = [
             render_table(
-                t, models, fmt=args.format, intervals=args.bootstrap > 0, title=args.format == "markdown"
+                t,
+                models,
+                fmt=args.format,
+                intervals=intervals,
+                title=args.format == "markdown",
+                mark_no_variation=intervals,
             )
             for t in ids
         ]
         if args.format == "markdown":
-            parts.insert(0, legend(args.bootstrap, seed=args.seed, level=args.level) + "\n")
+            marked = intervals and zero_width(models, ids)
+            parts.insert(0, legend(intervals, level=args.level, marked=marked) + "\n")
         return "\n".join(parts)
     if args.details:
         data = [r.to_dict(cases=args.cases) for r in reports]

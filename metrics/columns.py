@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from chexpercept.vocab import LESIONS, PATHS, POINT_TASKS, SUB_TASKS
+from chexpercept.vocab import CARDIOMEGALY, LESIONS, PATHS, POINT_TASKS, SUB_TASKS, Path, max_depth
 
 from .scoring import STAGE2_CLASSES, TASK_INDEX, CaseScores
 
@@ -136,6 +136,34 @@ def add_derived(values: dict[str, float | None]) -> dict[str, float | None]:
     for name, target in ALIASES.items():
         out[name] = values.get(target)
     return out
+
+
+def is_share(name: str) -> bool:
+    """True when a metric is a mean of 0/1 values (an accuracy or a rate, in [0, 1]; LF's depth);
+    False for the other depths, point counts and the differences in ``DERIVED``. Shares get
+    intervals that stay inside [0, 1] (metrics/inference.py)."""
+    name = ALIASES.get(name, name)
+    if name in DERIVED:
+        return False
+    parts = name.split("/")
+    if any(part.startswith("depth") for part in parts):
+        return parts[-1] == "LF"  # LF asks one stage: its depth is 0 or 1
+    return parts[-1] not in ("points", "gold_points")
+
+
+def value_range(name: str) -> tuple[float, float] | None:
+    """The lowest and highest value one case can have for this metric: (0, 1) for a share, (0, the
+    path's maximum depth) for a depth (cardiomegaly's native depth one lower on RR and RF); None
+    where unbounded or not known (point counts, differences)."""
+    name = ALIASES.get(name, name)
+    if is_share(name):
+        return 0.0, 1.0
+    parts = name.split("/")
+    if len(parts) >= 2 and parts[-2] in ("depth", "depth_native"):
+        top = max_depth(parts[-1])
+        native = parts[-2] == "depth_native" and CARDIOMEGALY in parts and parts[-1] != Path.LF.value
+        return 0.0, float(top - 1 if native else top)
+    return None
 
 
 def metric_names() -> frozenset[str]:

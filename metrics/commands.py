@@ -5,6 +5,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "chexpercept.metrics.cmd_score",
         "Score runs (ours or the reference's all_results.json): flat metrics as JSON, tables, comparisons",
     ),
+    "power": (
+        "chexpercept.metrics.cmd_power",
+        "Minimum detectable difference of a paired comparison per stage and path, and the cases a subset "
+        "needs for a given difference",
+    ),
     "install-metric": (
         "chexpercept.metrics.cmd_install_metric",
         'Install the evaluate module so evaluate.load("chexpercept_metric") works offline anywhere',

@@ -155,8 +155,8 @@ def compute_metric(
     report = score_model([run], mode=mode, name=model or None)
     if not return_details:
         return report.flat
-    if n_resamples:
-        report.with_intervals(n_resamples, seed=seed, level=level)
+    if n_resamples:  # 0: no intervals; they are design-based (metrics/inference.py), nothing resampled
+        report.with_intervals(level=level)
     return report.to_dict(cases=return_cases)
 
 

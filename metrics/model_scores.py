@@ -15,7 +15,7 @@ inputs (``notes``): unfinished runs, missing run.json fields, cases missing from
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,8 +24,9 @@ import numpy as np
 from chexpercept.answers import PARSE_STATUSES, STATUS_REASONING, STATUS_UNPARSED, ParseMode
 from chexpercept.vocab import LESIONS, PATHS, TASKS
 
-from .bootstrap import bootstrap_intervals
 from .columns import FLAT_KEYS, Column, ColumnMatrix, add_derived, column_mean, e2e_columns, op_columns
+from .inference import INTERVAL_METHOD
+from .inference import intervals as design_intervals
 from .runs import Run
 from .scoring import TASK_INDEX, CaseScores, score_records
 from .tables import nested_tables
@@ -76,10 +77,15 @@ class ModelScores:
         """The stable flat metrics (FLAT_KEYS): fractions in [0, 1], depth in stages, None = N/A."""
         return {k: self.values.get(k) for k in FLAT_KEYS}
 
-    def with_intervals(self, n_resamples: int = 1000, *, seed: int = 0, level: float = 0.95) -> ModelScores:
-        """Fill ``intervals`` with stratified bootstrap intervals of every metric; returns self."""
-        self.intervals = bootstrap_intervals(self, n_resamples=n_resamples, seed=seed, level=level)
-        self.level, self.n_resamples = level, n_resamples
+    def with_intervals(self, n_resamples: int = 0, *, seed: int = 0, level: float = 0.95) -> ModelScores:
+        """Fill ``intervals`` with the design-based interval of every metric (metrics/inference.py:
+        cases the unit, lesion x path cells the strata); returns self.
+
+        n_resamples and seed are accepted for callers of the earlier bootstrap and not used: the
+        intervals need no resampling (``n_resamples`` is recorded as 0).
+        """
+        self.intervals = design_intervals(self.matrix, level=level)
+        self.level, self.n_resamples = level, 0
         return self
 
     def tables(self) -> dict[str, Any]:
@@ -113,13 +119,25 @@ class ModelScores:
         if self.intervals is not None:
             out["intervals"] = {
                 "level": self.level,
-                "n_resamples": self.n_resamples,
+                "method": INTERVAL_METHOD,
+                "unit": "case",
                 "stratified_by": ["lesion", "path"],
                 "values": {k: (list(v) if v else None) for k, v in self.intervals.items()},
             }
         if cases:
             out["cases"] = {setting: cs.cases() for setting, cs in self.scores.items()}
         return out
+
+
+def said_once(items: Iterable[tuple[str, str]]) -> list[tuple[str, list[str]]]:
+    """(line, subjects) for each distinct line of (subject, line) pairs, in first-seen order: what
+    several models or runs share (a source, a note) is said once, naming them all."""
+    subjects: dict[str, list[str]] = {}
+    for subject, line in items:
+        names = subjects.setdefault(line, [])
+        if subject not in names:
+            names.append(subject)
+    return list(subjects.items())
 
 
 def _cut_off(cs: CaseScores, run: Run) -> dict[str, dict[str, int]]:

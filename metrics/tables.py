@@ -1,15 +1,16 @@
 """The paper's tables (2, 3, 8, 9, 10, 11) as nested data, markdown and CSV, for one or many models.
 
 Percentages carry one decimal, depth and point counts two, as in the paper; a cell that does not
-apply is "–" in markdown and empty in CSV. Markdown can show bootstrap intervals next to each value
-(``intervals=True`` on reports built ``with_intervals``); CSV then gets ``lo``/``hi`` columns.
+apply is "–" in markdown and empty in CSV. Markdown can show intervals next to each value
+(``intervals=True`` on reports built ``with_intervals``; metrics/inference.py); CSV then gets
+``lo``/``hi`` columns.
 """
 
 from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -172,16 +173,49 @@ TABLES: dict[str, Table] = {
 TABLE_IDS: tuple[str, ...] = tuple(TABLES)
 
 
-def legend(n_resamples: int = 0, *, seed: int = 0, level: float = 0.95) -> str:
+#: what a zero-width interval means (the mark after it in score's and the report's tables)
+NO_VARIATION_NOTE = (
+    "† zero width: every case of each stratum (lesion x path cell; path where cells hold under 10 cases) "
+    "has the same value, so no draw of cases with these cells changes the number (exact for a constant "
+    "answer to Stage 1 or 2, whose gold answer is fixed per path; otherwise too few cases to show "
+    "variation)"
+)
+
+
+def legend(intervals: bool = False, *, level: float = 0.95, marked: bool = False) -> str:
     """What the numbers, brackets and dashes of the markdown tables mean (one line, printed above
-    them by ``chexpercept score --table`` and the report)."""
-    if n_resamples > 0:
+    them by ``chexpercept score --table`` and the report); ``marked``: some interval has a †."""
+    if intervals:
         return (
-            f"Values in %, depth in stages; brackets: {level:.0%} bootstrap intervals ({n_resamples} "
-            f"replicates, cases resampled within each lesion and path, seed {seed}). – = does not apply "
-            "or not measured."
+            f"Values in %, depth in stages; brackets: {level:.0%} intervals (design-based: cases the unit, "
+            "lesion x path cells the strata; Korn-Graubard for percentages, t for depth; "
+            'docs/scoring.md, "Intervals, tests and power"). '
+            + (f"{NO_VARIATION_NOTE}. " if marked else "")
+            + "– = does not apply or not measured."
         )
     return "Values in %, depth in stages. – = does not apply or not measured."
+
+
+def table_cells(table_id: str) -> list[tuple[str, str, Col]]:
+    """(metric key, label, column) of every cell of a table's rows, in reading order; the label is the
+    row's and the column's ("RR E2E S2")."""
+    table = TABLES[str(table_id)]
+    return [
+        (col.key.format(**subs), f"{label} {col.header}".strip(), col)
+        for label, subs in table.rows or (("", {}),)
+        for col in table.cols
+    ]
+
+
+def zero_width(reports: Mapping[str, Any], table_ids: Sequence[str] = TABLE_IDS) -> bool:
+    """Whether a cell of these tables has a zero-width interval for one of these models
+    (``ModelScores`` with intervals): the † that ``legend(marked=True)`` explains."""
+    keys = {key for tid in table_ids for key, _, _ in table_cells(tid)}
+    return any(
+        (ci := (rep.intervals or {}).get(key)) is not None and ci[0] == ci[1]
+        for rep in reports.values()
+        for key in keys
+    )
 
 
 def table_choices() -> str:
@@ -215,7 +249,15 @@ def _as_models(
     return out
 
 
-def _cells(table: Table, values: Values, subs: dict[str, str], intervals, csv_mode: bool, show_ci: bool):
+def _cells(
+    table: Table,
+    values: Values,
+    subs: dict[str, str],
+    intervals,
+    csv_mode: bool,
+    show_ci: bool,
+    mark: bool = False,
+):
     cells: list[str] = []
     for col in table.cols:
         key = col.key.format(**subs)
@@ -236,6 +278,8 @@ def _cells(table: Table, values: Values, subs: dict[str, str], intervals, csv_mo
             continue
         if ci and v is not None:
             text += f" [{_fmt(ci[0], col.kind)}, {_fmt(ci[1], col.kind)}]"
+            if mark and ci[0] == ci[1]:
+                text += "†"
         cells.append(text)
     return cells
 
@@ -257,14 +301,17 @@ def table_rows(
     *,
     intervals: bool = False,
     csv_mode: bool = False,
+    mark_no_variation: bool = False,
 ):
-    """Header and rows of a table as lists of strings."""
+    """Header and rows of a table as lists of strings (``mark_no_variation``: a zero-width interval
+    gets a † in markdown, see ``NO_VARIATION_NOTE``)."""
     table = TABLES[str(table_id)]
     rows = []
+    mark = mark_no_variation and not csv_mode
     for name, values, ivals in _as_models(reports):
         for label, subs in table.rows or (("", {}),):
             lead = [name] + ([label] if table.row_header else [])
-            rows.append(lead + _cells(table, values, subs, ivals, csv_mode, intervals))
+            rows.append(lead + _cells(table, values, subs, ivals, csv_mode, intervals, mark))
     return _headers(table, csv_mode, intervals), rows
 
 
@@ -275,18 +322,22 @@ def render_table(
     fmt: str = "markdown",
     intervals: bool = False,
     title: bool = True,
+    mark_no_variation: bool = False,
 ) -> str:
     """Render Table 2, 3, 8, 9, 10 or 11 for one report or a {model name: report or values} map.
 
     Markdown with ``title`` starts with the table's title and the note on its abbreviations; the
-    table's rows come last. CSV holds the header and rows only.
+    table's rows come last. CSV holds the header and rows only. ``mark_no_variation``: a zero-width
+    interval gets a † (markdown; explained by ``legend``).
     """
     table_id = str(table_id)
     if table_id not in TABLES:
         raise ValueError(f"unknown table {table_id!r}; expected one of {', '.join(TABLES)}")
     if fmt not in ("markdown", "csv"):
         raise ValueError(f"unknown format {fmt!r}; expected markdown or csv")
-    header, rows = table_rows(table_id, reports, intervals=intervals, csv_mode=fmt == "csv")
+    header, rows = table_rows(
+        table_id, reports, intervals=intervals, csv_mode=fmt == "csv", mark_no_variation=mark_no_variation
+    )
     if fmt == "csv":
         buf = io.StringIO()
         writer = csv.writer(buf, lineterminator="\n")

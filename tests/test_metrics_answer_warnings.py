@@ -178,3 +178,27 @@ def test_the_end_of_a_run_prints_the_warning(unreadable_runs, capsys):
     out, err = capsys.readouterr()
     assert "Table 2" in out and "WARNING: tiny, oracle implicit run" in err
     assert "(+x): OP minus E2E" in out  # the gain in brackets is explained where it is printed
+
+
+def test_the_same_finding_in_two_runs_of_a_model_is_said_once(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    cases = fixture_cases(per_cell=1, seed=3)
+    for oracle in ("none", "implicit"):
+        bad = simulate_records(cases, lambda c, t: " a a a a a a a a", oracle=oracle)
+        for rec in bad:
+            for t in rec.turns:
+                t.usage = {"output_tokens": 8}
+        _write_run(tmp_path / "runs" / "tiny" / f"oracle_{oracle}", bad)
+        meta = json.loads((tmp_path / "runs" / "tiny" / f"oracle_{oracle}" / "run.json").read_text())
+        meta["oracle"] = oracle
+        (tmp_path / "runs" / "tiny" / f"oracle_{oracle}" / "run.json").write_text(json.dumps(meta))
+    assert main(["score", str(tmp_path / "runs" / "tiny")]) == 0
+    _, err = capsys.readouterr()
+    assert err.count("WARNING") == 1 and "WARNING: tiny, oracle implicit and none runs" in err
+    assert "oracle_implicit/results.jsonl and " in err and "oracle_none/results.jsonl" in err
+    out_dir = tmp_path / "report"
+    assert main(["report", str(tmp_path / "runs"), "--output-dir", str(out_dir), "--no-plots"]) == 0
+    _, err = capsys.readouterr()
+    assert err.count("WARNING") == 1
+    page = (out_dir / "index.html").read_text()
+    assert page.count("<strong>Unreadable answers.</strong>") == 1

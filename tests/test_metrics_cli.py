@@ -88,8 +88,13 @@ def test_tables_for_several_models(runs, capsys):
     assert lines[2].startswith("**Table 2") and "(+x): OP minus E2E" in lines[4]  # the table's note
     assert lines[6].startswith("| Model | E2E S1")
     assert lines[8].startswith("| good | ") and lines[9].startswith("| poor | ")
-    code, out, _ = _score(capsys, runs / "good", "--table", "2", "--bootstrap", "20")
-    assert out.startswith("Values in %, depth in stages; brackets: 95% bootstrap intervals (20 replicates")
+    code, out, _ = _score(capsys, runs / "good", "--table", "2", "--intervals")
+    assert out.startswith(
+        "Values in %, depth in stages; brackets: 95% intervals (design-based: cases the unit"
+    )
+    # the earlier spelling still gives the intervals, and says that N is not used
+    code, old, err = _score(capsys, runs / "good", "--table", "2", "--bootstrap", "20")
+    assert code == 0 and old == out and "--bootstrap is deprecated" in err and "N is not used" in err
     code, out, _ = _score(capsys, runs / "good", runs / "poor", "--table", "8", "--format", "csv")
     rows = list(csv.reader(io.StringIO(out)))
     assert rows[0][:3] == ["Model", "Path", "S1"] and len(rows) == 1 + 2 * 3
@@ -102,9 +107,7 @@ def test_tables_for_several_models(runs, capsys):
 
 def test_details_with_intervals_and_cases(runs, tmp_path, capsys):
     target = tmp_path / "details.json"
-    code, _, err = _score(
-        capsys, runs / "good", "--details", "--bootstrap", "50", "--cases", "--output", target
-    )
+    code, _, err = _score(capsys, runs / "good", "--details", "--intervals", "--cases", "--output", target)
     assert code == 0 and f"wrote {target}" in err
     details = json.loads(target.read_text())
     assert set(details) >= {"flat", "tables", "intervals", "sources", "notes", "parse", "counts", "cases"}
@@ -115,12 +118,13 @@ def test_details_with_intervals_and_cases(runs, tmp_path, capsys):
 
 
 def test_compare_two_models(runs, capsys):
-    code, out, _ = _score(capsys, runs / "good", runs / "poor", "--compare", "--bootstrap", "200")
+    code, out, _ = _score(capsys, runs / "good", runs / "poor", "--compare", "--format", "json")
     assert code == 0
     res = json.loads(out)
-    assert (res["a"], res["b"]) == ("good", "poor")
-    s1 = res["metrics"]["e2e/stage1/all"]
-    assert s1["difference"] > 0 and s1["n"] == 21 and 0 < s1["p_value"] <= 1
+    assert (res["a"], res["b"], res["cases"], res["adjust"]) == ("good", "poor", 21, "holm")
+    assert list(res["families"]) == ["2", "3", "8"]  # what the terminal shows by default
+    s1 = next(r for r in res["families"]["2"]["rows"] if r["metric"] == "e2e/stage1/all")
+    assert s1["difference"] > 0 and s1["n"] == 21 and 0 < s1["p_value"] <= s1["p_adjusted"] <= 1
     code, _, err = _score(capsys, runs / "good", "--compare")
     assert code == 2 and "exactly two models, got 1" in err
 

@@ -4,6 +4,8 @@ It finds the runs (metrics/discovery.py), loads and scores them with the metric 
 (``load_run``, ``score_model``, intervals, ``render_table``), then writes:
 
 - ``tables.md`` and ``tables/table<N>.{md,csv}``: the paper's Tables 2, 3, 8, 9, 10, 11 (with intervals);
+- ``comparisons.{md,csv}``: paired comparisons of the models next to each other on the End-to-End
+  leaderboard (metrics/comparisons.py);
 - ``leaderboard.{md,csv}``: models ranked under End-to-End and under Oracle-Passed; with a leaderboard
   read from the Hub (``hub_leaderboard``), ``leaderboard.md`` also shows the Hub's rows and a ranking of
   the local End-to-End scores beside them, each row marked with where it comes from, and
@@ -21,10 +23,13 @@ CSVs and figures score each run on its own, as the reference does.
 
 from __future__ import annotations
 
+import csv
+import io
+import itertools
 import json
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path as FsPath
 from typing import Any
@@ -33,11 +38,17 @@ from chexpercept.bundle import Bundle
 from chexpercept.fileio import copy_file, private_dir, replaced_dir, write_atomic
 from chexpercept.metrics.discovery import RunFolder, discover_runs
 from chexpercept.metrics.runs import open_bundle
-from chexpercept.metrics.tables import TABLE_IDS, legend
+from chexpercept.metrics.tables import TABLE_IDS, legend, zero_width
 from chexpercept.results import ORACLE_SETTINGS
 from chexpercept.vocab import LESIONS, PATHS
 
-from ..answer_warnings import DEFAULT_THRESHOLD, AnswerWarning, answer_warnings, parse_rate_table
+from ..answer_warnings import (
+    DEFAULT_THRESHOLD,
+    AnswerWarning,
+    answer_warnings,
+    merge_warnings,
+    parse_rate_table,
+)
 from ..hub.leaderboard import (
     HubBoard,
     hub_leaderboard_csv,
@@ -45,6 +56,7 @@ from ..hub.leaderboard import (
     render_side_by_side,
     side_by_side,
 )
+from ..model_scores import said_once
 from . import plots, reference_csv
 from .cases import ViewerRun, write_viewer_data
 from .leaderboard import leaderboard_rows, render_leaderboard, write_leaderboard_csv
@@ -122,7 +134,7 @@ def resolve_bundle(
             where = f" (run.json names {recorded[0][1]})" if recorded else ""
             notes.append(
                 f"the bundle is not on this disk{where}: the case viewer shows the recorded conversations "
-                "without images; pass --bundle DIR to show them"
+                "without images; pass --data-dir DIR to show them"
             )
             return None, notes
         found = open_bundle(existing[0][1])
@@ -292,8 +304,7 @@ def _write_tables(
     out: FsPath,
     reports: dict[str, Any],
     *,
-    n_resamples: int,
-    seed: int,
+    intervals: bool,
     title: str,
     hub: HubBoard | None = None,
 ) -> _Tables:
@@ -302,16 +313,16 @@ def _write_tables(
     private_dir(out / "tables")
     blocks = []
     for tid in TABLE_IDS:
-        md = m.render_table(tid, reports, fmt="markdown", intervals=n_resamples > 0)
+        md = m.render_table(tid, reports, fmt="markdown", intervals=intervals, mark_no_variation=intervals)
         files.append(_write(out / "tables" / f"table{tid}.md", md))
         files.append(
             _write(
                 out / "tables" / f"table{tid}.csv",
-                m.render_table(tid, reports, fmt="csv", intervals=n_resamples > 0),
+                m.render_table(tid, reports, fmt="csv", intervals=intervals),
             )
         )
         blocks.append(md)
-    ci_note = legend(n_resamples, seed=seed)
+    ci_note = legend(intervals, marked=intervals and zero_width(reports))
     tables_md = _write(out / "tables.md", f"# {title}: tables\n\n{ci_note}\n\n" + "\n".join(blocks))
     files.append(tables_md)
     board = leaderboard_rows(reports)
@@ -320,6 +331,59 @@ def _write_tables(
     if hub is not None:
         files.append(_write(out / "hub_leaderboard.csv", hub_leaderboard_csv(hub.entries)))
     return _Tables(files, blocks, ci_note, tables_md, board, leaderboard_md, hub)
+
+
+@dataclass
+class _Comparisons:
+    """The paired comparisons of models next to each other on the End-to-End leaderboard."""
+
+    files: list[FsPath]
+    markdown: str
+
+
+def adjacent_pairs(board: Sequence[dict[str, Any]], setting: str = "e2e") -> list[tuple[str, str]]:
+    """(better, next) model names for each two models next to each other on the ranked board."""
+    ranked = [r["model"] for r in board if r["setting"] == setting and r["rank"] is not None]
+    return list(itertools.pairwise(ranked))
+
+
+def _write_comparisons(
+    out: FsPath, reports: dict[str, Any], board: Sequence[dict[str, Any]], *, title: str
+) -> _Comparisons:
+    """``comparisons.md`` (Table 2's family for each adjacent pair of the End-to-End leaderboard) and
+    ``comparisons.csv`` (every family of those pairs)."""
+    from ..comparisons import compare, csv_rows, how_to_read, render_comparison
+
+    intro = (
+        "Each model against the next one on the End-to-End leaderboard, on the cases both were scored on: "
+        "Table 2's numbers (every family, Table 8's paths and Table 9's lesions included, in "
+        "`comparisons.csv`; any two models: `chexpercept score A B --compare`)."
+    )
+    blocks, rows, header = [intro, ""], [], ["model_a", "model_b"]
+    pairs = adjacent_pairs(board)
+    if not pairs:
+        blocks.append("Comparisons need two models with End-to-End numbers; this report has fewer.")
+    explained = False
+    for a, b in pairs:
+        try:
+            comparison = compare(reports[a], reports[b])
+        except ValueError as e:  # other bundles, no shared case: said, not fatal
+            blocks += [f"**{a} - {b}**: not compared: {e}.", ""]
+            continue
+        if not explained:  # how to read the tables, once
+            blocks += [how_to_read(comparison), ""]
+            explained = True
+        blocks.append(render_comparison(comparison, families=["2"], explain=False))
+        names, pair_rows = csv_rows(comparison, families=["all"])
+        header = ["model_a", "model_b", *names]
+        rows += [[a, b, *row] for row in pair_rows]
+    markdown = "\n".join(blocks)
+    md = _write(out / "comparisons.md", f"# {title}: paired comparisons\n\n{markdown}")
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(header)
+    writer.writerows(rows)
+    return _Comparisons([md, _write(out / "comparisons.csv", buf.getvalue())], markdown)
 
 
 def _write_reference_csvs(
@@ -378,6 +442,7 @@ def _viewer_runs(
 def _page_sections(
     out: FsPath,
     tables: _Tables,
+    comparisons: _Comparisons,
     figures: Sequence[Figure],
     per_setting_figures: dict[str, list[FsPath]],
     runs_section: Section,
@@ -387,6 +452,7 @@ def _page_sections(
     sections = [
         Section("leaderboard", "Leaderboard", markdown_to_html(_board_markdown(tables.board, tables.hub))),
         Section("tables", "Tables", markdown_to_html(tables.ci_note + "\n\n" + "\n".join(tables.blocks))),
+        Section("comparisons", "Comparisons", markdown_to_html(comparisons.markdown)),
         Section(
             "answers", "Answers read", markdown_to_html(ANSWERS_NOTE + "\n\n" + parse_rate_table(reports))
         ),
@@ -453,8 +519,9 @@ def _write_into(
     bundle: str | os.PathLike[str] | Bundle | None = None,
     mode: str = "reference",
     embed_images: bool = False,
-    n_resamples: int = 1000,
-    seed: int = 0,
+    intervals: bool = True,
+    n_resamples: int | None = None,
+    seed: int | None = None,
     na_as_zero: bool = False,
     plots: bool = True,
     html: bool = True,
@@ -463,9 +530,10 @@ def _write_into(
 ) -> ReportOutput:
     """Write the whole report for the runs under ``results`` into ``out`` (see the module docstring).
 
-    n_resamples: bootstrap replicates for the 95% intervals (0: no intervals). na_as_zero: write the
-    reference's 0.0 instead of an empty cell where a CSV cell does not apply. hub_leaderboard: a
-    leaderboard read from the Hub (``chexpercept.metrics.hub.leaderboard.read_leaderboard``) to show
+    intervals: the tables' 95% intervals (design-based, metrics/inference.py). n_resamples, seed: the
+    earlier bootstrap's; n_resamples=0 still means no intervals, other values and seed are not used.
+    na_as_zero: write the reference's 0.0 instead of an empty cell where a CSV cell does not apply.
+    hub_leaderboard: a leaderboard read from the Hub (``chexpercept.metrics.hub.leaderboard.read_leaderboard``) to show
     beside the local runs, marked as taken from the Hub.
     """
     start = time.perf_counter()
@@ -475,22 +543,26 @@ def _write_into(
     bundle_obj, notes = resolve_bundle(bundle, folders)
     loaded = _load(folders, bundle_obj)
     clock.lap("load")
-    notes.extend(note for rf in folders for note in rf.notes)
+    notes.extend(_notes_once((rf.label, note) for rf in folders for note in rf.notes))
 
     files: list[FsPath] = []
 
     # --- scores: per model (headline numbers) and per run (the reference's per-run view)
     per_run, models, reports = _score(folders, loaded, mode)
-    warnings = [w for rep in reports.values() for w in answer_warnings(rep)]
+    warnings = merge_warnings([w for rep in reports.values() for w in answer_warnings(rep)])
     clock.lap("score")
-    if n_resamples > 0:
+    if n_resamples is not None:
+        intervals = intervals and n_resamples > 0
+    if intervals:
         for rep in reports.values():
-            rep.with_intervals(n_resamples, seed=seed)
+            rep.with_intervals()
     clock.lap("intervals")
 
     # --- the paper's tables and the leaderboard
-    tables = _write_tables(out, reports, n_resamples=n_resamples, seed=seed, title=title, hub=hub_leaderboard)
+    tables = _write_tables(out, reports, intervals=intervals, title=title, hub=hub_leaderboard)
     files += tables.files
+    comparisons = _write_comparisons(out, reports, tables.board, title=title)
+    files += comparisons.files
     clock.lap("tables")
 
     # --- the reference's CSVs and figures, per run and per oracle setting
@@ -525,7 +597,9 @@ def _write_into(
         write_viewer_data(out, _viewer_runs(folders, loaded, per_run), bundle_obj, embed_images=embed_images)
         clock.lap("viewer")
         runs_section = _runs_section(folders, loaded, reports, mode)
-        sections = _page_sections(out, tables, figures, per_setting_figures, runs_section, files, reports)
+        sections = _page_sections(
+            out, tables, comparisons, figures, per_setting_figures, runs_section, files, reports
+        )
         banners = _banners(folders, bundle_obj, embed_images, notes, warnings)
         subtitle = f"{len(models)} model(s), {len(folders)} run(s), {n_cases} cases"
         index_html = write_index_html(out, title=title, sections=sections, banners=banners, subtitle=subtitle)
@@ -541,12 +615,29 @@ def _write_into(
         tables_md=tables.tables_md,
         leaderboard_md=tables.leaderboard_md,
         files=files,
-        notes=notes + [f"{name}: {n}" for name, rep in reports.items() for n in rep.notes],
+        notes=notes + _model_notes(folders, reports),
         warnings=warnings,
         seconds=time.perf_counter() - start,
         timings=clock.laps,
         table2=_metrics().render_table("2", reports, fmt="markdown", intervals=False),
     )
+
+
+def _notes_once(items: Iterable[tuple[str, str]]) -> list[str]:
+    """Each distinct note once, naming what it concerns: (subject, note) pairs -> "note (a, b)"."""
+    return [f"{note} ({', '.join(names)})" for note, names in said_once(items)]
+
+
+def _model_notes(folders: Sequence[RunFolder], reports: dict[str, Any]) -> list[str]:
+    """The models' notes, each said once: a note about a run folder ("<folder>: ...") is grouped
+    with the same note about other folders."""
+    items = []
+    for name, rep in reports.items():
+        prefixes = [f"{rf.folder}: " for rf in folders if rf.model == name]
+        for note in rep.notes:
+            prefix = next((p for p in prefixes if note.startswith(p)), None)
+            items.append((prefix[:-2], note[len(prefix) :]) if prefix else (name, note))
+    return _notes_once(items)
 
 
 def model_dirname(model: str) -> str:

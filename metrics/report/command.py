@@ -43,13 +43,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "falls under the data use agreement); by default the viewer links to the bundle on disk",
     )
     parser.add_argument(
-        "--bootstrap",
-        type=int,
-        default=1000,
-        metavar="N",
-        help="bootstrap replicates for the 95%% intervals (default 1000; 0 = no intervals)",
+        "--no-intervals",
+        action="store_true",
+        help="leave out the tables' 95%% intervals (design-based: cases the unit, lesion x path cells "
+        "the strata; see docs/scoring.md)",
     )
-    parser.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
+    # earlier spellings: intervals came from a bootstrap; kept working, hidden from --help
+    parser.add_argument("--bootstrap", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--seed", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument(
         "--reference-zeros",
         action="store_true",
@@ -69,9 +70,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from .build import write_report
 
-    if args.bootstrap < 0:
-        print("chexpercept report: error: --bootstrap must be 0 or more", file=sys.stderr)
-        return 2
+    intervals = not args.no_intervals
+    if args.bootstrap is not None:
+        if args.bootstrap < 0:
+            print("chexpercept report: error: --bootstrap must be 0 or more", file=sys.stderr)
+            return 2
+        intervals = intervals and args.bootstrap > 0
+        print(
+            "note: --bootstrap is deprecated: the intervals are design-based and need no resampling "
+            "(N is not used; 0 is --no-intervals)",
+            file=sys.stderr,
+        )
+    if args.seed is not None:
+        print("note: --seed is not used: nothing in the report is random any more", file=sys.stderr)
     results = list(dict.fromkeys([*args.runs, *args.results]))
     if not results:
         print(
@@ -102,8 +113,7 @@ def run(args: argparse.Namespace) -> int:
             bundle=args.data_dir,
             mode=args.parse_mode,
             embed_images=args.embed_images,
-            n_resamples=args.bootstrap,
-            seed=args.seed,
+            intervals=intervals,
             na_as_zero=args.reference_zeros,
             plots=not args.no_plots,
             html=not args.no_html,
