@@ -13,11 +13,13 @@ the selection's unset filters).
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path as FsPath
 from typing import Any, ClassVar
+
+from .input_files import InputFileError
+from .input_json import JsonInputError, read_json
 
 #: (check, description) per kind of value
 _KINDS: dict[str, tuple[Any, str]] = {
@@ -174,7 +176,7 @@ class RunMetadata(_Record):
             path = FsPath(data)
             source = source or str(path)
             try:
-                data = json.loads(path.read_text(encoding="utf-8"))
-            except json.JSONDecodeError as e:
-                raise RunMetadataError(f"{source}: not valid JSON: {e}") from e
+                data = read_json(path, what="run.json")
+            except (JsonInputError, InputFileError) as e:
+                raise RunMetadataError(f"{source}: {e.reason}") from None
         return cls._parse(data, source or "run.json")

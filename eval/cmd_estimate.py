@@ -18,6 +18,7 @@ from pathlib import Path as FsPath
 from typing import Any
 
 from chexpercept.cli_options import add_data_dir_option, add_option, write_output
+from chexpercept.escape import terminal_lines
 from chexpercept.results import ORACLE_SETTINGS
 
 from .selection import add_selection_options
@@ -107,6 +108,7 @@ def timed_session(run_dir: str, model_id: str) -> tuple[dict[str, Any], float, i
     that names the same model). Raises ValueError naming the file: no such folder, no timed session,
     a run of another model or a baseline."""
     from chexpercept.errors import no_such_path
+    from chexpercept.input_json import read_json
     from chexpercept.results import RUN_NAME
 
     from .registry import same_model_id
@@ -115,7 +117,7 @@ def timed_session(run_dir: str, model_id: str) -> tuple[dict[str, Any], float, i
         raise ValueError(f"--from-run {no_such_path(run_dir)}")
     path = FsPath(run_dir) / RUN_NAME
     try:
-        info = json.loads(path.read_text(encoding="utf-8"))
+        info = read_json(path, what=RUN_NAME)
         session = info["last_session"]
         seconds, cases = float(session["seconds_main_process"]), int(session["cases"])
     except (OSError, ValueError, KeyError, TypeError) as e:
@@ -293,7 +295,7 @@ def run(args: argparse.Namespace) -> int:
             lows.append(lo)
             highs.append(hi)
     except (ValueError, FileNotFoundError, BundleValidationError, ReleaseNotFoundError) as e:
-        print(f"{prog}: error: {e}", file=sys.stderr)
+        print(f"{prog}: error: {terminal_lines(e)}", file=sys.stderr)
         return 2
     if len(rows) > 1:
         rows.append(("**total**", total(lows, "min"), total(highs, "max")))

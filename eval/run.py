@@ -33,6 +33,7 @@ from chexpercept.bundle import IMAGE_CHECKS, Bundle, check_release_dir, read_bun
 from chexpercept.case import Case
 from chexpercept.cli_options import add_progress_option, progress_enabled
 from chexpercept.errors import BundleValidationError, ReleaseNotFoundError
+from chexpercept.escape import terminal, terminal_lines
 from chexpercept.eval.backends import backend_class, json_object_arg
 from chexpercept.eval.distributed import Distributed
 from chexpercept.eval.engine import EngineStats, admission_order, run_conversations
@@ -663,7 +664,7 @@ def _converse(
         append_results(folder.failures, failures)
         session.failed_now += len(failures)
         for f in failures:
-            print(f"warning: {f.key_id} ({f.task}) left unfinished: {f.error}", file=sys.stderr)
+            print(f"warning: {f.key_id} ({f.task}) left unfinished: {terminal(f.error)}", file=sys.stderr)
 
     return run_conversations(
         admission_order(run.mine),
@@ -715,7 +716,7 @@ def _sign_off(
         first = next(iter(failed.values()))
         print(
             f"chexpercept run: {len(failed)} of {len(cases)} cases are unfinished because a request "
-            f"failed (e.g. {first.key_id} ({first.task}): {first.error}); they are listed in "
+            f"failed (e.g. {first.key_id} ({first.task}): {terminal(first.error)}); they are listed in "
             f"{folder.failures} and are not scored. Fix the cause and rerun the same command: it "
             "retries them.",
             file=sys.stderr,
@@ -833,7 +834,7 @@ def run(args: argparse.Namespace) -> int:
         )
         return e.exit_status
     except EXPECTED_ERRORS as e:
-        print(f"chexpercept run: error: {e}", file=sys.stderr)
+        print(f"chexpercept run: error: {terminal_lines(e)}", file=sys.stderr)
         return 2
     except OSError as e:  # before the run folder was taken (e.g. a full disk writing run.json)
         if e.errno is None:

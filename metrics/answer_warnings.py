@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from chexpercept.escape import terminal
 from chexpercept.vocab import TASKS
 
 if TYPE_CHECKING:  # annotations only: model_scores imports nothing from here
@@ -125,8 +126,8 @@ class AnswerWarning:
     def where(self) -> str:
         if self.path:
             return (
-                f"the raw replies: `response` in {self.path}/results.jsonl, per case: "
-                f"chexpercept score {self.path} --details --cases, or the report's Cases tab"
+                f"the raw replies: `response` in {terminal(self.path)}/results.jsonl, per case: "
+                f"chexpercept score {terminal(self.path)} --details --cases, or the report's Cases tab"
             )
         return "the raw replies (per case: return_cases=True, or chexpercept score RUN --details --cases)"
 
@@ -138,7 +139,7 @@ class AnswerWarning:
         low = min(t.share for t in self.tasks)
         pct = f"{self.share:.0%}" if low == self.share else f"{low:.0%}-{self.share:.0%}"
         return (
-            f"{self.model}, oracle {self.oracle} run ({self.parse_mode} parsing): {pct} of the answers "
+            f"{terminal(self.model)}, oracle {self.oracle} run ({self.parse_mode} parsing): {pct} of the answers "
             f"{_WHAT[self.kind]} {scope}. Its numbers measure the answer format, not perception."
         )
 

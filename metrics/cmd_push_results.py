@@ -14,6 +14,8 @@ import argparse
 import sys
 import tempfile
 
+from chexpercept.escape import terminal_lines
+
 PROG = "chexpercept push-results"
 
 
@@ -75,7 +77,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def _fail(message: str, code: int = 2) -> int:
-    print(f"{PROG}: {message}", file=sys.stderr)
+    print(f"{PROG}: {terminal_lines(message)}", file=sys.stderr)
     return code
 
 

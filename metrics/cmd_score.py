@@ -16,6 +16,7 @@ from typing import Any
 
 from chexpercept.cli_options import add_data_dir_option, add_option, add_parse_mode_option, write_output
 from chexpercept.errors import BundleValidationError, ReleaseNotFoundError
+from chexpercept.escape import terminal_lines
 from chexpercept.results import ORACLE_SETTINGS
 
 from .tables import TABLE_IDS, table_choices
@@ -122,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
                 )
             )
     except (ValueError, FileNotFoundError, BundleValidationError, ReleaseNotFoundError) as e:
-        print(f"chexpercept score: error: {e}", file=sys.stderr)
+        print(f"chexpercept score: error: {terminal_lines(e)}", file=sys.stderr)
         return 2
     seen: dict[str, int] = {}
     for report in reports:

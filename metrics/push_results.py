@@ -11,13 +11,14 @@ sends exactly the verified bytes in one commit.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path as FsPath
 from typing import Any
+
+from chexpercept.input_json import read_json
 
 from .hub.guard import AGREEMENT, Context, Manifest, PushRefused, json_text, round_floats, strings_in
 from .hub.identifiers import for_runs
@@ -103,7 +104,7 @@ def provenance(run_json: Mapping[str, Any]) -> dict[str, Any]:
 
 def _read_json(path: FsPath) -> dict[str, Any]:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = read_json(path, what="run.json")
     except (OSError, ValueError) as e:
         raise ValueError(f"{path}: not readable JSON ({e})") from e
     if not isinstance(data, dict):

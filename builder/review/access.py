@@ -19,6 +19,8 @@ import secrets
 import stat
 from pathlib import Path as FsPath
 
+from chexpercept.input_json import read_json
+
 from ..sources import SourceError
 
 ACCESS_FILE = "access.json"
@@ -81,9 +83,9 @@ class Access:
         if path.exists():
             _check_private(path)
             try:
-                data = json.loads(path.read_text(encoding="utf-8"))
+                data = read_json(path, what=ACCESS_FILE)
                 tokens = dict(data["tokens"])
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+            except (OSError, KeyError, TypeError, ValueError) as e:
                 raise SourceError(
                     f"{path} is not a review access file ({e}); delete it for new tokens"
                 ) from e

@@ -25,6 +25,7 @@ from PIL import Image
 from tqdm.auto import tqdm
 
 from chexpercept.containment import output_path
+from chexpercept.escape import csv_cell
 from chexpercept.vocab import LESIONS
 from chexpercept.vocab import Path as CasePath
 
@@ -313,5 +314,5 @@ def _write_errors(root: FsPath, errors: list[tuple[str, str]]) -> None:
     buf = io.StringIO()
     writer = csv.writer(buf)
     writer.writerow(["key_id", "error"])
-    writer.writerows(errors)
+    writer.writerows((csv_cell(key), csv_cell(error)) for key, error in errors)
     write_atomic(root / PREPARE_ERRORS, buf.getvalue().encode("utf-8"))

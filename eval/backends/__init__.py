@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -63,10 +62,12 @@ def backend_class(name: str) -> type[BackendClass]:
 
 def json_object_arg(text: str) -> dict[str, Any]:
     """argparse type of an option that takes a JSON object (engine arguments, request fields...)."""
+    from chexpercept.input_json import JsonInputError, loads
+
     try:
-        value = json.loads(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(f"not valid JSON: {e}") from e
+        value = loads(text, source="the option's value")
+    except JsonInputError as e:
+        raise argparse.ArgumentTypeError(e.reason) from None
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError("expected a JSON object, e.g. '{\"key\": 1}'")
     return value

@@ -39,6 +39,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from chexpercept.containment import image_file
+from chexpercept.input_files import IMAGE, open_input
 
 from ..decoded_images import DecodedImages
 from ..interrupts import shielded_children
@@ -421,7 +422,7 @@ class VLLMBackend:
         uuid = self._uuids.get(relative)
         if uuid is None:
             digest = hashlib.sha256()
-            with open(image_file(self.root, relative), "rb") as f:
+            with open_input(image_file(self.root, relative), IMAGE, what="image") as f:
                 for block in iter(lambda: f.read(1 << 20), b""):
                     digest.update(block)
             uuid = self._uuids[relative] = "sha256:" + digest.hexdigest()

@@ -22,7 +22,6 @@ from __future__ import annotations
 import base64
 import binascii
 import html
-import json
 import os
 import re
 import unicodedata
@@ -31,6 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path as FsPath
 from typing import Any
 from urllib.parse import unquote_plus
+
+from chexpercept.input_files import BUNDLE_JSON
+from chexpercept.input_json import read_json
 
 #: shortest identifier form looked for (after folding): shorter ones are too common to mean a case
 MIN_LENGTH = 6
@@ -89,7 +91,7 @@ class Identifiers:
                 f"{path} not found: the bundle's identifiers are needed to check an upload"
             )
         try:
-            entries = json.loads(path.read_text(encoding="utf-8"))
+            entries = read_json(path, limit=BUNDLE_JSON, what="chexpercept.json")
         except (OSError, ValueError) as e:
             raise ValueError(f"{path}: not readable JSON ({e})") from e
         if not isinstance(entries, dict):

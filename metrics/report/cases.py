@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 from chexpercept.bundle import Bundle
 from chexpercept.case import Case
 from chexpercept.containment import Tree, image_file, output_path
+from chexpercept.input_files import IMAGE, InputFileError, open_input, stat_problem
 from chexpercept.results import CaseResult
 from chexpercept.vocab import LESIONS, PATHS, STAGE_NAMES, TASK_STAGE
 
@@ -79,6 +80,22 @@ def _js_call(fn: str, *args: Any) -> str:
     return f"{fn}({', '.join(json.dumps(a, ensure_ascii=True, separators=(',', ':')) for a in args)});\n"
 
 
+def _link_or_copy(source: FsPath, target: FsPath) -> None:
+    """Hard-link ``source`` (a checked image) at ``target``, else copy it through a bounded read
+    (chexpercept.input_files): what lands in the report is a regular file within the image limit even
+    when the source was swapped for a FIFO or a device after its check (the link is undone then)."""
+    try:
+        os.link(source, target)
+    except OSError:
+        with open_input(source, IMAGE, what="bundle image") as src, open(target, "xb") as dst:
+            shutil.copyfileobj(src, dst)
+        return
+    problem = stat_problem(os.lstat(target), IMAGE)
+    if problem:
+        os.unlink(target)
+        raise InputFileError(source, problem, "bundle image")
+
+
 class _ImageLinker:
     """Turns bundle-relative image paths into what the page's <img> and <a> point at.
 
@@ -103,10 +120,7 @@ class _ImageLinker:
         target = output_path(self.out, f"{IMAGES_DIR}/{rel}", what="copied image")
         if not target.exists():
             target.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                os.link(source, target)
-            except OSError:
-                shutil.copyfile(source, target)
+            _link_or_copy(source, target)
             self.copied += 1
         return {"name": rel, "src": f"{IMAGES_DIR}/{rel}"}
 

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from chexpercept.cli_options import add_data_dir_option, add_output_dir_option, add_parse_mode_option
+from chexpercept.escape import terminal_lines
 
 DEFAULT_OUTPUT_DIR = "report"
 
@@ -93,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             hub = HubBoard(args.hub_leaderboard, tuple(read_leaderboard(args.hub_leaderboard)))
         except LeaderboardError as e:
-            print(f"chexpercept report: error: --hub-leaderboard: {e}", file=sys.stderr)
+            print(f"chexpercept report: error: --hub-leaderboard: {terminal_lines(e)}", file=sys.stderr)
             return 2
     try:
         result = write_report(
@@ -111,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
             hub_leaderboard=hub,
         )
     except (FileNotFoundError, ValueError, ImportError) as e:  # bad input, as the other commands: 2
-        print(f"chexpercept report: error: {e}", file=sys.stderr)
+        print(f"chexpercept report: error: {terminal_lines(e)}", file=sys.stderr)
         return 2
     print(result.table2)
     for note in result.notes:
