@@ -55,7 +55,7 @@ class Staged:
 
 # ------------------------------------------------------------------------------------ discovery
 def _is_model_folder(p: FsPath) -> bool:
-    return any(c.is_dir() and (c / "run.json").is_file() for c in p.glob("oracle_*"))
+    return any(c.is_dir() and (c / "run.json").exists() for c in p.glob("oracle_*"))
 
 
 def model_folders(runs_dir: str | os.PathLike[str]) -> dict[str, FsPath]:

@@ -138,7 +138,7 @@ def read_chexpercept_run(
     """One run folder of our runner (results.jsonl, run.json, failures.jsonl) as a Run."""
     notes: list[str] = []
     run_json = folder / RUN_NAME
-    has_meta = run_json.is_file()
+    has_meta = run_json.exists()
     meta = RunMetadata.from_json(run_json) if has_meta else RunMetadata()
     if not has_meta:
         notes.append(f"{folder}: no {RUN_NAME}; oracle setting taken from the records, decoding unknown")
