@@ -23,7 +23,7 @@ import pytest
 from chexpercept.eval.run import main as run_main
 from chexpercept.testing import write_fixture_bundle
 
-CHILD_TIMEOUT = 180
+CHILD_TIMEOUT = int(os.environ.get("CHEXPERCEPT_TEST_CHILD_TIMEOUT", "180"))  # a guard, not a speed check
 CHILD_MEMORY = 3 << 30
 
 
