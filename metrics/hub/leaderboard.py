@@ -93,6 +93,10 @@ def read_leaderboard(
         raise LeaderboardError(f"{repo}: the Hub gave no leaderboard ({str(e).splitlines()[0]})") from e
     except (OfflineModeIsEnabled, OSError) as e:
         raise LeaderboardError(f"{repo}: the Hub could not be reached ({type(e).__name__}: {e})") from e
+    except RecursionError:  # huggingface_hub decodes the reply: JSON nested deeper than Python parses
+        raise LeaderboardError(
+            f"{repo}: the Hub's reply is JSON nested too deeply to read (not a leaderboard)"
+        ) from None
     return sorted((_entry(r) for r in raw), key=lambda e: (e.rank, e.model))
 
 
