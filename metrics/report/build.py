@@ -21,8 +21,10 @@ CSVs and figures score each run on its own, as the reference does.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import shutil
 import time
 from collections.abc import Sequence
@@ -517,9 +519,15 @@ def write_report(
 
 
 def model_dirname(model: str) -> str:
-    """The folder of a model's per-run CSVs: its name, with path separators made safe (HF ids)."""
+    """The folder of a model's per-run CSVs: its name, with path separators made safe (HF ids:
+    ``org/name`` -> ``org__name``); any other character outside letters, digits, ``.``, ``_`` and ``-``
+    (a control character, markup, a space) becomes ``_``, with a short hash of the name to keep it
+    unique."""
     name = model.replace("/", "__").replace("\\", "__").strip(". ")
-    return name or "model"
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", name)
+    if safe != name:
+        safe += "-" + hashlib.sha1(model.encode("utf-8")).hexdigest()[:8]
+    return safe or "model"
 
 
 class _Clock:
