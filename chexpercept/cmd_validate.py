@@ -28,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
     except (BundleValidationError, ReleaseNotFoundError) as e:
         print(terminal_lines(e), file=sys.stderr)
         return 1
-    if args.checksums and not (bundle.root / CHECKSUMS_NAME).is_file():
+    if args.checksums and not (bundle.root / CHECKSUMS_NAME).exists():
         print(f"note: {bundle.root} has no {CHECKSUMS_NAME}: no checksum was verified", file=sys.stderr)
     kind = "phantom (synthetic)" if bundle.synthetic else "release"
     n_items = sum(len(c.tasks) for c in bundle.cases)

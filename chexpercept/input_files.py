@@ -166,8 +166,9 @@ class _CappedFile(io.FileIO):
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-def _open_fd(path: str | os.PathLike[str], limit: Limit, what: str) -> _CappedFile:
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+def _open_fd(path: str | os.PathLike[str], limit: Limit, what: str, follow_links: bool = True) -> _CappedFile:
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_links else os.O_NOFOLLOW)
+    fd = os.open(path, flags)
     try:
         check_input_stat(path, os.fstat(fd), limit, what=what)
         fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
@@ -185,9 +186,12 @@ def open_input(path: str | os.PathLike[str], limit: Limit, *, what: str = "file"
     return io.BufferedReader(_open_fd(path, limit, what), buffer_size=1 << 16)
 
 
-def read_input(path: str | os.PathLike[str], limit: Limit, *, what: str = "file") -> bytes:
-    """The bytes of the regular file ``path`` (at most ``limit.max_bytes``; see ``open_input``)."""
-    with _open_fd(path, limit, what) as f:
+def read_input(
+    path: str | os.PathLike[str], limit: Limit, *, what: str = "file", follow_links: bool = True
+) -> bytes:
+    """The bytes of the regular file ``path`` (at most ``limit.max_bytes``; see ``open_input``);
+    ``follow_links=False``: a link at ``path`` itself is refused (OSError ELOOP)."""
+    with _open_fd(path, limit, what, follow_links) as f:
         return f.readall()
 
 

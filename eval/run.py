@@ -809,7 +809,7 @@ def print_scores(model_dir: FsPath, name: str, parse_mode: str) -> None:
         where = source.description if source is not None else "no run measures it yet (N/A)"
         print(f"{kind.upper()} from: {where}")
     for note in report.notes:
-        print(f"note: {note}", file=sys.stderr)
+        print(f"note: {terminal(note)}", file=sys.stderr)
     for line in warning_lines(report):
         print(line, file=sys.stderr)
     print(f"all numbers: chexpercept score {model_dir} --details")

@@ -16,7 +16,7 @@ from typing import Any
 
 from chexpercept.cli_options import add_data_dir_option, add_option, add_parse_mode_option, write_output
 from chexpercept.errors import BundleValidationError, ReleaseNotFoundError
-from chexpercept.escape import terminal_lines
+from chexpercept.escape import terminal, terminal_lines
 from chexpercept.results import ORACLE_SETTINGS
 
 from .tables import TABLE_IDS, table_choices
@@ -130,10 +130,11 @@ def run(args: argparse.Namespace) -> int:
         seen[report.name] = seen.get(report.name, 0) + 1
         if seen[report.name] > 1:
             report.name = f"{report.name} ({seen[report.name]})"
+        name = terminal(report.name)  # a model's name and notes come from its run folder
         for line in report.source_lines():
-            print(f"[{report.name}] {line}", file=sys.stderr)
+            print(f"[{name}] {terminal(line)}", file=sys.stderr)
         for note in report.notes:
-            print(f"[{report.name}] note: {note}", file=sys.stderr)
+            print(f"[{name}] note: {terminal(note)}", file=sys.stderr)
         for line in warning_lines(report):
             print(line, file=sys.stderr)
         if args.bootstrap > 0 and not args.compare:

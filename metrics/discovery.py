@@ -130,7 +130,7 @@ def detect(path: str | os.PathLike[str]) -> tuple[str, FsPath]:
     p = FsPath(path).expanduser()
     if not p.exists():
         raise FileNotFoundError(no_such_path(path, "file or folder"))
-    if p.is_file():
+    if not p.is_dir():  # a file, or a FIFO or device that its reader refuses by name
         if p.name == RESULTS_NAME or p.suffix == ".jsonl":
             return "chexpercept", p.parent
         if p.suffix == ".json":

@@ -108,8 +108,9 @@ def test_a_hostile_model_name_stays_in_its_table_cell(work, capsys):
     hostile = "x | 1.0\n| fake \x1b[2J<img src=y>"
     _set_meta(work, display_name=hostile, model=hostile)
     assert cli(["score", str(work / "runs"), "--data-dir", str(work / "bundle"), "--table", "2"]) == 0
-    out = capsys.readouterr().out
-    inert(out)
+    captured = capsys.readouterr()
+    inert(captured.out + captured.err)
+    out = captured.out
     rows = [line for line in out.splitlines() if line.startswith("| x")]
     # the escapes' own backslashes are escaped for markdown, so the cell renders as they read
     assert len(rows) == 1 and "x \\| 1.0\\\\n\\| fake \\\\x1b\\[2J\\<img src=y\\>" in rows[0], out

@@ -276,7 +276,7 @@ def _case_files(
     """The candidate's CXR image (which must exist) and, for a positive, its overlay written under
     ``root`` (the path relative to it); CaseInputError when either cannot be read."""
     path = cxr_path(c, cxr)
-    if not path.is_file():
+    if not path.exists():
         raise CaseInputError(f"missing CXR image {path}")
     overlay = None
     if c.positive:

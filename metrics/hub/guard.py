@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path as FsPath
 from typing import Any
 
+from chexpercept.input_files import TEXT_FILE, read_input
+
 from .identifiers import Identifiers, decode_base64
 from .names import check_names
 
@@ -573,9 +575,9 @@ class Manifest:
 
 
 def _read_regular(path: FsPath) -> bytes:
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-    with os.fdopen(fd, "rb") as f:
-        return f.read()
+    """A staged file's bytes: not through a link (O_NOFOLLOW), and a regular file within the limit of
+    a staged text (chexpercept.input_files; a FIFO swapped in after the walk is refused, not waited on)."""
+    return read_input(path, TEXT_FILE, what="staged file", follow_links=False)
 
 
 def check_file(data: bytes, schema: Schema, ctx: Context) -> list[str]:

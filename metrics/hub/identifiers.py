@@ -86,7 +86,7 @@ class Identifiers:
         Raises FileNotFoundError when there is no chexpercept.json, ValueError when it is not a JSON
         object of entries."""
         path = FsPath(data_dir) / "chexpercept.json"
-        if not path.is_file():
+        if not path.exists():
             raise FileNotFoundError(
                 f"{path} not found: the bundle's identifiers are needed to check an upload"
             )
@@ -197,7 +197,7 @@ def for_runs(
     from chexpercept.bundle import fingerprint
 
     candidates = [str(data_dir)] if data_dir else [p for p, _ in recorded if p]
-    root = next((p for p in candidates if (FsPath(p) / "chexpercept.json").is_file()), None)
+    root = next((p for p in candidates if (FsPath(p) / "chexpercept.json").exists()), None)
     if root is None:
         named = f" (run.json names {candidates[0]})" if candidates and not data_dir else ""
         where = f" at {data_dir}" if data_dir else named

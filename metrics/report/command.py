@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from chexpercept.cli_options import add_data_dir_option, add_output_dir_option, add_parse_mode_option
-from chexpercept.escape import terminal_lines
+from chexpercept.escape import terminal, terminal_lines
 
 DEFAULT_OUTPUT_DIR = "report"
 
@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     print(result.table2)
     for note in result.notes:
-        print(f"note: {note}")
+        print(f"note: {terminal(note)}")
     for warning in result.warnings:
         print("\n".join(warning.lines()), file=sys.stderr)
     print(
