@@ -13,8 +13,9 @@ spreadsheet runs as a formula. Whatever writes such text goes through one of the
   newline stays (each value quoted into such a message must already have gone through ``terminal``;
   the error classes do that for their fields, e.g. ``chexpercept.errors.Problem``).
 - ``markdown_cell(text)``: for a cell of a markdown table: ``terminal``, then ``\\``, ``|``, ``<``,
-  ``>``, ``[``, ``]``, `````, ``*`` and ``_`` escaped with a backslash (no table break, no HTML, no
-  link or image, no code or emphasis).
+  ``>``, ``[``, ``]``, ````` and ``*`` escaped with a backslash (no table break, no HTML, no link or
+  image, no code, no ``*`` emphasis; ``_`` stays: key_ids and model ids hold it, and GitHub-flavoured
+  markdown does not emphasise inside words).
 - ``csv_cell(value)``: for a CSV cell: ``terminal`` for text, and text that a spreadsheet would take
   for a formula (starting with ``=``, ``+``, ``-``, ``@``, a tab or a carriage return, and not a
   number) gets a leading ``'`` (OWASP's advice).
