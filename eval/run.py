@@ -29,6 +29,7 @@ if (
 from chexpercept.answers import PARSE_MODES
 from chexpercept.bundle import IMAGE_CHECKS
 from chexpercept.cli_options import add_progress_option
+from chexpercept.escape import terminal_lines
 from chexpercept.eval.backends import BACKENDS, backend_class
 from chexpercept.eval.backends.options import json_object
 from chexpercept.eval.registry import REGISTRY
@@ -40,7 +41,9 @@ from chexpercept.eval.runner.plan import build_plan
 from chexpercept.eval.runner.selection import add_selection_options
 from chexpercept.eval.weights import add_revision_option
 from chexpercept.redaction import redact_text
-from chexpercept.results import ORACLE_SETTINGS
+from chexpercept.results import (
+    ORACLE_SETTINGS,
+)
 
 __all__ = ["EXIT_UNFINISHED", "configure", "main", "run"]
 
@@ -179,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
             what, advice = os_error_text(e, FsPath(args.output_dir))  # before the folder was taken
             say_end(None, f"error: {what}", advice)
         elif isinstance(e, EXPECTED_ERRORS):
-            print(redact_text(f"chexpercept run: error: {e}"), file=sys.stderr)
+            print(redact_text(f"chexpercept run: error: {terminal_lines(e)}"), file=sys.stderr)
         else:
             raise
         return 2

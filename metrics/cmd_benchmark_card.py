@@ -11,6 +11,8 @@ import argparse
 import sys
 import tempfile
 
+from chexpercept.escape import terminal_lines
+
 PROG = "chexpercept benchmark-card"
 
 
@@ -59,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
             )
             files = manifest.verify()
         except (ValueError, FileNotFoundError) as e:  # PushRefused is a ValueError
-            print(f"{PROG}: {e}", file=sys.stderr)
+            print(f"{PROG}: {terminal_lines(e)}", file=sys.stderr)
             return 2
         verb = "would commit" if args.dry_run else "committing"
         print(f"{verb} {len(files)} files to dataset {args.repo} (no data):")
@@ -77,10 +79,10 @@ def run(args: argparse.Namespace) -> int:
                 message="CheXpercept benchmark card and eval.yaml (chexpercept benchmark-card)",
             )
         except PushRefused as e:
-            print(f"{PROG}: {e}", file=sys.stderr)
+            print(f"{PROG}: {terminal_lines(e)}", file=sys.stderr)
             return 2
         except Exception as e:  # the Hub's errors (auth, network, eval.yaml refused) as one line
-            print(f"{PROG}: upload failed: {type(e).__name__}: {e}", file=sys.stderr)
+            print(f"{PROG}: upload failed: {type(e).__name__}: {terminal_lines(e)}", file=sys.stderr)
             return 1
     print(f"done: {done.commit_url}")
     return 0

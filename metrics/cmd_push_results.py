@@ -14,6 +14,8 @@ import argparse
 import sys
 import tempfile
 
+from chexpercept.escape import terminal_lines
+
 PROG = "chexpercept push-results"
 
 
@@ -39,6 +41,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--source-url",
         metavar="URL",
         help="with --model-repo: the link each result's source gives (default: the benchmark's Hub page)",
+    )
+    parser.add_argument(
+        "--name",
+        action="append",
+        default=[],
+        metavar="[FOLDER=]LABEL",
+        help="with --repo: publish the model of results folder FOLDER (RUNS_DIR/FOLDER; FOLDER= may be left "
+        "out when RUNS_DIR holds one model) as LABEL: a letter, then letters, digits, '.' and '-', at most "
+        "24 characters. A model outside the registry and the baselines is published only under such a name, "
+        "never under the name its runs hold",
     )
     parser.add_argument(
         "--allow-synthetic",
@@ -75,19 +87,24 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def _fail(message: str, code: int = 2) -> int:
-    print(f"{PROG}: {message}", file=sys.stderr)
+    print(f"{PROG}: {terminal_lines(message)}", file=sys.stderr)
     return code
 
 
 def _misused(args: argparse.Namespace) -> str | None:
     """An option given that the chosen mode does not take, or a repo id of the wrong shape."""
+    from .hub.names import NameRefused, check_repo_id
+
     for flag, value in (
         ("--repo", args.repo),
         ("--model-repo", args.model_repo),
         ("--benchmark", args.benchmark),
     ):
-        if value is not None and value.count("/") != 1:
-            return f"{flag} must be ORG/NAME, got {value!r}"
+        if value is not None:
+            try:
+                check_repo_id(value, flag)
+            except NameRefused as e:
+                return str(e)
     if args.model_repo:
         if not args.benchmark:
             return "--model-repo needs --benchmark ORG/NAME (the benchmark dataset repo, see benchmark-card)"
@@ -95,6 +112,7 @@ def _misused(args: argparse.Namespace) -> str | None:
             ("--private", args.private),
             ("--bootstrap", args.bootstrap is not None),
             ("--seed", args.seed is not None),
+            ("--name", bool(args.name)),
         )
         given = [f for f, v in options if v]
         return f"{', '.join(given)} only apply to --repo" if given else None
@@ -145,6 +163,7 @@ def _dataset_repo(args: argparse.Namespace, staging) -> int:
         seed=args.seed or 0,
         repo=args.repo,
         bundle=args.data_dir,
+        names=dict(n.partition("=")[::2] if "=" in n else ("", n) for n in args.name),
     )
     files = staged.verify()
     size = sum(len(b) for b in files.values())
@@ -179,6 +198,7 @@ def _model_repo(args: argparse.Namespace, staging) -> int:
         parse_mode=args.parse_mode,
         bundle=args.data_dir,
         allow_synthetic=args.allow_synthetic,
+        model_repo=args.model_repo,
     )
     files = staged.verify()
     for note in staged.notes:

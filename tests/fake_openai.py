@@ -86,7 +86,7 @@ class FakeServer:
     """Answers chat completions; ``failures`` is a list of what to do to the next requests first:
     an HTTP status (sent with ``Retry-After: 0``), ``"sleep"`` (answer after a second), or a dict
     with ``status``, ``headers`` and ``body`` (an error reply), ``message`` (a 200 reply with that
-    message, and ``finish_reason``) or ``raw`` (these bytes as a 200 reply's body, announced as
+    message, and ``finish_reason``) or ``raw`` (these bytes as the body of a 200 reply, or of ``status``, announced as
     ``content_length`` bytes). ``times`` holds when each request arrived."""
 
     def __init__(self, failures=(), delay=0.0, usage=None):
@@ -156,7 +156,7 @@ class FakeServer:
                     length = action.get("content_length", len(data))
                     if length is not None:  # None: a close-delimited body (HTTP/1.0, no length)
                         headers["Content-Length"] = str(length)
-                    return 200, headers, data
+                    return action.get("status", 200), headers, data
                 if isinstance(action, dict) and "events" in action:  # a streamed (SSE) reply
                     lines = [f"data: {json.dumps(chunk)}\n\n" for chunk in action["events"]]
                     if action.get("done", True):

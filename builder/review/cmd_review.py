@@ -11,6 +11,7 @@ import argparse
 import sys
 
 from chexpercept.cli_options import add_output_dir_option, add_progress_option, progress_enabled
+from chexpercept.escape import terminal_lines
 from chexpercept.vocab import LESIONS
 
 from ..cmd_generate import add_candidate_sources
@@ -118,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
             return 0
         server = make_server(review_dir, args.host, args.port)
     except (SourceError, ReviewServerError, StoreError, ValueError) as e:
-        print(f"{prog}: {e}", file=sys.stderr)
+        print(f"{prog}: {terminal_lines(e)}", file=sys.stderr)
         return 2
     port = server.server_address[1]
     app = server.app

@@ -18,6 +18,7 @@ from pathlib import Path as FsPath
 from typing import Any
 
 from chexpercept.cli_options import add_data_dir_option, add_option, write_output
+from chexpercept.escape import terminal_lines
 from chexpercept.eval.backends import BACKENDS
 from chexpercept.eval.runner.selection import add_selection_options
 from chexpercept.os_errors import explain_os_error
@@ -112,13 +113,14 @@ def timed_session(run_dir: str, model_id: str) -> tuple[dict[str, Any], float, i
     a run of another model or a baseline."""
     from chexpercept.errors import no_such_path
     from chexpercept.eval.registry import same_model_id
+    from chexpercept.input_json import read_json
     from chexpercept.results import RUN_NAME
 
     if not FsPath(run_dir).is_dir():
         raise ValueError(f"--from-run {no_such_path(run_dir)}")
     path = FsPath(run_dir) / RUN_NAME
     try:
-        info = json.loads(path.read_text(encoding="utf-8"))
+        info = read_json(path, what=RUN_NAME)
         session = info["last_session"]
         seconds, cases = float(session["seconds_main_process"]), int(session["cases"])
     except OSError as e:
@@ -296,7 +298,7 @@ def run(args: argparse.Namespace) -> int:
             lows.append(lo)
             highs.append(hi)
     except (ValueError, FileNotFoundError, BundleValidationError, ReleaseNotFoundError) as e:
-        print(f"{prog}: error: {e}", file=sys.stderr)
+        print(f"{prog}: error: {terminal_lines(e)}", file=sys.stderr)
         return 2
     if len(rows) > 1:
         rows.append(("**total**", total(lows, "min"), total(highs, "max")))

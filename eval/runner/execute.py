@@ -26,6 +26,7 @@ from typing import Any
 
 from chexpercept.case import Case
 from chexpercept.errors import BundleValidationError, ReleaseNotFoundError
+from chexpercept.escape import terminal
 from chexpercept.eval.engine import EngineStats, admission_order, run_conversations
 from chexpercept.eval.protocol import Backend, BackendError, RunContext
 from chexpercept.eval.runner.distributed import Distributed
@@ -476,7 +477,7 @@ def _converse(
         folder.append_failures(failures)
         session.failed_now += len(failures)
         for f in failures:
-            print(f"warning: {f.key_id} ({f.task}) left unfinished: {f.error}", file=sys.stderr)
+            print(f"warning: {f.key_id} ({f.task}) left unfinished: {terminal(f.error)}", file=sys.stderr)
 
     return run_conversations(
         cases,
@@ -527,7 +528,7 @@ def _sign_off(
         first = next(iter(failed.values()))
         print(
             f"chexpercept run: {len(failed)} of {len(cases)} cases are unfinished because a request "
-            f"failed (e.g. {first.key_id} ({first.task}): {first.error}); they are listed in "
+            f"failed (e.g. {first.key_id} ({first.task}): {terminal(first.error)}); they are listed in "
             f"{folder.failures} and are not scored. Fix the cause and rerun the same command: it "
             "retries them.",
             file=sys.stderr,

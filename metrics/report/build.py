@@ -24,10 +24,12 @@ CSVs and figures score each run on its own, as the reference does.
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import itertools
 import json
 import os
+import re
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -36,6 +38,7 @@ from typing import Any
 
 from chexpercept.bundle import Bundle
 from chexpercept.fileio import copy_file, private_dir, replaced_dir, write_atomic
+from chexpercept.input_files import IMAGE
 from chexpercept.metrics.discovery import RunFolder, discover_runs
 from chexpercept.metrics.runs import open_bundle
 from chexpercept.metrics.tables import TABLE_IDS, legend, zero_width
@@ -419,7 +422,7 @@ def _write_figures(
         chosen = {name: rep.values for (name, oracle), rep in per_run.items() if oracle == setting}
         folder = out / f"all_models_oracle_{setting}"
         if label == setting and chosen == headline_values:  # the same numbers: same figures
-            per_setting_figures[setting] = [copy_file(p, folder / p.name) for p in headline]
+            per_setting_figures[setting] = [copy_file(p, folder / p.name, limit=IMAGE) for p in headline]
         else:
             per_setting_figures[setting] = _draw_figures(folder, chosen, label=setting)
         files += per_setting_figures[setting]
@@ -641,9 +644,15 @@ def _model_notes(folders: Sequence[RunFolder], reports: dict[str, Any]) -> list[
 
 
 def model_dirname(model: str) -> str:
-    """The folder of a model's per-run CSVs: its name, with path separators made safe (HF ids)."""
+    """The folder of a model's per-run CSVs: its name, with path separators made safe (HF ids:
+    ``org/name`` -> ``org__name``); any other character outside letters, digits, ``.``, ``_`` and ``-``
+    (a control character, markup, a space) becomes ``_``, with a short hash of the name to keep it
+    unique."""
     name = model.replace("/", "__").replace("\\", "__").strip(". ")
-    return name or "model"
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", name)
+    if safe != name:
+        safe += "-" + hashlib.sha1(model.encode("utf-8")).hexdigest()[:8]
+    return safe or "model"
 
 
 class _Clock:

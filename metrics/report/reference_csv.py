@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path as FsPath
 from typing import Any
 
+from chexpercept.escape import csv_cell
 from chexpercept.fileio import write_atomic
 from chexpercept.vocab import PATHS
 
@@ -97,6 +98,8 @@ def _cell(value: Any, na_as_zero: bool) -> str:
         return "0.0" if na_as_zero else ""
     if isinstance(value, float):
         return repr(value)
+    if isinstance(value, str):  # a model name, the Hub's notes: inert in a spreadsheet
+        return str(csv_cell(value))
     return str(value)
 
 
