@@ -21,7 +21,7 @@ from huggingface_hub import constants
 from chexpercept.eval.run import main as run_main
 from chexpercept.metrics.hub.guard import Manifest, PushRefused, check_file
 from chexpercept.metrics.hub.identifiers import Identifiers
-from chexpercept.metrics.push_results import Staged, stage, upload
+from chexpercept.metrics.hub.push_results import Staged, stage, upload
 from chexpercept.testing import write_fixture_bundle
 
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 64

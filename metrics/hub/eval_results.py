@@ -33,9 +33,9 @@ from pathlib import Path as FsPath
 from typing import Any
 
 from chexpercept.answers import PARSE_MODES
+from chexpercept.metrics.leaderboard import SETTING_KEYS, setting_score
 from chexpercept.results import ORACLE_SETTINGS
 
-from ..report.leaderboard import SETTING_KEYS, setting_score
 from .guard import (
     Context,
     ListOf,
@@ -340,7 +340,7 @@ def pr_description(staged: StagedEvalResults, benchmark: str) -> str:
 
 def model_folder(runs_dir: str | os.PathLike[str]) -> FsPath:
     """The one model folder under ``runs_dir`` (or ``runs_dir`` itself); ValueError when there are several."""
-    from ..push_results import model_folders
+    from chexpercept.metrics.hub.push_results import model_folders
 
     folders = model_folders(runs_dir)
     if len(folders) != 1:

@@ -141,7 +141,7 @@ HUB_CSV_COLUMNS = (
 
 def hub_leaderboard_csv(entries: Sequence[HubEntry]) -> str:
     """The Hub's rows as CSV (``HUB_CSV_COLUMNS``)."""
-    from ..report.reference_csv import csv_text
+    from ..csv_files import csv_text
 
     rows = [{**asdict(e), "status": e.status} for e in entries]
     return csv_text(HUB_CSV_COLUMNS, rows)

@@ -1,6 +1,6 @@
 """The scores dataset repo (``push-results --repo``): its dataset card and the schema of every file in it.
 
-Files (written by ``chexpercept.metrics.push_results.stage``):
+Files (written by ``chexpercept.metrics.hub.push_results.stage``):
 
 - ``models/<model>/metrics.json`` (``METRICS``): the flat metrics, fractions rounded to 6 decimals;
 - ``models/<model>/intervals.json`` (``INTERVALS``): the 95% bootstrap intervals of every metric;
@@ -21,11 +21,11 @@ from typing import Any
 from chexpercept.answers import PARSE_MODES
 from chexpercept.eval.registry import BACKENDS
 from chexpercept.eval.runner.provenance import PACKAGES
+from chexpercept.metrics.leaderboard import CSV_COLUMNS, SETTING_KEYS, render_leaderboard
 from chexpercept.results import ORACLE_SETTINGS
 from chexpercept.vocab import LESIONS, PATHS
 
 from ..columns import FLAT_KEYS, metric_names
-from ..report.leaderboard import CSV_COLUMNS, SETTING_KEYS, render_leaderboard
 from ..tables import TABLES, render_table, table_rows
 from .guard import (
     AGREEMENT,

@@ -39,9 +39,11 @@ from typing import Any
 from chexpercept.bundle import Bundle
 from chexpercept.fileio import copy_file, private_dir, replaced_dir, write_atomic
 from chexpercept.input_files import IMAGE
-from chexpercept.metrics.discovery import RunFolder, discover_runs
+from chexpercept.metrics.discovery import RunFolder, discover_runs, load_run
+from chexpercept.metrics.leaderboard import leaderboard_rows, render_leaderboard, write_leaderboard_csv
+from chexpercept.metrics.model_scores import score_model
 from chexpercept.metrics.runs import open_bundle
-from chexpercept.metrics.tables import TABLE_IDS, legend, zero_width
+from chexpercept.metrics.tables import TABLE_IDS, legend, render_table, zero_width
 from chexpercept.results import ORACLE_SETTINGS
 from chexpercept.vocab import LESIONS, PATHS
 
@@ -62,7 +64,6 @@ from ..hub.leaderboard import (
 from ..model_scores import said_once
 from . import plots, reference_csv
 from .cases import ViewerRun, write_viewer_data
-from .leaderboard import leaderboard_rows, render_leaderboard, write_leaderboard_csv
 from .page import Figure, Section, figures_html, markdown_to_html, write_index_html
 
 FIGURES_DIR = "figures"
@@ -117,13 +118,6 @@ class ReportOutput:
         )
 
 
-def _metrics() -> Any:
-    """The metric library's public API (imported late: chexpercept.metrics loads its parts lazily)."""
-    import chexpercept.metrics as metrics
-
-    return metrics
-
-
 def resolve_bundle(
     bundle: str | os.PathLike[str] | Bundle | None, runs: Sequence[RunFolder]
 ) -> tuple[Bundle | None, list[str]]:
@@ -154,7 +148,6 @@ def resolve_bundle(
 
 
 def _load(folders: Sequence[RunFolder], bundle: Bundle | None) -> list[Any]:
-    m = _metrics()
     loaded = []
     for rf in folders:
         if rf.layout == "reference" and bundle is None:
@@ -162,7 +155,7 @@ def _load(folders: Sequence[RunFolder], bundle: Bundle | None) -> list[Any]:
                 f"{rf.results_file}: reference results do not store the questions; pass the bundle "
                 "they were made on with --bundle DIR"
             )
-        loaded.append(m.load_run(rf.folder, bundle=bundle, model=rf.model))
+        loaded.append(load_run(rf.folder, bundle=bundle, model=rf.model))
     return loaded
 
 
@@ -266,9 +259,8 @@ def _score(
 ) -> tuple[dict[tuple[str, str], Any], list[str], dict[str, Any]]:
     """(per run scores, model names, per model scores): each run is scored once, and a model's
     scores reuse its runs' scores."""
-    m = _metrics()
     per_run = {
-        (rf.model, rf.oracle): m.score_model([run], mode=mode, name=rf.model)
+        (rf.model, rf.oracle): score_model([run], mode=mode, name=rf.model)
         for rf, run in zip(folders, loaded)
     }
     models = sorted({rf.model for rf in folders})
@@ -276,7 +268,7 @@ def _score(
     for name in models:
         runs = [run for rf, run in zip(folders, loaded) if rf.model == name]
         scored = {run.oracle: per_run[(name, run.oracle)].scores[run.oracle] for run in runs}
-        reports[name] = m.score_model(runs, mode=mode, name=name, scores=scored)
+        reports[name] = score_model(runs, mode=mode, name=name, scores=scored)
     return per_run, models, reports
 
 
@@ -311,17 +303,16 @@ def _write_tables(
     title: str,
     hub: HubBoard | None = None,
 ) -> _Tables:
-    m = _metrics()
     files: list[FsPath] = []
     private_dir(out / "tables")
     blocks = []
     for tid in TABLE_IDS:
-        md = m.render_table(tid, reports, fmt="markdown", intervals=intervals, mark_no_variation=intervals)
+        md = render_table(tid, reports, fmt="markdown", intervals=intervals, mark_no_variation=intervals)
         files.append(_write(out / "tables" / f"table{tid}.md", md))
         files.append(
             _write(
                 out / "tables" / f"table{tid}.csv",
-                m.render_table(tid, reports, fmt="csv", intervals=intervals),
+                render_table(tid, reports, fmt="csv", intervals=intervals),
             )
         )
         blocks.append(md)
@@ -622,7 +613,7 @@ def _write_into(
         warnings=warnings,
         seconds=time.perf_counter() - start,
         timings=clock.laps,
-        table2=_metrics().render_table("2", reports, fmt="markdown", intervals=False),
+        table2=render_table("2", reports, fmt="markdown", intervals=False),
     )
 
 

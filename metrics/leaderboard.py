@@ -15,8 +15,7 @@ from pathlib import Path as FsPath
 from typing import Any
 
 from chexpercept.escape import markdown_cell
-
-from .reference_csv import csv_text, write_csv
+from chexpercept.metrics.csv_files import csv_text, write_csv
 
 SETTING_KEYS: dict[str, tuple[str, ...]] = {
     "e2e": ("e2e/stage1/all", "e2e/stage2/all", "e2e/stage3/all", "e2e/stage4/all"),

@@ -22,12 +22,10 @@ from typing import Any
 
 from chexpercept.escape import terminal
 from chexpercept.input_json import read_json
-from chexpercept.os_errors import explain_os_error
-
-from .hub.guard import AGREEMENT, Context, Manifest, PushRefused, json_text, round_floats
-from .hub.identifiers import for_runs
-from .hub.names import LOCAL, NameRefused, PublishedModel, check_repo_id, published_model
-from .hub.scores_repo import (
+from chexpercept.metrics.hub.guard import AGREEMENT, Context, Manifest, PushRefused, json_text, round_floats
+from chexpercept.metrics.hub.identifiers import for_runs
+from chexpercept.metrics.hub.names import LOCAL, NameRefused, PublishedModel, check_repo_id, published_model
+from chexpercept.metrics.hub.scores_repo import (
     INTERVALS,
     METRICS,
     PROVENANCE,
@@ -37,8 +35,9 @@ from .hub.scores_repo import (
     leaderboard_schemas,
     table_schemas,
 )
-from .report.leaderboard import leaderboard_csv, leaderboard_rows, render_leaderboard
-from .tables import TABLE_IDS
+from chexpercept.metrics.leaderboard import leaderboard_csv, leaderboard_rows, render_leaderboard
+from chexpercept.metrics.tables import TABLE_IDS
+from chexpercept.os_errors import explain_os_error
 
 __all__ = ["AGREEMENT", "LOCAL", "PushRefused", "Staged", "model_folders", "scrub", "stage", "upload"]
 
@@ -275,7 +274,7 @@ def upload(
 ) -> str:
     """Create the dataset repo if needed and commit exactly the verified files; the commit URL.
     PushRefused when the staging folder no longer passes the guard."""
-    from .hub.commit import upload as commit
+    from chexpercept.metrics.hub.commit import upload as commit
 
     done = commit(
         staged.manifest,

@@ -32,8 +32,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
 
     from chexpercept.fileio import write_atomic
-
-    from .hub.leaderboard import (
+    from chexpercept.metrics.hub.leaderboard import (
         LeaderboardError,
         hub_leaderboard_csv,
         hub_leaderboard_json,

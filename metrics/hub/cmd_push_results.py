@@ -93,7 +93,7 @@ def _fail(message: str, code: int = 2) -> int:
 
 def _misused(args: argparse.Namespace) -> str | None:
     """An option given that the chosen mode does not take, or a repo id of the wrong shape."""
-    from .hub.names import NameRefused, check_repo_id
+    from chexpercept.metrics.hub.names import NameRefused, check_repo_id
 
     for flag, value in (
         ("--repo", args.repo),
@@ -135,7 +135,7 @@ def _misused(args: argparse.Namespace) -> str | None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path as FsPath
 
-    from .hub.guard import PushRefused
+    from chexpercept.metrics.hub.guard import PushRefused
 
     problem = _misused(args)
     if problem:
@@ -153,7 +153,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _dataset_repo(args: argparse.Namespace, staging) -> int:
-    from .push_results import stage, upload
+    from chexpercept.metrics.hub.commit import preview_then_commit
+    from chexpercept.metrics.hub.push_results import stage, upload
 
     staged = stage(
         args.runs_dir,
@@ -168,26 +169,27 @@ def _dataset_repo(args: argparse.Namespace, staging) -> int:
     files = staged.verify()
     size = sum(len(b) for b in files.values())
     verb = "would upload" if args.dry_run else "uploading"
-    print(
+    heading = (
         f"{verb} {len(files)} files ({size} bytes) for {len(staged.models)} model(s) to dataset {args.repo}:"
     )
-    for f in files:
-        print(f"  {f}")
-    if args.dry_run:
-        return 0
-    try:
-        url = upload(staged, args.repo, private=args.private)
-    except (ValueError, FileNotFoundError):
-        raise
-    except Exception as e:  # the Hub's errors (auth, network) as one line
-        return _fail(f"upload failed: {type(e).__name__}: {e}", 1)
-    print(f"done: {url}")
-    return 0
+    return preview_then_commit(
+        files,
+        heading,
+        dry_run=args.dry_run,
+        commit=lambda: upload(staged, args.repo, private=args.private),
+        contents=False,
+        prog=PROG,
+    )
 
 
 def _model_repo(args: argparse.Namespace, staging) -> int:
-    from .hub.commit import upload
-    from .hub.eval_results import default_source_url, model_folder, pr_description, stage_eval_results
+    from chexpercept.metrics.hub.commit import preview_then_commit, upload
+    from chexpercept.metrics.hub.eval_results import (
+        default_source_url,
+        model_folder,
+        pr_description,
+        stage_eval_results,
+    )
 
     folder = model_folder(args.runs_dir)
     staged = stage_eval_results(
@@ -204,16 +206,12 @@ def _model_repo(args: argparse.Namespace, staging) -> int:
     for note in staged.notes:
         print(f"note: {note}")
     verb = "would open" if args.dry_run else "opening"
-    print(
+    heading = (
         f"{verb} a pull request on model {args.model_repo} adding {len(files)} file(s) "
         f"for benchmark {args.benchmark}:"
     )
-    for rel, data in files.items():
-        print(f"--- {rel}")
-        print(data.decode("utf-8"), end="")
-    if args.dry_run:
-        return 0
-    try:
+
+    def commit() -> str:
         done = upload(
             staged.manifest,
             args.model_repo,
@@ -222,9 +220,6 @@ def _model_repo(args: argparse.Namespace, staging) -> int:
             message="Add CheXpercept evaluation results",
             description=pr_description(staged, args.benchmark),
         )
-    except (ValueError, FileNotFoundError):
-        raise
-    except Exception as e:  # the Hub's errors (auth, no such model, network) as one line
-        return _fail(f"upload failed: {type(e).__name__}: {e}", 1)
-    print(f"done: pull request {done.pr_url}")
-    return 0
+        return f"pull request {done.pr_url}"
+
+    return preview_then_commit(files, heading, dry_run=args.dry_run, commit=commit, prog=PROG)
