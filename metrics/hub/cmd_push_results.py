@@ -81,9 +81,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="with --repo: bootstrap replicates (default 1000; 0 = none)",
+        help="with --repo: 0 leaves the intervals out; any other number keeps them (they are design-based "
+        "and need no resampling: the number is not used)",
     )
-    parser.add_argument("--seed", type=int, default=None, help="with --repo: bootstrap seed (default 0)")
+    parser.add_argument("--seed", type=int, default=None, help=argparse.SUPPRESS)  # no resampling: unused
 
 
 def _fail(message: str, code: int = 2) -> int:

@@ -3,7 +3,8 @@
 Files (written by ``chexpercept.metrics.hub.push_results.stage``):
 
 - ``models/<model>/metrics.json`` (``METRICS``): the flat metrics, fractions rounded to 6 decimals;
-- ``models/<model>/intervals.json`` (``INTERVALS``): the 95% bootstrap intervals of every metric;
+- ``models/<model>/intervals.json`` (``INTERVALS``): the 95% intervals of every metric
+  (design-based: metrics/inference.py);
 - ``models/<model>/run_oracle_<setting>.json`` (``PROVENANCE``): run.json reduced to known fields;
 - ``models/<model>/table<N>.md|csv``, ``tables/table<N>.md|csv`` (``table_schemas``);
 - ``leaderboard.md|csv`` (``leaderboard_schemas``); ``README.md`` (``dataset_card``, ``card_schema``).
@@ -281,7 +282,7 @@ def dataset_card(
     lines += [SYNTHETIC] if synthetic else []
     lines.append(
         f"- answers parsed in `{parse_mode}` mode"
-        + (f"; 95% intervals from {bootstrap} stratified bootstrap replicates" if bootstrap else "")
+        + ("; 95% design-based intervals (the case as the unit, lesion x path strata)" if bootstrap else "")
     )
     lines += [
         "",
@@ -342,7 +343,7 @@ def card_schema(repo: str | None) -> MarkdownSchema:
     patterns = (
         heading,
         rf"- fingerprint `{HEX64}`",
-        rf"- answers parsed in `({modes})` mode(; 95% intervals from \d+ stratified bootstrap replicates)?",
+        rf"- answers parsed in `({modes})` mode(; 95% design-based intervals \(the case as the unit, lesion x path strata\))?",
     )
     number = Text(pattern=r"(-?\d+(\.\d{1,6})?)?")
     oracles = "|".join(ORACLE_SETTINGS)
