@@ -263,7 +263,7 @@ def test_server_refuses_anything_but_loopback(sources, tmp_path, capsys):
         with pytest.raises(ReviewServerError, match="127.0.0.1 only"):
             check_host(host)
     with pytest.raises(SystemExit) as stop:  # no option chooses the address: loopback only
-        cli(["review", "--output-dir", str(tmp_path / "rev"), "--host", "0.0.0.0"])
+        cli(["review", "--output-dir", str(tmp_path / "rev"), "--host=0.0.0.0"])
     assert stop.value.code == 2 and "unrecognized arguments: --host" in capsys.readouterr().err
     assert not (tmp_path / "rev").exists()  # refused before any work
     check_host("127.0.0.1")
