@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import datetime
 import importlib.util
-import json
 import os
 import re
 import shutil
@@ -39,6 +38,7 @@ from pathlib import Path as FsPath
 from typing import Any
 
 from chexpercept.fileio import write_atomic, write_json_atomic
+from chexpercept.input_json import read_json
 from chexpercept.peer import PeerRefused
 
 #: the backends that load weights; the openai and baseline backends need none
@@ -265,7 +265,7 @@ def read_remote_code_record(storage: FsPath) -> dict[str, Any] | None:
     when the file is not one we wrote."""
     path = storage / REMOTE_CODE_RECORD
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))
+        record = read_json(path, what="remote-code record")
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as e:
@@ -334,10 +334,13 @@ def check_code_references(folder: str, model_id: str) -> None:
     for name in _CODE_MAPS:
         path = os.path.join(folder, name)
         try:
-            with open(path, encoding="utf-8") as f:
-                data = json.load(f)
-        except (OSError, ValueError):
+            data = read_json(path, what=name)
+        except FileNotFoundError:
             continue
+        except (OSError, ValueError) as e:  # a file the model's loader would choke on too: refuse it
+            raise HubError(
+                f"{model_id}: {path} cannot be read ({e}), so where its code comes from is unknown"
+            ) from e
         auto_map = data.get("auto_map") if isinstance(data, dict) else None
         if not isinstance(auto_map, dict):
             continue

@@ -234,3 +234,35 @@ def test_a_deep_hub_reply_is_a_leaderboard_error(monkeypatch, capsys):
     assert cli(["leaderboard", "org/bench"]) == 1
     err = capsys.readouterr().err
     assert "Traceback" not in err and "org/bench: the Hub's reply is JSON nested too deeply" in err
+
+
+def test_no_module_parses_json_itself():
+    """Every JSON read from outside goes through chexpercept/input_json.py (bounded in size and depth):
+    a new ``json.load``/``json.loads`` elsewhere fails here with its file and line."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    allowed = {
+        "chexpercept/input_json.py": "the one bounded decoder",
+        "metrics/hub/guard.py": "re-reads the bytes it staged itself, to check them",
+        "eval/backends/options.py": "copies a default value it declared",
+        "builder/reference_layout.py": "reads the phantom table it just wrote",
+        "eval/tiny_model.py": "edits the processor file it just saved",
+    }
+    found = []
+    for package in ("chexpercept", "builder", "metrics", "eval"):
+        for path in sorted((root / package).rglob("*.py")):
+            rel = path.relative_to(root).as_posix()
+            if rel in allowed:
+                continue
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                f = getattr(node, "func", None)
+                if (
+                    isinstance(f, ast.Attribute)
+                    and f.attr in ("load", "loads")
+                    and isinstance(f.value, ast.Name)
+                    and f.value.id == "json"
+                ):
+                    found.append(f"{rel}:{node.lineno}")
+    assert not found, "parse JSON through chexpercept.input_json instead:\n" + "\n".join(found)

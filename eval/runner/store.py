@@ -23,7 +23,14 @@ from typing import Any
 from chexpercept.eval.runner.identity import settings_diff
 from chexpercept.eval.runner.interrupts import deferred
 from chexpercept.eval.runner.provenance import now
-from chexpercept.fileio import append_durable, open_private, private_dir, replace_json_lines, tighten
+from chexpercept.fileio import (
+    append_durable,
+    open_private,
+    private_dir,
+    replace_json_lines,
+    tighten,
+    write_atomic,
+)
 from chexpercept.fileio import write_json_atomic as write_json_atomic
 from chexpercept.input_files import JSON_FILE, RESULTS, check_input_stat
 from chexpercept.input_json import JsonInputError, loads
@@ -316,14 +323,14 @@ class RunStore:
             return 0
         keep: list[str] = []
         moved: list[str] = []
-        for _n, line in complete_lines(self.results):
+        for n, line in complete_lines(self.results):
             try:
-                record = json.loads(line)
-            except ValueError:
+                record = loads(line, source=f"{self.results}:{n}")
+            except JsonInputError:
                 keep.append(line)  # read_records names it
                 continue
             (keep if isinstance(record, dict) and record.get("run") else moved).append(line)
         if moved:
             append_durable(self.quarantine, "".join(m + "\n" for m in moved).encode("utf-8"))
-            replace_json_lines(self.results, [json.loads(k) for k in keep])
+            write_atomic(self.results, "".join(k + "\n" for k in keep))  # the kept lines as they were
         return len(moved)
