@@ -20,7 +20,7 @@ from PIL import Image
 
 from .case import Case
 from .containment import Tree, image_format, resolve_inside
-from .errors import BundleValidationError, Problem, ReleaseNotFoundError, no_such_path
+from .errors import WHERE_TO_GET, BundleValidationError, Problem, ReleaseNotFoundError, no_such_path
 from .fileio import write_atomic
 from .input_files import (
     BUNDLE_JSON,
@@ -131,7 +131,9 @@ def check_release_dir(data_dir: str | os.PathLike[str] | None) -> FsPath:
         raise ReleaseNotFoundError(data_dir, "No data_dir given: pass the folder of the CheXpercept release.")
     root = FsPath(os.path.expanduser(str(data_dir))).resolve()
     if not root.exists():
-        raise ReleaseNotFoundError(root, f"data_dir {no_such_path(data_dir)}.", instructions=False)
+        raise ReleaseNotFoundError(
+            root, f"data_dir {no_such_path(data_dir)}. {WHERE_TO_GET}", instructions=False
+        )
     if not root.is_dir():
         hint = f"its folder {root.parent}" if root.name == JSON_NAME else f"the folder that holds {JSON_NAME}"
         raise ReleaseNotFoundError(
@@ -140,10 +142,58 @@ def check_release_dir(data_dir: str | os.PathLike[str] | None) -> FsPath:
     if not any(root.iterdir()):
         raise ReleaseNotFoundError(root, f"data_dir {root} is empty.")
     if not (root / JSON_NAME).exists():  # a FIFO or a folder by that name is refused when it is read
+        found = find_releases(root)
+        if found:
+            shown = " or ".join(str(f) for f in found[:3])
+            more = f" (and {len(found) - 3} more)" if len(found) > 3 else ""
+            raise ReleaseNotFoundError(
+                root,
+                f"data_dir {root} is not the release's folder, but {JSON_NAME} is in {shown}{more}: pass "
+                f"that folder as data_dir (--data-dir {found[0]}).",
+                instructions=False,
+            )
         raise ReleaseNotFoundError(
             root, f"data_dir {root} is not a CheXpercept release: it has no {JSON_NAME}."
         )
     return root
+
+
+#: how far ``find_releases`` looks below a folder, and how many folder entries it reads at most
+FIND_DEPTH = 5
+FIND_ENTRIES = 20000
+
+
+def find_releases(folder: FsPath) -> list[FsPath]:
+    """Release folders (holding chexpercept.json) near ``folder``, nearest first: the folders above
+    it (a case folder or ``chexpercept/`` passed by mistake) and below it, up to FIND_DEPTH levels
+    (PhysioNet's download lands in ``physionet.org/files/<project>/<version>/``). Hidden folders and
+    links are not entered; at most FIND_ENTRIES entries are read, so a huge tree costs little."""
+    above = [p for p in folder.parents[:3] if (p / JSON_NAME).is_file()]
+    below: list[FsPath] = []
+    budget = FIND_ENTRIES
+    level = [folder]
+    for _depth in range(FIND_DEPTH):
+        next_level = []
+        for current in level:
+            try:
+                with os.scandir(current) as entries:
+                    for entry in entries:
+                        budget -= 1
+                        if budget < 0:
+                            return above + sorted(below)
+                        if entry.name.startswith(".") or not entry.is_dir(follow_symlinks=False):
+                            continue
+                        path = FsPath(entry.path)
+                        if (path / JSON_NAME).is_file():
+                            below.append(path)  # a release: its case folders are not searched
+                        else:
+                            next_level.append(path)
+            except OSError:
+                continue
+        level = next_level
+        if not level:
+            break
+    return above + sorted(below)
 
 
 def iter_entries(root: FsPath) -> Iterator[tuple[str, Any, Span]]:

@@ -9,6 +9,12 @@ from pathlib import Path as FsPath
 
 from .escape import terminal
 
+#: where the release comes from, in one line (a data_dir that does not exist)
+WHERE_TO_GET = (
+    "The CheXpercept release is downloaded from PhysioNet (credentialed access: "
+    "https://physionet.org/content/chexpercept/); `chexpercept synth --output-dir DIR` writes a phantom one "
+    "for testing software."
+)
 ACCESS_INSTRUCTIONS = """\
 CheXpercept is credentialed data derived from MIMIC-CXR-JPG and MIMIC-ILS. To get it:
   1. Become a credentialed PhysioNet user (https://physionet.org/settings/credentialing/).

@@ -330,7 +330,7 @@ def _run_all(
         for run in todo:
             current = run
             if run.remaining and not ready:
-                backend.setup(context)
+                set_up(backend, context, plan)
                 ready = True
             statuses.append(_run_one(plan, backend, dist, run))
     except (Exception, RunInterrupted) as e:  # every early end is one line (eval/runner/outcome.py)
@@ -348,6 +348,20 @@ def _run_all(
     if dist.is_main and plan.score:
         print_scores(plan)
     return max(statuses, default=0)
+
+
+def set_up(backend: Backend, context: RunContext, plan: RunPlan) -> None:
+    """``backend.setup``, with a package the model needs and this environment lacks named (a model's
+    processor that needs torchvision, a model class that needs a library): one line, not a bug."""
+    try:
+        backend.setup(context)
+    except ImportError as e:
+        package = f" ({e.name})" if getattr(e, "name", None) else ""
+        raise BackendError(
+            f"the {plan.model.backend} backend cannot load {plan.model.name}: a package it needs is not "
+            f"installed in this environment{package}: {' '.join(str(e).split()).rstrip('.')[:400]}. Install it (pip "
+            "install <package>; torchvision on a CPU-only torch: docs/install.md), then rerun"
+        ) from e
 
 
 def _remaining(plan: RunPlan, run: OracleRun, dist: Distributed) -> list[Case]:
