@@ -228,8 +228,10 @@ def _take_folders(plan: RunPlan, runs: list[OracleRun], dist: Distributed) -> in
         if error is not None:
             raise error
         return failed[0].status if failed else 2
-    if not any(o.ok for o in outcomes):
-        return 0  # every setting was complete (checked read-only)
+    if not any(o.ok for o in outcomes):  # every setting was complete (checked read-only)
+        if dist.is_main and plan.score:
+            print_scores(plan)  # once, for every setting
+        return 0
     return None
 
 
@@ -300,8 +302,6 @@ def recheck_read_only(plan: RunPlan, run: OracleRun, error: OSError) -> int:
         f"{len(plan.cases)} cases of {plan.model.name} (oracle {run.oracle}) in {folder.path}: the run is "
         "complete (checked read-only: nothing was written)"
     )
-    if plan.score:
-        print_scores(plan)
     return 0
 
 
