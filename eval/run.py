@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path as FsPath
@@ -25,6 +26,18 @@ if (
     # run as a script (python eval/run.py, accelerate launch eval/run.py): this folder's modules
     # must be imported as chexpercept.eval.*, never as top-level names
     sys.path.pop(0)
+
+if __name__ == "__main__":
+
+    def _stopped_while_starting(signum: int, _frame: object) -> None:
+        """Ctrl-C before the run has taken its folder (imports take seconds; under accelerate launch
+        the terminal's Ctrl-C reaches every process): one line, nothing was written."""
+        rank = os.environ.get("RANK")
+        who = f"process {rank}: " if rank is not None and os.environ.get("WORLD_SIZE", "1") != "1" else ""
+        sys.stderr.write(f"chexpercept run: {who}stopped by SIGINT while starting; nothing was written\n")
+        os._exit(128 + signum)
+
+    signal.signal(signal.SIGINT, _stopped_while_starting)  # stop_on_signals takes over once the run starts
 
 try:
     from chexpercept.answers import PARSE_MODES
@@ -193,6 +206,7 @@ def run(args: argparse.Namespace) -> int:
             raise
         return 2
     finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # the start-up handler's time is over
         dist.close()
 
 
