@@ -38,7 +38,20 @@ def sample(case: Case) -> Sample:
     )
 
 
-@task(name="chexpercept")
+def _task_name() -> str:
+    """``chexpercept``, which Inspect namespaces as ``chexpercept/chexpercept`` by the installed
+    package the task comes from. It reads that from the package's metadata, and a
+    ``chexpercept.egg-info`` ahead of the installed one on ``sys.path`` (the source folder of an
+    editable install, when Python runs there) hides it: then the name is given in full, so that
+    ``chexpercept/chexpercept`` names the task wherever Python runs."""
+    try:
+        from inspect_ai._util.package import get_installed_package_name
+    except ImportError:  # a later Inspect: its own namespacing
+        return "chexpercept"
+    return "chexpercept" if get_installed_package_name(sample) else "chexpercept/chexpercept"
+
+
+@task(name=_task_name())
 def chexpercept(
     data_dir: str | None = None,
     oracle: str = "implicit",
