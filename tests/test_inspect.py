@@ -179,6 +179,13 @@ def test_inspect_refuses_what_the_data_use_agreement_forbids(fixture_bundle, tmp
         text = error_of(eval_one(args, tmp_path, **proxied))
         assert "proxy http://127.0.0.1:9" in text and "NO_PROXY" in text and not server.requests
         monkeypatch.delenv("HTTP_PROXY")
+    # another account's server on the port (the owner as the kernel's socket table would say)
+    with FakeServer() as server:
+        monkeypatch.setattr("chexpercept.tcp_table.owner", lambda *a: os.geteuid() + 4242)
+        text = error_of(
+            eval_one(args, tmp_path, model=f"openai-api/local/{MODEL}", model_base_url=server.url)
+        )
+        assert "belongs to account" in text and not server.requests
     # a provider's public API, and a host that is not this machine (never contacted: refused first)
     text = error_of(eval_one(args, tmp_path, model="openai/gpt-5.4"))
     assert "public API" in text and "zero data retention" in text and "-T dua_compliant=true" in text

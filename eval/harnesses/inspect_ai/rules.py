@@ -9,9 +9,9 @@ Data use (the PhysioNet credentialed data use agreement requires that no one els
   base URL (its public API), or a base URL whose host is not loopback.
 - A loopback endpoint that is not declared gets our runner's rule: no proxy from the environment
   (Inspect's HTTP client would send the images through it), and each new connection of the
-  provider's HTTP client must reach a loopback socket of this account (``peer.check_peer`` on every
-  connection of OpenAI-compatible providers' ``http_client``; for others one probe connection
-  before each case).
+  provider's HTTP client must reach a loopback socket of this account (``peer.check_peer`` on a
+  probe connection before each case, and on every connection of OpenAI-compatible providers'
+  ``http_client``).
 - Models run inside this process (``hf``, ``mockllm``, ...) send nothing anywhere.
 
 Images in the log: Inspect keeps every image of every request in its log file unless
@@ -142,17 +142,17 @@ def image_limit(model: Any) -> int | None:
 
 
 async def guard(model: Any, r: Route) -> None:
-    """Check the connections of ``model``'s provider to ``r``: every new connection of its HTTP
-    client (OpenAI-compatible providers' ``http_client``) from now on, or else one probe
-    connection now. Raises PeerRefused (the probe) naming the owner of the socket."""
+    """Check the connections of ``model``'s provider to ``r``: one probe connection now (a refusal
+    ends the case at once, before any request, with PeerRefused naming the socket's owner), and
+    every new connection of its HTTP client from now on where it has one we can reach
+    (OpenAI-compatible providers' ``http_client``; a refusal there fails that request, and Inspect
+    may retry it, each retry refused alike)."""
     import httpx
 
     client = getattr(model.api, "http_client", None)
-    if isinstance(client, httpx.AsyncClient):
-        if not getattr(client, "_chexpercept_peer", False):
-            client.event_hooks["request"].append(_checking_hook(r))
-            client._chexpercept_peer = True  # type: ignore[attr-defined]
-        return
+    if isinstance(client, httpx.AsyncClient) and not getattr(client, "_chexpercept_peer", False):
+        client.event_hooks["request"].append(_checking_hook(r))
+        client._chexpercept_peer = True  # type: ignore[attr-defined]
     await _probe(r)
 
 
