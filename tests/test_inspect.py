@@ -38,12 +38,17 @@ except ImportError:  # pragma: no cover - the inspect extra is missing
 pytestmark = pytest.mark.inspect_ai
 
 MODEL = "local-vlm"
+#: the parity test's cases: every route of a lesion with Stage 4 attributes and of cardiomegaly
+#: (none); the whole phantom bundle takes about three times as long, and bench/inspect_vs_runner.py
+#: runs 42 cases
+LESIONS = ("cardiomegaly", "effusion")
 
 
-def inspect_env(**extra: str) -> dict[str, str]:
-    """The environment of an ``inspect`` command: no proxy, Inspect's files under the test's HF_HOME."""
+def inspect_env(data_home: Path) -> dict[str, str]:
+    """The environment of an ``inspect`` command: no proxy, Inspect's own files (traces, the realtime
+    sample buffer) under ``data_home`` instead of ~/.local/share."""
     env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
-    env.update(extra)
+    env["XDG_DATA_HOME"] = str(data_home)
     return env
 
 
@@ -52,10 +57,12 @@ def run_inspect(bundle: Path, url: str, log_dir: Path, *args: str) -> subprocess
     cmd = [
         str(exe) if exe.exists() else shutil.which("inspect") or "inspect",
         *("eval", "chexpercept/chexpercept", "-T", f"data_dir={bundle}", "-T", "oracle=implicit"),
+        *("-T", f"lesions={','.join(LESIONS)}"),
         *("--model", f"vllm/{MODEL}", "--model-base-url", url, "--no-log-images"),
         *("--log-dir", str(log_dir), "--display", "none", "--log-level", "warning", *args),
     ]
-    return subprocess.run(cmd, capture_output=True, text=True, env=inspect_env(), timeout=600)
+    env = inspect_env(log_dir.parent / "xdg")
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
 
 
 def test_inspect_gives_our_runners_answers_and_scores(phantom_bundle, tmp_path):
@@ -71,6 +78,7 @@ def test_inspect_gives_our_runners_answers_and_scores(phantom_bundle, tmp_path):
             [
                 *("run", "--data-dir", str(phantom_bundle), "--model", MODEL, "--backend", "openai"),
                 *("--base-url", ours.url, "--output-dir", str(tmp_path / "runs"), "--no-progress"),
+                *("--lesions", *LESIONS),
             ]
         )
         assert rc == 0
@@ -93,7 +101,7 @@ def test_inspect_gives_our_runners_answers_and_scores(phantom_bundle, tmp_path):
     expected = {r.key_id: r for r in iter_results(run_dir / "results.jsonl")}
     got = {r.key_id: r for r in log_records(log)}
     assert sorted(s.id for s in log.samples) == sorted(expected) == sorted(got)
-    assert len(expected) == 21
+    assert len(expected) == 6 and {r.path for r in expected.values()} == {"RR", "RF", "LF"}
     for key_id, record in expected.items():
         assert got[key_id].conversation == record.conversation, key_id
         for a, b in zip(got[key_id].turns, record.turns, strict=True):
