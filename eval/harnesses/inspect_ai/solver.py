@@ -37,7 +37,9 @@ def images_per_request(case: Case) -> int:
 
 
 def effective_config(model: Any) -> GenerateConfig:
-    """The generation settings of this eval's requests: the model's, then the eval's over them."""
+    """The generation settings of this eval's requests: the model's, then the eval's over them
+    (``--batch``, ``--temperature``...). Inspect has no public accessor for the eval's settings
+    inside a solver; this private one is that of the pinned version (the tests fail if it moves)."""
     from inspect_ai.model._generate_config import active_generate_config
 
     return model.config.merge(active_generate_config())
