@@ -22,8 +22,23 @@ fi
 # the browser tests fail, not skip, when the browser is missing after all
 [ "${CHEXPERCEPT_SKIP_BROWSER:-0}" = "1" ] || export CHEXPERCEPT_REQUIRE_BROWSER=1
 
+# ---- Inspect AI (docs/inspect.md) ---------------------------------------------------------------
+# inspect-ai installs into the main environment without a clash (pip check clean), so the tests of our
+# Inspect task (marker `inspect_ai`, tests/test_inspect.py) run in the main run below, with the
+# `inspect` extra (inspect-ai pinned to the version they were written against); here they fail rather
+# than skip when it is missing. CHEXPERCEPT_SKIP_INSPECT=1 leaves them out, and says so.
+MAIN_EXTRAS="hf,test"
+if [ "${CHEXPERCEPT_SKIP_INSPECT:-0}" = "1" ]; then
+  MARKERS="$MARKERS and not inspect_ai"
+  echo "test.sh: INSPECT TESTS NOT RUN (CHEXPERCEPT_SKIP_INSPECT=1): the Inspect AI task was not tested" >&2
+else
+  MAIN_EXTRAS="$MAIN_EXTRAS,inspect"
+  export CHEXPERCEPT_REQUIRE_INSPECT=1
+fi
+# ---- end of Inspect AI ---------------------------------------------------------------------------
+
 # shellcheck disable=SC1091
-. "$ROOT/scripts/setup_env.sh" "hf,test"
+. "$ROOT/scripts/setup_env.sh" "$MAIN_EXTRAS"
 ruff check .
 ruff format --check .
 python -m pytest -n "${PYTEST_WORKERS:-2}" -m "$MARKERS" "$@"
