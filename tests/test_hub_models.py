@@ -355,9 +355,7 @@ def test_the_registry_s_remote_code_models_are_pinned():
     plain = REGISTRY["qwen3.6-27b"]
     assert not runs_remote_code(VLLMBackend(plain, sampling=sampling))
     # --engine-args can turn it on for any model: pinned as well
-    assert runs_remote_code(
-        VLLMBackend(plain, sampling=sampling, engine_args={"trust_remote_code": True})
-    )
+    assert runs_remote_code(VLLMBackend(plain, sampling=sampling, engine_args={"trust_remote_code": True}))
 
 
 def _run_remote_code_model(fixture_bundle, out, name, *extra):
