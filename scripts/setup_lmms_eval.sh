@@ -61,15 +61,19 @@ echo "setup_lmms_eval: copying $BASE to $VENV and installing lmms-eval==$LMMS_EV
 rm -rf "$VENV"
 cp -al "$BASE" "$VENV" 2>/dev/null || { rm -rf "$VENV"; cp -a "$BASE" "$VENV"; }
 VENV="$(cd "$VENV" && pwd)"
-# the copy's scripts and pyvenv.cfg name the environment they were made in; sed writes new files,
-# so the hard-linked originals are left as they are
-grep -rlI --null -F "$BASE" "$VENV/bin" "$VENV/pyvenv.cfg" | xargs -0 -r sed -i "s#$BASE#$VENV#g"
+# the copy's scripts (activate, pip's and the other entry points) name the environment they were made
+# in: BASE, or the folder BASE was itself copied from; sed writes new files, so the hard-linked
+# originals are left as they are
+MADE_IN="$(sed -n 's/^VIRTUAL_ENV="\(.*\)"$/\1/p' "$BASE/bin/activate" | head -n 1)"
+for OLD in "$BASE" ${MADE_IN:+"$MADE_IN"}; do
+  grep -rlI --null -F "$OLD" "$VENV/bin" | xargs -0 -r sed -i "s#$OLD/#$VENV/#g; s#\"$OLD\"#\"$VENV\"#g"
+done
 
 CONSTRAINTS="$(mktemp)"
 trap 'rm -f "$CONSTRAINTS"' EXIT
 "$VENV/bin/python" -m pip freeze --exclude-editable 2>/dev/null | grep -v -i -E "^(filelock|chexpercept)[=@ ]" > "$CONSTRAINTS"
 quiet_pip install -q --no-deps "lmms-eval==$LMMS_EVAL_VERSION"
-quiet_pip install -q -c "$CONSTRAINTS" "${REQUIREMENTS[@]}"
+quiet_pip install -q --no-warn-conflicts -c "$CONSTRAINTS" "${REQUIREMENTS[@]}"
 "$VENV/bin/python" - "$VENV" <<'PY'
 import sys
 from importlib.metadata import version
