@@ -27,7 +27,7 @@ from typing import Any
 from chexpercept.case import Case
 from chexpercept.errors import ReleaseNotFoundError
 
-from . import DATA_DIR_ENV
+from . import DATA_DIR_ENV, LMMS_EVAL_VERSION
 
 #: (module, qualified name) of the ``generate_until_multi_round`` implementations that send the
 #: task's messages (``doc_to_messages`` with ``round_idx`` and ``previous_output``) every round
@@ -38,6 +38,21 @@ SUPPORTED_MODEL = "--model vllm (lmms-eval's chat vLLM model, vllm_chat; not wit
 
 class LmmsEvalSetupError(RuntimeError):
     """The lmms-eval run cannot give CheXpercept's numbers as set up; the message says what to change."""
+
+
+def check_version(task: str) -> None:
+    """Warn when the installed lmms-eval is not the release these tasks are tested against (its
+    multi-round protocol and the model checks rest on that release's internals)."""
+    import warnings
+    from importlib.metadata import version
+
+    installed = version("lmms_eval")
+    if installed != LMMS_EVAL_VERSION:
+        warnings.warn(
+            f"{task}: tested with lmms-eval {LMMS_EVAL_VERSION}, running on {installed}: the answers and "
+            "scores have not been checked against our runner on this version (docs/lmms-eval.md)",
+            stacklevel=2,
+        )
 
 
 def release_dir(task: str, dataset_kwargs: Mapping[str, Any] | None) -> tuple[str, str]:

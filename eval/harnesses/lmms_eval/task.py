@@ -33,6 +33,7 @@ from ...protocol import Request
 from .checks import (
     check_image_limit,
     check_model,
+    check_version,
     evaluating_model,
     model_name,
     release_dir,
@@ -70,6 +71,7 @@ class ChexperceptTask(ConfigurableMessagesTask):
         config = dict(config or {})
         config.pop("class", None)
         task = str(config.get("task", "chexpercept"))
+        check_version(task)
         metadata = dict(config.get("metadata") or {})
         self.oracle = check_oracle(str(metadata.get("oracle", "")), f"{task}: metadata.oracle")
         self.parse_mode = str(metadata.get("parse_mode", "reference"))
