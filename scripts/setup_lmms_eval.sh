@@ -12,8 +12,8 @@
 # constraints) except filelock: lmms-eval 0.7.3 imports filelock._api, which filelock 4 removed.
 # lmms-eval's full requirements (pip install lmms-eval) add about 60 packages (wandb,
 # sentence-transformers, yt-dlp, pre-commit...) that these tasks never import, and wandb's
-# protobuf<7 clashes with vLLM's protobuf 7: installing them took 3.5 minutes here, this about one.
-# A second call finds everything in place (a few seconds).
+# protobuf<7 clashes with vLLM's protobuf 7 (installing them all took 3.4 minutes on a busy 2-core
+# machine). A second call finds everything in place (a few seconds).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${1:-$ROOT/.venv-lmms-eval}"
