@@ -68,10 +68,12 @@ def test_a_connection_error_quotes_the_url_without_its_secret(fixture_bundle, tm
     assert f"cannot reach http://***@127.0.0.1:{port}/v1/chat/completions?key=***" in err, err
     assert not any(s in err for s in SECRETS)
     assert not any(s in everything_written(tmp_path) for s in SECRETS)
-    # --on-error record: the failure is written to failures.jsonl, redacted too
-    assert main([*argv, "--on-error", "record"]) == 3
+    # --on-error record: an endpoint that never answered ends the run too (every request would fail),
+    # at once and redacted (it is not retried for minutes)
+    assert main([*argv, "--on-error", "record", "--max-retries", "6"]) == 2
     err = capsys.readouterr().err
-    assert "cannot reach http://***@" in err and not any(s in err for s in SECRETS)
+    assert "cannot reach http://***@" in err and "has not answered once in this run" in err
+    assert not any(s in err for s in SECRETS)
     assert not any(s in everything_written(tmp_path) for s in SECRETS)
 
 

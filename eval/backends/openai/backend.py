@@ -269,6 +269,9 @@ class OpenAIBackend(BackendBase):
         self.concurrency = options.concurrency
         self.timeout = options.timeout
         self.retry = retry or RetryPolicy(max_retries=options.max_retries)
+        #: whether the endpoint has answered once (HTTP, any status): until then a connection refused or
+        #: a name that does not resolve ends the run at once instead of being retried
+        self._reached = False
         #: set when a server asks for a wait longer than the policy takes (eval/backends/openai/retries.py)
         self.pause, self.notices = ServerPause(), WaitNotices()
         self.extra_body = dict(spec.api_extra) | dict(options.request_extra or {})
@@ -463,9 +466,16 @@ class OpenAIBackend(BackendBase):
         except aiohttp.ClientPayloadError as e:  # Content-Length or chunked body cut short
             raise _Retryable(f"the reply was cut off mid-body ({e})") from e
         except aiohttp.ClientConnectorError as e:
+            # never reached in this run (a mistyped host, a port nothing listens on): retrying for minutes
+            # would not help; once the server has answered, the same error is an outage, waited out
+            if not self._reached:
+                raise _RunLevel(
+                    f"cannot reach {self.shown_url}: {redact_text(str(e))}; it has not answered once in this run (is the server up? rerun the same command once it answers)"
+                ) from e
             raise _Retryable(f"cannot reach {self.shown_url}: {redact_text(str(e))}") from e
         except (aiohttp.ClientError, OSError) as e:  # a reset or closed connection
             raise _Retryable(f"{type(e).__name__}: {redact_text(str(e))}") from e
+        self._reached = True
         text = raw.decode("utf-8", "replace")
         detail = terminal(text[:500])  # the server's words, shown on one line and inert on a terminal
         if 300 <= status < 400:
