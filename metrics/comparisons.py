@@ -323,7 +323,8 @@ def how_to_read(comparison: Comparison) -> str:
         "lesion x path cells the strata). p: two-sided paired t test with the same standard error, so "
         f"the interval leaves out 0 exactly when p < {alpha}. p adj.: {adjusted}. n: cases compared. "
         f"MDE: the difference this comparison detects with {comparison.power:.0%} power at level "
-        f"{level_note}. Method: {METHOD_DOC}."
+        f"{level_note} (–: the two runs never differ on these cases, so they say nothing about the "
+        f"difference's variance). Method: {METHOD_DOC}."
     )
 
 
