@@ -88,9 +88,17 @@ class ForeignRecordError(ValueError):
     """A run folder holds records of another run (appended from another model or other settings)."""
 
 
+#: (device, inode) of every run.lock this process holds (eval/runner/store.py's RunLock): a
+#: process's own run is not "another writer" of the folder it reads back (its scores at the end)
+OWN_LOCKS: set[tuple[int, int]] = set()
+
+
 def being_written(folder: str | FsPath) -> bool:
-    """Whether a run is writing to ``folder`` now (it holds the folder's lock): what is read there
-    is partial."""
+    """Whether another run is writing to ``folder`` now (it holds the folder's lock): what is read
+    there is partial. A lock this process holds (``OWN_LOCKS``) is not another run's.
+
+    The probe takes a shared lock for an instant; a run that meets it retries (RunLock.acquire), so
+    a probe can never make a run refuse to start."""
     import fcntl
     import os
 
@@ -99,6 +107,9 @@ def being_written(folder: str | FsPath) -> bool:
     except OSError:
         return False
     try:
+        stat = os.fstat(fd)
+        if (stat.st_dev, stat.st_ino) in OWN_LOCKS:
+            return False
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
         return True

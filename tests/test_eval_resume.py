@@ -172,8 +172,10 @@ def _contend(folder, barrier, rounds, wins):
         barrier.wait()  # released before the next round's dead lock file is written
 
 
-def test_exactly_one_process_takes_a_dead_runs_lock(tmp_path):
+def test_exactly_one_process_takes_a_dead_runs_lock(tmp_path, monkeypatch):
     import multiprocessing
+
+    monkeypatch.setattr(RunLock, "PROBE_GRACE", 0.0)  # losers refused at once (300 rounds)
 
     ctx = multiprocessing.get_context("fork")
     rounds, n = 300, 4
@@ -280,15 +282,57 @@ def records_of(folder: Path) -> list[dict]:
     return out
 
 
-def test_score_of_a_folder_being_written_says_it_is_partial(fixture_bundle, tmp_path):
-    """What is read while a run still writes it is said to be partial where it is shown."""
+HOLD_LOCK = """
+import sys
+from chexpercept.eval.runner.store import RunLock
+with RunLock(sys.argv[1]):
+    print("held", flush=True)
+    sys.stdin.read()
+"""
+
+
+def test_score_of_a_folder_being_written_says_it_is_partial(fixture_bundle, tmp_path, capsys):
+    """What is read while another run still writes it is said to be partial where it is shown; a
+    run's own scores at its end are not (its own lock is not another writer)."""
     from chexpercept.metrics import score_path
 
     assert run_cli(fixture_bundle, tmp_path, "--limit", "3") == 0
+    out, err = capsys.readouterr()
+    assert "Table 2: stage-level accuracy" in out, out
+    assert "partial" not in out + err, err  # the run's own lock, held while it printed its scores
     folder = folder_of(tmp_path)
-    with RunLock(folder):  # as a live run holds it
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK, str(folder)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline() == "held\n"  # as a live run holds it
         notes = score_path(folder).notes
+    finally:
+        holder.communicate("")
     assert any(
         "a run is writing this folder now (3 cases so far): these numbers are partial" in n for n in notes
     )
     assert not any("partial" in n for n in score_path(folder).notes)
+    with RunLock(folder):  # this process's own lock: not another writer
+        assert not any("partial" in n for n in score_path(folder).notes)
+
+
+def test_a_readers_probe_never_refuses_a_run(tmp_path):
+    """A reader (score, report) probes the lock with a shared lock for an instant; a run that tries
+    its lock at that instant waits it out, and is not refused with a message blaming a dead pid."""
+    import fcntl
+    import threading
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    lock = RunLock(tmp_path)
+    lock.path.write_text(json.dumps({"pid": dead.pid, "host": os.uname().nodename, "since": "then"}))
+    fd = os.open(lock.path, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # the probe, at the moment the run starts
+    threading.Timer(0.2, os.close, (fd,)).start()
+    lock.acquire()
+    assert json.loads(lock.path.read_text())["pid"] == os.getpid()
+    lock.release()
