@@ -252,6 +252,132 @@ def _loop(error: OSError, where: str, reason: str, folder: str, then: str) -> Os
     )
 
 
+def _too_large(error: OSError, where: str, reason: str, folder: str, then: str) -> OsErrorText:
+    import resource
+
+    soft, _hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    if soft != resource.RLIM_INFINITY:
+        return OsErrorText(
+            f"{where} is too large: it reached the largest file this process may write: {_size(soft)} (ulimit -f, set in "
+            f"the shell or by the job scheduler; {reason})",
+            f"raise it (ulimit -f unlimited, or the scheduler's file-size limit) in the shell that runs "
+            f"the command, {then}",
+        )
+    return OsErrorText(
+        f"{where} is too large for its file system, the largest one file may be ({reason}; FAT/exFAT: 4 GiB; "
+        "df -T shows the type)",
+        f"write to another file system (another --output-dir), {then}",
+    )
+
+
+def _no_locks(error: OSError, where: str, reason: str, folder: str, then: str) -> OsErrorText:
+    return OsErrorText(
+        f"the file system of {where} cannot lock files ({reason}): a network file system (NFS) "
+        "mounted without its lock service (rpc.statd, lockd), or a file system that has no locks; a "
+        "run locks its folder so that two runs never write it at once",
+        "put the output folder on a local disk (another --output-dir), or ask the administrator to "
+        f"start the lock service or mount it with local_lock=all, {then}",
+    )
+
+
+def _cross_device(error: OSError, where: str, reason: str, folder: str, then: str) -> OsErrorText:
+    return OsErrorText(
+        f"{where} could not be moved into place: the file written beside it is on another file system "
+        f"(a mount point or bind mount inside the output folder; {reason})",
+        f"use an output folder with no mount point inside it, {then}",
+    )
+
+
+def _busy(error: OSError, where: str, reason: str, folder: str, then: str) -> OsErrorText:
+    return OsErrorText(
+        f"{where} is in use and cannot be replaced or removed ({reason}): a mount point, or a file "
+        "a running program holds",
+        f"find what holds it (fuser -v {where}; findmnt), stop it, {then}",
+    )
+
+
+def _not_empty(error: OSError, where: str, reason: str, folder: str, then: str) -> OsErrorText:
+    return OsErrorText(
+        f"{where} could not be replaced: a folder there is not empty ({reason}); another command may "
+        "be writing the same output at the same time",
+        f"wait for it to finish (or write to another folder), {then}",
+    )
+
+
+def _exists(error: OSError, where: str, reason: str, folder: str, then: str) -> OsErrorText:
+    return OsErrorText(
+        f"{where} already exists where a new file or folder was to be made ({reason}); another command "
+        "may be writing the same output at the same time",
+        f"wait for it to finish (or write to another folder), {then}",
+    )
+
+
+def _invalid(error: OSError, where: str, reason: str, folder: str, then: str) -> OsErrorText:
+    return OsErrorText(
+        f"the file system of {where} refused the operation ({reason}): a name it cannot hold (':' '?' "
+        "'*' on FAT or SMB shares) or a flush to disk or lock it does not support (some FUSE mounts)",
+        f"put the output folder on a local disk (another --output-dir), {then}",
+    )
+
+
+def _unsupported(error: OSError, where: str, reason: str, folder: str, then: str) -> OsErrorText:
+    return OsErrorText(
+        f"the file system of {where} does not support an operation every write needs (a lock, a "
+        f"flush to disk or an atomic rename; {reason}): some FUSE and network file systems lack them",
+        f"put the output folder on a local disk (another --output-dir), {then}",
+    )
+
+
+def _too_many_links(error: OSError, where: str, reason: str, folder: str, then: str) -> OsErrorText:
+    return OsErrorText(
+        f"the folder of {where} holds as many entries as its file system allows ({reason})",
+        f"use another folder, or fewer files in one, {then}",
+    )
+
+
+def _network_fs(error: OSError, where: str, reason: str, folder: str, then: str) -> OsErrorText:
+    return OsErrorText(
+        f"the network or FUSE file system of {where} stopped answering ({reason}): its server is "
+        "unreachable, or the program that serves the mount (sshfs, s3fs, ...) has ended",
+        f"check the mount (findmnt; ls {folder}) and its server, or use a local disk, {then}",
+    )
+
+
+def _corrupt(error: OSError, where: str, reason: str, folder: str, then: str) -> OsErrorText:
+    return OsErrorText(
+        f"the file system of {where} is damaged ({reason}): the kernel stopped using part of it",
+        f"ask the administrator to check it (dmesg; fsck / xfs_repair), and write elsewhere, {then}",
+    )
+
+
+def _kernel_memory(error: OSError, where: str, reason: str, folder: str, then: str) -> OsErrorText:
+    return OsErrorText(
+        f"the system ran out of memory while handling {where} ({reason}), not a problem of the file",
+        f"free memory (fewer processes, a smaller --batch-size), {then}",
+    )
+
+
+def _interrupted(error: OSError, where: str, reason: str, folder: str, then: str) -> OsErrorText:
+    return OsErrorText(
+        f"writing {where} was interrupted by a signal before it finished ({reason})",
+        f"nothing is lost that the rerun does not redo, {then}",
+    )
+
+
+def _ticket(error: OSError, where: str, reason: str, folder: str, then: str) -> OsErrorText:
+    return OsErrorText(
+        f"your access to {where} expired ({reason}): the Kerberos ticket a network file system asks for",
+        f"renew it (kinit; klist shows it), {then}",
+    )
+
+
+def _busy_text(error: OSError, where: str, reason: str, folder: str, then: str) -> OsErrorText:
+    return OsErrorText(
+        f"{where} is a program that is running now and cannot be written ({reason})",
+        f"write to another path, {then}",
+    )
+
+
 _EXPLAIN = {
     errno.ENOSPC: _no_space,
     errno.EROFS: _read_only,
@@ -265,7 +391,28 @@ _EXPLAIN = {
     errno.ENOENT: _missing,
     errno.EIO: _io,
     errno.ELOOP: _loop,
+    # what a write, a lock, an fsync or a rename can also raise (issue 28, class E: each by its cause)
+    errno.EFBIG: _too_large,
+    errno.ENOLCK: _no_locks,
+    errno.EXDEV: _cross_device,
+    errno.EBUSY: _busy,
+    errno.ENOTEMPTY: _not_empty,
+    errno.EEXIST: _exists,
+    errno.EOPNOTSUPP: _unsupported,
+    errno.ENOTSUP: _unsupported,
+    errno.EINVAL: _invalid,
+    errno.EMLINK: _too_many_links,
+    errno.ETIMEDOUT: _network_fs,
+    errno.ENOTCONN: _network_fs,
+    errno.EHOSTDOWN: _network_fs,
+    errno.EHOSTUNREACH: _network_fs,
+    errno.ENOMEM: _kernel_memory,
+    errno.EINTR: _interrupted,
+    errno.ETXTBSY: _busy_text,
 }
+for _name, _explain in (("EREMOTEIO", _network_fs), ("EUCLEAN", _corrupt), ("EKEYEXPIRED", _ticket)):
+    if hasattr(errno, _name):
+        _EXPLAIN[getattr(errno, _name)] = _explain
 if hasattr(errno, "EDQUOT"):
     _EXPLAIN[errno.EDQUOT] = _quota
 if hasattr(errno, "ESTALE"):
