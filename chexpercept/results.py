@@ -309,6 +309,29 @@ def complete_lines(path: str | FsPath) -> Iterator[tuple[int, str]]:
             yield n, line
 
 
+def torn_tail(path: str | FsPath) -> int:
+    """Bytes after the last newline of a results.jsonl or failures.jsonl (a line torn by a crash
+    mid-write, which ``complete_lines`` leaves out); 0 when it ends in a newline or is absent."""
+    import os
+
+    try:
+        with open(path, "rb") as f:
+            end = f.seek(0, os.SEEK_END)
+            pos, torn = end, 0
+            while pos > 0:
+                step = min(65536, pos)
+                pos -= step
+                f.seek(pos)
+                chunk = f.read(step)
+                cut = chunk.rfind(b"\n")
+                if cut >= 0:
+                    return torn + len(chunk) - cut - 1
+                torn += len(chunk)
+            return torn
+    except OSError:
+        return 0
+
+
 def iter_results(path: str | FsPath) -> Iterator[CaseResult]:
     """Read a results.jsonl; a torn last line (crash mid-write) is ignored, any other bad line raises."""
     for _n, result in iter_numbered_results(path):

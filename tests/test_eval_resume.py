@@ -336,3 +336,46 @@ def test_a_readers_probe_never_refuses_a_run(tmp_path):
     lock.acquire()
     assert json.loads(lock.path.read_text())["pid"] == os.getpid()
     lock.release()
+
+
+def test_score_says_when_it_read_fewer_results_than_the_run_recorded(fixture_bundle, tmp_path):
+    """Rule: what score reads is checked against what the run recorded (run.json's n_results); a
+    torn last line of a finished run was dropped silently (20 cases scored, 21 recorded)."""
+    from chexpercept.metrics import score_path
+
+    assert run_cli(fixture_bundle, tmp_path, "--limit", "3") == 0
+    folder = folder_of(tmp_path)
+    results = folder / "results.jsonl"
+    assert not [n for n in score_path(folder).notes if "results.jsonl" in n]
+    data = results.read_bytes()
+    results.write_bytes(data[:-40])  # the last line torn (as a disk that filled up, a copy cut short)
+    report = score_path(folder)
+    assert report.counts["cases"] == 2
+    notes = "\n".join(report.notes)
+    assert f"{results}: its last line is torn ({len(data.splitlines()[-1]) + 1 - 40} bytes" in notes, notes
+    assert "records 3 results but 2 complete lines were read: 1 of them are missing" in notes, notes
+    assert "rerun the same command" in notes
+    assert report.partial and "1 of them are missing" in report.partial[0] + report.partial[-1]
+    # every writer of numbers says they are partial (metrics/partial.py): a heading line in markdown,
+    # a column in CSV; score --table --output and the report's tables, leaderboard and CSVs
+    from chexpercept.cli import main as cli_main
+    from chexpercept.metrics.report.build import write_report
+
+    for name, fmt in (("t.md", "markdown"), ("t.csv", "csv")):
+        argv = ["score", str(folder), "--table", "2", "--format", fmt, "--output", str(tmp_path / name)]
+        assert cli_main(argv) == 0
+    assert "**Partial numbers**" in (tmp_path / "t.md").read_text()
+    header, row = (tmp_path / "t.csv").read_text().splitlines()
+    assert header.endswith(",partial") and "1 of them are missing" in row
+    out = write_report(tmp_path, tmp_path / "report", n_resamples=0, plots=False).out
+    for md in ("tables.md", "tables/table3.md", "leaderboard.md"):
+        assert "**Partial numbers**" in (out / md).read_text(), md
+    csvs = [
+        "leaderboard.csv",
+        "tables/table2.csv",
+        *[str(p.relative_to(out)) for p in out.rglob("*summary*.csv")],
+    ]
+    assert len(csvs) >= 4, csvs
+    for name in csvs:
+        lines = (out / name).read_text().splitlines()
+        assert lines[0].endswith(",partial") and all("missing" in line for line in lines[1:]), name
