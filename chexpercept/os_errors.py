@@ -19,6 +19,12 @@ from pathlib import Path as FsPath
 
 #: what the advice ends with when the caller says nothing else
 RERUN = "then rerun the command"
+#: the option a command writes its output with, when the caller names none (chexpercept run's)
+OUTPUT_DIR = "--output-dir"
+#: stand-ins in the advice for the option of the command that was run (``explain_os_error``'s
+#: ``option``), and for the options that choose an output's names (a run's adds --run-name)
+_OPTION = "\x00option\x00"
+_NAMES = "\x00names\x00"
 
 
 @dataclass(frozen=True)
@@ -36,12 +42,18 @@ class OsErrorText:
 
 
 def explain_os_error(
-    error: OSError, folder: str | os.PathLike[str] | None = None, *, then: str = RERUN
+    error: OSError,
+    folder: str | os.PathLike[str] | None = None,
+    *,
+    then: str = RERUN,
+    option: str = OUTPUT_DIR,
 ) -> OsErrorText:
     """What ``error`` means and what to do about it.
 
     ``folder``: the folder the command was working in (its output folder), named when the error
-    names no file; ``then``: how the advice ends (e.g. "then rerun the same command to resume").
+    names no file; ``then``: how the advice ends (e.g. "then rerun the same command to resume");
+    ``option``: the option of the command that was run that chooses where it writes (``--output``
+    for score, ``--output-dir`` for run): the advice names that one, never another command's.
     The file system is looked at (``statvfs``, ``stat``, the open-file limits) to tell causes that
     share an errno apart; an error without an errno (PIL's, a library's) is described as it is.
     """
@@ -50,7 +62,13 @@ def explain_os_error(
     explain = _EXPLAIN.get(error.errno or -1)
     if explain is None:
         return OsErrorText(f"{type(error).__name__} on {where}: {reason}", f"fix the cause, {then}")
-    return explain(error, where, reason, str(folder or where), then)
+    text = explain(error, where, reason, str(folder or where), then)
+    names = f"--run-name, {option}" if option == OUTPUT_DIR else option
+
+    def fill(s: str) -> str:
+        return s.replace(_NAMES, names).replace(_OPTION, option)
+
+    return OsErrorText(fill(text.what), fill(text.advice))
 
 
 def _where(error: OSError, folder: str | os.PathLike[str] | None) -> str:
@@ -132,7 +150,7 @@ def _quota(error: OSError, where: str, reason: str, folder: str, then: str) -> O
 def _read_only(error: OSError, where: str, reason: str, folder: str, then: str) -> OsErrorText:
     return OsErrorText(
         f"cannot write to {where}: its file system is mounted read-only ({reason})",
-        f"copy the folder to a writable place and pass that --output-dir, {then}",
+        f"write to a writable place instead (another {_OPTION}), {then}",
     )
 
 
@@ -158,7 +176,7 @@ def _denied(error: OSError, where: str, reason: str, folder: str, then: str) -> 
         return OsErrorText(
             f"no permission to use {where} ({reason}): {shown} belongs to another user, not to you "
             f"({_owner(os.geteuid())})",
-            f"use a folder of your own (e.g. another --output-dir), or ask {_owner(st.st_uid)} to give "
+            f"use a folder of your own (e.g. another {_OPTION}), or ask {_owner(st.st_uid)} to give "
             f"you access, {then}",
         )
     return OsErrorText(
@@ -203,7 +221,7 @@ def _name_too_long(error: OSError, where: str, reason: str, folder: str, then: s
         what += f"this file system allows ({reason})"
     else:
         what = f"the path {where[:80]}... is too long ({len(os.fsencode(where))} bytes; {reason})"
-    return OsErrorText(what, f"use a shorter name (--run-name, --output-dir), {then}")
+    return OsErrorText(what, f"use a shorter name ({_NAMES}), {then}")
 
 
 def _not_a_folder(error: OSError, where: str, reason: str, folder: str, then: str) -> OsErrorText:
@@ -212,7 +230,7 @@ def _not_a_folder(error: OSError, where: str, reason: str, folder: str, then: st
         if candidate.exists() and not candidate.is_dir():
             return OsErrorText(
                 f"{candidate} is a file, not a folder, so {where} cannot be made or opened ({reason})",
-                f"choose a path whose folders are folders (e.g. another --output-dir), {then}",
+                f"choose a path whose folders are folders (e.g. another {_OPTION}), {then}",
             )
     return OsErrorText(f"a part of {where} is not a folder ({reason})", f"choose another path, {then}")
 
@@ -266,7 +284,7 @@ def _too_large(error: OSError, where: str, reason: str, folder: str, then: str) 
     return OsErrorText(
         f"{where} is too large for its file system, the largest one file may be ({reason}; FAT/exFAT: 4 GiB; "
         "df -T shows the type)",
-        f"write to another file system (another --output-dir), {then}",
+        f"write to another file system (another {_OPTION}), {then}",
     )
 
 
@@ -275,7 +293,7 @@ def _no_locks(error: OSError, where: str, reason: str, folder: str, then: str) -
         f"the file system of {where} cannot lock files ({reason}): a network file system (NFS) "
         "mounted without its lock service (rpc.statd, lockd), or a file system that has no locks; a "
         "run locks its folder so that two runs never write it at once",
-        "put the output folder on a local disk (another --output-dir), or ask the administrator to "
+        f"put the output on a local disk (another {_OPTION}), or ask the administrator to "
         f"start the lock service or mount it with local_lock=all, {then}",
     )
 
@@ -316,7 +334,7 @@ def _invalid(error: OSError, where: str, reason: str, folder: str, then: str) ->
     return OsErrorText(
         f"the file system of {where} refused the operation ({reason}): a name it cannot hold (':' '?' "
         "'*' on FAT or SMB shares) or a flush to disk or lock it does not support (some FUSE mounts)",
-        f"put the output folder on a local disk (another --output-dir), {then}",
+        f"put the output on a local disk (another {_OPTION}), {then}",
     )
 
 
@@ -324,7 +342,7 @@ def _unsupported(error: OSError, where: str, reason: str, folder: str, then: str
     return OsErrorText(
         f"the file system of {where} does not support an operation every write needs (a lock, a "
         f"flush to disk or an atomic rename; {reason}): some FUSE and network file systems lack them",
-        f"put the output folder on a local disk (another --output-dir), {then}",
+        f"put the output on a local disk (another {_OPTION}), {then}",
     )
 
 

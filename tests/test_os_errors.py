@@ -274,3 +274,24 @@ def test_a_file_size_limit_names_ulimit_f(fixture_bundle, tmp_path):
     line = last_line(proc.stderr, "chexpercept run")
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "the largest file this process may write: 4.0 KiB" in line and "ulimit -f" in line, line
+
+
+def test_an_output_on_a_read_only_disk_names_the_target_and_the_commands_option(
+    fixture_bundle, tmpfs, tmp_path
+):
+    """Rule: the message names the target the user asked for (never the file or folder written aside
+    of it, ``.s.json.x1y2.tmp``, ``.rep.new-...``) and the option of the command that was run (score
+    has --output, not --output-dir)."""
+    assert main(run_args(fixture_bundle, tmp_path / "runs", "--limit", "2")) == 0
+    disk = tmpfs("ro,size=1m")
+    target = disk / "s.json"
+    score = run_cli([*CLI, "score", str(tmp_path / "runs" / "baseline-random"), "--output", str(target)])
+    line = last_line(score.stderr, "chexpercept score")
+    assert score.returncode == 2 and f"cannot write to {target}: its file system is mounted read-only" in line
+    assert "another --output)" in line and ".tmp" not in line and "--output-dir" not in line, line
+    report = run_cli(
+        [*CLI, "report", str(tmp_path / "runs"), "--output-dir", str(disk / "rep"), "--no-plots"]
+    )
+    line = last_line(report.stderr, "chexpercept report")
+    assert report.returncode == 2 and f"{disk / 'rep'}" in line and ".rep." not in line, line
+    assert "another --output-dir)" in line, line
