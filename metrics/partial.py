@@ -65,3 +65,18 @@ def csv_columns(columns: Sequence[str], rows: Sequence[Mapping[str, Any]]) -> li
 def csv_value(item: Any) -> str:
     """The ``PARTIAL_COLUMN`` cell of one model's rows: its reasons, or "" when complete."""
     return "; ".join(reasons(item))
+
+
+class PartialNumbers(ValueError):
+    """Numbers that are partial were to be published (the Hub): they are not."""
+
+
+def refuse_partial(item: Any, where: str) -> None:
+    """Raise PartialNumbers when ``item`` (a ModelScores, a Run) is partial: what is published
+    stays published, so only whole runs are (``where``: the folder, for the message)."""
+    why = reasons(item)
+    if why:
+        raise PartialNumbers(
+            f"{where}: these numbers are partial ({'; '.join(why)}), so nothing was published. Complete "
+            "the run (rerun the same `chexpercept run` command), then publish again"
+        )

@@ -183,8 +183,10 @@ def read_chexpercept_run(
         notes.append(f"{partial[-1]}: these numbers are partial")
     else:
         if has_meta and not meta.finished:
-            partial.append(f"{run_json}: the run has not finished ({len(records)} cases so far)")
-            notes.append(partial[-1])
+            unfinished = f"{run_json}: the run has not finished ({len(records)} cases so far)"
+            notes.append(unfinished)
+            if "finished" in read_json_object(run_json):  # the runner said so (null), not a hand-made file
+                partial.append(unfinished)
         lost = _lost_lines(folder, meta if has_meta else None, len(records))
         partial += lost
         notes += lost

@@ -379,3 +379,15 @@ def test_score_says_when_it_read_fewer_results_than_the_run_recorded(fixture_bun
     for name in csvs:
         lines = (out / name).read_text().splitlines()
         assert lines[0].endswith(",partial") and all("missing" in line for line in lines[1:]), name
+    from chexpercept.metrics.comparisons import compare, render_comparison
+
+    paired = compare(report, report)
+    assert "**Partial numbers**" in render_comparison(paired)
+    header, *rows = render_comparison(paired, "csv").splitlines()
+    assert header.endswith(",partial") and all("missing" in row for row in rows)
+    # and partial numbers are not published (what is on the Hub stays there)
+    from chexpercept.metrics.hub.push_results import stage
+    from chexpercept.metrics.partial import PartialNumbers
+
+    with pytest.raises(PartialNumbers, match="these numbers are partial .*nothing was published"):
+        stage(tmp_path / "baseline-random", tmp_path / "staging", bootstrap=0, bundle=fixture_bundle)

@@ -371,8 +371,9 @@ def _write_comparisons(
             explained = True
         blocks.append(render_comparison(comparison, families=["2"], explain=False))
         names, pair_rows = csv_rows(comparison, families=["all"])
-        header = ["model_a", "model_b", *names]
+        header = max(header, ["model_a", "model_b", *names], key=len)  # with a partial column if any
         rows += [[a, b, *row] for row in pair_rows]
+    rows = [row + [""] * (len(header) - len(row)) for row in rows]  # whole pairs: an empty partial cell
     markdown = "\n".join(blocks)
     md = _write(out / "comparisons.md", f"# {title}: paired comparisons\n\n{markdown}")
     buf = io.StringIO()
