@@ -132,9 +132,35 @@ def _fsync_dir(folder: FsPath) -> None:
 
 
 # --------------------------------------------------------------------------------------- files
+def _aside_of(name: str | bytes | None, target: FsPath) -> str | None:
+    """What a path written aside of ``target`` stands for: ``target`` for ``.<name>.<random>.tmp``
+    and ``.<name>.new-<random>`` beside it, ``target/<rest>`` for a path inside such a folder; None
+    for any other path."""
+    if name is None:
+        return None
+    p = FsPath(os.fsdecode(name))
+    for i, part in enumerate(p.parts):
+        if part.startswith(f".{target.name}.") and FsPath(*p.parts[:i]) == target.parent:
+            return str(target.joinpath(*p.parts[i + 1 :]))
+    return None
+
+
+def _named_as_target(error: OSError, target: FsPath) -> OSError:
+    """``error`` naming the file the user asked for, not the one written aside of it: a message
+    built from it (chexpercept/os_errors.py) names ``target``, never ``.s.json.x1y2.tmp``."""
+    for attr in ("filename", "filename2"):
+        shown = _aside_of(getattr(error, attr), target)
+        if shown is not None:
+            setattr(error, attr, shown)
+    return error
+
+
 def _temporary(path: FsPath) -> tuple[int, FsPath]:
     """A new private file beside ``path`` (same folder): its descriptor and name."""
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as e:
+        raise _named_as_target(e, path) from None
     os.fchmod(fd, FILE_MODE)  # mkstemp's mode is 0600 already; said here so that the rule is one line
     return fd, FsPath(name)
 
@@ -155,9 +181,11 @@ def atomic_file(path: str | os.PathLike[str], mode: str = "wb", **open_args: Any
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        if isinstance(e, OSError):
+            _named_as_target(e, path)
         raise
     _fsync_dir(path.parent)
 
@@ -299,13 +327,18 @@ def replaced_dir(path: str | os.PathLike[str], *, marker: str | None) -> Iterato
     private_dir(path.parent)
     for leftover in aside_dirs(path):
         shutil.rmtree(leftover, ignore_errors=True)
-    new = FsPath(tempfile.mkdtemp(prefix=f".{path.name}.new-", dir=path.parent))
+    try:
+        new = FsPath(tempfile.mkdtemp(prefix=f".{path.name}.new-", dir=path.parent))
+    except OSError as e:
+        raise _named_as_target(e, path) from None
     try:
         yield new
         if marker:
             write_new(new / marker, "")
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(new, ignore_errors=True)
+        if isinstance(e, OSError):
+            _named_as_target(e, path)  # a file written inside the new folder: named as in the target
         raise
     if path.exists():
         if _exchange(new, path):

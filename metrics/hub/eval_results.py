@@ -248,6 +248,7 @@ def stage_eval_results(
 
     import chexpercept
     from chexpercept.metrics import load_runs, score_model
+    from chexpercept.metrics.partial import refuse_partial
 
     repos = [check_repo_id(benchmark, "--benchmark")]
     if model_repo is not None:
@@ -257,6 +258,8 @@ def stage_eval_results(
     runs = load_runs(model_dir)
     if not runs:
         raise ValueError(f"{model_dir}: no runs")
+    for run in runs:
+        refuse_partial(run, str(run.path or model_dir))
     recorded = [
         (r.meta.bundle.path, r.meta.bundle.fingerprint) if r.meta.bundle else (None, None) for r in runs
     ]

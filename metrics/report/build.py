@@ -42,6 +42,7 @@ from chexpercept.input_files import IMAGE
 from chexpercept.metrics.discovery import RunFolder, discover_runs, load_run
 from chexpercept.metrics.leaderboard import leaderboard_rows, render_leaderboard, write_leaderboard_csv
 from chexpercept.metrics.model_scores import score_model
+from chexpercept.metrics.partial import csv_value, markdown_line
 from chexpercept.metrics.runs import open_bundle
 from chexpercept.metrics.tables import TABLE_IDS, legend, render_table, zero_width
 from chexpercept.results import ORACLE_SETTINGS
@@ -317,7 +318,8 @@ def _write_tables(
         )
         blocks.append(md)
     ci_note = legend(intervals, marked=intervals and zero_width(reports))
-    tables_md = _write(out / "tables.md", f"# {title}: tables\n\n{ci_note}\n\n" + "\n".join(blocks))
+    mark = markdown_line(reports)  # also before each table: a reader may jump to one
+    tables_md = _write(out / "tables.md", f"# {title}: tables\n\n{mark}{ci_note}\n\n" + "\n".join(blocks))
     files.append(tables_md)
     board = leaderboard_rows(reports)
     leaderboard_md = _write(out / "leaderboard.md", _board_markdown(board, hub))
@@ -369,8 +371,9 @@ def _write_comparisons(
             explained = True
         blocks.append(render_comparison(comparison, families=["2"], explain=False))
         names, pair_rows = csv_rows(comparison, families=["all"])
-        header = ["model_a", "model_b", *names]
+        header = max(header, ["model_a", "model_b", *names], key=len)  # with a partial column if any
         rows += [[a, b, *row] for row in pair_rows]
+    rows = [row + [""] * (len(header) - len(row)) for row in rows]  # whole pairs: an empty partial cell
     markdown = "\n".join(blocks)
     md = _write(out / "comparisons.md", f"# {title}: paired comparisons\n\n{markdown}")
     buf = io.StringIO()
@@ -387,13 +390,20 @@ def _write_reference_csvs(
     files: list[FsPath] = []
     for (name, oracle), rep in per_run.items():
         files += reference_csv.write_run_csvs(
-            out / model_dirname(name) / f"oracle_{oracle}", name, rep.flat, na_as_zero=na_as_zero
+            out / model_dirname(name) / f"oracle_{oracle}",
+            name,
+            rep.flat,
+            na_as_zero=na_as_zero,
+            partial=csv_value(rep),
         )
     for setting in settings:
         folder = out / f"all_models_oracle_{setting}"
         chosen = {name: rep for (name, oracle), rep in per_run.items() if oracle == setting}
         files += reference_csv.write_all_models_csvs(
-            folder, {n: r.flat for n, r in chosen.items()}, na_as_zero=na_as_zero
+            folder,
+            {n: r.flat for n, r in chosen.items()},
+            na_as_zero=na_as_zero,
+            partial={n: csv_value(r) for n, r in chosen.items()},
         )
     return files
 
