@@ -172,7 +172,7 @@ def test_an_image_that_is_a_folder_is_not_called_undecodable(fresh_bundle, capsy
     assert entries and cli(["validate", str(fresh_bundle)]) != 0
     out = capsys.readouterr()
     text = out.out + out.err
-    assert "is a folder where a file was expected" in text and "does not decode" not in text, text
+    assert "is a folder, not a regular file" in text and "does not decode" not in text, text
 
 
 # ------------------------------------------------ errors this machine cannot make on demand
