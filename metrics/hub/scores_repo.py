@@ -24,6 +24,7 @@ from chexpercept.eval.registry import BACKENDS
 from chexpercept.eval.runner.provenance import PACKAGES
 from chexpercept.metrics.leaderboard import CSV_COLUMNS, SETTING_KEYS, render_leaderboard
 from chexpercept.results import ORACLE_SETTINGS
+from chexpercept.run_metadata import ISO_TIME
 from chexpercept.vocab import LESIONS, PATHS
 
 from ..columns import FLAT_KEYS, metric_names
@@ -51,7 +52,6 @@ from .numbers import check_number
 
 HEX64 = r"[0-9a-f]{64}"
 HEX40 = r"[0-9a-f]{40}"
-ISO_TIME = r"\d{4}-\d{2}-\d{2}(T\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?(Z|[+-]\d{2}:?\d{2})?)?"
 #: the toolkit's own version, as the stagers write it (chexpercept.__version__)
 VERSION = r"[0-9A-Za-z.+_-]{1,40}"
 #: a table number in CSV: repr of a float rounded to 6 decimals, or a formatted percentage
