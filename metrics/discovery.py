@@ -21,6 +21,7 @@ from pathlib import Path as FsPath
 from typing import Any, Literal
 
 from chexpercept.errors import no_such_path
+from chexpercept.escape import terminal
 from chexpercept.results import ORACLE_SETTINGS, RESULTS_NAME, RUN_NAME
 from chexpercept.run_metadata import RunMetadata
 
@@ -116,8 +117,8 @@ def discover_runs(*results: str | os.PathLike[str]) -> list[RunFolder]:
         key = (run.model, run.oracle)
         if key in seen:
             raise ValueError(
-                f"two runs of model {run.model!r} with oracle {run.oracle!r}: {seen[key].folder} and "
-                f"{run.folder}; point --results at one of them"
+                f"two runs of model {terminal(repr(run.model))} with oracle {terminal(repr(run.oracle))}: "
+                f"{terminal(seen[key].folder)} and {terminal(run.folder)}; point --results at one of them"
             )
         seen[key] = run
     order = {s: i for i, s in enumerate(ORACLE_SETTINGS)}

@@ -16,6 +16,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from chexpercept.escape import terminal
+
 #: seconds the processes of a run wait for each other at the start (CHEXPERCEPT_COORDINATION_TIMEOUT)
 COORDINATION_TIMEOUT = 7 * 24 * 3600
 
@@ -121,7 +123,7 @@ class Distributed:
         #: why this launch runs fewer processes than were asked for (printed on stderr), or None
         self.mismatch = launch_mismatch()
         if self.mismatch:
-            print(f"warning: {self.mismatch}", file=sys.stderr)
+            print(f"warning: {terminal(self.mismatch)}", file=sys.stderr)
         if launched_world_size() > 1:
             from accelerate import PartialState
 

@@ -417,7 +417,7 @@ def _preflight(plan: RunPlan, backend: Backend, context: RunContext, run: Oracle
             uncounted=uncounted,
         )
     except Exception as e:  # e.g. an image that no longer decodes: the backend names it when it meets it
-        print(f"note: preflight check skipped ({type(e).__name__}: {e})", file=sys.stderr)
+        print(f"note: preflight check skipped ({type(e).__name__}: {terminal(e)})", file=sys.stderr)
         return ""
     print(f"oracle {run.oracle}: " + "\n".join(report.lines()), file=sys.stderr)
     if report.cannot and plan.on_error == "stop":
