@@ -9,7 +9,8 @@ rules, decided here once:
   data hold MIMIC identifiers or pixels; on a shared server nobody else may read them, so nothing is
   created readable and tightened afterwards. A folder that already exists is left as it is, except
   the toolkit's own output folders (``private_dir(..., own=True)``), which are tightened when this
-  account owns them and refused when another account does and others can read them.
+  account owns them and refused when another account does, whatever their mode (their owner can
+  read them, and can open them up again at any time).
 - **Replaced whole.** ``write_atomic`` writes a temporary file beside the target (same folder, so
   the rename is atomic), flushes it to disk, renames it over the target and flushes the folder: a
   reader sees the old complete file or the new complete file, never a part, and a crash leaves one of
@@ -56,12 +57,16 @@ class PrivacyError(PermissionError):
 
 
 # ------------------------------------------------------------------------------------- folders
-def private_dir(path: str | os.PathLike[str], *, own: bool = False) -> FsPath:
+def private_dir(
+    path: str | os.PathLike[str], *, own: bool = False, remedy: str = "choose a folder of your own"
+) -> FsPath:
     """``path`` as a folder, made with its missing parents at mode 0700; returns it.
 
     Folders that already exist are left alone, unless ``own``: ``path`` is then one of the toolkit's
-    own output folders (a run folder, a report), and if others can read it, it is tightened to 0700
-    when this account owns it; owned by another account, PrivacyError names the owner.
+    own output folders (a run folder, a report, the datasets cache), which must belong to this account,
+    and so must the folder that holds it (or the topmost folder made here), root apart (PrivacyError
+    naming the folder, its owner and ``remedy`` otherwise, whatever its mode); it is tightened to 0700
+    if others can read it.
     """
     path = FsPath(path)
     missing = []
@@ -75,24 +80,40 @@ def private_dir(path: str | os.PathLike[str], *, own: bool = False) -> FsPath:
     if not path.is_dir():
         raise NotADirectoryError(errno.ENOTDIR, "not a folder", str(path))
     if own:
-        tighten(path)
+        tighten(path, remedy=remedy)
+        _check_holder(missing[-1].parent if missing else path.parent, path, remedy)
     return path
 
 
-def tighten(path: str | os.PathLike[str]) -> None:
-    """Make one existing file or folder owner-only (``own`` outputs made by an older version, or under
-    a lax umask); PrivacyError when another account owns it and others can read it."""
+def _check_holder(holder: FsPath, path: FsPath, remedy: str) -> None:
+    """PrivacyError when the folder that holds ``path`` belongs to another account (root apart: it
+    can read everything anyway): its owner could rename ``path`` away, replace it, or read what the
+    toolkit writes in folders it makes there."""
+    info = os.stat(holder)
+    if info.st_uid not in (os.geteuid(), 0):
+        raise PrivacyError(
+            f"{path} is inside {holder}, which belongs to {owner_name(info.st_uid)}, not to this account "
+            f"({owner_name(os.geteuid())}); its owner could replace or read what the toolkit writes there "
+            f"(identifiers and images): {remedy}"
+        )
+
+
+def tighten(path: str | os.PathLike[str], *, remedy: str = "choose a folder of your own") -> None:
+    """Make one existing file or folder of ours owner-only (``own`` outputs made by an older version,
+    or under a lax umask). PrivacyError, naming the path, its owner and ``remedy`` (what to set
+    instead), when another account owns it, whatever its mode: its owner can read everything written
+    there and change its mode at any time, so a folder that will hold credentialed data must be ours."""
     path = FsPath(path)
     info = os.stat(path)
-    if not info.st_mode & OTHERS:
-        return
     if info.st_uid != os.geteuid():
+        mode = stat.S_IMODE(info.st_mode)
         raise PrivacyError(
-            f"{path} belongs to {owner_name(info.st_uid)} and other accounts can read it; the toolkit "
-            "writes identifiers and images there only when they stay private. Choose a folder of your "
-            "own (or ask its owner to run chmod go-rwx on it)"
+            f"{path} belongs to {owner_name(info.st_uid)} (mode {mode:04o}), not to this account "
+            f"({owner_name(os.geteuid())}); the toolkit writes identifiers and images only into folders "
+            f"this account owns (their owner can read them whatever the mode): {remedy}"
         )
-    os.chmod(path, stat.S_IMODE(info.st_mode) & ~OTHERS)
+    if info.st_mode & OTHERS:
+        os.chmod(path, stat.S_IMODE(info.st_mode) & ~OTHERS)
 
 
 def owner_name(uid: int) -> str:

@@ -182,3 +182,35 @@ def test_generated_bundle_is_private(shared):
         == 0
     )
     assert not _not_private(out)
+
+
+def test_a_folder_owned_by_another_account_is_refused_whatever_its_mode(
+    shared, other_account, fixture_bundle, capsys
+):
+    """Red team #6: a datasets cache folder or a run folder that belongs to another account is refused
+    even when it is private (mode 0700, so the old check passed): its owner reads what is written
+    there. The message names the folder, its owner and what to set instead."""
+    import pwd
+
+    from datasets import load_dataset
+
+    from chexpercept.fileio import PrivacyError
+
+    uid = pwd.getpwnam(other_account).pw_uid
+    cache = shared / "hf-datasets"
+    theirs = cache / "chexpercept"
+    theirs.mkdir(parents=True, mode=0o700)
+    os.chown(theirs, uid, uid)
+    with pytest.raises(PrivacyError) as e:
+        load_dataset("chexpercept", data_dir=str(fixture_bundle), cache_dir=str(cache))
+    message = str(e.value)
+    assert str(theirs) in message and other_account in message and "HF_DATASETS_CACHE" in message
+    assert not list(theirs.rglob("*.arrow"))
+    runs = shared / "runs"
+    (runs / "baseline-prior").mkdir(parents=True, mode=0o700)
+    os.chown(runs / "baseline-prior", uid, uid)
+    args = ["--data-dir", str(fixture_bundle), "--model", "baseline:prior", "--limit", "1"]
+    assert run_main([*args, "--output-dir", str(runs), "--no-score", "--no-progress"]) != 0
+    err = capsys.readouterr().err
+    assert "baseline-prior" in err and other_account in err, err
+    assert not list((runs / "baseline-prior").rglob("results.jsonl"))
