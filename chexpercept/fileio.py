@@ -20,6 +20,10 @@ rules, decided here once:
   descriptor under an exclusive ``flock`` (several processes may append to one file), then ``fsync``.
   A crash leaves at most one torn last line, which readers skip and ``chexpercept.eval.runner.store``
   repairs.
+- **Ours, where it is written.** Every file is opened ``O_NOFOLLOW`` and checked after opening
+  (``fstat``): a regular file of this account in a folder of this account (or root's). A run folder
+  swapped mid-run by another account (its own folder or a link to one put in its place) or a file of
+  theirs put where ours was is refused before a byte is written (PrivacyError).
 
 Every write here is fsynced: run.json and the report are small, and a power cut must not leave an
 empty run.json beside a results file whose settings then could not be checked.
@@ -83,6 +87,41 @@ def private_dir(
         tighten(path, remedy=remedy)
         _check_holder(missing[-1].parent if missing else path.parent, path, remedy)
     return path
+
+
+def _check_ours(fd: int, path: FsPath) -> None:
+    """After opening ``path`` for writing (``O_NOFOLLOW``: never through a link): PrivacyError unless
+    the file is a regular file of this account in a folder of this account (or root's). A run folder
+    swapped mid-run by another account (its own folder, or a link to one, put in its place) or a file
+    of theirs put where ours was is refused before a byte is written."""
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+        raise PrivacyError(
+            f"{path} is not a file of this account ({owner_name(os.geteuid())}): it belongs to "
+            f"{owner_name(info.st_uid)}; nothing is written into it (its owner would read it). Was the "
+            "folder replaced while the toolkit was writing? Use a folder only you can write to"
+        )
+    _check_holder(path.parent, path, "use a folder only you can write to")
+
+
+def _open_ours(path: FsPath, flags: int) -> int:
+    """``os.open`` of a file to write (``_check_ours``), created private when it does not exist; the
+    folder is checked first too, so that nothing is created in a folder of another account."""
+    _check_holder(path.parent, path, "use a folder only you can write to")
+    try:
+        fd = os.open(path, flags | os.O_CLOEXEC | os.O_NOFOLLOW, FILE_MODE)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise PrivacyError(
+                f"{path} is a link: the toolkit writes only to its own files, never through a link"
+            ) from None
+        raise
+    try:
+        _check_ours(fd, path)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _check_holder(holder: FsPath, path: FsPath, remedy: str) -> None:
@@ -171,6 +210,7 @@ def atomic_file(path: str | os.PathLike[str], mode: str = "wb", **open_args: Any
     private_dir(path.parent)
     fd, tmp = _temporary(path)
     try:
+        _check_ours(fd, path)  # the folder is ours: nobody else can rename the file in or out
         with os.fdopen(fd, mode, **open_args) as f:
             yield f
             f.flush()
@@ -205,7 +245,7 @@ def write_new(path: str | os.PathLike[str], data: bytes | str, *, encoding: str 
     payload = data.encode(encoding) if isinstance(data, str) else data
     path = FsPath(path)
     private_dir(path.parent)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)
+    fd = _open_ours(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
     try:
         view = memoryview(payload)
         while view:
@@ -236,7 +276,7 @@ def append_durable(path: str | os.PathLike[str], payload: bytes) -> None:
         return
     path = FsPath(path)
     new = not path.exists()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
+    fd = _open_ours(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         try:
@@ -255,8 +295,9 @@ def append_durable(path: str | os.PathLike[str], payload: bytes) -> None:
 
 def open_private(path: str | os.PathLike[str], flags: int = os.O_RDWR | os.O_CREAT) -> int:
     """A descriptor of ``path`` opened with ``flags``; created private when it does not exist (locks,
-    files updated in place)."""
-    return os.open(path, flags | os.O_CLOEXEC, FILE_MODE)
+    files updated in place); never through a link, and only a file of this account in a folder of
+    this account (``_check_ours``)."""
+    return _open_ours(FsPath(path), flags)
 
 
 # ------------------------------------------------------------------------------- whole folders

@@ -39,6 +39,7 @@ from typing import Any
 
 from chexpercept.escape import terminal
 from chexpercept.fileio import write_atomic, write_json_atomic
+from chexpercept.input_files import TEXT_FILE, read_input_text
 from chexpercept.input_json import read_json
 from chexpercept.peer import PeerRefused
 
@@ -187,7 +188,7 @@ def _write_ref(storage: FsPath, revision: str, commit: str) -> None:
     if revision == commit:
         return
     ref = storage / "refs" / revision
-    if ref.exists() and ref.read_text().strip() == commit:
+    if ref.exists() and read_input_text(ref, TEXT_FILE, what="Hub cache ref").strip() == commit:
         return
     write_atomic(ref, commit)
 

@@ -45,6 +45,7 @@ from chexpercept.eval.runner.store import (
 )
 from chexpercept.eval.runner.work_queue import WorkQueue, queue_path, remove_queues
 from chexpercept.fileio import private_dir, write_json_atomic
+from chexpercept.input_files import RESULTS, open_input
 from chexpercept.results import (
     CaseFailure,
     CaseResult,
@@ -585,7 +586,7 @@ class Progress:
     def refresh(self) -> None:
         if self.bar is None or not self.results.exists():
             return
-        with open(self.results, "rb") as f:
+        with open_input(self.results, RESULTS, what="results file") as f:  # bounded, never a FIFO
             f.seek(self.offset)
             chunk = f.read()
         lines = chunk.count(b"\n")
