@@ -51,7 +51,7 @@ _VALUE = re.compile(
 #: a credential after its scheme word anywhere (``Authorization: Bearer ...`` split over a header dump)
 _SCHEME_CREDENTIAL = re.compile(r"\b(?P<scheme>(?i:bearer|basic))[ \t]+(?P<value>[A-Za-z0-9._~+/=-]{8,})")
 #: a cheap first look: a text without any of these has nothing to hide
-_MAYBE = re.compile(r"://|(?i:key|token|secret|pass|pwd|sig|credential|auth|bearer|basic|cookie)")
+_MAYBE = ("://", "key", "token", "secret", "pass", "pwd", "sig", "credential", "auth", "bearer", "basic", "cookie")
 
 
 def _secret_name(name: str) -> bool:
@@ -124,7 +124,8 @@ def redact_text(text: str) -> str:
     (``api_key``, ``apikey``, ``X-Api-Key``, ``token``, ``secret``, ``password``, ``passwd``, ``pass``,
     ``pwd``, ``Authorization``, ...; not ``key_id``, ``max_tokens``, ``api_key_env``); and a credential
     after ``Bearer`` or ``Basic`` anywhere."""
-    if not _MAYBE.search(text):
+    low = text.lower()
+    if not any(word in low for word in _MAYBE):  # substring scans in C: the usual text costs ~1 us
         return text
     if "://" in text:
         text = _URL.sub(lambda m: redact_url(m.group(0)), text)
