@@ -37,7 +37,21 @@ _SECRET_ENDINGS = ("token", "apikey", "secret", "password", "passwd")
 #: ... unless its last word says it names or counts something (``key_id``, ``api_key_env``,
 #: ``max_tokens`` has no secret word at all)
 _NOT_SECRET_LAST = frozenset(
-    {"id", "ids", "env", "file", "path", "name", "names", "count", "length", "limit"}
+    {
+        "id",
+        "ids",
+        "env",
+        "file",
+        "path",
+        "name",
+        "names",
+        "count",
+        "length",
+        "limit",
+        "header",
+        "kind",
+        "type",
+    }
 )
 _WORD_SPLIT = re.compile(r"[_\-.\s]+|(?<=[a-z])(?=[A-Z])")
 #: a URL inside a text: a scheme, ``://``, then everything up to white space or a quote
@@ -51,7 +65,20 @@ _VALUE = re.compile(
 #: a credential after its scheme word anywhere (``Authorization: Bearer ...`` split over a header dump)
 _SCHEME_CREDENTIAL = re.compile(r"\b(?P<scheme>(?i:bearer|basic))[ \t]+(?P<value>[A-Za-z0-9._~+/=-]{8,})")
 #: a cheap first look: a text without any of these has nothing to hide
-_MAYBE = ("://", "key", "token", "secret", "pass", "pwd", "sig", "credential", "auth", "bearer", "basic", "cookie")
+_MAYBE = (
+    "://",
+    "key",
+    "token",
+    "secret",
+    "pass",
+    "pwd",
+    "sig",
+    "credential",
+    "auth",
+    "bearer",
+    "basic",
+    "cookie",
+)
 
 
 def _secret_name(name: str) -> bool:

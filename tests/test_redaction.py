@@ -111,6 +111,7 @@ FORMS = [
     ("key_id=edema_s50000001_positive_0", "key_id=edema_s50000001_positive_0"),
     ("max_tokens: 64", "max_tokens: 64"),
     ("--api-key-env=OPENAI_API_KEY", "--api-key-env=OPENAI_API_KEY"),
+    ("--api-key-header=api-key", "--api-key-header=api-key"),
     ("input tokens 15,000", "input tokens 15,000"),
 ]
 
