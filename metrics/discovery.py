@@ -77,14 +77,16 @@ def find_run(folder: FsPath) -> RunFolder | None:
         oracle = meta.oracle or oracle_from_folder(folder) or ""
         if oracle not in ORACLE_SETTINGS:
             raise ValueError(
-                f"{folder}: cannot tell the oracle setting (run.json has none and the folder is not "
+                f"{terminal(folder)}: cannot tell the oracle setting (run.json has none and the folder is not "
                 f"named oracle_<{'|'.join(ORACLE_SETTINGS)}>)"
             )
         return RunFolder(folder, model, oracle, "chexpercept", meta, notes)
     if layout == "reference":
         oracle = oracle_from_folder(folder)
         if oracle is None:
-            raise ValueError(f"{folder}: a reference {REFERENCE_RESULTS_NAME} must sit in oracle_<setting>/")
+            raise ValueError(
+                f"{terminal(folder)}: a reference {REFERENCE_RESULTS_NAME} must sit in oracle_<setting>/"
+            )
         provider, model = reference_model_name(folder.parent.name)
         return RunFolder(folder, model, oracle, "reference", RunMetadata(provider=provider))
     return None
