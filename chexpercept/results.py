@@ -18,7 +18,7 @@ from pathlib import Path as FsPath
 from typing import TYPE_CHECKING, Any
 
 from .escape import terminal
-from .input_files import RESULTS, read_input_text
+from .input_files import RESULTS, iter_lines
 from .input_json import JsonInputError, loads
 
 if TYPE_CHECKING:
@@ -302,9 +302,9 @@ def read_failures(path: str | FsPath) -> list[CaseFailure]:
 def complete_lines(path: str | FsPath) -> Iterator[tuple[int, str]]:
     """(line number, line) of every non-blank line of a results.jsonl that ends in a newline:
     anything after the last newline is a line torn by a crash mid-write, and is not a result. The
-    file must be a regular file within chexpercept.input_files.RESULTS (InputFileError otherwise)."""
-    lines = read_input_text(path, RESULTS, what="results file").split("\n")
-    for n, line in enumerate(lines[:-1], start=1):
+    file must be a regular file within chexpercept.input_files.RESULTS, each line within MAX_LINE
+    (InputFileError otherwise); it is streamed, one line in memory at a time."""
+    for n, line in iter_lines(path, RESULTS, what="results file"):  # streamed, bounded lines
         if line.strip():
             yield n, line
 

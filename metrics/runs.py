@@ -162,17 +162,21 @@ def read_chexpercept_run(
             folder / FAILURES_NAME, ((i + 1, f.key_id, f.run) for i, f in enumerate(failures)), identity
         )
     if not records:
-        raise ValueError(f"{folder / RESULTS_NAME}: no finished cases")
+        raise ValueError(f"{terminal(folder / RESULTS_NAME)}: no finished cases")
     settings = {r.oracle for r in records}
     if len(settings) > 1:
         raise ValueError(
-            f"{folder / RESULTS_NAME}: cases of several oracle settings mixed: {sorted(settings)}"
+            f"{terminal(folder / RESULTS_NAME)}: cases of several oracle settings mixed: "
+            f"{terminal(sorted(settings))}"
         )
     recorded = settings.pop()
     setting = oracle or meta.oracle or recorded
     check_oracle(setting, str(run_json if meta.oracle is not None else folder / RESULTS_NAME))
     if setting != recorded and oracle is None:
-        raise ValueError(f"{run_json}: says oracle {setting!r} but the cases were run with {recorded!r}")
+        raise ValueError(
+            f"{terminal(run_json)}: says oracle {terminal(repr(setting))} but the cases were run with "
+            f"{terminal(repr(recorded))}"
+        )
     if greedy is None:
         greedy, note = greedy_from_meta(meta) if has_meta else (None, None)
         if note and has_meta:
