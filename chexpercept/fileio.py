@@ -67,10 +67,11 @@ def private_dir(
     """``path`` as a folder, made with its missing parents at mode 0700; returns it.
 
     Folders that already exist are left alone, unless ``own``: ``path`` is then one of the toolkit's
-    own output folders (a run folder, a report, the datasets cache), which must belong to this account,
-    and so must the folder that holds it (or the topmost folder made here), root apart (PrivacyError
-    naming the folder, its owner and ``remedy`` otherwise, whatever its mode); it is tightened to 0700
-    if others can read it.
+    own output folders (a run folder, a report, the datasets cache), which must belong to this account
+    (PrivacyError naming the folder, its owner and ``remedy`` otherwise, whatever its mode); it is
+    tightened to 0700 if others can read it. The folder above it may be another account's (a group's
+    project folder): every write checks that its file and folder are this account's (``_open_ours``),
+    so a folder swapped there mid-run gets nothing.
     """
     path = FsPath(path)
     missing = []
@@ -85,7 +86,6 @@ def private_dir(
         raise NotADirectoryError(errno.ENOTDIR, "not a folder", str(path))
     if own:
         tighten(path, remedy=remedy)
-        _check_holder(missing[-1].parent if missing else path.parent, path, remedy)
     return path
 
 

@@ -18,7 +18,7 @@ from pathlib import Path as FsPath
 from typing import TYPE_CHECKING, Any
 
 from .escape import terminal
-from .input_files import RESULTS, iter_lines
+from .input_files import RESULTS, iter_lines, open_input
 from .input_json import JsonInputError, loads
 
 if TYPE_CHECKING:
@@ -315,7 +315,7 @@ def torn_tail(path: str | FsPath) -> int:
     import os
 
     try:
-        with open(path, "rb") as f:
+        with open_input(path, RESULTS, what="results file") as f:  # a regular file within its limit
             end = f.seek(0, os.SEEK_END)
             pos, torn = end, 0
             while pos > 0:
@@ -328,7 +328,7 @@ def torn_tail(path: str | FsPath) -> int:
                     return torn + len(chunk) - cut - 1
                 torn += len(chunk)
             return torn
-    except OSError:
+    except FileNotFoundError:
         return 0
 
 

@@ -216,6 +216,24 @@ def test_a_folder_owned_by_another_account_is_refused_whatever_its_mode(
     assert not list((runs / "baseline-prior").rglob("results.jsonl"))
 
 
+def test_a_run_folder_of_ours_inside_a_project_folder_of_another_account_is_fine(
+    shared, other_account, fixture_bundle
+):
+    """A group's project folder belongs to its lead: a run folder made there is this account's and
+    private, so the run goes ahead (the check is on the folders the toolkit writes into, not above)."""
+    import pwd
+
+    uid = pwd.getpwnam(other_account).pw_uid
+    project = shared / "project"
+    project.mkdir(mode=0o777)
+    os.chown(project, uid, uid)
+    os.chmod(project, 0o1777)  # others may make folders there, as in a sticky shared folder
+    args = ["--data-dir", str(fixture_bundle), "--model", "baseline:prior", "--limit", "1"]
+    assert run_main([*args, "--output-dir", str(project / "runs"), "--no-score", "--no-progress"]) == 0
+    made = project / "runs" / "baseline-prior"
+    assert made.stat().st_uid == os.geteuid() and not made.stat().st_mode & 0o077
+
+
 def test_a_run_folder_swapped_by_another_account_gets_nothing(shared, other_account, fixture_bundle):
     """Red team #4: between two writes of a run, another account (the runs folder being writable by it)
     puts its own folder, or a link to one, where the run folder was, or its own file where ours was.

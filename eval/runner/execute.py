@@ -239,7 +239,10 @@ def _take_folders(plan: RunPlan, runs: list[OracleRun], dist: Distributed) -> in
 def _prepare_folder(plan: RunPlan, run: OracleRun) -> FolderOutcome:
     """Main process: take the lock, check the identity, repair a torn tail, write run.json."""
     folder = run.folder
-    private_dir(folder.path, own=True)  # identifiers and answers: owner-only (chexpercept/fileio.py)
+    # identifiers and answers: every folder the toolkit names (the model's, the setting's) this
+    # account's and owner-only (chexpercept/fileio.py); --output-dir itself may be a shared one
+    private_dir(folder.path.parent, own=True)
+    private_dir(folder.path, own=True)
     folder.lock.acquire()
     try:
         folder.tighten()

@@ -26,7 +26,6 @@ run time gets its error explained (``explain_rejection``).
 
 from __future__ import annotations
 
-import json
 import re
 import socket
 from dataclasses import dataclass
@@ -129,16 +128,20 @@ def check_model(model: Any, config: Any, *, declared: bool, images_needed: int) 
 def image_limit(model: Any) -> int | None:
     """The images per request the model's server takes, where the provider says (Inspect's
     ``vllm`` provider: ``-M limit_mm_per_prompt=...``); None where it does not."""
+    from chexpercept.eval.backends.vllm.limits import engine_image_limit
+    from chexpercept.eval.protocol import BackendError
+    from chexpercept.input_json import loads
+
     args = getattr(model.api, "server_args", None)
-    value = args.get("limit_mm_per_prompt") if isinstance(args, dict) else None
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError:
-            return None
-    if isinstance(value, dict) and isinstance(value.get("image"), int):
-        return int(value["image"])
-    return None
+    if not isinstance(args, dict):
+        return None
+    value = args.get("limit_mm_per_prompt")
+    try:
+        if isinstance(value, str):
+            value = loads(value, source="-M limit_mm_per_prompt")
+        return engine_image_limit({**args, "limit_mm_per_prompt": value}, "-M limit_mm_per_prompt")
+    except (ValueError, BackendError):  # not JSON, or a form vLLM would refuse: its server says so
+        return None
 
 
 async def guard(model: Any, r: Route) -> None:
