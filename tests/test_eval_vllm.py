@@ -5,6 +5,7 @@ The real engine (vLLM's CPU build) runs in tests/test_vllm_engine.py."""
 from __future__ import annotations
 
 import base64
+import json
 import os
 import sys
 from pathlib import Path
@@ -13,7 +14,7 @@ import pytest
 from simulated_vllm import BatchOnlyLLM, SimulatedLLM, heavy_tailed_answers
 
 from chexpercept.bundle import read_bundle
-from chexpercept.eval.backends import vllm as backend_vllm
+from chexpercept.eval.backends.vllm import backend as backend_vllm
 from chexpercept.eval.backends.vllm.backend import VLLMBackend, plan_cpus, plan_gpus
 from chexpercept.eval.engine import ConversationFailed, run_conversations
 from chexpercept.eval.protocol import BackendError, RunContext, Sampling
@@ -161,8 +162,6 @@ def test_each_request_joins_the_running_engine_rendered_as_llm_chat_renders_it(f
 
 
 def json_of(call):
-    import json
-
     return json.dumps(call["messages"])
 
 
@@ -397,6 +396,8 @@ def test_the_vllm_and_openai_backends_send_the_same_messages(fixture_bundle):
             return a == b
 
         assert same_but_images(offline, online)
+        # what goes on the wire: json.dumps's bytes, each image's data URL encoded once and spliced in
+        assert api.build_body(request) == json.dumps(api.build_payload(request)).encode("utf-8")
         conversation.answer(Response("Answer: 2"))
         checked += 1
     assert checked == len(case.turns)
