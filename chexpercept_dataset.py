@@ -20,6 +20,7 @@ from chexpercept.bundle import IMAGE_CHECKS, JSON_NAME, CaseRef, check_release_d
 from chexpercept.case import Turn
 from chexpercept.containment import Root, Tree, read_image, resolve_inside
 from chexpercept.fileio import private_dir
+from chexpercept.input_files import BUNDLE_JSON, IMAGE, check_input_stat, open_input
 from chexpercept.vocab import LESIONS, PATHS
 
 _DESCRIPTION = (
@@ -193,7 +194,9 @@ class Chexpercept(datasets.GeneratorBasedBuilder):
         again here, chexpercept.containment), and embedded bytes must be a PNG or JPEG."""
         if self.config.embed_images:
             return {"bytes": read_image(root, relative).data, "path": relative.rsplit("/", 1)[-1]}
-        return {"bytes": None, "path": str(resolve_inside(root, relative))}
+        path = resolve_inside(root, relative)  # datasets opens it later: a regular file of bounded size
+        check_input_stat(path, path.stat(), IMAGE, what="image")
+        return {"bytes": None, "path": str(path)}
 
     def _turn_row(self, root: Root, turn: Turn) -> dict[str, Any]:
         row = turn.as_dict()
@@ -207,7 +210,7 @@ class Chexpercept(datasets.GeneratorBasedBuilder):
         root_path = FsPath(root)
         tree = Tree(root)
         for shard in shards:
-            with open(root_path / JSON_NAME, "rb") as f:
+            with open_input(root_path / JSON_NAME, BUNDLE_JSON, what=JSON_NAME) as f:
                 cases = [read_case(f, ref) for ref in shard]
             for case in cases:
                 head = {"key_id": case.key_id, "lesion": case.lesion, "path": case.path.value}

@@ -7,6 +7,8 @@ import sys
 from typing import Any
 
 from chexpercept.cli_options import add_option, add_progress_option, progress_enabled
+from chexpercept.escape import terminal_lines
+from chexpercept.input_files import TEXT_FILE, read_input_text
 from chexpercept.vocab import LESIONS
 
 from .config import GenerateConfig
@@ -22,8 +24,14 @@ def _load_yaml(path: str) -> dict:
         import yaml
     except ImportError as e:  # pragma: no cover - pyyaml is in the test extra
         raise SourceError("--config needs PyYAML (pip install pyyaml)") from e
-    with open(path, encoding="utf-8") as f:
-        data = yaml.safe_load(f) or {}
+    try:
+        text = read_input_text(path, TEXT_FILE, what="--config")
+    except (OSError, ValueError) as e:
+        raise SourceError(f"--config {path}: {e}") from e
+    try:
+        data = yaml.safe_load(text) or {}
+    except (yaml.YAMLError, RecursionError) as e:
+        raise SourceError(f"--config {path}: not readable YAML ({type(e).__name__})") from None
     if not isinstance(data, dict):
         raise SourceError(f"--config {path}: expected a mapping of option: value")
     return data
@@ -143,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
         config = build_config(args)
         summary = generate(config)
     except SourceError as e:
-        print(f"chexpercept generate: {e}", file=sys.stderr)
+        print(f"chexpercept generate: {terminal_lines(e)}", file=sys.stderr)
         return 2
     print(summary.text())
     print(f"report: {Workspace(summary.out).summary_file}")

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from chexpercept.cli_options import progress_enabled, require
+from chexpercept.escape import terminal_lines
 
 from .cmd_synth_sources import add_phantom_arguments
 from .regions import PARTITION_MODES
@@ -42,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
             progress=progress_enabled(args),
         )
     except (SourceError, ValueError) as e:
-        print(f"chexpercept synth: {e}", file=sys.stderr)
+        print(f"chexpercept synth: {terminal_lines(e)}", file=sys.stderr)
         return 2
     print(summary.text())
     return summary.exit_code

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from chexpercept.cli_options import add_option, add_progress_option, progress_enabled, require
+from chexpercept.escape import terminal_lines
 from chexpercept.vocab import LESIONS
 
 from .synth_sources import ANATOMY_FORMATS, CHEXMASK_NAME, synthesize_sources
@@ -65,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
             progress=progress_enabled(args),
         )
     except ValueError as e:
-        print(f"chexpercept synth-sources: {e}", file=sys.stderr)
+        print(f"chexpercept synth-sources: {terminal_lines(e)}", file=sys.stderr)
         return 2
     anatomy = root / "anatomy" / CHEXMASK_NAME if args.anatomy_format == "chexmask-csv" else root / "anatomy"
     print(f"phantom sources (testing only) written to {root}")
@@ -88,7 +89,7 @@ def _run_reference(args: argparse.Namespace) -> int:
             progress=progress_enabled(args),
         )
     except ValueError as e:
-        print(f"chexpercept synth-sources: {e}", file=sys.stderr)
+        print(f"chexpercept synth-sources: {terminal_lines(e)}", file=sys.stderr)
         return 2
     print(f"phantom sources in the reference layout (testing only) written to {root}")
     print(

@@ -14,6 +14,7 @@ from pathlib import Path as FsPath
 from typing import Any
 
 import chexpercept
+from chexpercept.input_files import SOURCE_TABLE, read_input
 from chexpercept.vocab import LESIONS
 
 from .deformers import DEFORMERS, implementations
@@ -149,7 +150,7 @@ class GenerateConfig:
             if d[k]:
                 d[k] = str(FsPath(d[k]).resolve())
         d["review"] = sorted(
-            f"{FsPath(p).resolve()} sha256:{hashlib.sha256(FsPath(p).read_bytes()).hexdigest()}"
+            f"{FsPath(p).resolve()} sha256:{hashlib.sha256(read_input(p, SOURCE_TABLE, what='--review sheet')).hexdigest()}"
             for p in self.review
         )
         d["generator"] = f"chexpercept {chexpercept.__version__}"

@@ -16,6 +16,7 @@ from typing import Any
 from chexpercept.bundle import IMAGES_DIR, JSON_NAME
 from chexpercept.containment import check_name, check_relative
 from chexpercept.fileio import private_dir, replaced_dir, write_atomic, write_new
+from chexpercept.input_json import read_json
 
 WORK_DIR = ".chexpercept-work"
 CASES_DIR = "cases"
@@ -45,8 +46,10 @@ def read_record(root: FsPath, key_id: str) -> dict[str, Any] | None:
     """The finished record of a case, or None (also when the record or its images are incomplete)."""
     path = record_path(root, key_id)
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-    except (FileNotFoundError, json.JSONDecodeError):
+        record = read_json(path, what="work record")
+    except (FileNotFoundError, ValueError):  # none, or not a finished record (it is made again)
+        return None
+    if not isinstance(record, dict):
         return None
     if record.get("status") == "ok" and not (root / IMAGES_DIR / key_id).is_dir():
         return None

@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 
 import chexpercept
 from chexpercept.fileio import write_atomic
+from chexpercept.input_json import read_json
 from chexpercept.vocab import Path
 
 from .case_builder import Outcome, Settings
@@ -182,8 +183,11 @@ def _anatomy(config: GenerateConfig, dicom_ids: list[str], work: FsPath) -> Anat
         }
         offsets = None
         if rows.is_file() and index.is_file():
-            cached = json.loads(index.read_text(encoding="utf-8"))
-            if cached.get("stamp") == stamp:
+            try:
+                cached = read_json(index, what="CheXmask row index")
+            except (OSError, ValueError):  # unreadable: the rows are extracted again
+                cached = None
+            if isinstance(cached, dict) and cached.get("stamp") == stamp:
                 offsets = cached["offsets"]
         if offsets is None:
             print(f"reading the CheXmask table {table} (once per output folder) ...", file=sys.stderr)

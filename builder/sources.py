@@ -28,6 +28,8 @@ from PIL import Image, UnidentifiedImageError
 
 from chexpercept.containment import ContainmentError, check_name, resolve_inside
 from chexpercept.fileio import atomic_file
+from chexpercept.input_files import IMAGE, SOURCE_TABLE, InputFileError, Limit, open_input, read_input
+from chexpercept.input_json import loads, read_json
 from chexpercept.os_errors import explain_os_error
 
 from .render import encode_png
@@ -72,14 +74,26 @@ def source_name(value: str, what: str) -> str:
         raise OutsideSourceError(str(e)) from e
 
 
-def _open_image(path: FsPath) -> Image.Image:
+def _read_source(path: FsPath, limit: Limit, what: str) -> bytes:
+    """The bytes of one case's source file, a regular file within ``limit`` (chexpercept.input_files);
+    CaseInputError naming the file otherwise (that case fails, named)."""
     try:
-        im = Image.open(path)
+        return read_input(path, limit, what=what)
+    except FileNotFoundError as e:
+        raise CaseInputError(f"missing {what} {path}") from e
+    except InputFileError as e:
+        raise CaseInputError(str(e)) from None
+    except OSError as e:
+        raise CaseInputError(f"unreadable {what} {path}: {explain_os_error(e).what}") from e
+
+
+def _open_image(path: FsPath) -> Image.Image:
+    raw = _read_source(path, IMAGE, "file")
+    try:
+        im = Image.open(io.BytesIO(raw))
         im.load()
         return im
-    except FileNotFoundError as e:
-        raise CaseInputError(f"missing file {path}") from e
-    except (UnidentifiedImageError, OSError, SyntaxError) as e:
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
         raise CaseInputError(f"unreadable image {path}: {e}") from e
 
 
@@ -145,12 +159,7 @@ def load_cxr(path: str | os.PathLike[str], size: int = IMAGE_SIZE, *, decode: bo
     scaled to size x size with Lanczos (x and y independently, no padding), RGB, as the reference's
     flat folder of 1024 x 1024 PNGs holds."""
     path = FsPath(path)
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError as e:
-        raise CaseInputError(f"missing CXR image {path}") from e
-    except OSError as e:
-        raise CaseInputError(f"unreadable CXR image {path}: {explain_os_error(e).what}") from e
+    raw = _read_source(path, IMAGE, "CXR image")
     try:
         im = Image.open(io.BytesIO(raw))
         original = im.size
@@ -224,14 +233,13 @@ class CxrTree:
 def load_ils(root: str | os.PathLike[str]) -> dict:
     """The MIMIC-ILS instruction/answer JSON (``{"train": {study: {...}}, "val": ..., "test": ...}``)."""
     r = FsPath(root)
-    path = r if r.is_file() else r / ILS_JSON
-    if not path.is_file():
+    path = r / ILS_JSON if r.is_dir() else r
+    if not path.exists():
         raise SourceError(f"--mimic-ils: {path} does not exist (expected {ILS_JSON} in the MIMIC-ILS folder)")
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except json.JSONDecodeError as e:
-        raise SourceError(f"--mimic-ils: {path} is not valid JSON: {e}") from e
+        data = read_json(path, limit=SOURCE_TABLE, what="--mimic-ils")
+    except (OSError, ValueError) as e:  # not a regular file, too large or deep, not JSON
+        raise SourceError(f"--mimic-ils: {e}") from e
     if not isinstance(data, dict) or not isinstance(data.get("train"), dict):
         raise SourceError(f"--mimic-ils: {path} has no 'train' object of studies")
     return data
@@ -261,10 +269,20 @@ def rle_encode(mask: np.ndarray) -> str:
     return " ".join(str(int(v)) for v in runs)
 
 
-def _open_text(path: FsPath) -> io.TextIOBase:
-    if path.suffix == ".gz":
-        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", newline="")
-    return open(path, encoding="utf-8", newline="")
+def _open_text(path: FsPath, what: str = "source table") -> io.TextIOBase:
+    """A source table (a CSV, maybe gzipped) as text, from a regular file within
+    chexpercept.input_files.SOURCE_TABLE (SourceError naming the file otherwise)."""
+    try:
+        raw = open_input(path, SOURCE_TABLE, what=what)
+    except InputFileError as e:
+        raise SourceError(str(e)) from None
+    except OSError as e:
+        raise SourceError(f"{what} {path} cannot be read: {e}") from e
+    if path.suffix != ".gz":
+        return io.TextIOWrapper(raw, encoding="utf-8", newline="")
+    unzipped = gzip.GzipFile(fileobj=raw, mode="rb")
+    unzipped.myfileobj = raw  # closed with it (as gzip.open(path) closes the file it opened)
+    return io.TextIOWrapper(unzipped, encoding="utf-8", newline="")
 
 
 def find_chexmask_csv(path: str | os.PathLike[str]) -> FsPath | None:
@@ -335,9 +353,9 @@ class Anatomy:
         assert self.chexmask_rows is not None and self.chexmask_offsets is not None
         if dicom_id not in self.chexmask_offsets:
             raise CaseInputError(f"image {dicom_id} has no row in the CheXmask table")
-        with open(self.chexmask_rows, "rb") as f:
+        with open_input(self.chexmask_rows, SOURCE_TABLE, what="CheXmask rows") as f:
             f.seek(self.chexmask_offsets[dicom_id])
-            record = json.loads(f.readline())
+            record = loads(f.readline(), source=f"{self.chexmask_rows} (row of {dicom_id})")
         try:
             h, w = int(float(record["Height"])), int(float(record["Width"]))
         except ValueError as e:
@@ -383,9 +401,9 @@ def read_review_sheets(paths: Iterable[str | os.PathLike[str]]) -> dict[str, boo
     verdicts: dict[str, bool] = {}
     for p in paths:
         path = FsPath(p)
-        if not path.is_file():
+        if not path.exists():
             raise SourceError(f"--review: sheet {path} does not exist")
-        with _open_text(path) as f:
+        with _open_text(path, "--review sheet") as f:
             reader = csv.DictReader(f)
             fields = reader.fieldnames or []
             column = "optimal" if "optimal" in fields else "optimal?" if "optimal?" in fields else None

@@ -16,8 +16,10 @@ import json
 import os
 import shutil
 from pathlib import Path as FsPath
+from typing import Any
 
 from chexpercept.fileio import write_atomic
+from chexpercept.input_json import read_json
 from chexpercept.vocab import LESIONS
 
 from .config import GenerateConfig
@@ -30,6 +32,14 @@ from .workspace import PHANTOM_SOURCES_DIR
 STAMP = "phantom-sources.json"
 
 
+def _stamp(path: FsPath) -> Any:
+    """The stamp of earlier phantom sources, or None when it cannot be read (they are drawn again)."""
+    try:
+        return read_json(path, what="phantom sources stamp")
+    except (OSError, ValueError):
+        return None
+
+
 def phantom_sources(
     out_dir: FsPath, *, per_cell: int, seed: int, lesions: tuple[str, ...], num_proc: int, progress: bool
 ) -> FsPath:
@@ -37,7 +47,7 @@ def phantom_sources(
     sources = out_dir / WORK_DIR / PHANTOM_SOURCES_DIR
     stamp = {"per_cell": per_cell, "seed": seed, "lesions": list(lesions)}
     stamp_file = sources / STAMP
-    if stamp_file.is_file() and json.loads(stamp_file.read_text(encoding="utf-8")) == stamp:
+    if stamp_file.is_file() and _stamp(stamp_file) == stamp:
         return sources
     if sources.exists():
         shutil.rmtree(sources)

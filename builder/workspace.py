@@ -14,6 +14,7 @@ from typing import Any
 
 from chexpercept.bundle import IMAGES_DIR, JSON_NAME
 from chexpercept.fileio import private_dir, write_atomic
+from chexpercept.input_json import read_json
 
 from .export import WORK_DIR
 from .sources import SourceError
@@ -40,8 +41,13 @@ class Workspace:
         """Make the folder ready for a run with these settings: resume, start over, or refuse."""
         root = self.root
         run_file = self.work / RUN_FILE
-        if run_file.is_file():
-            previous = json.loads(run_file.read_text(encoding="utf-8"))
+        if run_file.exists():
+            try:
+                previous = read_json(run_file, what=RUN_FILE)
+            except (OSError, ValueError) as e:
+                raise SourceError(f"{root}: its run record cannot be read ({e}); pass --overwrite") from e
+            if not isinstance(previous, dict):
+                raise SourceError(f"{run_file}: not a run record; pass --overwrite")
             if previous != fingerprint:
                 if not overwrite:
                     changed = sorted(

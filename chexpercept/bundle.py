@@ -20,8 +20,19 @@ from PIL import Image
 
 from .case import Case
 from .containment import Tree, image_format, resolve_inside
-from .errors import BundleValidationError, Problem, ReleaseNotFoundError, no_such_path
+from .errors import WHERE_TO_GET, BundleValidationError, Problem, ReleaseNotFoundError, no_such_path
 from .fileio import write_atomic
+from .input_files import (
+    BUNDLE_JSON,
+    IMAGE,
+    TEXT_FILE,
+    InputFileError,
+    Limit,
+    open_input,
+    read_input_text,
+    stat_problem,
+)
+from .input_json import JsonInputError
 from .jsonstream import Span, iter_object_items, read_span
 from .os_errors import explain_os_error
 from .validate import validate_entry
@@ -77,8 +88,13 @@ class Bundle:
 
 def fingerprint(data_dir: str | os.PathLike[str]) -> str:
     """sha256 of chexpercept.json: identifies the questions and answers a run was made on."""
+    return _sha256(FsPath(data_dir) / JSON_NAME, BUNDLE_JSON)
+
+
+def _sha256(path: FsPath, limit: Limit = BUNDLE_JSON) -> str:
+    """sha256 of a regular file within ``limit`` (chexpercept.input_files), read in chunks."""
     h = hashlib.sha256()
-    with open(FsPath(data_dir) / JSON_NAME, "rb") as f:
+    with open_input(path, limit, what=path.name) as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
@@ -115,7 +131,9 @@ def check_release_dir(data_dir: str | os.PathLike[str] | None) -> FsPath:
         raise ReleaseNotFoundError(data_dir, "No data_dir given: pass the folder of the CheXpercept release.")
     root = FsPath(os.path.expanduser(str(data_dir))).resolve()
     if not root.exists():
-        raise ReleaseNotFoundError(root, f"data_dir {no_such_path(data_dir)}.", instructions=False)
+        raise ReleaseNotFoundError(
+            root, f"data_dir {no_such_path(data_dir)}. {WHERE_TO_GET}", instructions=False
+        )
     if not root.is_dir():
         hint = f"its folder {root.parent}" if root.name == JSON_NAME else f"the folder that holds {JSON_NAME}"
         raise ReleaseNotFoundError(
@@ -123,20 +141,70 @@ def check_release_dir(data_dir: str | os.PathLike[str] | None) -> FsPath:
         )
     if not any(root.iterdir()):
         raise ReleaseNotFoundError(root, f"data_dir {root} is empty.")
-    if not (root / JSON_NAME).is_file():
+    if not (root / JSON_NAME).exists():  # a FIFO or a folder by that name is refused when it is read
+        found = find_releases(root)
+        if found:
+            shown = " or ".join(str(f) for f in found[:3])
+            more = f" (and {len(found) - 3} more)" if len(found) > 3 else ""
+            raise ReleaseNotFoundError(
+                root,
+                f"data_dir {root} is not the release's folder, but {JSON_NAME} is in {shown}{more}: pass "
+                f"that folder as data_dir (--data-dir {found[0]}).",
+                instructions=False,
+            )
         raise ReleaseNotFoundError(
             root, f"data_dir {root} is not a CheXpercept release: it has no {JSON_NAME}."
         )
     return root
 
 
+#: how far ``find_releases`` looks below a folder, and how many folder entries it reads at most
+FIND_DEPTH = 5
+FIND_ENTRIES = 20000
+
+
+def find_releases(folder: FsPath) -> list[FsPath]:
+    """Release folders (holding chexpercept.json) near ``folder``, nearest first: the folders above
+    it (a case folder or ``chexpercept/`` passed by mistake) and below it, up to FIND_DEPTH levels
+    (PhysioNet's download lands in ``physionet.org/files/<project>/<version>/``). Hidden folders and
+    links are not entered; at most FIND_ENTRIES entries are read, so a huge tree costs little."""
+    above = [p for p in folder.parents[:3] if (p / JSON_NAME).is_file()]
+    below: list[FsPath] = []
+    budget = FIND_ENTRIES
+    level = [folder]
+    for _depth in range(FIND_DEPTH):
+        next_level = []
+        for current in level:
+            try:
+                with os.scandir(current) as entries:
+                    for entry in entries:
+                        budget -= 1
+                        if budget < 0:
+                            return above + sorted(below)
+                        if entry.name.startswith(".") or not entry.is_dir(follow_symlinks=False):
+                            continue
+                        path = FsPath(entry.path)
+                        if (path / JSON_NAME).is_file():
+                            below.append(path)  # a release: its case folders are not searched
+                        else:
+                            next_level.append(path)
+            except OSError:
+                continue
+        level = next_level
+        if not level:
+            break
+    return above + sorted(below)
+
+
 def iter_entries(root: FsPath) -> Iterator[tuple[str, Any, Span]]:
-    """Stream (key_id, entry, byte span) from chexpercept.json, with errors naming the file."""
+    """Stream (key_id, entry, byte span) from chexpercept.json, with errors naming the file: not a
+    regular file, over its size limit (chexpercept.input_files.BUNDLE_JSON), not valid JSON, nested
+    too deeply (chexpercept.input_json.MAX_DEPTH), not an object, a key_id twice."""
     path = root / JSON_NAME
     seen: dict[str, int] = {}
     try:
-        with open(path, "rb") as f:
-            for n, (key_id, entry, span) in enumerate(iter_object_items(f), start=1):
+        with open_input(path, BUNDLE_JSON, what=JSON_NAME) as f:
+            for n, (key_id, entry, span) in enumerate(iter_object_items(f, source=JSON_NAME), start=1):
                 if key_id in seen:  # json.loads would keep the last silently; a case must be one entry
                     raise BundleValidationError(
                         root,
@@ -153,6 +221,8 @@ def iter_entries(root: FsPath) -> Iterator[tuple[str, Any, Span]]:
                 yield key_id, entry, span
     except json.JSONDecodeError as e:
         raise BundleValidationError(root, [Problem("-", JSON_NAME, f"not valid JSON: {e}")]) from e
+    except (InputFileError, JsonInputError) as e:
+        raise BundleValidationError(root, [Problem("-", JSON_NAME, e.reason)]) from None
     except TypeError as e:
         raise BundleValidationError(
             root, [Problem("-", JSON_NAME, f"top level must be an object keyed by key_id, got {e}")]
@@ -168,8 +238,9 @@ class CaseRef:
 
 
 def read_case(f: BinaryIO, ref: CaseRef) -> Case:
-    """Re-read one case by its byte span from ``f``, the bundle's chexpercept.json opened in binary."""
-    return Case.from_entry(ref.key_id, read_span(f, ref.span), copy=False)
+    """Re-read one case by its byte span from ``f``, the bundle's chexpercept.json opened in binary
+    (``chexpercept.input_files.open_input(path, BUNDLE_JSON)``)."""
+    return Case.from_entry(ref.key_id, read_span(f, ref.span, source=JSON_NAME), copy=False)
 
 
 def read_bundle(
@@ -279,29 +350,47 @@ def check_case_images(
 
 
 def check_image_file(path: FsPath, mode: ImageCheck = "basic") -> str | None:
-    """None if the image is fine, else what is wrong with it. ``basic`` and ``full`` accept only the
-    formats chexpercept.containment allows (PNG, JPEG), recognised by their first bytes."""
+    """None if the image is fine, else what is wrong with it. Whatever the mode, it must be a regular
+    file within chexpercept.input_files.IMAGE (a FIFO or a device is refused, never opened for
+    reading). ``basic`` and ``full`` accept only the formats chexpercept.containment allows (PNG,
+    JPEG), recognised by their first bytes, and read the file once through one descriptor."""
     try:
-        size = path.stat().st_size
+        st = path.stat()
     except FileNotFoundError:
         return "image file is missing"
     except OSError as e:
         return f"image file cannot be read: {explain_os_error(e).what}"
+    problem = stat_problem(st, IMAGE)
+    if problem:
+        return f"image file {problem}"
     if mode in ("exists", "none"):
         return None
-    if size == 0:
+    if st.st_size == 0:
         return "image file is empty"
     try:
-        with open(path, "rb") as f:
-            head = f.read(16)
+        with open_input(path, IMAGE, what="image") as f:
+            return _check_image_bytes(f, st.st_size, mode)
+    except InputFileError as e:
+        return f"image file {e.reason}"
+    except OSError as e:
+        return f"image file cannot be read: {explain_os_error(e).what}"
+
+
+def _check_image_bytes(f: BinaryIO, size: int, mode: ImageCheck) -> str | None:
+    """check_image_file's checks of the bytes of an opened image file."""
+    try:
+        head = f.read(16)
         fmt = image_format(head)
         if fmt is None:
             return f"image does not decode as PNG or JPEG: the file starts with {head[:8]!r}"
-        with Image.open(path, formats=[fmt]) as im:
+        f.seek(0)
+        with Image.open(f, formats=[fmt]) as im:
             image_mode = im.mode
             if mode == "full":
                 im.load()
             orientation = im.getexif().get(EXIF_ORIENTATION, 1)
+    except InputFileError:
+        raise
     except OSError as e:
         if e.errno is not None:  # the system's (permissions, a folder, a failing disk), not the bytes'
             return f"image file cannot be read: {explain_os_error(e).what}"
@@ -321,37 +410,41 @@ def check_image_file(path: FsPath, mode: ImageCheck = "basic") -> str | None:
             "image); store 8-bit RGB, e.g. regenerate with chexpercept generate, which converts it"
         )
     trailer = _PNG_TRAILER if fmt == "PNG" else _JPEG_TRAILER
-    with open(path, "rb") as f:
-        f.seek(max(0, size - 64))
-        tail = f.read()
+    f.seek(max(0, size - 64))
+    tail = f.read()
     if trailer not in tail:
         return f"image is truncated (no {fmt} end marker)"
     return None
 
 
 def read_sha256sums(root: FsPath) -> dict[str, str]:
-    """Parse PhysioNet's ``SHA256SUMS.txt`` (``<hex>  <relative path>`` per line)."""
+    """Parse PhysioNet's ``SHA256SUMS.txt`` (``<hex>  <relative path>`` per line): a regular file within
+    chexpercept.input_files.TEXT_FILE (InputFileError otherwise)."""
     sums: dict[str, str] = {}
-    with open(root / CHECKSUMS_NAME, encoding="utf-8") as f:
-        for line in f:
-            line = line.strip()
-            if not line:
-                continue
-            digest, _, name = line.partition(" ")
-            name = name.strip().lstrip("*")
-            if name.startswith("./"):
-                name = name[2:]
-            sums[name] = digest.lower()
+    text = read_input_text(root / CHECKSUMS_NAME, TEXT_FILE, what=CHECKSUMS_NAME)
+    for line in text.splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        digest, _, name = line.partition(" ")
+        name = name.strip().lstrip("*")
+        if name.startswith("./"):
+            name = name[2:]
+        sums[name] = digest.lower()
     return sums
 
 
 def verify_sha256sums(root: FsPath) -> list[Problem]:
     """Compare files against SHA256SUMS.txt if the release has one; nothing to do otherwise."""
-    if not (root / CHECKSUMS_NAME).is_file():
+    if not (root / CHECKSUMS_NAME).exists():
         return []
     problems = []
     tree = Tree(root)
-    for name, digest in read_sha256sums(root).items():
+    try:
+        sums = read_sha256sums(root)
+    except InputFileError as e:
+        return [Problem("-", CHECKSUMS_NAME, e.reason)]
+    for name, digest in sums.items():
         outside = tree.problem(name)
         if outside:
             problems.append(
@@ -359,14 +452,15 @@ def verify_sha256sums(root: FsPath) -> list[Problem]:
             )
             continue
         path = tree.root / name
-        if not path.is_file():
+        if not path.exists():
             problems.append(Problem(_key_of(name), name, "listed in SHA256SUMS.txt but missing"))
             continue
-        h = hashlib.sha256()
-        with open(path, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                h.update(chunk)
-        if h.hexdigest() != digest:
+        try:
+            actual = _sha256(path)
+        except InputFileError as e:
+            problems.append(Problem(_key_of(name), name, e.reason))
+            continue
+        if actual != digest:
             problems.append(Problem(_key_of(name), name, "sha256 does not match SHA256SUMS.txt"))
     return problems
 
@@ -378,7 +472,7 @@ def write_sha256sums(root: str | os.PathLike[str]) -> FsPath:
     files = [root / JSON_NAME, *sorted((root / IMAGES_DIR).rglob("*"))]
     for path in files:
         if path.is_file():
-            digest = hashlib.sha256(path.read_bytes()).hexdigest()
+            digest = _sha256(path)
             lines.append(f"{digest}  {path.relative_to(root).as_posix()}")
     return write_atomic(root / CHECKSUMS_NAME, "\n".join(lines) + "\n")
 

@@ -59,12 +59,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"chexpercept: unknown command {name!r}\n\n{_usage(commands)}", file=sys.stderr)
         return 2
     module_name, help_ = commands[name]
-    module = importlib.import_module(module_name)
+    try:
+        module = importlib.import_module(module_name)
+    except KeyboardInterrupt:  # Ctrl-C while the command's libraries load: one line, not a traceback
+        print(f"chexpercept {name}: stopped by Ctrl-C while starting; nothing was done", file=sys.stderr)
+        return 130
     parser = argparse.ArgumentParser(prog=f"chexpercept {name}", description=help_)
     module.configure(parser)
     args = parser.parse_args(rest)
     try:
         return int(module.run(args) or 0)
+    except KeyboardInterrupt:  # a command without signal handling of its own (run has its own)
+        print(f"chexpercept {name}: stopped by Ctrl-C", file=sys.stderr)
+        return 130
     except OSError as e:  # the system's (a full disk, a folder of another user): its real cause named
         if e.errno is None:
             raise

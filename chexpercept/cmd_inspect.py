@@ -69,6 +69,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from .bundle import read_bundle
     from .errors import BundleValidationError, ReleaseNotFoundError
+    from .escape import terminal_lines
 
     data_dir = data_dir_of(args, "chexpercept inspect")
     if not data_dir:
@@ -76,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         bundle = read_bundle(data_dir, check_images="exists")
     except (ReleaseNotFoundError, BundleValidationError) as e:
-        print(f"chexpercept inspect: error: {e}", file=sys.stderr)
+        print(f"chexpercept inspect: error: {terminal_lines(e)}", file=sys.stderr)
         return 2
     questions = sum(len(c.turns) for c in bundle.cases)
     kind = "phantom bundle (synthetic: for testing software only)" if bundle.synthetic else "bundle"

@@ -8,6 +8,7 @@ import sys
 from .bundle import CHECKSUMS_NAME, read_bundle
 from .cli_options import add_data_dir_option, data_dir_of
 from .errors import BundleValidationError, ReleaseNotFoundError
+from .escape import terminal_lines
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -25,9 +26,9 @@ def run(args: argparse.Namespace) -> int:
             data_dir, check_images="full" if args.full else "basic", verify_checksums=args.checksums
         )
     except (BundleValidationError, ReleaseNotFoundError) as e:
-        print(e, file=sys.stderr)
+        print(terminal_lines(e), file=sys.stderr)
         return 1
-    if args.checksums and not (bundle.root / CHECKSUMS_NAME).is_file():
+    if args.checksums and not (bundle.root / CHECKSUMS_NAME).exists():
         print(f"note: {bundle.root} has no {CHECKSUMS_NAME}: no checksum was verified", file=sys.stderr)
     kind = "phantom (synthetic)" if bundle.synthetic else "release"
     n_items = sum(len(c.tasks) for c in bundle.cases)

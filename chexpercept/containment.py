@@ -24,8 +24,11 @@ is written once:
 5. **Writes.** A file written under an output folder is ``out/relative`` with ``relative`` a safe
    relative path, and nothing on the way (an existing folder or the file itself) may be a link that
    leads out of ``out``.
+6. **Files.** Every file read is a regular file within the size limit of its kind, checked on the
+   opened descriptor before a byte is read (``chexpercept.input_files``): a FIFO, a device or an
+   oversized file where an image should be is refused, never waited on or read without end.
 
-Every refusal raises ``ContainmentError`` (a ``ValueError``) whose message names the value and why;
+Every refusal raises ``ContainmentError`` (a ``ValueError``; defined in ``chexpercept.errors``) whose message names the value and why;
 ``name_problem`` and ``relative_problem`` return the reason instead, for validators that collect every
 problem of a bundle before raising.
 """
@@ -43,6 +46,11 @@ from dataclasses import dataclass
 from pathlib import Path as FsPath
 from typing import TYPE_CHECKING
 
+from .errors import ContainmentError
+from .input_files import IMAGE, check_input_stat, open_input, read_input
+
+__all__ = ["ContainmentError"]
+
 if TYPE_CHECKING:
     from PIL import Image
 
@@ -57,10 +65,6 @@ _NAME = re.compile(_NAME_RE)
 #: the common case in one match: a relative path of safe ASCII names (the detailed reason otherwise)
 _RELATIVE = re.compile(rf"{_NAME_RE}(?:/{_NAME_RE})*")
 _DRIVE = re.compile(r"^[A-Za-z]:")
-
-
-class ContainmentError(ValueError):
-    """A path or name would leave its tree, or a file is not an allowed image; the message says which and why."""
 
 
 # ------------------------------------------------------------------------------------------ names
@@ -307,21 +311,25 @@ def _checked(path: FsPath, head: bytes, what: str) -> str:
 
 
 def read_image(root: Root, relative: str, *, what: str = "image") -> ImageBytes:
-    """The bytes of the image ``root/relative`` (rules 2 to 4), for a backend that sends them.
+    """The bytes of the image ``root/relative`` (rules 2 to 4, and 6: a regular file within
+    ``chexpercept.input_files.IMAGE``), for a backend that sends them.
 
-    Raises ContainmentError (outside the tree, not a PNG/JPEG) or OSError (missing, unreadable).
+    Raises ContainmentError (outside the tree, not a regular file, too large, not a PNG/JPEG) or
+    OSError (missing, unreadable).
     """
     path = resolve_inside(root, relative, what=what)
-    data = path.read_bytes()
+    data = read_input(path, IMAGE, what=what)
     return ImageBytes(path, data, _checked(path, data, what))
 
 
 def image_file(root: Root, relative: str, *, what: str = "image") -> FsPath:
-    """The resolved path of the image ``root/relative`` (rules 2 to 4), for a backend that hands an
-    engine the file itself. Only the header is read, once per file version (path, size, modification
-    time): a conversation that re-sends its earlier images costs a ``stat`` each."""
+    """The resolved path of the image ``root/relative`` (rules 2 to 4 and 6), for a backend that hands
+    an engine the file itself. Only the header is read, once per file version (path, size, modification
+    time, inode): a conversation that re-sends its earlier images costs a ``stat`` each, which also
+    refuses a file replaced by a FIFO, a device or a file over the size limit."""
     path = resolve_inside(root, relative, what=what)
     st = path.stat()
+    check_input_stat(path, st, IMAGE, what=what)
     _header_format(os.fspath(path), st.st_size, st.st_mtime_ns, st.st_ino, what)
     return path
 
@@ -329,7 +337,7 @@ def image_file(root: Root, relative: str, *, what: str = "image") -> FsPath:
 @functools.lru_cache(maxsize=1 << 16)
 def _header_format(path: str, size: int, mtime_ns: int, inode: int, what: str) -> str:
     """The checked format of a file version (the cache keeps successes only: a refusal raises)."""
-    with open(path, "rb") as f:
+    with open_input(path, IMAGE, what=what) as f:
         head = f.read(HEADER_BYTES)
         if len(head) == HEADER_BYTES and image_problem(head):  # a JPEG whose header runs past it
             head += f.read()
@@ -342,12 +350,12 @@ def image_data_url(root: Root, relative: str) -> str:
 
 
 def open_image(root: Root, relative: str, *, what: str = "image") -> Image.Image:
-    """The image ``root/relative`` opened with Pillow restricted to its checked format (rules 2 to 4),
-    for a backend that decodes it; use as a context manager. Pixels are decoded on ``load``/``convert``."""
+    """The image ``root/relative`` opened with Pillow restricted to its checked format (rules 2 to 4
+    and 6), for a backend that decodes it; use as a context manager. Pixels are decoded on
+    ``load``/``convert``."""
     from PIL import Image
 
     path = resolve_inside(root, relative, what=what)
-    with open(path, "rb") as f:
-        data = f.read()
+    data = read_input(path, IMAGE, what=what)
     fmt = _checked(path, data, what)
     return Image.open(io.BytesIO(data), formats=[fmt])

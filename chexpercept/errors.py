@@ -7,6 +7,14 @@ import os
 from dataclasses import dataclass
 from pathlib import Path as FsPath
 
+from .escape import terminal
+
+#: where the release comes from, in one line (a data_dir that does not exist)
+WHERE_TO_GET = (
+    "The CheXpercept release is downloaded from PhysioNet (credentialed access: "
+    "https://physionet.org/content/chexpercept/); `chexpercept synth --output-dir DIR` writes a phantom one "
+    "for testing software."
+)
 ACCESS_INSTRUCTIONS = """\
 CheXpercept is credentialed data derived from MIMIC-CXR-JPG and MIMIC-ILS. To get it:
   1. Become a credentialed PhysioNet user (https://physionet.org/settings/credentialing/).
@@ -20,14 +28,18 @@ writes a phantom bundle in the same format for testing software (never for compa
 
 @dataclass(frozen=True)
 class Problem:
-    """One thing wrong with a bundle: which case, which field or file, what."""
+    """One thing wrong with a bundle: which case, which field or file, what.
+
+    The fields may quote the bundle's own text (a key_id with control characters or a newline is
+    exactly what a problem line reports), so ``str`` shows each through ``chexpercept.escape.terminal``:
+    a problem is one line, and writes nothing to a terminal but what it shows."""
 
     key_id: str
     where: str
     message: str
 
     def __str__(self) -> str:
-        return f"{self.key_id}: {self.where}: {self.message}"
+        return f"{terminal(self.key_id)}: {terminal(self.where)}: {terminal(self.message)}"
 
 
 def no_such_path(path: str | os.PathLike[str], what: str = "folder") -> str:
@@ -51,6 +63,11 @@ def no_such_path(path: str | os.PathLike[str], what: str = "folder") -> str:
     while not missing.parent.is_dir() and missing.parent != missing:
         missing = missing.parent
     return f"{message}: {missing} does not exist either"
+
+
+class ContainmentError(ValueError):
+    """A path or name would leave its tree, or a file is not an allowed image or not a regular file of
+    bounded size; the message says which and why (``chexpercept.containment``, ``chexpercept.input_files``)."""
 
 
 class ReleaseNotFoundError(FileNotFoundError):
@@ -79,5 +96,5 @@ class BundleValidationError(ValueError):
         more = len(self.problems) - self.MAX_SHOWN
         tail = f"\n  ... and {more} more" if more > 0 else ""
         super().__init__(
-            f"{len(self.problems)} problem(s) in the CheXpercept bundle at {bundle_dir}:\n{shown}{tail}"
+            f"{len(self.problems)} problem(s) in the CheXpercept bundle at {terminal(bundle_dir)}:\n{shown}{tail}"
         )

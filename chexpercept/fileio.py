@@ -39,7 +39,10 @@ import stat
 import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path as FsPath
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .input_files import Limit
 
 #: modes of everything the toolkit creates (before the umask, which can only remove bits)
 FILE_MODE = 0o600
@@ -192,9 +195,15 @@ def write_new(path: str | os.PathLike[str], data: bytes | str, *, encoding: str 
     return path
 
 
-def copy_file(source: str | os.PathLike[str], target: str | os.PathLike[str]) -> FsPath:
-    """A private copy of ``source`` at ``target``, replacing it whole (the bytes only, not the mode)."""
-    with open(source, "rb") as src, atomic_file(target, "wb") as out:
+def copy_file(
+    source: str | os.PathLike[str], target: str | os.PathLike[str], *, limit: Limit, what: str = "file"
+) -> FsPath:
+    """A private copy of ``source`` at ``target``, replacing it whole (the bytes only, not the mode).
+    ``source`` is read as every input is (chexpercept.input_files): a regular file within ``limit``,
+    read through a bounded stream, so a FIFO or a device in its place is refused, never copied."""
+    from .input_files import open_input
+
+    with open_input(source, limit, what=what) as src, atomic_file(target, "wb") as out:
         shutil.copyfileobj(src, out, 1 << 20)
     return FsPath(target)
 

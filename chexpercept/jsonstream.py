@@ -3,7 +3,9 @@
 ``chexpercept.json`` is a single object keyed by key_id. Parsing it whole costs memory in
 proportion to the bundle; reading it item by item (and re-reading one item later by its byte span)
 keeps the loader's memory flat whatever the bundle size. Decoding is done by the json module's C
-scanner; this module only walks the top level.
+scanner, bounded in depth (``chexpercept.input_json``: a value nested too deeply raises
+``JsonInputError``); this module only walks the top level. The file itself comes from
+``chexpercept.input_files.open_input`` (a regular file within its size limit).
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, BinaryIO
+
+from .input_json import loads, raw_decode
 
 _WS = " \t\n\r"
 _DECODER = json.JSONDecoder()
@@ -26,8 +30,9 @@ class Span:
 
 
 class _Reader:
-    def __init__(self, f: BinaryIO, chunk: int):
+    def __init__(self, f: BinaryIO, chunk: int, source: str):
         self.f = f
+        self.source = source
         self.chunk = chunk
         self.buf = ""  # decoded text not yet consumed
         self.pos = 0  # position in buf
@@ -79,7 +84,7 @@ class _Reader:
         """Decode one JSON value at pos; returns (value, byte_start, byte_length)."""
         while True:
             try:
-                value, end = _DECODER.raw_decode(self.buf, self.pos)
+                value, end = raw_decode(_DECODER, self.buf, self.pos, source=self.source)
             except json.JSONDecodeError:
                 if self.more():
                     continue
@@ -93,12 +98,15 @@ class _Reader:
             return value, start, length
 
 
-def iter_object_items(f: BinaryIO, *, chunk: int = 1 << 20) -> Iterator[tuple[str, Any, Span]]:
+def iter_object_items(
+    f: BinaryIO, *, chunk: int = 1 << 20, source: str = "JSON"
+) -> Iterator[tuple[str, Any, Span]]:
     """Yield (key, value, span) for each item of the top-level object in a binary file.
 
-    Raises json.JSONDecodeError on malformed JSON and TypeError when the top level is not an object.
+    Raises json.JSONDecodeError on malformed JSON, chexpercept.input_json.JsonInputError (naming
+    ``source``) on a value nested too deeply, and TypeError when the top level is not an object.
     """
-    r = _Reader(f, chunk)
+    r = _Reader(f, chunk, source)
     first = r.peek()
     if first != "{":
         # Decode the whole value to report what it is (or the JSON error).
@@ -127,7 +135,8 @@ def iter_object_items(f: BinaryIO, *, chunk: int = 1 << 20) -> Iterator[tuple[st
         expect_item = False
 
 
-def read_span(f: BinaryIO, span: Span) -> Any:
-    """Decode the value stored at a span (as returned by iter_object_items)."""
+def read_span(f: BinaryIO, span: Span, *, source: str = "JSON") -> Any:
+    """Decode the value stored at a span (as returned by iter_object_items); JsonInputError naming
+    ``source`` when it is not (or no longer) valid JSON of bounded depth."""
     f.seek(span.start)
-    return json.loads(f.read(span.length).decode("utf-8"))
+    return loads(f.read(span.length), source=source)

@@ -11,13 +11,16 @@ endpoint that is not loopback, a public service that receives no credentialed da
 - **Proxies**: a declared endpoint may be reached through the proxies of the environment
   (``HTTP_PROXY``, ``HTTPS_PROXY``, ``ALL_PROXY`` with ``NO_PROXY``), as urllib reads them. Any other
   endpoint is reached directly, whatever the environment says: a proxy would be the peer.
-- **Loopback sockets**: for an endpoint that is not declared, each new connection, once made and
-  before a byte is sent, must have reached a loopback address (any 127.x.y.z, ``::1``, either as an
-  IPv4-mapped address; ``localhost`` is judged by what it resolved to), served by a socket of this
-  account (or of root, who can read everything anyway). On a shared server another account can
-  listen on the port the user's own server left free; the owner of the socket that accepted the
-  connection is read from the kernel's socket table (``chexpercept.tcp_table``, one read per new
-  connection). Where this system has no such table (not Linux), a warning says the owner cannot be
+- **Sockets on this machine**: whatever a URL's host is spelled as (``127.0.0.1``, ``127.1``, ``0``,
+  ``2130706433``, ``localhost``, a name in /etc/hosts, this machine's own network address), each new
+  connection that is not declared is judged, once made and before a byte is sent, by the address it
+  actually reached: an address of this machine (loopback, or one this machine can bind) must be served
+  by a socket of this account (or of root, who can read everything anyway). On a shared server
+  another account can listen on the port the user's own server left free; the owner of the socket
+  that accepted the connection is read from the kernel's socket table (``chexpercept.tcp_table``, one
+  read per new connection). An endpoint that must be on this machine (the images of an undeclared
+  endpoint) is refused when the connection reached another one; one that may be remote (the public
+  Hub) is not. Where this system has no such table (not Linux), a warning says the owner cannot be
   checked, once per process.
 
 A refused peer raises ``PeerRefused``, whose message names the owner (account name and uid), what
@@ -56,16 +59,20 @@ class Route:
     declared: bool
     #: how the user vouches for this endpoint, for messages (e.g. "rerun with --dua-compliant-endpoint")
     vouch: str
+    #: the peer may be another machine (the public Hub): its proxies from the environment are used,
+    #: and only a connection that lands on this machine is checked (it must be this account's)
+    remote_ok: bool = False
 
     @property
     def checks_peer(self) -> bool:
-        """Each new connection must reach a loopback socket of this account."""
+        """Each new connection is checked (``check_peer``)."""
         return not self.declared
 
     def proxy(self, url: str | None = None) -> str | None:
         """The proxy a request to ``url`` (default: the endpoint) goes through: one from the
-        environment for a declared endpoint (``environment_proxy``), else None (direct)."""
-        return environment_proxy(url or self.url) if self.declared else None
+        environment for a declared endpoint or one that may be remote (``environment_proxy``), else
+        None (direct)."""
+        return environment_proxy(url or self.url) if self.declared or self.remote_ok else None
 
 
 def is_loopback_host(host: str) -> bool:
@@ -80,13 +87,55 @@ def is_loopback_host(host: str) -> bool:
         return False
 
 
-def route(url: str, *, what: str, declared: bool, vouch: str) -> Route:
-    """The route to ``url``: ``declared`` says the user vouched for it (see the module docstring).
-    Raises ValueError for a URL that is not http(s) with a host."""
+def route(url: str, *, what: str, declared: bool, vouch: str, remote_ok: bool = False) -> Route:
+    """The route to ``url``: ``declared`` says the user vouched for it, ``remote_ok`` that it may be
+    another machine (see the module docstring). Raises ValueError for a URL that is not http(s) with
+    a host."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"{url!r} is not an http(s) URL with a host")
-    return Route(url=url, what=what, declared=declared, vouch=vouch)
+    return Route(url=url, what=what, declared=declared, vouch=vouch, remote_ok=remote_ok)
+
+
+_LOCAL: dict[str, bool] = {}
+
+
+def is_this_machine(ip: str) -> bool:
+    """Whether an IP address is this machine's: loopback, a wildcard (``0.0.0.0``, ``::``, which
+    connect here), or one of its network addresses (one a socket can be bound to)."""
+    ip = tcp_table.canonical_ip(ip)
+    known = _LOCAL.get(ip)
+    if known is not None:
+        return known
+    address = ipaddress.ip_address(ip)
+    local = address.is_loopback or address.is_unspecified
+    if not local:
+        import socket
+
+        family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
+        try:
+            with socket.socket(family, socket.SOCK_STREAM) as probe:
+                probe.bind((ip, 0))
+            local = True
+        except OSError:
+            local = False
+    _LOCAL[ip] = local
+    return local
+
+
+def host_is_this_machine(host: str) -> bool:
+    """Whether a URL's host reaches this machine, by what it resolves to (any of its addresses),
+    whatever its spelling; a name that does not resolve is not."""
+    import socket
+
+    host = host.strip("[]")
+    if is_loopback_host(host):
+        return True
+    try:
+        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except (OSError, UnicodeError):
+        return False
+    return any(is_this_machine(str(info[4][0])) for info in infos)
 
 
 def environment_proxy(url: str) -> str | None:
@@ -121,10 +170,12 @@ def check_peer(r: Route, peer: tuple[str, int], local: tuple[str, int]) -> None:
         return
     ip = tcp_table.canonical_ip(str(peer[0]))
     where = f"{r.url} (connected to {ip} port {peer[1]})"
-    if not ipaddress.ip_address(ip).is_loopback:
+    if not is_this_machine(ip):
+        if r.remote_ok:
+            return  # another machine (the public Hub, or a proxy for it)
         raise PeerRefused(
             f"refusing to send {r.what} to {where}: the name resolved to an address that is not this "
-            f"machine's loopback. Use a loopback address (127.0.0.1), or, if that host is allowed to "
+            f"machine's. Use a loopback address (127.0.0.1), or, if that host is allowed to "
             f"receive them, {r.vouch}"
         )
     try:

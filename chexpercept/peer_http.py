@@ -19,7 +19,7 @@ import weakref
 from typing import Any
 from urllib.parse import urlsplit
 
-from .peer import PeerRefused, Route, check_peer, is_loopback_host, route
+from .peer import PeerRefused, Route, check_peer, host_is_this_machine, route
 
 #: what goes to a loopback Hub endpoint, and how to get past a refusal, for PeerRefused's message
 HUB_WHAT = "Hugging Face Hub requests (your token; answers loaded as model weights and code)"
@@ -70,7 +70,12 @@ def _checked_connector(r: Route) -> Any:
 
 # ------------------------------------------------------------------------------------ huggingface_hub
 def _hub_route(url: str) -> Route:
-    return route(url, what=HUB_WHAT, declared=not is_loopback_host(_host(url)), vouch=HUB_VOUCH)
+    """A host that reaches this machine (however spelled: judged by what it resolves to) is reached
+    directly; any other may go through the environment's proxies (the public Hub). Every connection,
+    direct or to a proxy, that lands on this machine must be this account's socket."""
+    return route(
+        url, what=HUB_WHAT, declared=False, vouch=HUB_VOUCH, remote_ok=not host_is_this_machine(_host(url))
+    )
 
 
 def _host(url: str) -> str:
@@ -111,12 +116,12 @@ def hub_transport(httpx: Any) -> Any:
             url = str(request.url)
             r = _hub_route(url)
             proxy = r.proxy(url)
+            if r.checks_peer:  # the connection's real peer (the server, or the proxy) is checked
+                extensions = dict(request.extensions)
+                extensions["trace"] = _tracer(r, extensions.get("trace"))
+                request.extensions = extensions
             if proxy is None:
                 transport = self._direct
-                if r.checks_peer:
-                    extensions = dict(request.extensions)
-                    extensions["trace"] = _tracer(r, extensions.get("trace"))
-                    request.extensions = extensions
             else:
                 transport = self._proxied.get(proxy)
                 if transport is None:

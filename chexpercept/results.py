@@ -17,6 +17,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path as FsPath
 from typing import TYPE_CHECKING, Any
 
+from .escape import terminal
+from .input_files import RESULTS, read_input_text
+from .input_json import JsonInputError, loads
+
 if TYPE_CHECKING:
     from .case import Turn
 
@@ -64,7 +68,8 @@ def check_identity(
             "their cases again)."
         )
     foreign = [
-        f"line {n} (case {key_id}: model {theirs.get('model')!r}, settings {theirs.get('fingerprint')})"
+        f"line {n} (case {terminal(key_id)}: model {theirs.get('model')!r}, settings "
+        f"{terminal(theirs.get('fingerprint'))})"
         for n, key_id, theirs in lines
         if theirs and theirs.get("fingerprint") != identity.get("fingerprint")
     ]
@@ -220,8 +225,24 @@ class CaseResult:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> CaseResult:
+        """A record as read from results.jsonl; its key_id must be a safe name (ValueError otherwise)."""
+        check_record_key(d)
         turns = [TurnResult(**t) for t in d["turns"]]
         return cls(**{**d, "turns": turns})
+
+
+def check_record_key(record: Mapping[str, Any]) -> str:
+    """The ``key_id`` of a record read from a results or failures file, which must be a safe name
+    (``chexpercept.containment.name_problem``, as the bundle's are): a key_id holding control
+    characters or a newline never reaches a message, a table or a path. ValueError (the value
+    shown escaped) or KeyError otherwise."""
+    from .containment import name_problem
+
+    key = record["key_id"]
+    problem = name_problem(key)
+    if problem:
+        raise ValueError(f"key_id {key!r} {problem}")
+    return key
 
 
 @dataclass
@@ -252,22 +273,26 @@ def read_failures(path: str | FsPath) -> list[CaseFailure]:
     """The failures of a run folder's failures.jsonl (empty when there is none); a torn last
     line is left out."""
     path = FsPath(path)
-    if not path.is_file():
+    if not path.exists():  # anything else by that name (a FIFO, a folder) is refused by complete_lines
         return []
     out = []
     for n, line in complete_lines(path):
         try:
-            out.append(CaseFailure(**json.loads(line)))
-        except (json.JSONDecodeError, TypeError) as e:
+            record = loads(line, source=f"{path}:{n}")
+            check_record_key(record)
+            out.append(CaseFailure(**record))
+        except JsonInputError as e:
+            raise ValueError(f"{path}:{n}: not a CheXpercept case failure: {e.reason}") from None
+        except (ValueError, KeyError, TypeError) as e:
             raise ValueError(f"{path}:{n}: not a CheXpercept case failure: {e}") from e
     return out
 
 
 def complete_lines(path: str | FsPath) -> Iterator[tuple[int, str]]:
     """(line number, line) of every non-blank line of a results.jsonl that ends in a newline:
-    anything after the last newline is a line torn by a crash mid-write, and is not a result."""
-    with open(path, encoding="utf-8") as f:
-        lines = f.read().split("\n")
+    anything after the last newline is a line torn by a crash mid-write, and is not a result. The
+    file must be a regular file within chexpercept.input_files.RESULTS (InputFileError otherwise)."""
+    lines = read_input_text(path, RESULTS, what="results file").split("\n")
     for n, line in enumerate(lines[:-1], start=1):
         if line.strip():
             yield n, line
@@ -284,6 +309,8 @@ def iter_numbered_results(path: str | FsPath) -> Iterator[tuple[int, CaseResult]
     path = FsPath(path)
     for n, line in complete_lines(path):
         try:
-            yield n, CaseResult.from_dict(json.loads(line))
-        except (json.JSONDecodeError, TypeError, KeyError) as e:
+            yield n, CaseResult.from_dict(loads(line, source=f"{path}:{n}"))
+        except JsonInputError as e:
+            raise ValueError(f"{path}:{n}: not a CheXpercept case result: {e.reason}") from None
+        except (ValueError, TypeError, KeyError) as e:
             raise ValueError(f"{path}:{n}: not a CheXpercept case result: {e}") from e

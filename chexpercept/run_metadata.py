@@ -13,12 +13,13 @@ the selection's unset filters).
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path as FsPath
 from typing import Any, ClassVar
 
+from .input_files import InputFileError
+from .input_json import JsonInputError, read_json
 from .redaction import redact_json
 
 #: (check, description) per kind of value
@@ -179,9 +180,9 @@ class RunMetadata(_Record):
             path = FsPath(data)
             source = source or str(path)
             try:
-                data = json.loads(path.read_text(encoding="utf-8"))
-            except json.JSONDecodeError as e:
-                raise RunMetadataError(f"{source}: not valid JSON: {e}") from e
+                data = read_json(path, what="run.json")
+            except (JsonInputError, InputFileError) as e:
+                raise RunMetadataError(f"{source}: {e.reason}") from None
         return cls._parse(data, source or "run.json")
 
     def to_json(self) -> dict[str, Any]:

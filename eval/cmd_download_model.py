@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from chexpercept.escape import terminal_lines
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
     from chexpercept.eval.weights import add_revision_option
@@ -44,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
         model_id = model_id_of(args.name)
         weights = resolve_weights(model_id, args.revision, cache_dir=args.cache_dir)
     except (HubError, ValueError) as e:
-        print(f"chexpercept download-model: error: {e}", file=sys.stderr)
+        print(f"chexpercept download-model: error: {terminal_lines(e)}", file=sys.stderr)
         return 2
     if weights.source == "local":
         print(f"{model_id} is a local folder: nothing to download")

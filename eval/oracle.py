@@ -137,3 +137,31 @@ def intervention(case: Case, task: str, correct: Mapping[str, bool]) -> Interven
                 return Intervention(revised_mask_text(case), _patch(case, "revision_result"))
             return None
     return None
+
+
+#: ``--oracle paper``: the settings the paper's numbers need for a model, whatever its decoding
+PAPER = "paper"
+ORACLE_CHOICES: tuple[str, ...] = (PAPER, "none", "implicit", "explicit")
+
+
+def oracles_for(given: Sequence[str], *, greedy: bool) -> tuple[str, ...]:
+    """The oracle settings to run for ``given`` (``--oracle``), each once, in order. ``paper`` is the
+    paper's protocol: a greedy model needs only the ``implicit`` run (its End-to-End numbers come
+    exactly from it, the histories being identical up to the first error); a sampling model (API
+    models run at temperature 1) needs ``none`` for End-to-End and ``implicit`` for Oracle-Passed."""
+    out: list[str] = []
+    for setting in given:
+        out += (["implicit"] if greedy else ["none", "implicit"]) if setting == PAPER else [setting]
+    return tuple(dict.fromkeys(out))
+
+
+def end_to_end_note(model: str, *, greedy: bool, temperature: float | None, settings: Sequence[str]) -> str:
+    """What to say before a sampling model's run (or estimate) that will give no End-to-End numbers:
+    "" when it will."""
+    if greedy or "none" in settings or not settings:
+        return ""
+    how = f"temperature {temperature:g}" if temperature is not None else "the server's default temperature"
+    return (
+        f"{model} samples ({how}), so an oracle run gives its Oracle-Passed numbers only; End-to-End numbers "
+        "need an oracle none run as well: --oracle paper (chexpercept run's default) runs both in one command"
+    )

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path as FsPath
@@ -26,21 +27,41 @@ if (
     # must be imported as chexpercept.eval.*, never as top-level names
     sys.path.pop(0)
 
-from chexpercept.answers import PARSE_MODES
-from chexpercept.bundle import IMAGE_CHECKS
-from chexpercept.cli_options import add_progress_option
-from chexpercept.eval.backends import BACKENDS, backend_class
-from chexpercept.eval.backends.options import json_object
-from chexpercept.eval.registry import REGISTRY
-from chexpercept.eval.runner.distributed import Distributed
-from chexpercept.eval.runner.execute import EXIT_UNFINISHED, EXPECTED_ERRORS, execute
-from chexpercept.eval.runner.interrupts import RunInterrupted, stop_on_signals
-from chexpercept.eval.runner.outcome import os_error_text, say_end
-from chexpercept.eval.runner.plan import build_plan
-from chexpercept.eval.runner.selection import add_selection_options
-from chexpercept.eval.weights import add_revision_option
-from chexpercept.redaction import redact_text
-from chexpercept.results import ORACLE_SETTINGS
+if __name__ == "__main__":
+
+    def _stopped_while_starting(signum: int, _frame: object) -> None:
+        """Ctrl-C before the run has taken its folder (imports take seconds; under accelerate launch
+        the terminal's Ctrl-C reaches every process): one line, nothing was written."""
+        rank = os.environ.get("RANK")
+        who = f"process {rank}: " if rank is not None and os.environ.get("WORLD_SIZE", "1") != "1" else ""
+        sys.stderr.write(f"chexpercept run: {who}stopped by SIGINT while starting; nothing was written\n")
+        os._exit(128 + signum)
+
+    signal.signal(signal.SIGINT, _stopped_while_starting)  # stop_on_signals takes over once the run starts
+
+try:
+    from chexpercept.answers import PARSE_MODES
+    from chexpercept.bundle import IMAGE_CHECKS
+    from chexpercept.cli_options import add_progress_option
+    from chexpercept.escape import terminal_lines
+    from chexpercept.eval.backends import BACKENDS, backend_class
+    from chexpercept.eval.backends.options import json_object
+    from chexpercept.eval.oracle import ORACLE_CHOICES, PAPER
+    from chexpercept.eval.registry import REGISTRY
+    from chexpercept.eval.runner.distributed import Distributed
+    from chexpercept.eval.runner.execute import EXIT_UNFINISHED, EXPECTED_ERRORS, execute
+    from chexpercept.eval.runner.interrupts import RunInterrupted, stop_on_signals
+    from chexpercept.eval.runner.outcome import os_error_text, say_end
+    from chexpercept.eval.runner.plan import build_plan
+    from chexpercept.eval.runner.selection import add_selection_options
+    from chexpercept.eval.weights import add_revision_option
+    from chexpercept.redaction import redact_text
+except ModuleNotFoundError as missing:  # run with a Python where the project is not installed
+    sys.exit(
+        f"eval/run.py: {missing.name or 'a module'} is not installed in this Python ({sys.executable}): "
+        "activate the project's environment first (. .venv/bin/activate, made by bash scripts/demo.sh or "
+        "bash scripts/test.sh), or install the project into this one (pip install -e '.[hf]')"
+    )
 
 __all__ = ["EXIT_UNFINISHED", "configure", "main", "run"]
 
@@ -73,11 +94,12 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--oracle",
         nargs="+",
-        choices=ORACLE_SETTINGS,
-        default=["implicit"],
+        choices=ORACLE_CHOICES,
+        default=[PAPER],
         metavar="SETTING",
         help="oracle setting(s): none, implicit, explicit; several run in turn on one engine, each in its "
-        "own folder (default: implicit)",
+        "own folder. paper (default): what the paper's numbers need for this model: implicit for greedy "
+        "decoding (it gives End-to-End exactly too), none and implicit for a sampling model (API models)",
     )
     g.add_argument(
         "--parse-mode",
@@ -179,11 +201,12 @@ def run(args: argparse.Namespace) -> int:
             what, advice = os_error_text(e, FsPath(args.output_dir))  # before the folder was taken
             say_end(None, f"error: {what}", advice)
         elif isinstance(e, EXPECTED_ERRORS):
-            print(redact_text(f"chexpercept run: error: {e}"), file=sys.stderr)
+            print(redact_text(f"chexpercept run: error: {terminal_lines(e)}"), file=sys.stderr)
         else:
             raise
         return 2
     finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # the start-up handler's time is over
         dist.close()
 
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import datetime
 import importlib.util
-import json
 import os
 import re
 import shutil
@@ -39,6 +38,7 @@ from pathlib import Path as FsPath
 from typing import Any
 
 from chexpercept.fileio import write_atomic, write_json_atomic
+from chexpercept.input_json import read_json
 from chexpercept.peer import PeerRefused
 
 #: the backends that load weights; the openai and baseline backends need none
@@ -200,13 +200,16 @@ def resolve_weights(
     token: str | None = None,
     local_only: bool = False,
     remote_code: bool = False,
+    processor_only: bool = False,
 ) -> Weights:
     """Resolve ``model_id`` at ``revision`` to a folder of files, downloading what is missing.
 
     ``local_only``: never go to the network (as with ``HF_HUB_OFFLINE``). ``remote_code``: the
-    model's own code will run, so the revision is pinned (``remote_code_commit``). Raises HubError
-    with a message for the user (gated, not found, no such revision, not cached offline, not enough
-    disk, code from another repository).
+    model's own code will run, so the revision is pinned (``remote_code_commit``).
+    ``processor_only``: every file but the weights (configuration, tokenizer, chat template,
+    processor: what counting tokens needs; ``chexpercept estimate``). Raises HubError with a message
+    for the user (gated, not found, no such revision, not cached offline, not enough disk, code from
+    another repository).
     """
     expanded = os.path.expanduser(model_id)
     if os.path.isdir(expanded):
@@ -228,7 +231,13 @@ def resolve_weights(
             revision,
             _storage(_cache_dir(cache_dir), model_id),
             lambda rev: resolve_weights(
-                model_id, rev, cache_dir=cache_dir, endpoint=endpoint, token=token, local_only=local_only
+                model_id,
+                rev,
+                cache_dir=cache_dir,
+                endpoint=endpoint,
+                token=token,
+                local_only=local_only,
+                processor_only=processor_only,
             ),
         )
     from huggingface_hub import HfApi
@@ -254,9 +263,28 @@ def resolve_weights(
     except Exception as e:  # the Hub cannot be reached or answered (HTTP, connection): the cache may do
         weights = _unreachable_weights(model_id, revision, cache, url, e)
     else:
-        weights = _snapshot_weights(model_id, revision, info, cache, storage, url, token)
+        weights = _snapshot_weights(model_id, revision, info, cache, storage, url, token, processor_only)
     _record_first_fetch(storage, weights)
     return weights
+
+
+#: files that hold a model's weights (everything else: configuration, tokenizer, processor, code)
+WEIGHT_SUFFIXES = (
+    ".safetensors",
+    ".bin",
+    ".pt",
+    ".pth",
+    ".gguf",
+    ".ckpt",
+    ".h5",
+    ".msgpack",
+    ".onnx",
+    ".npz",
+)
+
+
+def is_weight_file(name: str) -> bool:
+    return name.lower().endswith(WEIGHT_SUFFIXES)
 
 
 # ------------------------------------------------------------------------------------ remote code
@@ -265,7 +293,7 @@ def read_remote_code_record(storage: FsPath) -> dict[str, Any] | None:
     when the file is not one we wrote."""
     path = storage / REMOTE_CODE_RECORD
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))
+        record = read_json(path, what="remote-code record")
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as e:
@@ -334,10 +362,13 @@ def check_code_references(folder: str, model_id: str) -> None:
     for name in _CODE_MAPS:
         path = os.path.join(folder, name)
         try:
-            with open(path, encoding="utf-8") as f:
-                data = json.load(f)
-        except (OSError, ValueError):
+            data = read_json(path, what=name)
+        except FileNotFoundError:
             continue
+        except (OSError, ValueError) as e:  # a file the model's loader would choke on too: refuse it
+            raise HubError(
+                f"{model_id}: {path} cannot be read ({e}), so where its code comes from is unknown"
+            ) from e
         auto_map = data.get("auto_map") if isinstance(data, dict) else None
         if not isinstance(auto_map, dict):
             continue
@@ -360,14 +391,18 @@ def _snapshot_weights(
     storage: FsPath,
     url: str,
     token: str | None,
+    processor_only: bool = False,
 ) -> Weights:
-    """The snapshot of the commit the Hub's model info names: from the cache when all its files are
-    there, else downloaded after a free-space check."""
+    """The snapshot of the commit the Hub's model info names (``processor_only``: every file but the
+    weights): from the cache when all its files are there, else downloaded after a free-space
+    check."""
     wanted = revision or "main"
     commit = info.sha
     if not commit or not _COMMIT.match(commit):
         raise HubError(f"the Hub at {url} gave no commit for {model_id} (revision {wanted})")
     files = {s.rfilename: s.size or 0 for s in (info.siblings or [])}
+    if processor_only:
+        files = {name: size for name, size in files.items() if not is_weight_file(name)}
     total = sum(files.values())
     snapshot = storage / "snapshots" / commit
     missing = {name: size for name, size in files.items() if not (snapshot / name).exists()}
@@ -381,7 +416,9 @@ def _snapshot_weights(
         f"into {storage}",
         file=sys.stderr,
     )
-    path = _download(model_id, revision, commit, cache, storage, url, token)
+    path = _download(
+        model_id, revision, commit, cache, storage, url, token, list(files) if processor_only else None
+    )
     _write_ref(storage, wanted, commit)
     return Weights(model_id, path, revision, commit, "download", total, needed)
 
@@ -439,8 +476,10 @@ def _download(
     storage: FsPath,
     url: str,
     token: str | None,
+    names: list[str] | None = None,
 ) -> str:
-    """Fetch the snapshot of ``commit`` into the cache (its folder); HubError saying what went wrong."""
+    """Fetch the snapshot of ``commit`` into the cache (its folder; only ``names`` where given);
+    HubError saying what went wrong."""
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundError
 
@@ -451,6 +490,7 @@ def _download(
             cache_dir=cache,
             endpoint=url,
             token=token,
+            allow_patterns=names,
         )
     except (RepositoryNotFoundError, RevisionNotFoundError) as e:
         raise _not_found(model_id, revision, url, e, token) from None

@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from chexpercept.escape import terminal
 from chexpercept.vocab import TASKS
 
 if TYPE_CHECKING:  # annotations only (model_scores imports this module inside a method)
@@ -134,8 +135,8 @@ class AnswerWarning:
         if paths:
             files = " and ".join(f"{p}/results.jsonl" for p in paths)
             return (
-                f"the raw replies: `response` in {files}, per case: "
-                f"chexpercept score {paths[0]} --details --cases, or the report's Cases tab"
+                f"the raw replies: `response` in {terminal(files)}, per case: "
+                f"chexpercept score {terminal(paths[0])} --details --cases, or the report's Cases tab"
             )
         return "the raw replies (per case: return_cases=True, or chexpercept score RUN --details --cases)"
 
@@ -149,7 +150,7 @@ class AnswerWarning:
         *others, last = [o for o, _ in self.runs]
         runs = f"oracle {', '.join(others)} and {last} runs" if others else f"oracle {last} run"
         return (
-            f"{self.model}, {runs} ({self.parse_mode} parsing): {pct} of the answers "
+            f"{terminal(self.model)}, {runs} ({self.parse_mode} parsing): {pct} of the answers "
             f"{_WHAT[self.kind]} {scope}. Its numbers measure the answer format, not perception."
         )
 

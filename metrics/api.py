@@ -74,6 +74,8 @@ def print_model_scores(
     row, where each number comes from, notes and answer warnings (the end of ``chexpercept run``)."""
     import sys
 
+    from chexpercept.escape import terminal
+
     from .answer_warnings import warning_lines
     from .tables import render_table
 
@@ -84,7 +86,7 @@ def print_model_scores(
         where = source.description if source is not None else "no run measures it yet (N/A)"
         print(f"{kind.upper()} from: {where}")
     for note in report.notes:
-        print(f"note: {note}", file=sys.stderr)
+        print(f"note: {terminal(note)}", file=sys.stderr)
     for line in warning_lines(report):
         print(line, file=sys.stderr)
     print(f"all numbers: chexpercept score {model_dir} --details")

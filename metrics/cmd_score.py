@@ -16,6 +16,7 @@ from typing import Any
 
 from chexpercept.cli_options import add_data_dir_option, add_option, add_parse_mode_option, write_output
 from chexpercept.errors import BundleValidationError, ReleaseNotFoundError
+from chexpercept.escape import terminal, terminal_lines
 from chexpercept.results import ORACLE_SETTINGS
 
 from .tables import TABLE_IDS, table_choices
@@ -143,8 +144,8 @@ def _say_once(items: list[tuple[str, str]]) -> None:
     once with all their names: ``[a, b] line``."""
     from .model_scores import said_once
 
-    for line, models in said_once(items):
-        print(f"[{', '.join(models)}] {line}", file=sys.stderr)
+    for line, models in said_once(items):  # a model's name and notes come from its run folder
+        print(terminal(f"[{', '.join(models)}] {line}"), file=sys.stderr)
 
 
 def _interval_options(args: argparse.Namespace) -> bool:
@@ -208,7 +209,7 @@ def run(args: argparse.Namespace) -> int:
                 )
             )
     except (ValueError, FileNotFoundError, BundleValidationError, ReleaseNotFoundError) as e:
-        print(f"chexpercept score: error: {e}", file=sys.stderr)
+        print(f"chexpercept score: error: {terminal_lines(e)}", file=sys.stderr)
         return 2
     seen: dict[str, int] = {}
     for report in reports:

@@ -19,15 +19,15 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "Tables, leaderboard, reference CSVs, figures and an HTML case viewer for a folder of runs",
     ),
     "push-results": (
-        "chexpercept.metrics.cmd_push_results",
+        "chexpercept.metrics.hub.cmd_push_results",
         "Publish scores to a Hub dataset repo, or as Eval Results in a pull request on a model repo; never data",
     ),
     "benchmark-card": (
-        "chexpercept.metrics.cmd_benchmark_card",
+        "chexpercept.metrics.hub.cmd_benchmark_card",
         "Commit the benchmark's dataset card and eval.yaml to a Hub dataset repo (metadata only, no data)",
     ),
     "leaderboard": (
-        "chexpercept.metrics.cmd_leaderboard",
+        "chexpercept.metrics.hub.cmd_leaderboard",
         "Read the Hub's leaderboard of a benchmark back: rank, model, value, verified or not",
     ),
 }

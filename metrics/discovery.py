@@ -31,10 +31,11 @@ Layout = Literal["chexpercept", "reference"]
 
 
 def results_layout(folder: FsPath) -> Layout | None:
-    """Which layout's results file FOLDER holds, if any (ours first)."""
-    if (folder / RESULTS_NAME).is_file():
+    """Which layout's results file FOLDER holds, if any (ours first); a file by that name that is not a
+    regular file (a FIFO, a folder) counts, so that its reader refuses it by name (chexpercept.input_files)."""
+    if (folder / RESULTS_NAME).exists():
         return "chexpercept"
-    if (folder / REFERENCE_RESULTS_NAME).is_file():
+    if (folder / REFERENCE_RESULTS_NAME).exists():
         return "reference"
     return None
 
@@ -67,7 +68,7 @@ def find_run(folder: FsPath) -> RunFolder | None:
     if layout == "chexpercept":
         notes: list[str] = []
         meta = RunMetadata()
-        if (folder / RUN_NAME).is_file():
+        if (folder / RUN_NAME).exists():
             meta = RunMetadata.from_json(folder / RUN_NAME)
         else:
             notes.append(f"{RUN_NAME} is missing: model and oracle taken from the folder names")
@@ -129,7 +130,7 @@ def detect(path: str | os.PathLike[str]) -> tuple[str, FsPath]:
     p = FsPath(path).expanduser()
     if not p.exists():
         raise FileNotFoundError(no_such_path(path, "file or folder"))
-    if p.is_file():
+    if not p.is_dir():  # a file, or a FIFO or device that its reader refuses by name
         if p.name == RESULTS_NAME or p.suffix == ".jsonl":
             return "chexpercept", p.parent
         if p.suffix == ".json":

@@ -20,6 +20,7 @@ from typing import Any
 from chexpercept.answers import is_correct, parse_answer
 from chexpercept.bundle import Bundle
 from chexpercept.case import Case, Turn
+from chexpercept.escape import terminal
 from chexpercept.fileio import write_atomic
 from chexpercept.results import CaseResult, TurnResult, check_oracle, judge_turn
 from chexpercept.run_metadata import BundleInfo, RunMetadata, SamplingInfo
@@ -162,7 +163,9 @@ def _bundle_case(path: FsPath, key: str, result: Any, cases: dict[str, Case], b:
         raise ValueError(f"{path}: entry {key!r} is not a reference case result (no qa_path)")
     case = cases.get(key)
     if case is None:
-        raise ValueError(f"{path}: case {key} is not in the bundle {b.root}; was it run on another release?")
+        raise ValueError(
+            f"{path}: case {terminal(key)} is not in the bundle {b.root}; was it run on another release?"
+        )
     try:
         route = parse_path(result["qa_path"])
     except ValueError as e:

@@ -8,13 +8,15 @@ were made (run.json). ``read_chexpercept_run`` reads one of our run folders; the
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path as FsPath
 from typing import Any
 
 from chexpercept.bundle import Bundle, read_bundle
+from chexpercept.escape import terminal
+from chexpercept.input_files import RESULTS
+from chexpercept.input_json import read_json
 from chexpercept.results import (
     FAILURES_NAME,
     ORACLE_SETTINGS,
@@ -109,15 +111,15 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 def read_json_object(path: FsPath, expected: str = "a JSON object") -> dict[str, Any]:
     """A JSON file whose top level must be an object; errors name the file. A key that appears twice
-    in one object is an error (json.loads would keep the last one silently: a case given twice)."""
+    in one object is an error (json.loads would keep the last one silently: a case given twice). The
+    file is read through chexpercept.input_json (a regular file within input_files.RESULTS, nested at
+    most MAX_DEPTH levels: ValueError naming the file otherwise)."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=_no_duplicates)
+        data = read_json(path, limit=RESULTS, what=path.name, object_pairs_hook=_no_duplicates)
     except _DuplicateKey as e:
         raise ValueError(
-            f"{path}: key {e} appears twice in one object; each key (case) must be given once"
+            f"{path}: key {str(e)!r} appears twice in one object; each key (case) must be given once"
         ) from None
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON: {e}") from e
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected {expected}")
     return data
@@ -137,7 +139,7 @@ def read_chexpercept_run(
     """One run folder of our runner (results.jsonl, run.json, failures.jsonl) as a Run."""
     notes: list[str] = []
     run_json = folder / RUN_NAME
-    has_meta = run_json.is_file()
+    has_meta = run_json.exists()
     meta = RunMetadata.from_json(run_json) if has_meta else RunMetadata()
     if not has_meta:
         notes.append(f"{folder}: no {RUN_NAME}; oracle setting taken from the records, decoding unknown")
@@ -179,7 +181,9 @@ def read_chexpercept_run(
     finished = {r.key_id for r in records}
     failed = {f.key_id: f for f in read_failures(folder / FAILURES_NAME) if f.key_id not in finished}
     if failed:
-        listed = "; ".join(f"{f.key_id} ({f.task}): {f.error[:160]}" for f in list(failed.values())[:5])
+        listed = "; ".join(
+            f"{f.key_id} ({terminal(f.task)}): {terminal(f.error[:160])}" for f in list(failed.values())[:5]
+        )
         more = f"; and {len(failed) - 5} more" if len(failed) > 5 else ""
         notes.append(
             f"{folder / FAILURES_NAME}: {len(failed)} cases have no result because a request failed "

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from chexpercept.escape import csv_cell, markdown_cell
 from chexpercept.vocab import LESIONS, PATHS, POINT_TASKS
 
 if TYPE_CHECKING:  # annotations only: model_scores imports this module
@@ -308,9 +309,10 @@ def table_rows(
     table = TABLES[str(table_id)]
     rows = []
     mark = mark_no_variation and not csv_mode
+    cell = csv_cell if csv_mode else markdown_cell  # a model name is text from a run folder
     for name, values, ivals in _as_models(reports):
         for label, subs in table.rows or (("", {}),):
-            lead = [name] + ([label] if table.row_header else [])
+            lead = [cell(name)] + ([label] if table.row_header else [])
             rows.append(lead + _cells(table, values, subs, ivals, csv_mode, intervals, mark))
     return _headers(table, csv_mode, intervals), rows
 

@@ -86,11 +86,14 @@ class FakeServer:
     """Answers chat completions; ``failures`` is a list of what to do to the next requests first:
     an HTTP status (sent with ``Retry-After: 0``), ``"sleep"`` (answer after a second), or a dict
     with ``status``, ``headers`` and ``body`` (an error reply), ``message`` (a 200 reply with that
-    message, and ``finish_reason``) or ``raw`` (these bytes as a 200 reply's body, announced as
+    message, and ``finish_reason``) or ``raw`` (these bytes as the body of a 200 reply, or of ``status``, announced as
     ``content_length`` bytes). ``times`` holds when each request arrived."""
 
-    def __init__(self, failures=(), delay=0.0, usage=None):
+    def __init__(self, failures=(), delay=0.0, usage=None, reply=None):
         self.failures = list(failures)
+        #: None: every reply is "Answer: 1"; a callable: the reply's text for a request body
+        #: (e.g. ``scripted_reply``: the same answer for the same conversation, whoever sends it)
+        self.reply = reply
         #: None: the fixed USAGE; a callable (e.g. RealisticUsage()) computes it from the request body
         #: (a callable that returns None: the reply has no ``usage`` at all)
         self.usage = usage
@@ -156,7 +159,7 @@ class FakeServer:
                     length = action.get("content_length", len(data))
                     if length is not None:  # None: a close-delimited body (HTTP/1.0, no length)
                         headers["Content-Length"] = str(length)
-                    return 200, headers, data
+                    return action.get("status", 200), headers, data
                 if isinstance(action, dict) and "events" in action:  # a streamed (SSE) reply
                     lines = [f"data: {json.dumps(chunk)}\n\n" for chunk in action["events"]]
                     if action.get("done", True):
@@ -169,7 +172,7 @@ class FakeServer:
                         action.get("headers", {}),
                         json.dumps(action.get("body", {})).encode(),
                     )
-                message = {"content": "Answer: 1"}
+                message = {"content": server.reply(body) if server.reply else "Answer: 1"}
                 finish = "stop"
                 if isinstance(action, dict) and "message" in action:
                     message = action["message"]
@@ -200,6 +203,33 @@ class FakeServer:
     def __exit__(self, *exc):
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+def conversation_of(body: dict) -> list[tuple[str, str, tuple[str, ...]]]:
+    """A chat request's conversation as (role, text, image URLs) per message, whatever the wire
+    form (a string or text parts; ``detail`` or not): what two clients must send alike."""
+    out = []
+    for m in body["messages"]:
+        content = m["content"]
+        parts = [{"type": "text", "text": content}] if isinstance(content, str) else content
+        text = "".join(p["text"] for p in parts if p["type"] == "text")
+        images = tuple(p["image_url"]["url"] for p in parts if p["type"] == "image_url")
+        out.append((m["role"], text, images))
+    return out
+
+
+#: what scripted_reply answers with: options, several, None, an unreadable reply
+SCRIPTED_ANSWERS = ("Answer: 1", "Answer: 2", "Answer: 3", "Answer: 1,3", "Answer: None", "I cannot tell.")
+
+
+def scripted_reply(body: dict) -> str:
+    """A reply that depends on the whole conversation only (texts and images, as
+    ``conversation_of`` reads them), so two clients that send the same conversations get the same
+    answers case for case, in any order."""
+    import hashlib
+
+    digest = hashlib.sha256(json.dumps(conversation_of(body)).encode()).digest()
+    return SCRIPTED_ANSWERS[digest[0] % len(SCRIPTED_ANSWERS)]
 
 
 def backend_for(server, model="gpt-5.4", **kwargs):

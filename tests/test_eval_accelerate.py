@@ -161,3 +161,32 @@ def test_a_slow_process_takes_fewer_cases_and_no_barrier_times_out(fixture_bundl
     taken = json.loads((two / "run.json").read_text())["last_session"]["cases_per_process"]
     assert sum(taken.values()) == 21 and taken["0"] > 3 * taken["1"] >= 3
     assert not list(two.glob("work-*.queue"))
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_the_processes_start_is_one_line_each(fixture_bundle, tmp_path):
+    """Ctrl-C (SIGINT to the process group) while the run's processes are still importing their
+    libraries: each says one line, and no traceback of ours (a KeyboardInterrupt in an import)."""
+    import os
+    import signal
+    import time
+
+    proc = subprocess.Popen(
+        [*LAUNCH, str(RUN_SCRIPT), "--data-dir", str(fixture_bundle), "--model", "baseline:random",
+         "--output-dir", str(tmp_path), "--no-progress", "--no-score"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+
+    def workers() -> list[str]:
+        try:
+            return Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        except OSError:
+            return []
+
+    assert wait_until(lambda: len(workers()) >= 2 or proc.poll() is not None, timeout=120)
+    time.sleep(0.5)  # the workers are importing
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    ours = [x for x in err.splitlines() if x.startswith("chexpercept run: process ")]
+    assert len(ours) == 2 and all("stopped by SIGINT" in x for x in ours), err[-3000:]
+    assert "Traceback" not in err, err[-3000:]

@@ -63,7 +63,7 @@ def test_payload_retries_and_usage(fixture_bundle):
 def test_timeouts_are_retried(fixture_bundle):
     bundle = read_bundle(fixture_bundle, lesions=["effusion"], paths=["LF"])
     with FakeServer(failures=["sleep"]) as server:
-        backend = backend_for(server, timeout=0.3)
+        backend = backend_for(server, timeout=0.5)  # the server sleeps 1 s on the first request only
         (record,) = run_cases(backend, bundle)
     assert (
         backend.retries == 1 and record.turns[0].usage["attempts"] == 2 and record.turns[0].correct is False

@@ -300,3 +300,22 @@ def test_an_image_that_breaks_after_validation_stops_the_run_naming_the_file(tmp
     err = capsys.readouterr().err
     assert code == 2
     assert f"cannot decode image {broken}" in err and case.key_id in err
+
+
+def test_a_package_the_model_needs_is_named_not_an_internal_error(fixture_bundle, tmp_path, capsys):
+    """A registry-like Qwen2.5-VL with the transformers backend where torchvision is missing (its video
+    processor needs it): one line naming the package, never 'internal error ... please report it'."""
+    import importlib.util
+
+    if importlib.util.find_spec("torchvision") is not None:
+        pytest.skip("torchvision is installed here: the model loads")
+    from chexpercept.cli import main as cli
+    from chexpercept.eval.run import main as run_main
+
+    model = tmp_path / "qwen"
+    assert cli(["make-tiny-model", "--arch", "qwen2.5-vl", "--output-dir", str(model)]) == 0
+    argv = ["--data-dir", str(fixture_bundle), "--model", str(model), "--backend", "transformers"]
+    assert run_main([*argv, "--output-dir", str(tmp_path / "runs"), "--limit", "1", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "a package it needs is not installed" in err and "Torchvision" in err
+    assert "internal error" not in err

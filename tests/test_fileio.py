@@ -104,7 +104,9 @@ def test_everything_is_private_whatever_the_umask(tmp_path, lax_umask):
     fileio.write_new(d / "n" / "w.png", b"\x89PNG")
     with fileio.atomic_file(d / "s.csv", "w", encoding="utf-8") as f:
         f.write("a,b\n")
-    fileio.copy_file(d / "x.json", d / "c.json")
+    from chexpercept.input_files import JSON_FILE
+
+    fileio.copy_file(d / "x.json", d / "c.json", limit=JSON_FILE)
     fd = fileio.open_private(d / "lock")
     os.close(fd)
     for name in ("x.json", "y.json", "z.jsonl", "n/w.png", "s.csv", "c.json", "lock"):

@@ -19,7 +19,7 @@ from chexpercept.metrics import score_path
 from chexpercept.metrics.hub.eval_results import HUB_TASKS, TASK_IDS, eval_results_schema, stage_eval_results
 from chexpercept.metrics.hub.guard import Manifest, PushRefused
 from chexpercept.metrics.hub.leaderboard import HubBoard, HubEntry, side_by_side
-from chexpercept.metrics.push_results import model_folders
+from chexpercept.metrics.hub.push_results import model_folders
 
 BENCH = "org/chexpercept"
 MODEL_REPO = "org/toy-vlm"

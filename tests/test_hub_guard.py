@@ -21,7 +21,7 @@ from huggingface_hub import constants
 from chexpercept.eval.run import main as run_main
 from chexpercept.metrics.hub.guard import Manifest, PushRefused, check_file
 from chexpercept.metrics.hub.identifiers import Identifiers
-from chexpercept.metrics.push_results import Staged, stage, upload
+from chexpercept.metrics.hub.push_results import Staged, stage, upload
 from chexpercept.testing import write_fixture_bundle
 
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 64
@@ -357,17 +357,34 @@ def test_a_staged_file_changed_or_removed_after_staging_is_refused(staged, case,
 
 @pytest.mark.parametrize(
     "field, value",
-    [("display_name", "{key_id}"), ("model_id", "org/finetuned-on-{dicom_id}"), ("backend", "{study}")],
+    [
+        ("display_name", "{key_id}"),
+        ("model", "{key_id}"),
+        ("model_id", "org/finetuned-on-{dicom_id}"),
+        ("backend", "{study}"),
+    ],
 )
-def test_a_run_setting_holding_an_identifier_is_refused(runs, case, field, value, hub, tmp_path):
-    """Strings from the run's settings are allowed in the tables, but not when they are identifiers."""
+def test_a_run_setting_holding_an_identifier_is_never_published(runs, case, field, value, hub, tmp_path):
+    """A model's names come from the registry, the baselines or the user's --name, never from its run
+    folder: a display name holding a key_id is not published at all; a model id that is neither is
+    refused before staging, saying how to name the model; any other setting is refused by its schema."""
+    from chexpercept.metrics.hub.names import NameRefused
+
     copy = tmp_path / "runs"
     shutil.copytree(runs, copy)
     for run_json in copy.glob("*/oracle_*/run.json"):
         meta = json.loads(run_json.read_text())
         meta[field] = value.format(**case)
         run_json.write_text(json.dumps(meta))
+    if field == "model_id":
+        with pytest.raises(NameRefused, match="--name baseline-oracle=LABEL"):
+            stage(copy, tmp_path / "staging", bootstrap=0, repo="org/scores")
+        return
     s = stage(copy, tmp_path / "staging", bootstrap=0, repo="org/scores")
+    if field in ("display_name", "model"):
+        files = s.verify()
+        assert not any(case["key_id"].encode() in data for data in files.values())
+        return
     msg = refused(hub, s)
     assert "of the bundle" in msg and "run_oracle_none.json" in msg
 

@@ -407,3 +407,32 @@ def test_code_from_another_repository_is_refused(hub, cache):
     own = json.dumps({"auto_map": {"AutoModel": "modeling_x.Model"}}).encode()
     hub.models["org/own-code"] = FakeModel({"config.json": own, "modeling_x.py": b""})
     assert resolve_weights("org/own-code", remote_code=True).remote_code["pinned_by"] == "first fetch"
+
+
+def test_estimate_fetches_the_processor_only_and_fails_fast_without_the_hub(
+    hub, fixture_bundle, tiny_model, monkeypatch, capsys
+):
+    """estimate counts a Hub model's tokens with its processor: it fetches every file but the weights,
+    resolved as run resolves them; with no Hub to reach it says so at once (it used to retry inside
+    the processor's loader for minutes)."""
+    files = {
+        p.relative_to(tiny_model).as_posix(): p.read_bytes() for p in tiny_model.rglob("*") if p.is_file()
+    }
+    hub.models["org/tiny-vlm"] = FakeModel(files)
+    argv = [
+        "estimate",
+        "--data-dir",
+        str(fixture_bundle),
+        "--model",
+        "org/tiny-vlm",
+        "--backend",
+        "transformers",
+    ]
+    assert cli([*argv, "--oracle", "implicit", "--limit", "2"]) == 0
+    assert "Estimate for org--tiny-vlm" in capsys.readouterr().out
+    fetched = {d.rsplit("/", 1)[-1] for d in hub.downloads()}
+    assert "config.json" in fetched and "model.safetensors" not in fetched
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
+    argv[argv.index("org/tiny-vlm")] = "org/never-fetched"
+    assert cli([*argv, "--oracle", "implicit"]) == 2
+    assert "cannot reach the Hugging Face Hub" in capsys.readouterr().err

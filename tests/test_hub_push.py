@@ -13,7 +13,7 @@ from huggingface_hub import constants
 
 from chexpercept.cli import main as cli
 from chexpercept.eval.run import main as run_main
-from chexpercept.metrics.push_results import PushRefused, provenance, scrub, stage
+from chexpercept.metrics.hub.push_results import PushRefused, provenance, scrub, stage
 
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 32
 KEY = "edema_s50000720_positive_0"
@@ -202,7 +202,7 @@ def test_push_commits_the_staged_files_to_a_dataset_repo(runs, hub, capsys, tmp_
 
 
 def test_push_refuses_when_the_staging_holds_credentialed_data(runs, hub, monkeypatch, capsys):
-    import chexpercept.metrics.push_results as push
+    import chexpercept.metrics.hub.push_results as push
 
     real_stage = push.stage
 

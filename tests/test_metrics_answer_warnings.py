@@ -172,7 +172,7 @@ def test_the_report_shows_the_warning_and_the_parse_rates(unreadable_runs, tmp_p
 
 
 def test_the_end_of_a_run_prints_the_warning(unreadable_runs, capsys):
-    from chexpercept.eval.run import print_scores
+    from chexpercept.metrics.api import print_model_scores as print_scores
 
     print_scores(unreadable_runs / "tiny", "tiny", "reference")
     out, err = capsys.readouterr()

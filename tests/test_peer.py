@@ -259,6 +259,43 @@ def test_a_loopback_hub_of_another_account_is_refused_naming_the_owner(account, 
     assert counts["bytes"] == 0
 
 
+def _own_address() -> str | None:
+    """This machine's first non-loopback address, if it has one."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))  # no packet is sent: only the route is looked up
+            address = probe.getsockname()[0]
+        except OSError:
+            return None
+    return None if address.startswith("127.") else address
+
+
+@pytest.mark.parametrize("spelling", ["127.1", "0", "2130706433", "0x7f000001", "own-address"])
+def test_a_hub_on_this_machine_is_judged_by_the_address_reached_not_its_spelling(
+    account, online, monkeypatch, fake_proxy, spelling
+):
+    """Red team (issue 27): HF_ENDPOINT spelled so that it does not read as loopback, served by
+    another account on this machine: refused naming the owner; no token and nothing through a proxy."""
+    from chexpercept.eval.weights import HubError, resolve_weights
+
+    host = _own_address() if spelling == "own-address" else spelling
+    if host is None:
+        pytest.skip("this machine has no address but loopback")
+    other = run_as(account, http_server, "0.0.0.0", True)
+    port = other.receive()["port"]
+    monkeypatch.setenv("HF_ENDPOINT", f"http://{host}:{port}")
+    monkeypatch.setenv("HF_TOKEN", "hf_notforthem")
+    try:
+        with pytest.raises(HubError) as e:
+            resolve_weights("org/toy")
+    finally:
+        counts = other.stop()[-1]
+    assert f"account {account.pw_name!r} (uid {account.pw_uid})" in str(e.value)
+    assert counts["bytes"] == 0 and fake_proxy.requests == []
+
+
 def test_a_loopback_hub_is_reached_directly_whatever_the_proxy_variables_say(online, monkeypatch, fake_proxy):
     from chexpercept.eval.weights import resolve_weights
 

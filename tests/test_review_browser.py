@@ -259,7 +259,7 @@ def test_two_annotators_at_once_and_generate_review(browser, review, sources, tm
     assert sorted(seen["A"]) == sorted(seen["B"])  # both review every case
     rejected_by_a = seen["A"][4]
 
-    assert cli(["review", "--output-dir", str(root), "--export"]) == 0
+    assert cli(["review", "export", str(root)]) == 0
     rows = []
     for name in ("positive_labeling_sheet.csv", "negative_labeling_sheet.csv"):
         rows += list(csv.DictReader((root / "export" / name).read_text(encoding="utf-8").splitlines()))

@@ -13,13 +13,13 @@ tab keeps working and sends what it holds); delete ``access.json`` to issue new 
 from __future__ import annotations
 
 import hmac
-import json
 import os
 import secrets
 import stat
 from pathlib import Path as FsPath
 
 from chexpercept.fileio import write_json_atomic
+from chexpercept.input_json import read_json
 
 from ..sources import SourceError
 
@@ -83,9 +83,9 @@ class Access:
         if path.exists():
             _check_private(path)
             try:
-                data = json.loads(path.read_text(encoding="utf-8"))
+                data = read_json(path, what=ACCESS_FILE)
                 tokens = dict(data["tokens"])
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+            except (OSError, KeyError, TypeError, ValueError) as e:
                 raise SourceError(
                     f"{path} is not a review access file ({e}); delete it for new tokens"
                 ) from e

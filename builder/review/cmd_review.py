@@ -2,7 +2,9 @@
 
 chexpercept review --mimic-cxr-jpg DIR --mimic-ils DIR --output-dir REVIEW [--annotators N]
                    [--reviews-per-case K] [--port P]
-chexpercept review export REVIEW          (or: chexpercept review --output-dir REVIEW --export)
+chexpercept review export REVIEW
+
+The app listens on 127.0.0.1 only (credentialed data): there is no option to choose the address.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import argparse
 import sys
 
 from chexpercept.cli_options import add_output_dir_option, add_progress_option, progress_enabled
+from chexpercept.escape import terminal_lines
 from chexpercept.vocab import LESIONS
 
 from ..cmd_generate import add_candidate_sources
@@ -51,9 +54,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     rev.add_argument(
         "--port", type=int, default=DEFAULT_PORT, help=f"port on {LOOPBACK} (default {DEFAULT_PORT})"
     )
-    rev.add_argument("--host", default=LOOPBACK, help=f"only {LOOPBACK} is allowed (credentialed data)")
     rev.add_argument("--prepare-only", action="store_true", help="prepare the review folder and exit")
-    rev.add_argument("--export", action="store_true", help="export the review folder (as 'review export')")
     rev.add_argument("--rule", choices=RULES, default="unanimous", help="how annotators' decisions combine")
     add_progress_option(rev)
 
@@ -80,15 +81,12 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     try:
-        if args.action == "export" or args.export:
+        if args.action == "export":
             result = export(review_dir, rule=args.rule)
             print(result.summary())
             return 0
         from pathlib import Path as FsPath
 
-        from .server import check_host
-
-        check_host(args.host)  # before any work
         if _has_sources(args) or not (FsPath(review_dir) / MANIFEST).is_file():
             from .prepare import ReviewSources, prepare  # generation code: only when preparing
 
@@ -116,9 +114,9 @@ def run(args: argparse.Namespace) -> int:
                 print(f"  LEFT OUT {key}: {error}", file=sys.stderr)
         if args.prepare_only:
             return 0
-        server = make_server(review_dir, args.host, args.port)
+        server = make_server(review_dir, LOOPBACK, args.port)
     except (SourceError, ReviewServerError, StoreError, ValueError) as e:
-        print(f"{prog}: {e}", file=sys.stderr)
+        print(f"{prog}: {terminal_lines(e)}", file=sys.stderr)
         return 2
     port = server.server_address[1]
     app = server.app

@@ -27,6 +27,7 @@ from pathlib import Path as FsPath
 
 import numpy as np
 
+from chexpercept.escape import csv_cell
 from chexpercept.fileio import replaced_dir, write_atomic
 from chexpercept.vocab import CARDIOMEGALY
 
@@ -96,10 +97,12 @@ class ExportResult:
 
 
 def _csv(rows: list[dict], columns: tuple[str, ...] | list[str]) -> bytes:
+    """A CSV of ``rows``; every cell through chexpercept.escape.csv_cell (an annotator's note that
+    starts like a formula is not run by a spreadsheet)."""
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=list(columns), lineterminator="\n")
     writer.writeheader()
-    writer.writerows(rows)
+    writer.writerows({k: csv_cell(v) for k, v in row.items()} for row in rows)
     return buf.getvalue().encode("utf-8")
 
 

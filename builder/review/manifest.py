@@ -3,9 +3,10 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path as FsPath
+
+from chexpercept.input_json import read_json
 
 from ..sources import SourceError
 
@@ -15,14 +16,16 @@ MANIFEST_VERSION = 1
 
 def load_manifest(review_dir: str | os.PathLike[str]) -> dict:
     path = FsPath(review_dir) / MANIFEST
-    if not path.is_file():
+    if not path.exists():
         raise SourceError(
             f"{review_dir} holds no prepared review ({MANIFEST}); run chexpercept review with the source options first"
         )
     try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise SourceError(f"{path} is not valid JSON: {e}") from e
+        manifest = read_json(path, what=MANIFEST)
+    except (OSError, ValueError) as e:  # not a regular file, too large or deep, not JSON
+        raise SourceError(f"{path} is not a readable review manifest: {e}") from e
+    if not isinstance(manifest, dict):
+        raise SourceError(f"{path}: expected a JSON object")
     if manifest.get("version") != MANIFEST_VERSION:
         raise SourceError(f"{path}: unknown review format version {manifest.get('version')!r}")
     return manifest

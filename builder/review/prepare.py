@@ -25,6 +25,7 @@ from PIL import Image
 from tqdm.auto import tqdm
 
 from chexpercept.containment import output_path
+from chexpercept.escape import csv_cell
 from chexpercept.fileio import private_dir, write_atomic
 from chexpercept.vocab import LESIONS
 from chexpercept.vocab import Path as CasePath
@@ -280,7 +281,7 @@ def _case_files(
     """The candidate's CXR image (which must exist) and, for a positive, its overlay written under
     ``root`` (the path relative to it); CaseInputError when either cannot be read."""
     path = cxr_path(c, cxr)
-    if not path.is_file():
+    if not path.exists():
         raise CaseInputError(f"missing CXR image {path}")
     overlay = None
     if c.positive:
@@ -318,5 +319,5 @@ def _write_errors(root: FsPath, errors: list[tuple[str, str]]) -> None:
     buf = io.StringIO()
     writer = csv.writer(buf)
     writer.writerow(["key_id", "error"])
-    writer.writerows(errors)
+    writer.writerows((csv_cell(key), csv_cell(error)) for key, error in errors)
     write_atomic(root / PREPARE_ERRORS, buf.getvalue().encode("utf-8"))

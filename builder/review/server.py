@@ -42,6 +42,8 @@ from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from chexpercept.containment import ContainmentError, Tree, is_inside
+from chexpercept.input_files import IMAGE, InputFileError, read_input
+from chexpercept.input_json import JsonInputError, loads
 from chexpercept.os_errors import explain_os_error
 
 from ..render import encode_png
@@ -104,11 +106,10 @@ def parse_decision(body: bytes) -> dict[str, Any]:
     """The fields of a decision body, checked (RequestError 400 naming the field otherwise; nothing
     is cut or guessed)."""
     try:
-        data = json.loads(body.decode("utf-8"))
-    except UnicodeDecodeError as e:
-        raise RequestError(HTTPStatus.BAD_REQUEST, f"the body is not UTF-8: {e}") from e
-    except json.JSONDecodeError as e:
-        raise RequestError(HTTPStatus.BAD_REQUEST, f"the body is not JSON: {e}") from e
+        data = loads(body, source="the body")
+    except JsonInputError as e:
+        what = "JSON" if e.kind == "invalid" else "JSON this server takes"
+        raise RequestError(HTTPStatus.BAD_REQUEST, f"the body is not {what}: {e.reason}") from None
     if not isinstance(data, dict):
         got = "null" if data is None else type(data).__name__
         raise RequestError(HTTPStatus.BAD_REQUEST, f"a decision is a JSON object, got {got}")
@@ -248,10 +249,12 @@ class ReviewApp:
             raise RequestError(HTTPStatus.NOT_FOUND, "this case has no mask")
         if kind == "overlay":
             try:
-                return path.read_bytes(), "image/png"
+                return read_input(path, IMAGE, what="overlay"), "image/png"
             except OSError as e:
                 what = explain_os_error(e).what
                 raise RequestError(HTTPStatus.NOT_FOUND, f"cannot read the overlay: {what}") from e
+            except InputFileError as e:
+                raise RequestError(HTTPStatus.NOT_FOUND, f"cannot read the overlay: it {e.reason}") from None
         try:
             st = path.stat()
             return _pipeline_png(str(path), st.st_size, st.st_mtime_ns), "image/png"

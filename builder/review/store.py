@@ -25,6 +25,8 @@ from pathlib import Path as FsPath
 from typing import Any
 
 from chexpercept.fileio import append_durable, open_private, private_dir
+from chexpercept.input_files import RESULTS, open_input, read_input
+from chexpercept.input_json import JsonInputError, loads
 
 DECISIONS_DIR = "decisions"
 DECISIONS = ("accept", "reject", "skip")
@@ -52,9 +54,12 @@ def decisions_path(review_dir: str | os.PathLike[str], annotator: str) -> FsPath
 def read_decisions(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """Every complete decision in a file, in order (a torn last line is ignored here; see repair)."""
     p = FsPath(path)
-    if not p.is_file():
+    if not p.exists():  # anything else by that name (a FIFO, a folder) is refused by read_input
         return []
-    data = p.read_bytes()
+    try:
+        data = read_input(p, RESULTS, what="decisions file")
+    except ValueError as e:
+        raise StoreError(str(e)) from None
     lines = data.split(b"\n")
     if not data.endswith(b"\n"):
         lines = lines[:-1]  # torn tail: not a decision yet
@@ -63,9 +68,9 @@ def read_decisions(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise StoreError(f"{p}, line {number}: not a JSON decision ({e})") from e
+            record = loads(line, source=f"{p}, line {number}")
+        except JsonInputError as e:
+            raise StoreError(f"{p}, line {number}: not a JSON decision ({e.reason})") from None
         if not isinstance(record, dict) or "key_id" not in record or record.get("decision") not in DECISIONS:
             raise StoreError(f"{p}, line {number}: not a decision record")
         out.append(record)
@@ -123,9 +128,12 @@ class DecisionStore:
 
     # -------------------------------------------------------------------------------------- repair
     def _repair(self) -> None:
-        if not self.path.is_file():
+        if not self.path.exists():
             return
-        data = self.path.read_bytes()
+        try:
+            data = read_input(self.path, RESULTS, what="decisions file")
+        except ValueError as e:
+            raise StoreError(str(e)) from None
         if not data or data.endswith(b"\n"):
             return
         cut = data.rfind(b"\n") + 1
@@ -151,14 +159,14 @@ class DecisionStore:
         if size < self._read_to:  # cut back by a repair: read again
             self._by_client, self._read_to = {}, 0
         if size > self._read_to:
-            with open(self.path, "rb") as f:
+            with open_input(self.path, RESULTS, what="decisions file") as f:
                 f.seek(self._read_to)
                 data = f.read(size - self._read_to)
             end = data.rfind(b"\n") + 1
             for line in data[:end].split(b"\n"):
                 try:
-                    record = json.loads(line) if line.strip() else None
-                except json.JSONDecodeError:
+                    record = loads(line, source=self.path) if line.strip() else None
+                except JsonInputError:
                     continue  # read_decisions names it; dedup only needs the good lines
                 if isinstance(record, dict) and isinstance(record.get("client_id"), str):
                     self._by_client[record["client_id"]] = record

@@ -35,10 +35,12 @@ def positive(v: float) -> str | None:
 
 def json_object(text: str) -> dict[str, Any]:
     """argparse type of an option that takes a JSON object (engine arguments, request fields...)."""
+    from chexpercept.input_json import JsonInputError, loads
+
     try:
-        value = json.loads(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(f"not valid JSON: {e}") from e
+        value = loads(text, source="the option's value")
+    except JsonInputError as e:
+        raise argparse.ArgumentTypeError(e.reason) from None
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError("expected a JSON object, e.g. '{\"key\": 1}'")
     return value

@@ -18,7 +18,9 @@ from pathlib import Path as FsPath
 from typing import Any
 
 from chexpercept.cli_options import add_data_dir_option, add_option, write_output
+from chexpercept.escape import terminal_lines
 from chexpercept.eval.backends import BACKENDS
+from chexpercept.eval.oracle import ORACLE_CHOICES, end_to_end_note, oracles_for
 from chexpercept.eval.runner.selection import add_selection_options
 from chexpercept.os_errors import explain_os_error
 from chexpercept.results import ORACLE_SETTINGS
@@ -36,9 +38,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--oracle",
         nargs="+",
-        choices=ORACLE_SETTINGS,
+        choices=ORACLE_CHOICES,
         default=list(ORACLE_SETTINGS),
-        help="oracle settings to estimate (default: all three)",
+        help="oracle settings to estimate (default: all three); paper: those run's default runs for this "
+        "model (implicit for greedy decoding, none and implicit for a sampling model)",
     )
     g.add_argument(
         "--answer-tokens",
@@ -82,8 +85,15 @@ def _counter(
         return ApiCounter(root, rules_for(spec.model_id), answer_tokens=answer_tokens)
     try:
         from chexpercept.eval.estimate.local_tokens import ProcessorCounter
+        from chexpercept.eval.weights import HubError, resolve_weights
 
-        counter = ProcessorCounter(root, spec.model_id, chat_kwargs, answer_tokens=answer_tokens)
+        try:  # the processor's files only, resolved as run resolves weights (fails fast offline)
+            folder = resolve_weights(
+                spec.model_id, processor_only=True, remote_code=spec.trust_remote_code
+            ).path
+        except HubError as e:
+            raise ValueError(f"cannot count the tokens of {spec.model_id}: {e}") from None
+        counter = ProcessorCounter(root, folder, chat_kwargs, answer_tokens=answer_tokens)
         counter.check(sample())
         return counter
     except ImportError as e:
@@ -112,13 +122,14 @@ def timed_session(run_dir: str, model_id: str) -> tuple[dict[str, Any], float, i
     a run of another model or a baseline."""
     from chexpercept.errors import no_such_path
     from chexpercept.eval.registry import same_model_id
+    from chexpercept.input_json import read_json
     from chexpercept.results import RUN_NAME
 
     if not FsPath(run_dir).is_dir():
         raise ValueError(f"--from-run {no_such_path(run_dir)}")
     path = FsPath(run_dir) / RUN_NAME
     try:
-        info = json.loads(path.read_text(encoding="utf-8"))
+        info = read_json(path, what=RUN_NAME)
         session = info["last_session"]
         seconds, cases = float(session["seconds_main_process"]), int(session["cases"])
     except OSError as e:
@@ -226,6 +237,24 @@ def missing_notes(rows: list[tuple[str, Any, Any]], spec: Any) -> list[str]:
     return notes
 
 
+def _paper_notes(spec: Any, rows: Sequence[tuple[str, Any, Any]], greedy: bool) -> list[str]:
+    """For a sampling model: what its End-to-End numbers need, and what the paper's two runs cost."""
+    settings = [name for name, _, _ in rows if not name.startswith("*")]
+    temperature = spec.sampling.get("temperature")
+    note = end_to_end_note(spec.name, greedy=greedy, temperature=temperature, settings=settings)
+    if note:
+        return [note]
+    paper = {name: (lo, hi) for name, lo, hi in rows if name in ("none", "implicit")}
+    if greedy or len(paper) < 2 or len(settings) == 2:
+        return []
+    lo = sum(v[0].cost_usd or 0 for v in paper.values())
+    hi = sum(v[1].cost_usd or 0 for v in paper.values())
+    return [
+        f"{spec.name} samples, so the paper's numbers need its none and implicit runs (chexpercept run's default "
+        f"--oracle paper runs both): USD {lo:,.2f} - {hi:,.2f} together"
+    ]
+
+
 def render(
     rows: list[tuple[str, Any, Any]],
     model: str,
@@ -281,13 +310,15 @@ def run(args: argparse.Namespace) -> int:
         if not cases:
             raise ValueError(f"no case of {bundle.root} matches the selection")
         chat_kwargs = {"enable_thinking": False} if args.no_thinking else {}
+        greedy = spec.sampling.get("temperature") == 0
+        settings = oracles_for(args.oracle, greedy=greedy)
         counter = _counter(
-            spec, bundle.root, args.answer_tokens, chat_kwargs, lambda: sample_calls(cases, args.oracle)
+            spec, bundle.root, args.answer_tokens, chat_kwargs, lambda: sample_calls(cases, settings)
         )
         measured = measured_throughput(args.from_run, spec, bundle.cases, counter) if args.from_run else None
         rate = measured.tokens_per_second if measured else args.tokens_per_second
         rows, lows, highs = [], [], []
-        for oracle in args.oracle:
+        for oracle in settings:
             lo, hi = estimate_bounds(
                 cases, oracle, counter, model_id=spec.model_id, answer_tokens=args.answer_tokens,
                 tokens_per_second=rate,
@@ -296,11 +327,12 @@ def run(args: argparse.Namespace) -> int:
             lows.append(lo)
             highs.append(hi)
     except (ValueError, FileNotFoundError, BundleValidationError, ReleaseNotFoundError) as e:
-        print(f"{prog}: error: {e}", file=sys.stderr)
+        print(f"{prog}: error: {terminal_lines(e)}", file=sys.stderr)
         return 2
     if len(rows) > 1:
         rows.append(("**total**", total(lows, "min"), total(highs, "max")))
     notes = missing_notes(rows, spec) + (_throughput_notes(measured, args.answer_tokens) if measured else [])
+    notes += _paper_notes(spec, rows, greedy)
     if args.format == "json":
         text = json.dumps(
             {

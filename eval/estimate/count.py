@@ -28,10 +28,11 @@ from pathlib import Path as FsPath
 from typing import Any, Protocol
 
 from chexpercept.case import Case
-from chexpercept.containment import image_file
+from chexpercept.containment import ALLOWED_IMAGE_FORMATS, image_file
 from chexpercept.eval.conversation import Conversation
 from chexpercept.eval.estimate.pricing import ProviderRules, call_cost, price_for
 from chexpercept.eval.protocol import Message, Request, Response
+from chexpercept.input_files import IMAGE, open_input
 from chexpercept.results import CaseResult
 from chexpercept.usage import count
 from chexpercept.usage import total as reported_total
@@ -117,10 +118,11 @@ def text_tokenizer() -> tuple[Callable[[str], int], str, bool]:
 
 
 def image_size(path: FsPath) -> tuple[int, int]:
-    """(width, height) from the image header (the pixels are not decoded)."""
+    """(width, height) from the header of the PNG or JPEG ``path`` (the pixels are not decoded), a
+    regular file within chexpercept.input_files.IMAGE."""
     from PIL import Image
 
-    with Image.open(path) as im:
+    with open_input(path, IMAGE, what="image") as f, Image.open(f, formats=list(ALLOWED_IMAGE_FORMATS)) as im:
         return im.size
 
 

@@ -26,6 +26,7 @@ from typing import Any
 
 from chexpercept.case import Case
 from chexpercept.errors import BundleValidationError, ReleaseNotFoundError
+from chexpercept.escape import terminal
 from chexpercept.eval.engine import EngineStats, admission_order, run_conversations
 from chexpercept.eval.protocol import Backend, BackendError, RunContext
 from chexpercept.eval.runner.distributed import Distributed
@@ -227,8 +228,10 @@ def _take_folders(plan: RunPlan, runs: list[OracleRun], dist: Distributed) -> in
         if error is not None:
             raise error
         return failed[0].status if failed else 2
-    if not any(o.ok for o in outcomes):
-        return 0  # every setting was complete (checked read-only)
+    if not any(o.ok for o in outcomes):  # every setting was complete (checked read-only)
+        if dist.is_main and plan.score:
+            print_scores(plan)  # once, for every setting
+        return 0
     return None
 
 
@@ -299,8 +302,6 @@ def recheck_read_only(plan: RunPlan, run: OracleRun, error: OSError) -> int:
         f"{len(plan.cases)} cases of {plan.model.name} (oracle {run.oracle}) in {folder.path}: the run is "
         "complete (checked read-only: nothing was written)"
     )
-    if plan.score:
-        print_scores(plan)
     return 0
 
 
@@ -329,7 +330,7 @@ def _run_all(
         for run in todo:
             current = run
             if run.remaining and not ready:
-                backend.setup(context)
+                set_up(backend, context, plan)
                 ready = True
             statuses.append(_run_one(plan, backend, dist, run))
     except (Exception, RunInterrupted) as e:  # every early end is one line (eval/runner/outcome.py)
@@ -347,6 +348,20 @@ def _run_all(
     if dist.is_main and plan.score:
         print_scores(plan)
     return max(statuses, default=0)
+
+
+def set_up(backend: Backend, context: RunContext, plan: RunPlan) -> None:
+    """``backend.setup``, with a package the model needs and this environment lacks named (a model's
+    processor that needs torchvision, a model class that needs a library): one line, not a bug."""
+    try:
+        backend.setup(context)
+    except ImportError as e:
+        package = f" ({e.name})" if getattr(e, "name", None) else ""
+        raise BackendError(
+            f"the {plan.model.backend} backend cannot load {plan.model.name}: a package it needs is not "
+            f"installed in this environment{package}: {' '.join(str(e).split()).rstrip('.')[:400]}. Install it (pip "
+            "install <package>; torchvision on a CPU-only torch: docs/install.md), then rerun"
+        ) from e
 
 
 def _remaining(plan: RunPlan, run: OracleRun, dist: Distributed) -> list[Case]:
@@ -476,7 +491,7 @@ def _converse(
         folder.append_failures(failures)
         session.failed_now += len(failures)
         for f in failures:
-            print(f"warning: {f.key_id} ({f.task}) left unfinished: {f.error}", file=sys.stderr)
+            print(f"warning: {f.key_id} ({f.task}) left unfinished: {terminal(f.error)}", file=sys.stderr)
 
     return run_conversations(
         cases,
@@ -527,7 +542,7 @@ def _sign_off(
         first = next(iter(failed.values()))
         print(
             f"chexpercept run: {len(failed)} of {len(cases)} cases are unfinished because a request "
-            f"failed (e.g. {first.key_id} ({first.task}): {first.error}); they are listed in "
+            f"failed (e.g. {first.key_id} ({first.task}): {terminal(first.error)}); they are listed in "
             f"{folder.failures} and are not scored. Fix the cause and rerun the same command: it "
             "retries them.",
             file=sys.stderr,

@@ -289,8 +289,23 @@ def follow_parent(prctl: object = None) -> None:
     directly, forked or spawned. One level only: a grandchild's parent is not the one named, and
     what a child starts in turn is that child's business."""
     named = os.environ.get(PARENT_VARIABLE, "")
-    if named.isdigit() and int(named) == os.getppid():
-        die_with(int(named), prctl)
+    if not named.isdigit():
+        return
+    parent = int(named)
+    if parent == os.getppid():
+        die_with(parent, prctl)
+    elif not _exists(parent):  # the run's process died before this one got this far (a loaded
+        os.kill(os.getpid(), signal.SIGKILL)  # machine starts a spawned interpreter slowly)
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _note_forking_thread() -> None:

@@ -16,7 +16,9 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path as FsPath
 
+from chexpercept.escape import terminal_lines
 from chexpercept.fileio import write_atomic
+from chexpercept.input_files import RESULTS, InputFileError, open_input
 from chexpercept.os_errors import explain_os_error
 from chexpercept.redaction import redact_text
 
@@ -59,9 +61,9 @@ class Session:
 def count_lines(path: FsPath) -> int:
     """Complete lines of a file (0 when it does not exist), without parsing them."""
     try:
-        with open(path, "rb") as f:
+        with open_input(path, RESULTS, what="results file") as f:
             return sum(block.count(b"\n") for block in iter(lambda: f.read(1 << 20), b""))
-    except OSError:
+    except (OSError, InputFileError):  # missing, or not a regular file (a FIFO is never read)
         return 0
 
 
@@ -80,7 +82,7 @@ def end_line(session: Session | None, what: str, advice: str) -> str:
 
 
 def say_end(session: Session | None, what: str, advice: str) -> None:
-    print(end_line(session, what, advice), file=sys.stderr, flush=True)
+    print(terminal_lines(end_line(session, what, advice)), file=sys.stderr, flush=True)
 
 
 def say_bug(session: Session | None, error: BaseException) -> None:

@@ -20,6 +20,7 @@ from chexpercept.case import Case
 from chexpercept.cli_options import progress_enabled
 from chexpercept.eval.backends import backend_class
 from chexpercept.eval.backends.options import BackendOptions
+from chexpercept.eval.oracle import end_to_end_note, oracles_for
 from chexpercept.eval.protocol import Backend, Sampling
 from chexpercept.eval.registry import ModelSpec, resolve
 from chexpercept.eval.runner.distributed import Distributed
@@ -126,10 +127,11 @@ def chat_kwargs_for(spec: ModelSpec, args: argparse.Namespace) -> tuple[dict[str
     return kwargs, note
 
 
-def oracles_of(args: argparse.Namespace) -> tuple[str, ...]:
-    """The oracle settings asked for, each once, in the order given."""
+def oracles_of(args: argparse.Namespace, sampling: Sampling) -> tuple[str, ...]:
+    """The oracle settings asked for, each once, in the order given (``paper`` expanded for this
+    model's decoding: chexpercept.eval.oracle.oracles_for)."""
     given = args.oracle if isinstance(args.oracle, list) else [args.oracle]
-    return tuple(dict.fromkeys(given))
+    return oracles_for(given, greedy=sampling.greedy)
 
 
 def build_plan(args: argparse.Namespace, dist: Distributed) -> tuple[RunPlan, Backend]:
@@ -154,6 +156,12 @@ def build_plan(args: argparse.Namespace, dist: Distributed) -> tuple[RunPlan, Ba
     if load is not spec:
         backend = make_backend(load, options, sampling, chat_kwargs, args.on_error)
     bundle, cases, selection = _selected(args)
+    oracles = oracles_of(args, sampling)
+    e2e = end_to_end_note(
+        spec.name, greedy=sampling.greedy, temperature=sampling.temperature, settings=oracles
+    )
+    if e2e and dist.is_main:  # said before anything is spent
+        print(f"note: {e2e}", file=sys.stderr)
     plan = RunPlan(
         model=spec,
         load=load,
@@ -164,7 +172,7 @@ def build_plan(args: argparse.Namespace, dist: Distributed) -> tuple[RunPlan, Ba
         bundle=bundle,
         cases=tuple(cases),
         selection=selection,
-        oracles=oracles_of(args),
+        oracles=oracles,
         parse_mode=args.parse_mode,
         on_error=args.on_error,
         seed=args.seed,

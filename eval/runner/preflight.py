@@ -18,7 +18,6 @@ cases and what to change. The stand-in answers walk the runner's own ``Conversat
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Sequence
@@ -29,6 +28,7 @@ from typing import Any
 from chexpercept.case import Case
 from chexpercept.eval.estimate.count import SCENARIOS, _scripted, walk
 from chexpercept.eval.protocol import Request
+from chexpercept.input_json import read_json
 
 #: config.json keys that bound a model's context (the first found wins; text_config first)
 CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "max_sequence_length")
@@ -51,8 +51,10 @@ def model_context_length(model_dir: str | FsPath) -> tuple[int, str] | None:
     """(tokens, "config.json <key>") of a local model folder's context length, or None."""
     path = FsPath(model_dir) / "config.json"
     try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        config = read_json(path, what="model config.json")
+    except (OSError, ValueError):  # missing, not a regular file, too large or deep, not JSON
+        return None
+    if not isinstance(config, dict):
         return None
     for section, prefix in ((config.get("text_config") or {}, "text_config."), (config, "")):
         for key in CONTEXT_KEYS:

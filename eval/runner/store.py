@@ -23,8 +23,18 @@ from typing import Any
 from chexpercept.eval.runner.identity import settings_diff
 from chexpercept.eval.runner.interrupts import deferred
 from chexpercept.eval.runner.provenance import now
-from chexpercept.fileio import append_durable, open_private, private_dir, replace_json_lines, tighten
+from chexpercept.fileio import (
+    append_durable,
+    open_private,
+    private_dir,
+    replace_json_lines,
+    tighten,
+    write_atomic,
+)
 from chexpercept.fileio import write_json_atomic as write_json_atomic
+from chexpercept.input_files import JSON_FILE, RESULTS, check_input_stat
+from chexpercept.input_json import JsonInputError, loads
+from chexpercept.input_json import read_json as read_json_file
 from chexpercept.results import (
     FAILURES_NAME,
     LOCK_NAME,
@@ -34,6 +44,7 @@ from chexpercept.results import (
     CaseResult,
     ForeignRecordError,
     check_identity,
+    check_record_key,
     complete_lines,
 )
 
@@ -95,8 +106,8 @@ class RunLock:
 
     def _read(self) -> dict[str, Any] | None:
         try:
-            return json.loads(self.path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            return read_json_file(self.path, limit=JSON_FILE, what=LOCK_NAME)
+        except (OSError, ValueError):  # gone, or not ours to read: the message says less, nothing more
             return None
 
     def acquire(self) -> None:
@@ -167,6 +178,7 @@ def repair_tail(results: str | os.PathLike[str]) -> int:
     path = FsPath(results)
     if not path.exists():
         return 0
+    check_input_stat(path, path.stat(), RESULTS, what="results file")  # a FIFO or device is refused
     with open(path, "r+b") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
@@ -207,8 +219,10 @@ def read_records(
         return out
     for n, line in complete_lines(path):  # a torn last line is left out (repair_tail removes it)
         try:
-            record = json.loads(line)
-            key = record["key_id"]
+            record = loads(line, source=f"{path}:{n}")
+            key = check_record_key(record)
+        except JsonInputError as e:
+            raise StoreError(f"{path}:{n}: not a CheXpercept case result ({e.reason})") from None
         except (ValueError, KeyError, TypeError) as e:
             raise StoreError(f"{path}:{n}: not a CheXpercept case result ({e})") from e
         if key in out:
@@ -249,9 +263,11 @@ def read_json(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     if not path.exists():
         return None
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as e:
-        raise StoreError(f"{path} is not valid JSON ({e})") from e
+        return read_json_file(path, limit=JSON_FILE, what=path.name)
+    except JsonInputError as e:
+        raise StoreError(f"{path} is not valid JSON ({e.reason})") from None
+    except ValueError as e:  # not a regular file, too large
+        raise StoreError(str(e)) from None
 
 
 class RunStore:
@@ -307,14 +323,14 @@ class RunStore:
             return 0
         keep: list[str] = []
         moved: list[str] = []
-        for _n, line in complete_lines(self.results):
+        for n, line in complete_lines(self.results):
             try:
-                record = json.loads(line)
-            except ValueError:
+                record = loads(line, source=f"{self.results}:{n}")
+            except JsonInputError:
                 keep.append(line)  # read_records names it
                 continue
             (keep if isinstance(record, dict) and record.get("run") else moved).append(line)
         if moved:
             append_durable(self.quarantine, "".join(m + "\n" for m in moved).encode("utf-8"))
-            replace_json_lines(self.results, [json.loads(k) for k in keep])
+            write_atomic(self.results, "".join(k + "\n" for k in keep))  # the kept lines as they were
         return len(moved)

@@ -7,7 +7,7 @@
 - ``benchmark_card``: the metadata-only benchmark dataset repo (``benchmark-card``);
 - ``leaderboard``: the Hub's leaderboard of a benchmark read back (``leaderboard``, ``report``).
 
-The dataset repo of scores (``push-results --repo``) is staged by ``chexpercept.metrics.push_results``.
+The dataset repo of scores (``push-results --repo``) is staged by ``chexpercept.metrics.hub.push_results``.
 """
 
 #: eval.yaml's ``evaluation_framework`` unless ``benchmark-card --evaluation-framework`` says otherwise

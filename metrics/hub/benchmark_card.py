@@ -27,6 +27,7 @@ from . import DEFAULT_FRAMEWORK
 from .eval_results import HUB_TASKS, TASK_IDS
 from .guard import Context, ExactSchema, ListOf, Manifest, Obj, Text, YamlSchema, yaml_text
 from .identifiers import Identifiers
+from .names import check_framework, check_repo_id
 
 BENCHMARK_NAME = "CheXpercept"
 DESCRIPTION = (
@@ -154,9 +155,11 @@ def stage_benchmark_card(
     identifiers: a bundle's identifiers to check the files against (the card is the toolkit's own text,
     so none are needed; given, they are checked all the same). Raises FileNotFoundError without the
     toolkit's dataset_card.md, ValueError when it has no front matter or title."""
+    check_repo_id(repo, "--repo")
+    check_framework(framework)
     path = toolkit_card()
     card = render_card(path.read_text(encoding="utf-8"), repo, source=str(path))
-    manifest = Manifest(staging, Context(identifiers or Identifiers(), frozenset({repo})))
+    manifest = Manifest(staging, Context(identifiers or Identifiers()))
     manifest.write("README.md", card, ExactSchema(text=card))
     manifest.write("eval.yaml", yaml_text(eval_yaml(framework)), eval_yaml_schema(framework))
     return manifest

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import os
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass
+
+from chexpercept.escape import terminal_lines
 
 from .guard import AGREEMENT, Manifest, PushRefused, check_string
 
@@ -64,3 +68,37 @@ def upload(
         create_pr=create_pr,
     )
     return Uploaded(str(info.commit_url), list(files), info.pr_url, info.pr_num)
+
+
+def preview_then_commit(
+    files: dict[str, bytes],
+    heading: str,
+    *,
+    dry_run: bool,
+    commit: Callable[[], str],
+    contents: bool = True,
+    prog: str = "chexpercept",
+) -> int:
+    """The one way a command publishes: say what would go (``heading``, then every file: its text
+    with ``contents``, else its name), stop there under ``--dry-run``, else ``commit()`` (it returns
+    what to print after ``done:``: a commit or pull-request URL); the command's exit status (1 when
+    the Hub refused or could not be reached, said in one line). ``files``: the guard's verified bytes
+    (``Manifest.verify``). A PushRefused is the guard's verdict and is raised, not turned into 1."""
+    print(heading)
+    for rel, data in files.items():
+        if contents:
+            print(f"--- {rel}")
+            print(data.decode("utf-8"), end="")
+        else:
+            print(f"  {rel}")
+    if dry_run:
+        return 0
+    try:
+        where = commit()
+    except (PushRefused, ValueError, FileNotFoundError):
+        raise
+    except Exception as e:  # the Hub's errors (auth, network, a refused file) as one line
+        print(f"{prog}: upload failed: {type(e).__name__}: {terminal_lines(e)}", file=sys.stderr)
+        return 1
+    print(f"done: {where}")
+    return 0

@@ -33,9 +33,9 @@ from pathlib import Path as FsPath
 from typing import Any
 
 from chexpercept.answers import PARSE_MODES
+from chexpercept.metrics.leaderboard import SETTING_KEYS, setting_score
 from chexpercept.results import ORACLE_SETTINGS
 
-from ..report.leaderboard import SETTING_KEYS, setting_score
 from .guard import (
     Context,
     ListOf,
@@ -45,10 +45,10 @@ from .guard import (
     Text,
     YamlSchema,
     round_floats,
-    strings_in,
     yaml_text,
 )
 from .identifiers import for_runs
+from .names import check_repo_id, check_source_url
 from .scores_repo import HEX40, VERSION
 
 EVAL_RESULTS_DIR = ".eval_results"
@@ -125,8 +125,10 @@ NOTES_PATTERN = rf"(?:{_PART})(?:; (?:{_PART}))*"
 SOURCE_NAME = "CheXpercept toolkit {version} (chexpercept push-results)"
 
 
-def eval_results_schema(benchmark: str) -> YamlSchema:
-    """The schema of one ``.eval_results/*.yaml`` file for ``benchmark`` (see the module docstring)."""
+def eval_results_schema(benchmark: str, source_url: str | None = None) -> YamlSchema:
+    """The schema of one ``.eval_results/*.yaml`` file for ``benchmark`` (see the module docstring);
+    ``source_url``: the one link a source may give (default: the benchmark's Hub page)."""
+    source_url = source_url or default_source_url(benchmark)
     entry = Obj(
         {
             "dataset": Obj(
@@ -142,7 +144,7 @@ def eval_results_schema(benchmark: str) -> YamlSchema:
             "date": Text(pattern=r"\d{4}-\d{2}-\d{2}"),
             "source": Obj(
                 {
-                    "url": Text(settings=True),
+                    "url": Text(choices=(source_url,)),
                     "name": Text(pattern=re.escape(SOURCE_NAME).replace(r"\{version\}", VERSION)),
                 },
                 required=("url",),
@@ -230,19 +232,27 @@ def stage_eval_results(
     parse_mode: str = "reference",
     bundle: str | os.PathLike[str] | None = None,
     allow_synthetic: bool = False,
+    model_repo: str | None = None,
 ) -> StagedEvalResults:
     """Score the oracle runs of one model folder (``<model>/oracle_<setting>/``) and write one
     ``.eval_results/`` file per run into ``staging`` (new or empty), through the guard's manifest.
 
     benchmark: the benchmark dataset repo (``chexpercept benchmark-card``); source_url: the link each
     entry's ``source`` gives. bundle: the bundle the runs were made on (default: the one run.json
-    names), whose case identifiers the files are checked against. Raises ValueError when the bundle is
-    not on this disk, when the runs were made on a synthetic bundle (unless ``allow_synthetic``), and
-    when no run measures anything."""
+    names), whose case identifiers the files are checked against. model_repo: where the files go (its
+    page may be the source). Raises ValueError when the bundle is not on this disk, when the runs were
+    made on a synthetic bundle (unless ``allow_synthetic``), when no run measures anything, and
+    (NameRefused) when ``benchmark`` is not a Hub repo id or ``source_url`` not the Hub page of the
+    benchmark or of ``model_repo`` (``chexpercept.metrics.hub.names``: nothing free is published)."""
     from huggingface_hub import EvalResultEntry, eval_result_entries_to_yaml
 
     import chexpercept
     from chexpercept.metrics import load_runs, score_model
+
+    repos = [check_repo_id(benchmark, "--benchmark")]
+    if model_repo is not None:
+        repos.append(check_repo_id(model_repo, "--model-repo"))
+    check_source_url(source_url, repos, os.environ.get("HF_ENDPOINT"))
 
     runs = load_runs(model_dir)
     if not runs:
@@ -261,7 +271,6 @@ def stage_eval_results(
     version = chexpercept.__version__
     by_oracle = {r.oracle: r for r in runs}
     none_run = by_oracle.get("none")
-    settings = strings_in([source_url, benchmark])
     staged: dict[str, list[dict[str, Any]]] = {}
     texts: dict[str, str] = {}
     notes: list[str] = []
@@ -300,8 +309,8 @@ def stage_eval_results(
         texts[variant.filename] = yaml_text(data)
     if not staged:
         raise ValueError(f"{model_dir}: none of the runs measures a number the Hub could show")
-    manifest = Manifest(staging, Context(identifiers, frozenset(settings)))
-    schema = eval_results_schema(benchmark)
+    manifest = Manifest(staging, Context(identifiers))
+    schema = eval_results_schema(benchmark, source_url)
     for rel, text in texts.items():
         manifest.write(rel, text, schema)
     return StagedEvalResults(manifest, staged, notes)
@@ -331,7 +340,7 @@ def pr_description(staged: StagedEvalResults, benchmark: str) -> str:
 
 def model_folder(runs_dir: str | os.PathLike[str]) -> FsPath:
     """The one model folder under ``runs_dir`` (or ``runs_dir`` itself); ValueError when there are several."""
-    from ..push_results import model_folders
+    from chexpercept.metrics.hub.push_results import model_folders
 
     folders = model_folders(runs_dir)
     if len(folders) != 1:

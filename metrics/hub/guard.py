@@ -8,9 +8,12 @@ that may go; it refuses, naming each file and the reason:
   link, a device or pipe), a staged file that is missing or changed since it was written;
 - a file its schema does not allow. Schemas (below) know every key, every table header and every
   line a stager writes: numbers must be numbers (at most six decimals), strings must come from a
-  fixed vocabulary, a fixed pattern (a fingerprint, a date, a version) or the run's settings
-  (``Context.settings``: model names and ids, backend, repo ids); JSON and YAML must be written
-  exactly as the stager writes them (no comments, no duplicate keys, no other layout);
+  fixed vocabulary, a strict pattern (a fingerprint, a date, a version) or the upload's names
+  (``Context.names``: each from the model registry, a baseline, or a label the user gave on the
+  command line, checked by ``names.check_names`` when the context is made; never free text from a
+  run folder, see ``chexpercept.metrics.hub.names``); JSON and YAML must be written exactly as the
+  stager writes them (no comments, no duplicate keys, no other layout); every folder of a staged
+  file is a fixed one or a name;
 - any string or number, and the file's whole text, that holds one of the bundle's own case
   identifiers in any case or common encoding (``identifiers.Identifiers``), and embedded image bytes.
 
@@ -33,8 +36,10 @@ from pathlib import Path as FsPath
 from typing import Any
 
 from chexpercept.fileio import private_dir, write_new
+from chexpercept.input_files import TEXT_FILE, read_input
 
 from .identifiers import Identifiers, decode_base64
+from .names import check_names
 
 AGREEMENT = (
     "CheXpercept is built from MIMIC-CXR, credentialed data under the PhysioNet Credentialed Health Data "
@@ -56,6 +61,8 @@ IMAGE_MAGIC: dict[bytes, str] = {
 _SAFE_REL = re.compile(r"^(?:\.?[A-Za-z0-9_][A-Za-z0-9_.-]*/)*[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 _BLOB = re.compile(r"[A-Za-z0-9+/_-]{24,}={0,2}")
 _MAX_DECIMALS = 6
+#: the folders stagers write files in, besides a model's own (named by one of the upload's names)
+STAGER_FOLDERS = frozenset({"models", "tables", ".eval_results"})
 
 
 class PushRefused(ValueError):
@@ -64,11 +71,17 @@ class PushRefused(ValueError):
 
 @dataclass(frozen=True)
 class Context:
-    """What a schema checks strings against."""
+    """What a schema checks strings against.
+
+    ``names``: the models' names the upload may carry (``Text(names=True)``); each must be a name of
+    the registry or a baseline, or a label (``names.check_names``: NameRefused otherwise), so a
+    context, and so a schema, can never let free text through."""
 
     identifiers: Identifiers
-    #: strings the run's settings and the command line gave: model names and ids, backends, repo ids
-    settings: frozenset[str] = frozenset()
+    names: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "names", check_names(self.names))
 
 
 # ------------------------------------------------------------------------------------ values
@@ -127,21 +140,6 @@ def round_floats(value: Any, decimals: int = _MAX_DECIMALS) -> Any:
     return value
 
 
-def strings_in(*values: Any) -> set[str]:
-    """Every string leaf of ``values`` (nested dicts and lists): what a stager adds to the settings."""
-    out: set[str] = set()
-    stack = list(values)
-    while stack:
-        v = stack.pop()
-        if isinstance(v, str):
-            out.add(v)
-        elif isinstance(v, Mapping):
-            stack.extend(v.values())
-        elif isinstance(v, (list, tuple, set, frozenset)):
-            stack.extend(v)
-    return out
-
-
 # ------------------------------------------------------------------------------------ JSON-like specs
 class Spec:
     """What one JSON or YAML value may be; ``check`` lists what is wrong with a value."""
@@ -180,11 +178,11 @@ class Boolean(Spec):
 
 @dataclass
 class Text(Spec):
-    """A string from ``choices``, matching ``pattern``, or (``settings``) one of the run's settings."""
+    """A string from ``choices``, matching ``pattern``, or (``names``) one of the upload's names."""
 
     choices: Iterable[str] = ()
     pattern: str | None = None
-    settings: bool = False
+    names: bool = False
     nullable: bool = False
 
     def __post_init__(self) -> None:
@@ -195,7 +193,7 @@ class Text(Spec):
         return (
             value in self.choices
             or (self._re is not None and self._re.fullmatch(value) is not None)
-            or (self.settings and value in ctx.settings)
+            or (self.names and value in ctx.names)
         )
 
     def _check(self, value: Any, where: str, ctx: Context) -> list[str]:
@@ -359,14 +357,14 @@ def yaml_text(data: Any) -> str:
     return yaml.safe_dump(data, sort_keys=False, allow_unicode=True, default_flow_style=False, width=1000)
 
 
-Cell = Text  #: a table cell is a string spec (choices, a pattern, or the run's settings)
+Cell = Text  #: a table cell is a string spec (choices, a pattern, or the upload's names)
 
 NUMBER_CELL = Text(pattern=r"(–|-?\d+\.\d{1,2})")  #: 12.3 / 1.25 / –
 EMPTY_OR_NUMBER = Text(pattern=r"(-?\d+(\.\d{1,6})?)?")  #: CSV: empty or a number
 PCT_CELL = Text(pattern=r"–|-?\d+\.\d( \([+-]\d+\.\d\))?( \[-?\d+\.\d, -?\d+\.\d\])?")
 NUM_CELL = Text(pattern=r"–|-?\d+\.\d{2}( \[-?\d+\.\d{2}, -?\d+\.\d{2}\])?")
 SIGNED_CELL = Text(pattern=r"–|[+-]\d+\.\d( \[[+-]\d+\.\d, [+-]\d+\.\d\])?")
-SETTING_CELL = Text(settings=True)
+NAME_CELL = Text(names=True)
 RANK_CELL = Text(pattern=r"–|\d+")
 
 
@@ -509,9 +507,13 @@ class Manifest:
         return sorted(self.staged)
 
     def write(self, rel: str, text: str, schema: Schema) -> str:
-        """Write ``text`` to ``root/rel`` and record it; returns ``rel``."""
+        """Write ``text`` to ``root/rel`` and record it; returns ``rel``. Its folders must be fixed ones
+        (``STAGER_FOLDERS``) or names of the upload (a model's folder): a path is published too."""
         if not _SAFE_REL.fullmatch(rel) or ".." in rel.split("/"):
             raise ValueError(f"{rel!r}: not a file name a stager writes")
+        folders = rel.split("/")[:-1]
+        if any(f not in STAGER_FOLDERS and f not in self.context.names for f in folders):
+            raise ValueError(f"{rel!r}: a folder a stager does not write (not a fixed folder nor a name)")
         if not rel.endswith(schema.suffix):
             raise ValueError(f"{rel}: its schema allows only {schema.suffix} files")
         if rel in self.staged:
@@ -572,9 +574,9 @@ class Manifest:
 
 
 def _read_regular(path: FsPath) -> bytes:
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-    with os.fdopen(fd, "rb") as f:
-        return f.read()
+    """A staged file's bytes: not through a link (O_NOFOLLOW), and a regular file within the limit of
+    a staged text (chexpercept.input_files; a FIFO swapped in after the walk is refused, not waited on)."""
+    return read_input(path, TEXT_FILE, what="staged file", follow_links=False)
 
 
 def check_file(data: bytes, schema: Schema, ctx: Context) -> list[str]:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import base64
 import binascii
 import html
-import json
 import os
 import re
 import unicodedata
@@ -32,6 +31,8 @@ from pathlib import Path as FsPath
 from typing import Any
 from urllib.parse import unquote_plus
 
+from chexpercept.input_files import BUNDLE_JSON
+from chexpercept.input_json import read_json
 from chexpercept.os_errors import explain_os_error
 
 #: shortest identifier form looked for (after folding): shorter ones are too common to mean a case
@@ -86,12 +87,12 @@ class Identifiers:
         Raises FileNotFoundError when there is no chexpercept.json, ValueError when it is not a JSON
         object of entries."""
         path = FsPath(data_dir) / "chexpercept.json"
-        if not path.is_file():
+        if not path.exists():
             raise FileNotFoundError(
                 f"{path} not found: the bundle's identifiers are needed to check an upload"
             )
         try:
-            entries = json.loads(path.read_text(encoding="utf-8"))
+            entries = read_json(path, limit=BUNDLE_JSON, what="chexpercept.json")
         except OSError as e:
             raise ValueError(f"cannot read {path}: {explain_os_error(e).what}") from e
         except ValueError as e:
@@ -199,7 +200,7 @@ def for_runs(
     from chexpercept.bundle import fingerprint
 
     candidates = [str(data_dir)] if data_dir else [p for p, _ in recorded if p]
-    root = next((p for p in candidates if (FsPath(p) / "chexpercept.json").is_file()), None)
+    root = next((p for p in candidates if (FsPath(p) / "chexpercept.json").exists()), None)
     if root is None:
         named = f" (run.json names {candidates[0]})" if candidates and not data_dir else ""
         where = f" at {data_dir}" if data_dir else named

@@ -20,6 +20,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from chexpercept.escape import markdown_cell
+
 
 class LeaderboardError(RuntimeError):
     """The Hub could not give the leaderboard (no such repo, no leaderboard, offline, network)."""
@@ -91,6 +93,10 @@ def read_leaderboard(
         raise LeaderboardError(f"{repo}: the Hub gave no leaderboard ({str(e).splitlines()[0]})") from e
     except (OfflineModeIsEnabled, OSError) as e:
         raise LeaderboardError(f"{repo}: the Hub could not be reached ({type(e).__name__}: {e})") from e
+    except RecursionError:  # huggingface_hub decodes the reply: JSON nested deeper than Python parses
+        raise LeaderboardError(
+            f"{repo}: the Hub's reply is JSON nested too deeply to read (not a leaderboard)"
+        ) from None
     return sorted((_entry(r) for r in raw), key=lambda e: (e.rank, e.model))
 
 
@@ -110,8 +116,9 @@ def render_hub_leaderboard(entries: Sequence[HubEntry], repo: str) -> str:
         "|" + "|".join(" --- " for _ in head) + "|",
     ]
     for e in entries:
-        cells = [str(e.rank), e.model, _value(e.value), e.status, *([e.task or ""] if with_task else [])]
-        cells.append((e.notes or "").replace("|", "/"))
+        task = [markdown_cell(e.task or "")] if with_task else []
+        cells = [str(e.rank), markdown_cell(e.model), _value(e.value), e.status, *task]
+        cells.append(markdown_cell(e.notes or ""))
         lines.append("| " + " | ".join(cells) + " |")
     if not entries:
         lines.append("| – | no entries | – | – |" + (" – |" if with_task else "") + " – |")
@@ -134,7 +141,7 @@ HUB_CSV_COLUMNS = (
 
 def hub_leaderboard_csv(entries: Sequence[HubEntry]) -> str:
     """The Hub's rows as CSV (``HUB_CSV_COLUMNS``)."""
-    from ..report.reference_csv import csv_text
+    from ..csv_files import csv_text
 
     rows = [{**asdict(e), "status": e.status} for e in entries]
     return csv_text(HUB_CSV_COLUMNS, rows)
@@ -174,5 +181,8 @@ def render_side_by_side(rows: Sequence[Mapping[str, Any]], repo: str) -> str:
         "| Rank | Model | Score (%) | From |",
         "| --- | --- | --- | --- |",
     ]
-    lines += [f"| {i} | {r['model']} | {r['value']:.1f} | {r['from']} |" for i, r in enumerate(rows, start=1)]
+    lines += [
+        f"| {i} | {markdown_cell(r['model'])} | {r['value']:.1f} | {r['from']} |"
+        for i, r in enumerate(rows, start=1)
+    ]
     return "\n".join(lines) + "\n"

@@ -1,9 +1,10 @@
 """The scores dataset repo (``push-results --repo``): its dataset card and the schema of every file in it.
 
-Files (written by ``chexpercept.metrics.push_results.stage``):
+Files (written by ``chexpercept.metrics.hub.push_results.stage``):
 
 - ``models/<model>/metrics.json`` (``METRICS``): the flat metrics, fractions rounded to 6 decimals;
-- ``models/<model>/intervals.json`` (``INTERVALS``): the 95% bootstrap intervals of every metric;
+- ``models/<model>/intervals.json`` (``INTERVALS``): the 95% intervals of every metric
+  (design-based: metrics/inference.py);
 - ``models/<model>/run_oracle_<setting>.json`` (``PROVENANCE``): run.json reduced to known fields;
 - ``models/<model>/table<N>.md|csv``, ``tables/table<N>.md|csv`` (``table_schemas``);
 - ``leaderboard.md|csv`` (``leaderboard_schemas``); ``README.md`` (``dataset_card``, ``card_schema``).
@@ -19,18 +20,20 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from chexpercept.answers import PARSE_MODES
+from chexpercept.eval.registry import BACKENDS
+from chexpercept.eval.runner.provenance import PACKAGES
+from chexpercept.metrics.leaderboard import CSV_COLUMNS, SETTING_KEYS, render_leaderboard
 from chexpercept.results import ORACLE_SETTINGS
 from chexpercept.vocab import LESIONS, PATHS
 
 from ..columns import FLAT_KEYS, metric_names
-from ..report.leaderboard import CSV_COLUMNS, SETTING_KEYS, render_leaderboard
 from ..tables import TABLES, render_table, table_rows
 from .guard import (
     AGREEMENT,
+    NAME_CELL,
     NUM_CELL,
     PCT_CELL,
     RANK_CELL,
-    SETTING_CELL,
     SIGNED_CELL,
     Boolean,
     Cell,
@@ -48,20 +51,31 @@ from .guard import (
 HEX64 = r"[0-9a-f]{64}"
 HEX40 = r"[0-9a-f]{40}"
 ISO_TIME = r"\d{4}-\d{2}-\d{2}(T\d{2}:\d{2}(:\d{2}(\.\d+)?)?(Z|[+-]\d{2}:?\d{2})?)?"
+#: the toolkit's own version, as the stagers write it (chexpercept.__version__)
 VERSION = r"[0-9A-Za-z.+_-]{1,40}"
-LOCAL = "<local path removed>"
 #: a table number in CSV: repr of a float rounded to 6 decimals, or a formatted percentage
 CSV_NUMBER = Text(pattern=r"([+-]?\d+(\.\d{1,6})?|\d(\.\d+)?e-0[5-7])?")
-SETTING = Text(settings=True)
-SETTING_OR_EMPTY = Text(choices=("",), settings=True)
+#: a model's name: from the registry, a baseline, or the user's label (``names``; never a run's own text)
+NAME = Text(names=True)
+NAME_OR_EMPTY = Text(choices=("",), names=True)
+#: the backends' names, as run.json records them
+BACKEND = Text(choices=BACKENDS)
+#: a model revision as published: a branch called main, a commit (short or full) or a version tag
+REVISION = r"main|[0-9a-f]{7,40}|v?\d{1,4}(\.\d{1,4}){0,3}"
+#: a package version as run.json records it (PEP 440 releases, pre-, post- and dev releases, and the
+#: local labels of accelerator builds: +cpu, +cu130, +rocm6.2, +xpu)
+PACKAGE_VERSION = (
+    r"\d{1,4}(\.\d{1,4}){0,3}((a|b|rc)\d{1,3})?(\.post\d{1,3})?(\.dev\d{1,3})?"
+    r"(\+(cpu|xpu|cu\d{2,3}|rocm\d{1,2}(\.\d{1,2}){0,2}))?"
+)
 
 #: run.json as published: only these fields (``PROVENANCE.project(run_json)``), local paths removed
 PROVENANCE = Obj(
     {
-        "model": SETTING,
-        "display_name": SETTING,
-        "model_id": SETTING,
-        "backend": SETTING,
+        "model": NAME,
+        "display_name": NAME,
+        "model_id": Text(names=True, nullable=True),
+        "backend": BACKEND,
         "oracle": Text(choices=ORACLE_SETTINGS),
         "parse_mode": Text(choices=PARSE_MODES),
         "sampling": Obj(
@@ -92,14 +106,14 @@ PROVENANCE = Obj(
         ),
         "weights": Obj(
             {
-                "model_id": SETTING,
-                "revision": Text(settings=True, nullable=True),
+                "model_id": Text(names=True, nullable=True),
+                "revision": Text(pattern=REVISION, nullable=True),
                 "commit": Text(pattern=HEX40, nullable=True),
                 "source": Text(choices=("local", "cache", "download"), nullable=True),
                 "size_bytes": Number(integer=True),
             }
         ),
-        "versions": MapOf(Text(pattern=r"[a-z0-9_.-]{1,40}"), Text(pattern=VERSION, nullable=True)),
+        "versions": MapOf(Text(choices=("python", *PACKAGES)), Text(pattern=PACKAGE_VERSION, nullable=True)),
         "git_commit": Text(pattern=f"{HEX40}(-dirty)?", nullable=True),
         "started": Text(pattern=ISO_TIME, nullable=True),
         "finished": Text(pattern=ISO_TIME, nullable=True),
@@ -113,7 +127,7 @@ PROVENANCE = Obj(
 METRICS = JsonSchema(
     spec=Obj(
         {
-            "model": SETTING,
+            "model": NAME,
             "parse_mode": Text(choices=PARSE_MODES),
             "bundle_fingerprint": Text(pattern=HEX64, nullable=True),
             "sources": Obj({role: Text(choices=ORACLE_SETTINGS, nullable=True) for role in ("e2e", "op")}),
@@ -162,7 +176,7 @@ def _paper_cells(table_id: str, header: Sequence[str], csv_mode: bool) -> tuple[
     out: list[Cell] = []
     for name in header:
         if name == "Model":
-            out.append(SETTING_CELL)
+            out.append(NAME_CELL)
         elif name == table.row_header:
             out.append(labels)
         elif csv_mode:
@@ -184,7 +198,7 @@ def table_schemas(table_id: str, *, intervals: bool) -> tuple[MarkdownSchema, Cs
 
 _BOARD_CELLS: dict[str, Cell] = {
     "Rank": RANK_CELL,
-    "Model": SETTING_CELL,
+    "Model": NAME_CELL,
     "Score (%)": Text(pattern=r"–|\d+\.\d"),
 }
 
@@ -201,7 +215,7 @@ def leaderboard_shapes() -> tuple[set[str], list[TableShape]]:
 
 def leaderboard_schemas() -> tuple[MarkdownSchema, CsvSchema]:
     lines, shapes = leaderboard_shapes()
-    cells = {"setting": Text(choices=SETTING_KEYS), "rank": Text(pattern=r"\d*"), "model": SETTING_CELL}
+    cells = {"setting": Text(choices=SETTING_KEYS), "rank": Text(pattern=r"\d*"), "model": NAME_CELL}
     csv_shape = TableShape(tuple(CSV_COLUMNS), tuple(cells.get(c, CSV_NUMBER) for c in CSV_COLUMNS))
     return MarkdownSchema(lines=lines, tables=shapes), CsvSchema(tables=[csv_shape])
 
@@ -268,7 +282,7 @@ def dataset_card(
     lines += [SYNTHETIC] if synthetic else []
     lines.append(
         f"- answers parsed in `{parse_mode}` mode"
-        + (f"; 95% intervals from {bootstrap} stratified bootstrap replicates" if bootstrap else "")
+        + ("; 95% design-based intervals (the case as the unit, lesion x path strata)" if bootstrap else "")
     )
     lines += [
         "",
@@ -329,16 +343,16 @@ def card_schema(repo: str | None) -> MarkdownSchema:
     patterns = (
         heading,
         rf"- fingerprint `{HEX64}`",
-        rf"- answers parsed in `({modes})` mode(; 95% intervals from \d+ stratified bootstrap replicates)?",
+        rf"- answers parsed in `({modes})` mode(; 95% design-based intervals \(the case as the unit, lesion x path strata\))?",
     )
     number = Text(pattern=r"(-?\d+(\.\d{1,6})?)?")
     oracles = "|".join(ORACLE_SETTINGS)
     models = TableShape(
         MODELS_HEADER,
         (
-            SETTING_CELL,
-            SETTING_OR_EMPTY,
-            SETTING_OR_EMPTY,
+            NAME_CELL,
+            NAME_OR_EMPTY,
+            Text(choices=("", *BACKENDS)),
             Text(pattern=rf"({oracles})(, ({oracles}))*"),
             number,
             number,

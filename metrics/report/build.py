@@ -24,10 +24,12 @@ CSVs and figures score each run on its own, as the reference does.
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import itertools
 import json
 import os
+import re
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -36,9 +38,12 @@ from typing import Any
 
 from chexpercept.bundle import Bundle
 from chexpercept.fileio import copy_file, private_dir, replaced_dir, write_atomic
-from chexpercept.metrics.discovery import RunFolder, discover_runs
+from chexpercept.input_files import IMAGE
+from chexpercept.metrics.discovery import RunFolder, discover_runs, load_run
+from chexpercept.metrics.leaderboard import leaderboard_rows, render_leaderboard, write_leaderboard_csv
+from chexpercept.metrics.model_scores import score_model
 from chexpercept.metrics.runs import open_bundle
-from chexpercept.metrics.tables import TABLE_IDS, legend, zero_width
+from chexpercept.metrics.tables import TABLE_IDS, legend, render_table, zero_width
 from chexpercept.results import ORACLE_SETTINGS
 from chexpercept.vocab import LESIONS, PATHS
 
@@ -59,7 +64,6 @@ from ..hub.leaderboard import (
 from ..model_scores import said_once
 from . import plots, reference_csv
 from .cases import ViewerRun, write_viewer_data
-from .leaderboard import leaderboard_rows, render_leaderboard, write_leaderboard_csv
 from .page import Figure, Section, figures_html, markdown_to_html, write_index_html
 
 FIGURES_DIR = "figures"
@@ -114,13 +118,6 @@ class ReportOutput:
         )
 
 
-def _metrics() -> Any:
-    """The metric library's public API (imported late: chexpercept.metrics loads its parts lazily)."""
-    import chexpercept.metrics as metrics
-
-    return metrics
-
-
 def resolve_bundle(
     bundle: str | os.PathLike[str] | Bundle | None, runs: Sequence[RunFolder]
 ) -> tuple[Bundle | None, list[str]]:
@@ -151,7 +148,6 @@ def resolve_bundle(
 
 
 def _load(folders: Sequence[RunFolder], bundle: Bundle | None) -> list[Any]:
-    m = _metrics()
     loaded = []
     for rf in folders:
         if rf.layout == "reference" and bundle is None:
@@ -159,7 +155,7 @@ def _load(folders: Sequence[RunFolder], bundle: Bundle | None) -> list[Any]:
                 f"{rf.results_file}: reference results do not store the questions; pass the bundle "
                 "they were made on with --bundle DIR"
             )
-        loaded.append(m.load_run(rf.folder, bundle=bundle, model=rf.model))
+        loaded.append(load_run(rf.folder, bundle=bundle, model=rf.model))
     return loaded
 
 
@@ -263,9 +259,8 @@ def _score(
 ) -> tuple[dict[tuple[str, str], Any], list[str], dict[str, Any]]:
     """(per run scores, model names, per model scores): each run is scored once, and a model's
     scores reuse its runs' scores."""
-    m = _metrics()
     per_run = {
-        (rf.model, rf.oracle): m.score_model([run], mode=mode, name=rf.model)
+        (rf.model, rf.oracle): score_model([run], mode=mode, name=rf.model)
         for rf, run in zip(folders, loaded)
     }
     models = sorted({rf.model for rf in folders})
@@ -273,7 +268,7 @@ def _score(
     for name in models:
         runs = [run for rf, run in zip(folders, loaded) if rf.model == name]
         scored = {run.oracle: per_run[(name, run.oracle)].scores[run.oracle] for run in runs}
-        reports[name] = m.score_model(runs, mode=mode, name=name, scores=scored)
+        reports[name] = score_model(runs, mode=mode, name=name, scores=scored)
     return per_run, models, reports
 
 
@@ -308,17 +303,16 @@ def _write_tables(
     title: str,
     hub: HubBoard | None = None,
 ) -> _Tables:
-    m = _metrics()
     files: list[FsPath] = []
     private_dir(out / "tables")
     blocks = []
     for tid in TABLE_IDS:
-        md = m.render_table(tid, reports, fmt="markdown", intervals=intervals, mark_no_variation=intervals)
+        md = render_table(tid, reports, fmt="markdown", intervals=intervals, mark_no_variation=intervals)
         files.append(_write(out / "tables" / f"table{tid}.md", md))
         files.append(
             _write(
                 out / "tables" / f"table{tid}.csv",
-                m.render_table(tid, reports, fmt="csv", intervals=intervals),
+                render_table(tid, reports, fmt="csv", intervals=intervals),
             )
         )
         blocks.append(md)
@@ -419,7 +413,7 @@ def _write_figures(
         chosen = {name: rep.values for (name, oracle), rep in per_run.items() if oracle == setting}
         folder = out / f"all_models_oracle_{setting}"
         if label == setting and chosen == headline_values:  # the same numbers: same figures
-            per_setting_figures[setting] = [copy_file(p, folder / p.name) for p in headline]
+            per_setting_figures[setting] = [copy_file(p, folder / p.name, limit=IMAGE) for p in headline]
         else:
             per_setting_figures[setting] = _draw_figures(folder, chosen, label=setting)
         files += per_setting_figures[setting]
@@ -619,7 +613,7 @@ def _write_into(
         warnings=warnings,
         seconds=time.perf_counter() - start,
         timings=clock.laps,
-        table2=_metrics().render_table("2", reports, fmt="markdown", intervals=False),
+        table2=render_table("2", reports, fmt="markdown", intervals=False),
     )
 
 
@@ -641,9 +635,15 @@ def _model_notes(folders: Sequence[RunFolder], reports: dict[str, Any]) -> list[
 
 
 def model_dirname(model: str) -> str:
-    """The folder of a model's per-run CSVs: its name, with path separators made safe (HF ids)."""
+    """The folder of a model's per-run CSVs: its name, with path separators made safe (HF ids:
+    ``org/name`` -> ``org__name``); any other character outside letters, digits, ``.``, ``_`` and ``-``
+    (a control character, markup, a space) becomes ``_``, with a short hash of the name to keep it
+    unique."""
     name = model.replace("/", "__").replace("\\", "__").strip(". ")
-    return name or "model"
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", name)
+    if safe != name:
+        safe += "-" + hashlib.sha1(model.encode("utf-8")).hexdigest()[:8]
+    return safe or "model"
 
 
 class _Clock:

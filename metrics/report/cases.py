@@ -28,6 +28,7 @@ from chexpercept.bundle import Bundle
 from chexpercept.case import Case
 from chexpercept.containment import Tree, image_file, output_path
 from chexpercept.fileio import copy_file, private_dir, write_atomic
+from chexpercept.input_files import IMAGE
 from chexpercept.results import CaseResult
 from chexpercept.vocab import LESIONS, PATHS, STAGE_NAMES, TASK_STAGE
 
@@ -103,7 +104,7 @@ class _ImageLinker:
         source = image_file(self.tree, rel, what="bundle image")
         target = output_path(self.out, f"{IMAGES_DIR}/{rel}", what="copied image")
         if not target.exists():
-            copy_file(source, target)  # a private copy, whatever the bundle's file modes
+            copy_file(source, target, limit=IMAGE, what="bundle image")  # private, bounded
             self.copied += 1
         return {"name": rel, "src": f"{IMAGES_DIR}/{rel}"}
 

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from chexpercept.cli_options import add_data_dir_option, add_output_dir_option, add_parse_mode_option
+from chexpercept.escape import terminal, terminal_lines
 
 DEFAULT_OUTPUT_DIR = "report"
 
@@ -104,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             hub = HubBoard(args.hub_leaderboard, tuple(read_leaderboard(args.hub_leaderboard)))
         except LeaderboardError as e:
-            print(f"chexpercept report: error: --hub-leaderboard: {e}", file=sys.stderr)
+            print(f"chexpercept report: error: --hub-leaderboard: {terminal_lines(e)}", file=sys.stderr)
             return 2
     try:
         result = write_report(
@@ -121,11 +122,11 @@ def run(args: argparse.Namespace) -> int:
             hub_leaderboard=hub,
         )
     except (FileNotFoundError, ValueError, ImportError) as e:  # bad input, as the other commands: 2
-        print(f"chexpercept report: error: {e}", file=sys.stderr)
+        print(f"chexpercept report: error: {terminal_lines(e)}", file=sys.stderr)
         return 2
     print(result.table2)
     for note in result.notes:
-        print(f"note: {note}")
+        print(f"note: {terminal(note)}")
     for warning in result.warnings:
         print("\n".join(warning.lines()), file=sys.stderr)
     print(

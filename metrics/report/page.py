@@ -16,9 +16,17 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path as FsPath
 
+from chexpercept.escape import terminal
 from chexpercept.fileio import private_dir, write_atomic
 
 from .style import css_variables
+
+
+def _escape(text: str) -> str:
+    """Text for HTML: control characters shown as escapes (``chexpercept.escape.terminal``: the page is
+    also read with cat and less), then ``html.escape``."""
+    return html.escape(terminal(text))
+
 
 ASSETS = ("report.js", "report.css")
 _NA_CELLS = {"N/A", "–", "-", "—", "null", ""}
@@ -48,13 +56,13 @@ def _inline(text: str) -> str:
     """Escape text, keeping **bold** and `code` from markdown."""
     out, pos = [], 0
     for m in _INLINE.finditer(text):
-        out.append(html.escape(text[pos : m.start()]))
+        out.append(_escape(text[pos : m.start()]))
         if m.group(1) is not None:
-            out.append(f"<strong>{html.escape(m.group(1))}</strong>")
+            out.append(f"<strong>{_escape(m.group(1))}</strong>")
         else:
-            out.append(f"<code>{html.escape(m.group(2))}</code>")
+            out.append(f"<code>{_escape(m.group(2))}</code>")
         pos = m.end()
-    out.append(html.escape(text[pos:]))
+    out.append(_escape(text[pos:]))
     return "".join(out)
 
 
@@ -78,7 +86,7 @@ def _cell_html(text: str) -> str:
         return _inline(text)
     return (
         _inline(text[: m.start()])
-        + f'<span class="ci">{html.escape(m.group(0))}</span>'
+        + f'<span class="ci">{_escape(m.group(0))}</span>'
         + _inline(text[m.end() :])
     )
 
@@ -150,8 +158,8 @@ def markdown_to_html(text: str) -> str:
 
 def figures_html(figures: Sequence[Figure]) -> str:
     items = [
-        f'<figure><a href="{html.escape(f.src)}" target="_blank"><img src="{html.escape(f.src)}" '
-        f'alt="{html.escape(f.caption)}"></a><figcaption>{html.escape(f.caption)}</figcaption></figure>'
+        f'<figure><a href="{_escape(f.src)}" target="_blank"><img src="{_escape(f.src)}" '
+        f'alt="{_escape(f.caption)}"></a><figcaption>{_escape(f.caption)}</figcaption></figure>'
         for f in figures
     ]
     return '<div class="plots">' + "".join(items) + "</div>"
@@ -177,12 +185,12 @@ def write_index_html(
     copy_assets(out)
     banner_html = "".join(f'<div class="banner">{_inline(b)}</div>' for b in banners)
     blocks = "\n".join(
-        f'<section class="block" id="{html.escape(s.id)}"><h2>{html.escape(s.title)}</h2>{s.body_html}</section>'
+        f'<section class="block" id="{_escape(s.id)}"><h2>{_escape(s.title)}</h2>{s.body_html}</section>'
         for s in sections
     )
     page = _PAGE.format(
-        title=html.escape(title),
-        subtitle=html.escape(subtitle),
+        title=_escape(title),
+        subtitle=_escape(subtitle),
         palette=css_variables(),
         banners=banner_html,
         blocks=blocks,

@@ -13,14 +13,12 @@ left empty instead of the reference's 0.0; ``na_as_zero=True`` writes 0.0 like t
 
 from __future__ import annotations
 
-import csv
-import io
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path as FsPath
 from typing import Any
 
-from chexpercept.fileio import write_atomic
+from chexpercept.metrics.csv_files import write_csv
 from chexpercept.vocab import PATHS
 
 SUMMARY_CSV = "model_performance_summary.csv"
@@ -90,34 +88,6 @@ def attribute_extraction_row(model: str, flat: Flat) -> dict[str, Any]:
     row: dict[str, Any] = {"path": "revision_required+revision_free", "model": model}
     row.update({col: flat.get(f"sub/{task}") for col, task in _ATTRIBUTE_TASKS.items()})
     return row
-
-
-def _cell(value: Any, na_as_zero: bool) -> str:
-    if value is None:
-        return "0.0" if na_as_zero else ""
-    if isinstance(value, float):
-        return repr(value)
-    return str(value)
-
-
-def write_csv(
-    path: str | os.PathLike[str],
-    columns: Sequence[str],
-    rows: Sequence[Mapping[str, Any]],
-    *,
-    na_as_zero: bool = False,
-) -> FsPath:
-    return write_atomic(path, csv_text(columns, rows, na_as_zero=na_as_zero))
-
-
-def csv_text(columns: Sequence[str], rows: Sequence[Mapping[str, Any]], *, na_as_zero: bool = False) -> str:
-    """The CSV ``write_csv`` writes, as text: a header, then one line per row (floats as repr)."""
-    buf = io.StringIO()
-    writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(columns)
-    for row in rows:
-        writer.writerow([_cell(row.get(c), na_as_zero) for c in columns])
-    return buf.getvalue()
 
 
 def write_run_csvs(

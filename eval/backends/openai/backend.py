@@ -64,6 +64,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from chexpercept.containment import ContainmentError, image_data_url
+from chexpercept.escape import terminal
 from chexpercept.eval.backends.occupancy import InFlightClock, WorkLedger, ratio, schedule_record
 from chexpercept.eval.backends.openai.inflight import OK, OTHER, THROTTLED, AdaptiveLimit
 from chexpercept.eval.backends.openai.retries import (
@@ -88,6 +89,8 @@ from chexpercept.eval.protocol import (
     Sampling,
 )
 from chexpercept.eval.registry import ModelSpec
+from chexpercept.input_files import REPLY
+from chexpercept.input_json import JsonInputError, loads
 from chexpercept.peer import DUA_FLAG, PeerRefused, is_loopback_host, route
 from chexpercept.peer_http import images_session
 from chexpercept.redaction import has_secret, redact_text, redact_url
@@ -489,7 +492,16 @@ class OpenAIBackend(BackendBase):
         assert self._loop is not None
         session = await self._loop.session()
         async with session.post(self.url, data=body, headers=self._headers(), allow_redirects=False) as reply:
-            return reply.status, reply.headers, await reply.read()
+            data = await reply.content.read(REPLY.max_bytes + 1)  # bounded: a reply is never read past it
+            while (
+                data
+                and len(data) <= REPLY.max_bytes
+                and (more := await reply.content.read(REPLY.max_bytes + 1))
+            ):
+                data += more
+            if len(data) > REPLY.max_bytes:
+                raise BackendError(f"the reply of {self.url} is over the limit of {REPLY.describe()}")
+            return reply.status, reply.headers, data
 
     async def _post(self, body: bytes) -> dict[str, Any]:
         """One attempt, within its deadline (``--timeout`` from sending to the reply's last byte)."""
@@ -508,7 +520,7 @@ class OpenAIBackend(BackendBase):
         except (aiohttp.ClientError, OSError) as e:  # a reset or closed connection
             raise _Retryable(f"{type(e).__name__}: {redact_text(str(e))}") from e
         text = raw.decode("utf-8", "replace")
-        detail = text[:500]
+        detail = terminal(text[:500])  # the server's words, shown on one line and inert on a terminal
         if 300 <= status < 400:
             location = headers.get("Location")
             raise _RunLevel(
@@ -661,14 +673,16 @@ def _reply_object(text: str, content_type: str, url: str) -> dict[str, Any]:
     if "text/event-stream" in content_type.lower():
         return _from_events(text)
     try:
-        data = json.loads(text)
-    except ValueError as e:
+        data = loads(text, source=f"the reply of {url}", limit=REPLY)
+    except JsonInputError as e:
+        if e.kind != "invalid":  # nested too deeply: not an API's reply, never retried
+            raise BackendError(terminal(str(e))) from None
         raise _Retryable(
             f"the reply is not complete JSON ({len(text)} characters, Content-Type {content_type or 'none'!r}): "
             "cut off, or not an API's reply"
         ) from e
     if not isinstance(data, dict):
-        raise BackendError(f"{url} replied with JSON that is not an object: {text[:200]}")
+        raise BackendError(f"{url} replied with JSON that is not an object: {terminal(text[:200])}")
     error = data.get("error") if not data.get("choices") else None
     if error:  # an error inside a 200 reply (some gateways): retried where its code says so
         code = error.get("code") if isinstance(error, dict) else None
@@ -694,9 +708,11 @@ def _from_events(text: str) -> dict[str, Any]:
             done = True
             continue
         try:
-            chunk = json.loads(data)
-        except ValueError as e:
-            raise _Retryable(f"a streamed reply holds a chunk that is not JSON: {data[:200]}") from e
+            chunk = loads(data, source="a streamed chunk", limit=REPLY)
+        except JsonInputError as e:
+            raise _Retryable(
+                f"a streamed reply holds a chunk that is not JSON: {terminal(data[:200])}"
+            ) from e
         for key in ("model", "system_fingerprint", "usage"):
             if chunk.get(key):
                 reply[key] = chunk[key]

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import datetime
 import email.utils
-import json
 import math
 import random
 import re
@@ -151,9 +150,12 @@ def _http_date(text: str) -> float | None:
 def error_objects(body: str) -> list[dict[str, Any]]:
     """The ``error`` objects of a JSON error body: an object, or a list of them (Google's
     OpenAI-compatible endpoint wraps its error in a list); empty when the body is something else."""
+    from chexpercept.input_files import REPLY
+    from chexpercept.input_json import JsonInputError, loads
+
     try:
-        data = json.loads(body)
-    except ValueError:
+        data = loads(body, source="error body", limit=REPLY)
+    except JsonInputError:
         return []
     items = data if isinstance(data, list) else [data]
     errors = [item.get("error") for item in items if isinstance(item, dict)]

@@ -58,6 +58,7 @@ from chexpercept.eval.protocol import (
 from chexpercept.eval.registry import ModelSpec
 from chexpercept.eval.runner.interrupts import shielded_children
 from chexpercept.eval.runner.preflight import ContextLimits, model_context_length
+from chexpercept.input_files import IMAGE, open_input
 
 #: launcher variables that would make vLLM's own worker processes think they belong to our group
 _LAUNCHER_ENV = (
@@ -497,7 +498,7 @@ class VLLMBackend(BackendBase):
         uuid = self._uuids.get(relative)
         if uuid is None:
             digest = hashlib.sha256()
-            with open(image_file(self.root, relative), "rb") as f:
+            with open_input(image_file(self.root, relative), IMAGE, what="image") as f:
                 for block in iter(lambda: f.read(1 << 20), b""):
                     digest.update(block)
             uuid = self._uuids[relative] = "sha256:" + digest.hexdigest()

@@ -14,7 +14,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path as FsPath
 from typing import Any
 
-from .reference_csv import csv_text, write_csv
+from chexpercept.escape import markdown_cell
+from chexpercept.metrics.csv_files import csv_text, write_csv
 
 SETTING_KEYS: dict[str, tuple[str, ...]] = {
     "e2e": ("e2e/stage1/all", "e2e/stage2/all", "e2e/stage3/all", "e2e/stage4/all"),
@@ -107,7 +108,7 @@ def render_leaderboard(rows: Sequence[Mapping[str, Any]]) -> str:
         for r in (r for r in rows if r["setting"] == setting):
             cells = [
                 "–" if r["rank"] is None else str(r["rank"]),
-                r["model"],
+                markdown_cell(r["model"]),
                 _pct(r["score"]),
                 *[_pct(r[f"stage{k}"], r.get(f"stage{k}_ci")) for k in (1, 2, 3, 4)],
             ]

@@ -4,14 +4,15 @@
 and writes, through a manifest (``chexpercept.metrics.hub.guard``), what a paper's table needs: per
 model the flat metrics, the intervals, the tables (markdown and CSV) and run.json reduced to its known
 fields with local paths removed; for all models the tables, a leaderboard and a README (dataset
-card). Each file has its schema (``chexpercept.metrics.hub.scores_repo``); ``Staged.verify()`` checks
+card). Each model is published under a name of the registry or a baseline, or under the label the user
+gives it (``names``: ``--name FOLDER=LABEL``), never under the text its run folder holds
+(``chexpercept.metrics.hub.names``). Each file has its schema (``chexpercept.metrics.hub.scores_repo``); ``Staged.verify()`` checks
 the folder against the manifest, the schemas and the bundle's own case identifiers, and ``upload``
 sends exactly the verified bytes in one commit.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Mapping
@@ -19,13 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path as FsPath
 from typing import Any
 
-from chexpercept.os_errors import explain_os_error
-
-from .hub.guard import AGREEMENT, Context, Manifest, PushRefused, json_text, round_floats, strings_in
-from .hub.identifiers import for_runs
-from .hub.scores_repo import (
+from chexpercept.escape import terminal
+from chexpercept.input_json import read_json
+from chexpercept.metrics.hub.guard import AGREEMENT, Context, Manifest, PushRefused, json_text, round_floats
+from chexpercept.metrics.hub.identifiers import for_runs
+from chexpercept.metrics.hub.names import LOCAL, NameRefused, PublishedModel, check_repo_id, published_model
+from chexpercept.metrics.hub.scores_repo import (
     INTERVALS,
-    LOCAL,
     METRICS,
     PROVENANCE,
     PROVENANCE_FILE,
@@ -34,8 +35,9 @@ from .hub.scores_repo import (
     leaderboard_schemas,
     table_schemas,
 )
-from .report.leaderboard import leaderboard_csv, leaderboard_rows, render_leaderboard
-from .tables import TABLE_IDS
+from chexpercept.metrics.leaderboard import leaderboard_csv, leaderboard_rows, render_leaderboard
+from chexpercept.metrics.tables import TABLE_IDS
+from chexpercept.os_errors import explain_os_error
 
 __all__ = ["AGREEMENT", "LOCAL", "PushRefused", "Staged", "model_folders", "scrub", "stage", "upload"]
 
@@ -56,7 +58,7 @@ class Staged:
 
 # ------------------------------------------------------------------------------------ discovery
 def _is_model_folder(p: FsPath) -> bool:
-    return any(c.is_dir() and (c / "run.json").is_file() for c in p.glob("oracle_*"))
+    return any(c.is_dir() and (c / "run.json").exists() for c in p.glob("oracle_*"))
 
 
 def model_folders(runs_dir: str | os.PathLike[str]) -> dict[str, FsPath]:
@@ -105,7 +107,7 @@ def provenance(run_json: Mapping[str, Any]) -> dict[str, Any]:
 
 def _read_json(path: FsPath) -> dict[str, Any]:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = read_json(path, what="run.json")
     except OSError as e:
         raise ValueError(f"cannot read {path}: {explain_os_error(e).what}") from e
     except ValueError as e:
@@ -119,6 +121,33 @@ def _read_json(path: FsPath) -> dict[str, Any]:
 def _model_metas(folder: FsPath) -> dict[str, dict[str, Any]]:
     """oracle_<setting> -> that run's run.json (as read) for one model folder."""
     return {p.parent.name: _read_json(p) for p in sorted(folder.glob("oracle_*/run.json"))}
+
+
+def publish_as(meta: Mapping[str, Any], model: PublishedModel) -> dict[str, Any]:
+    """A published run.json (``provenance``) with the model's names replaced by how it is published:
+    ``model`` its slug, ``display_name`` its name, ``model_id`` (and the weights') the registry's or
+    baseline's id, else null."""
+    out = dict(meta)
+    out.update(model=model.slug, display_name=model.name, model_id=model.model_id)
+    if isinstance(out.get("weights"), Mapping):
+        out["weights"] = {**out["weights"], "model_id": model.model_id}
+    return out
+
+
+def _labels(names: Mapping[str, str] | None, folders: Mapping[str, FsPath]) -> dict[str, str]:
+    """``--name`` as folder -> label: ``{"": LABEL}`` names the one model folder."""
+    labels = dict(names or {})
+    if "" in labels:
+        if len(folders) != 1:
+            raise NameRefused(
+                f"--name LABEL names the one model of RUNS_DIR, but it holds {len(folders)} "
+                f"({', '.join(terminal(f) for f in folders)}): give --name FOLDER=LABEL for each"
+            )
+        labels[next(iter(folders))] = labels.pop("")
+    unknown = sorted(set(labels) - set(folders))
+    if unknown:
+        raise NameRefused(f"--name names no model folder of RUNS_DIR: {', '.join(map(repr, unknown))}")
+    return labels
 
 
 def _recorded(metas: Mapping[str, Mapping[str, Any]]) -> list[tuple[str | None, str | None]]:
@@ -137,20 +166,39 @@ def stage(
     seed: int = 0,
     repo: str | None = None,
     bundle: str | os.PathLike[str] | None = None,
+    names: Mapping[str, str] | None = None,
 ) -> Staged:
     """Score every model under ``runs_dir`` and write what gets published into ``staging`` (new or
     empty). ``bundle``: the bundle the runs were made on (default: the one run.json names), whose
-    case identifiers the upload is checked against; ValueError when it is not on this disk."""
+    case identifiers the upload is checked against; ValueError when it is not on this disk.
+    ``names``: results-folder name -> the label to publish that model under (``""`` for the one
+    model of ``runs_dir``); a model outside the registry and the baselines needs one. NameRefused
+    (a ValueError) when a model has no name that may be published, or a label or ``repo`` breaks
+    its rule (``chexpercept.metrics.hub.names``)."""
     from chexpercept.metrics import render_table, score_path
 
+    if repo is not None:
+        check_repo_id(repo, "--repo")
     folders = model_folders(runs_dir)
     all_metas = {name: _model_metas(folder) for name, folder in folders.items()}
+    labels = _labels(names, folders)
+    models = {f: published_model(f, all_metas[f], labels.get(f)) for f in folders}
+    for attr in ("slug", "name"):
+        seen: dict[str, str] = {}
+        for f, m in models.items():
+            other = seen.setdefault(getattr(m, attr), f)
+            if other != f:
+                raise NameRefused(
+                    f"models {terminal(other)} and {terminal(f)} would both be published as "
+                    f"{getattr(m, attr)!r}: give one of them another name with --name FOLDER=LABEL"
+                )
     identifiers = for_runs(bundle, [r for metas in all_metas.values() for r in _recorded(metas)])
     reports: dict[str, Any] = {}
     published: dict[str, dict[str, dict[str, Any]]] = {}
     for folder_name, folder in folders.items():
-        metas = {setting: provenance(m) for setting, m in all_metas[folder_name].items()}
-        display = next((m.get("display_name") for m in metas.values() if m.get("display_name")), folder_name)
+        model = models[folder_name]
+        metas = {setting: publish_as(provenance(m), model) for setting, m in all_metas[folder_name].items()}
+        display = model.name
         report = score_path(folder, mode=parse_mode, name=display)
         if bootstrap:
             report.with_intervals(bootstrap, seed=seed)
@@ -158,13 +206,14 @@ def stage(
             identifiers.add("key_id", key_id)
         reports[display] = report
         published[display] = metas
-    settings = strings_in(list(folders), list(reports), [list(m.values()) for m in published.values()])
-    manifest = Manifest(staging, Context(identifiers, frozenset(settings | {repo or ""})))
+    manifest = Manifest(
+        staging, Context(identifiers, frozenset().union(*(m.strings for m in models.values())))
+    )
 
     ci = bool(bootstrap)
     md_table = {tid: table_schemas(tid, intervals=ci) for tid in TABLE_IDS}
     for (folder_name, _), (display, report) in zip(folders.items(), reports.items()):
-        base = f"models/{folder_name}"
+        base = f"models/{models[folder_name].slug}"
         metrics = {
             "model": display,
             "parse_mode": parse_mode,
@@ -225,7 +274,7 @@ def upload(
 ) -> str:
     """Create the dataset repo if needed and commit exactly the verified files; the commit URL.
     PushRefused when the staging folder no longer passes the guard."""
-    from .hub.commit import upload as commit
+    from chexpercept.metrics.hub.commit import upload as commit
 
     done = commit(
         staged.manifest,

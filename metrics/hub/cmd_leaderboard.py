@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from chexpercept.escape import terminal_lines
+
 PROG = "chexpercept leaderboard"
 
 
@@ -30,8 +32,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
 
     from chexpercept.fileio import write_atomic
-
-    from .hub.leaderboard import (
+    from chexpercept.metrics.hub.leaderboard import (
         LeaderboardError,
         hub_leaderboard_csv,
         hub_leaderboard_json,
@@ -45,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         entries = read_leaderboard(args.repo, all_models=args.all_models)
     except LeaderboardError as e:
-        print(f"{PROG}: {e}", file=sys.stderr)
+        print(f"{PROG}: {terminal_lines(e)}", file=sys.stderr)
         return 1
     if args.format == "csv":
         text = hub_leaderboard_csv(entries)

@@ -11,13 +11,14 @@ import argparse
 import sys
 import tempfile
 
+from chexpercept.escape import terminal_lines
+
 PROG = "chexpercept benchmark-card"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     from chexpercept.cli_options import add_data_dir_option
-
-    from .hub import DEFAULT_FRAMEWORK
+    from chexpercept.metrics.hub import DEFAULT_FRAMEWORK
 
     parser.add_argument(
         "--repo", required=True, metavar="ORG/NAME", help="the benchmark dataset repo to commit to"
@@ -42,10 +43,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path as FsPath
 
-    from .hub.benchmark_card import stage_benchmark_card
-    from .hub.commit import upload
-    from .hub.guard import PushRefused
-    from .hub.identifiers import Identifiers
+    from chexpercept.metrics.hub.benchmark_card import stage_benchmark_card
+    from chexpercept.metrics.hub.commit import preview_then_commit, upload
+    from chexpercept.metrics.hub.identifiers import Identifiers
 
     if args.repo.count("/") != 1:
         print(f"{PROG}: --repo must be ORG/NAME, got {args.repo!r}", file=sys.stderr)
@@ -59,16 +59,12 @@ def run(args: argparse.Namespace) -> int:
             )
             files = manifest.verify()
         except (ValueError, FileNotFoundError) as e:  # PushRefused is a ValueError
-            print(f"{PROG}: {e}", file=sys.stderr)
+            print(f"{PROG}: {terminal_lines(e)}", file=sys.stderr)
             return 2
         verb = "would commit" if args.dry_run else "committing"
-        print(f"{verb} {len(files)} files to dataset {args.repo} (no data):")
-        for rel, data in files.items():
-            print(f"--- {rel}")
-            print(data.decode("utf-8"), end="")
-        if args.dry_run:
-            return 0
-        try:
+        heading = f"{verb} {len(files)} files to dataset {args.repo} (no data):"
+
+        def commit() -> str:
             done = upload(
                 manifest,
                 args.repo,
@@ -76,11 +72,10 @@ def run(args: argparse.Namespace) -> int:
                 private=args.private,
                 message="CheXpercept benchmark card and eval.yaml (chexpercept benchmark-card)",
             )
-        except PushRefused as e:
-            print(f"{PROG}: {e}", file=sys.stderr)
+            return done.commit_url
+
+        try:
+            return preview_then_commit(files, heading, dry_run=args.dry_run, commit=commit, prog=PROG)
+        except (ValueError, FileNotFoundError) as e:  # PushRefused is a ValueError
+            print(f"{PROG}: {terminal_lines(e)}", file=sys.stderr)
             return 2
-        except Exception as e:  # the Hub's errors (auth, network, eval.yaml refused) as one line
-            print(f"{PROG}: upload failed: {type(e).__name__}: {e}", file=sys.stderr)
-            return 1
-    print(f"done: {done.commit_url}")
-    return 0

@@ -14,6 +14,8 @@ import argparse
 import sys
 import tempfile
 
+from chexpercept.escape import terminal_lines
+
 PROG = "chexpercept push-results"
 
 
@@ -39,6 +41,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--source-url",
         metavar="URL",
         help="with --model-repo: the link each result's source gives (default: the benchmark's Hub page)",
+    )
+    parser.add_argument(
+        "--name",
+        action="append",
+        default=[],
+        metavar="[FOLDER=]LABEL",
+        help="with --repo: publish the model of results folder FOLDER (RUNS_DIR/FOLDER; FOLDER= may be left "
+        "out when RUNS_DIR holds one model) as LABEL: a letter, then letters, digits, '.' and '-', at most "
+        "24 characters. A model outside the registry and the baselines is published only under such a name, "
+        "never under the name its runs hold",
     )
     parser.add_argument(
         "--allow-synthetic",
@@ -69,25 +81,31 @@ def configure(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="with --repo: bootstrap replicates (default 1000; 0 = none)",
+        help="with --repo: 0 leaves the intervals out; any other number keeps them (they are design-based "
+        "and need no resampling: the number is not used)",
     )
-    parser.add_argument("--seed", type=int, default=None, help="with --repo: bootstrap seed (default 0)")
+    parser.add_argument("--seed", type=int, default=None, help=argparse.SUPPRESS)  # no resampling: unused
 
 
 def _fail(message: str, code: int = 2) -> int:
-    print(f"{PROG}: {message}", file=sys.stderr)
+    print(f"{PROG}: {terminal_lines(message)}", file=sys.stderr)
     return code
 
 
 def _misused(args: argparse.Namespace) -> str | None:
     """An option given that the chosen mode does not take, or a repo id of the wrong shape."""
+    from chexpercept.metrics.hub.names import NameRefused, check_repo_id
+
     for flag, value in (
         ("--repo", args.repo),
         ("--model-repo", args.model_repo),
         ("--benchmark", args.benchmark),
     ):
-        if value is not None and value.count("/") != 1:
-            return f"{flag} must be ORG/NAME, got {value!r}"
+        if value is not None:
+            try:
+                check_repo_id(value, flag)
+            except NameRefused as e:
+                return str(e)
     if args.model_repo:
         if not args.benchmark:
             return "--model-repo needs --benchmark ORG/NAME (the benchmark dataset repo, see benchmark-card)"
@@ -95,6 +113,7 @@ def _misused(args: argparse.Namespace) -> str | None:
             ("--private", args.private),
             ("--bootstrap", args.bootstrap is not None),
             ("--seed", args.seed is not None),
+            ("--name", bool(args.name)),
         )
         given = [f for f, v in options if v]
         return f"{', '.join(given)} only apply to --repo" if given else None
@@ -117,7 +136,7 @@ def _misused(args: argparse.Namespace) -> str | None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path as FsPath
 
-    from .hub.guard import PushRefused
+    from chexpercept.metrics.hub.guard import PushRefused
 
     problem = _misused(args)
     if problem:
@@ -135,7 +154,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _dataset_repo(args: argparse.Namespace, staging) -> int:
-    from .push_results import stage, upload
+    from chexpercept.metrics.hub.commit import preview_then_commit
+    from chexpercept.metrics.hub.push_results import stage, upload
 
     staged = stage(
         args.runs_dir,
@@ -145,30 +165,32 @@ def _dataset_repo(args: argparse.Namespace, staging) -> int:
         seed=args.seed or 0,
         repo=args.repo,
         bundle=args.data_dir,
+        names=dict(n.partition("=")[::2] if "=" in n else ("", n) for n in args.name),
     )
     files = staged.verify()
     size = sum(len(b) for b in files.values())
     verb = "would upload" if args.dry_run else "uploading"
-    print(
+    heading = (
         f"{verb} {len(files)} files ({size} bytes) for {len(staged.models)} model(s) to dataset {args.repo}:"
     )
-    for f in files:
-        print(f"  {f}")
-    if args.dry_run:
-        return 0
-    try:
-        url = upload(staged, args.repo, private=args.private)
-    except (ValueError, FileNotFoundError):
-        raise
-    except Exception as e:  # the Hub's errors (auth, network) as one line
-        return _fail(f"upload failed: {type(e).__name__}: {e}", 1)
-    print(f"done: {url}")
-    return 0
+    return preview_then_commit(
+        files,
+        heading,
+        dry_run=args.dry_run,
+        commit=lambda: upload(staged, args.repo, private=args.private),
+        contents=False,
+        prog=PROG,
+    )
 
 
 def _model_repo(args: argparse.Namespace, staging) -> int:
-    from .hub.commit import upload
-    from .hub.eval_results import default_source_url, model_folder, pr_description, stage_eval_results
+    from chexpercept.metrics.hub.commit import preview_then_commit, upload
+    from chexpercept.metrics.hub.eval_results import (
+        default_source_url,
+        model_folder,
+        pr_description,
+        stage_eval_results,
+    )
 
     folder = model_folder(args.runs_dir)
     staged = stage_eval_results(
@@ -179,21 +201,18 @@ def _model_repo(args: argparse.Namespace, staging) -> int:
         parse_mode=args.parse_mode,
         bundle=args.data_dir,
         allow_synthetic=args.allow_synthetic,
+        model_repo=args.model_repo,
     )
     files = staged.verify()
     for note in staged.notes:
         print(f"note: {note}")
     verb = "would open" if args.dry_run else "opening"
-    print(
+    heading = (
         f"{verb} a pull request on model {args.model_repo} adding {len(files)} file(s) "
         f"for benchmark {args.benchmark}:"
     )
-    for rel, data in files.items():
-        print(f"--- {rel}")
-        print(data.decode("utf-8"), end="")
-    if args.dry_run:
-        return 0
-    try:
+
+    def commit() -> str:
         done = upload(
             staged.manifest,
             args.model_repo,
@@ -202,9 +221,6 @@ def _model_repo(args: argparse.Namespace, staging) -> int:
             message="Add CheXpercept evaluation results",
             description=pr_description(staged, args.benchmark),
         )
-    except (ValueError, FileNotFoundError):
-        raise
-    except Exception as e:  # the Hub's errors (auth, no such model, network) as one line
-        return _fail(f"upload failed: {type(e).__name__}: {e}", 1)
-    print(f"done: pull request {done.pr_url}")
-    return 0
+        return f"pull request {done.pr_url}"
+
+    return preview_then_commit(files, heading, dry_run=args.dry_run, commit=commit, prog=PROG)

@@ -1,0 +1,83 @@
+"""Escapers: untrusted text made inert for the medium it is written to.
+
+Text read from a bundle, a results file, a model's reply, a server or the Hub may hold control
+characters (``ESC]0;title BEL``, ``ESC[2J`` clear the screen), a newline followed by a line that looks
+like ours (``OK: 0 problems``), markdown that breaks a table or pulls in an image, or a CSV cell that a
+spreadsheet runs as a formula. Whatever writes such text goes through one of these:
+
+- ``terminal(text)``: for a terminal or a log line. Every character that is not printable (C0 and C1
+  controls including ESC, BEL, CR and the newline, DEL, Unicode line and paragraph separators, bidi
+  overrides and other invisible format characters, unassigned code points) is shown as its escape
+  (``\\x1b``, ``\\n``, ``\\u202e``), so the text stays on its line and changes nothing on the screen.
+- ``terminal_lines(text)``: for a message of several lines of our own: the same, except that the
+  newline stays (each value quoted into such a message must already have gone through ``terminal``;
+  the error classes do that for their fields, e.g. ``chexpercept.errors.Problem``).
+- ``markdown_cell(text)``: for a cell of a markdown table: ``terminal``, then ``\\``, ``|``, ``<``,
+  ``>``, ``[``, ``]``, ````` and ``*`` escaped with a backslash (no table break, no HTML, no link or
+  image, no code, no ``*`` emphasis; ``_`` stays: key_ids and model ids hold it, and GitHub-flavoured
+  markdown does not emphasise inside words).
+- ``csv_cell(value)``: for a CSV cell: ``terminal`` for text, and text that a spreadsheet would take
+  for a formula (starting with ``=``, ``+``, ``-``, ``@``, a tab or a carriage return, and not a
+  number) gets a leading ``'`` (OWASP's advice).
+
+HTML is escaped by the report's page builder (``html.escape`` on every value it writes; the case viewer
+sets text with ``textContent``), so no HTML escaper lives here.
+
+Cost: printable text (the normal case) is returned as it is after one ``str.isprintable`` call.
+"""
+
+from __future__ import annotations
+
+import re
+
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+_MARKDOWN = re.compile(r"([\\|<>\[\]`*])")
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+_NUMBER = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?%?")
+
+
+def _escape_char(ch: str) -> str:
+    named = _NAMED.get(ch)
+    if named:
+        return named
+    code = ord(ch)
+    if code <= 0xFF:
+        return f"\\x{code:02x}"
+    if code <= 0xFFFF:
+        return f"\\u{code:04x}"
+    return f"\\U{code:08x}"
+
+
+def terminal(text: object) -> str:
+    """``str(text)`` with every non-printable character (newlines and ESC included) shown as its
+    escape (see the module docstring): one line that writes only what it shows."""
+    s = text if isinstance(text, str) else str(text)
+    if s.isprintable():
+        return s
+    return "".join(c if c.isprintable() else _escape_char(c) for c in s)
+
+
+def terminal_lines(text: object) -> str:
+    """``terminal`` for each line of ``text``, the newlines between them kept (for our own messages
+    of several lines; values quoted into them must have gone through ``terminal`` already)."""
+    s = text if isinstance(text, str) else str(text)
+    if s.isprintable():
+        return s
+    return "\n".join(terminal(line) for line in s.split("\n"))
+
+
+def markdown_cell(text: object) -> str:
+    """``text`` for one cell of a markdown table: ``terminal``, then markdown's active characters
+    escaped with a backslash (see the module docstring)."""
+    return _MARKDOWN.sub(r"\\\1", terminal(text))
+
+
+def csv_cell(value: object) -> object:
+    """``value`` for one CSV cell: numbers and None as they are; text through ``terminal``, with a
+    leading ``'`` when a spreadsheet would run it as a formula (and it is not a number)."""
+    if value is None or isinstance(value, (int, float)):
+        return value
+    s = terminal(value)
+    if s.startswith(_FORMULA_START) and not _NUMBER.fullmatch(s):
+        return "'" + s
+    return s

@@ -1,0 +1,91 @@
+"""The solver: one case's conversation, driven through our ``Conversation``.
+
+Before the first request of each case, the model is checked (``rules``: data use, images in the
+log, what the model can take). Then, turn after turn, the pending request's messages (system
+message, every earlier turn as our history holds it, the new question and its images, read through
+``chexpercept.containment``) are what Inspect sends; the model's reply goes back to the
+conversation, which parses and judges it and applies the oracle setting before the next turn.
+The finished record (the one our runner writes to results.jsonl) is kept in the sample's store for
+the scorer, and the sample's messages become the conversation as the model last saw it, each image
+named by its file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from inspect_ai.model import GenerateConfig, get_model
+from inspect_ai.solver import Generate, Solver, TaskState, solver
+
+from chexpercept.answers import ParseMode
+from chexpercept.case import Case
+from chexpercept.eval.conversation import Conversation
+
+from . import messages, rules
+from .release import load_release, selection
+
+#: the sample store's keys: the finished case's record (a results.jsonl record as a dict), and
+#: whether the decoding was greedy (an Oracle-Passed run then also gives the End-to-End numbers)
+RECORD_KEY = "chexpercept_record"
+GREEDY_KEY = "chexpercept_greedy"
+
+
+def images_per_request(case: Case) -> int:
+    """The most images one request of ``case`` carries: its last, which re-sends them all."""
+    return sum(len(t.images) for t in case.turns)
+
+
+def effective_config(model: Any) -> GenerateConfig:
+    """The generation settings of this eval's requests: the model's, then the eval's over them
+    (``--batch``, ``--temperature``...). Inspect has no public accessor for the eval's settings
+    inside a solver; this private one is that of the pinned version (the tests fail if it moves)."""
+    from inspect_ai.model._generate_config import active_generate_config
+
+    return model.config.merge(active_generate_config())
+
+
+@solver(name="chexpercept_conversation")
+def conversation_solver(
+    data_dir: str,
+    oracle: str,
+    parse_mode: ParseMode = "reference",
+    lesions: str | list[str] | None = None,
+    paths: str | list[str] | None = None,
+    dua_compliant: bool = False,
+) -> Solver:
+    """Drive each sample's case (its id is the key_id) of the release at ``data_dir`` through our
+    ``Conversation`` with the oracle setting and parse mode; ``dua_compliant`` declares the
+    model's endpoint (``rules``)."""
+    release = load_release(data_dir, selection(lesions), selection(paths))
+    cases, root = release.cases, release.root
+    images_needed = max((images_per_request(c) for c in cases.values()), default=1)
+
+    async def solve(state: TaskState, generate: Generate) -> TaskState:
+        model = get_model()
+        config = effective_config(model)
+        rules.check_log_images(state.uuid)
+        checked = rules.check_model(model, config, declared=dua_compliant, images_needed=images_needed)
+        if checked is not None:
+            await rules.guard(model, checked)
+        case = cases[str(state.sample_id)]
+        conv = Conversation(case, oracle=oracle, parse_mode=parse_mode, model=model.name, root=root)
+        while not conv.done:
+            request = conv.pending
+            state.messages = messages.chat_messages(request)
+            try:
+                state = await generate(state)
+            except Exception as e:
+                explained = rules.explain_rejection(
+                    e, key_id=case.key_id, task=request.task, images=len(request.images)
+                )
+                if explained is None:
+                    raise
+                raise rules.ModelUnsuitable(explained) from e
+            conv.answer(messages.response(state.output, model.name))
+        state.messages = messages.readable(conv.history)
+        state.store.set(RECORD_KEY, asdict(conv.result()))
+        state.store.set(GREEDY_KEY, config.temperature == 0)
+        return state
+
+    return solve

@@ -1,0 +1,229 @@
+"""CheXpercept in Inspect AI (docs/inspect.md): the installed task against our runner, and what it
+refuses.
+
+The parity test runs ``inspect eval chexpercept/chexpercept`` (the command users run, found through
+the entry point) and ``chexpercept run --backend openai`` against two scripted loopback servers
+that answer by the conversation alone: both must send the same conversations, get the same answers
+and give the same numbers, case for case. Needs the ``inspect`` extra (scripts/test.sh installs it);
+run by hand without it, the tests skip with a loud reason; under scripts/test.sh or CI they fail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import zipfile
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from fake_openai import FakeServer, conversation_of, scripted_reply
+
+from chexpercept.results import iter_results
+
+try:
+    import inspect_ai
+except ImportError:  # pragma: no cover - the inspect extra is missing
+    inspect_ai = None
+    message = "INSPECT TESTS NOT RUN: inspect-ai is not installed (pip install -e '.[inspect]')"
+    required = os.environ.get("CI") or os.environ.get("CHEXPERCEPT_REQUIRE_INSPECT")
+    if required and os.environ.get("CHEXPERCEPT_SKIP_INSPECT") != "1":
+        pytest.fail(message, pytrace=False)
+    pytest.skip(message, allow_module_level=True)
+
+pytestmark = pytest.mark.inspect_ai
+
+MODEL = "local-vlm"
+#: the parity test's cases: every route of a lesion with Stage 4 attributes and of cardiomegaly
+#: (none); the whole phantom bundle takes about three times as long, and bench/inspect_vs_runner.py
+#: runs 42 cases
+LESIONS = ("cardiomegaly", "effusion")
+
+
+def inspect_env(data_home: Path) -> dict[str, str]:
+    """The environment of an ``inspect`` command: no proxy, Inspect's own files (traces, the realtime
+    sample buffer) under ``data_home`` instead of ~/.local/share."""
+    env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
+    env["XDG_DATA_HOME"] = str(data_home)
+    return env
+
+
+def run_inspect(bundle: Path, url: str, log_dir: Path, *args: str) -> subprocess.CompletedProcess:
+    exe = Path(sys.executable).with_name("inspect")
+    cmd = [
+        str(exe) if exe.exists() else shutil.which("inspect") or "inspect",
+        *("eval", "chexpercept/chexpercept", "-T", f"data_dir={bundle}", "-T", "oracle=implicit"),
+        *("-T", f"lesions={','.join(LESIONS)}"),
+        *("--model", f"vllm/{MODEL}", "--model-base-url", url, "--no-log-images"),
+        *("--log-dir", str(log_dir), "--display", "none", "--log-level", "warning", *args),
+    ]
+    env = inspect_env(log_dir.parent / "xdg")
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+
+
+def test_inspect_gives_our_runners_answers_and_scores(phantom_bundle, tmp_path):
+    from inspect_ai.log import read_eval_log
+
+    from chexpercept.cli import main as cli
+    from chexpercept.eval.harnesses.inspect_ai.scorer import METRIC_KEYS, log_records
+
+    ours, theirs = FakeServer(reply=scripted_reply), FakeServer(reply=scripted_reply)
+    with ours, theirs:
+        started = time.monotonic()
+        rc = cli(
+            [
+                *("run", "--data-dir", str(phantom_bundle), "--model", MODEL, "--backend", "openai"),
+                *("--base-url", ours.url, "--output-dir", str(tmp_path / "runs"), "--no-progress"),
+                *("--lesions", *LESIONS),
+            ]
+        )
+        assert rc == 0
+        middle = time.monotonic()
+        done = run_inspect(phantom_bundle, theirs.url, tmp_path / "logs")
+        print(f"our runner {middle - started:.1f} s, inspect eval {time.monotonic() - middle:.1f} s")
+    assert done.returncode == 0, done.stdout + done.stderr
+
+    # the same conversations went out: system message, texts, images (the same bytes), history
+    sent = Counter(json.dumps(conversation_of(r["body"])) for r in ours.requests)
+    assert sent == Counter(json.dumps(conversation_of(r["body"])) for r in theirs.requests)
+    assert conversation_of(theirs.requests[0]["body"])[0][0] == "system"
+    assert {r["body"]["temperature"] for r in theirs.requests} == {0.0}  # greedy, as our runner
+
+    # the same answers, verdicts and oracle patches, case for case; sample ids are key_ids
+    (path,) = (tmp_path / "logs").glob("*.eval")
+    log = read_eval_log(str(path))
+    assert log.status == "success"
+    run_dir = tmp_path / "runs" / MODEL / "oracle_implicit"
+    expected = {r.key_id: r for r in iter_results(run_dir / "results.jsonl")}
+    got = {r.key_id: r for r in log_records(log)}
+    assert sorted(s.id for s in log.samples) == sorted(expected) == sorted(got)
+    assert len(expected) == 6 and {r.path for r in expected.values()} == {"RR", "RF", "LF"}
+    for key_id, record in expected.items():
+        assert got[key_id].conversation == record.conversation, key_id
+        for a, b in zip(got[key_id].turns, record.turns, strict=True):
+            assert (a.task, a.response, a.parsed, a.correct, a.patched_to, a.oracle_text) == (
+                b.task,
+                b.response,
+                b.parsed,
+                b.correct,
+                b.patched_to,
+                b.oracle_text,
+            ), key_id
+    assert any(not t.correct for r in expected.values() for t in r.turns)  # the script errs
+    assert any(t.patched_to for r in expected.values() for t in r.turns)  # and the oracle fires
+
+    # the same numbers as `chexpercept score` on our runner's answers
+    out = tmp_path / "score.json"
+    assert cli(["score", str(run_dir), "--output", str(out)]) == 0
+    flat = json.loads(out.read_text())
+    (scores,) = log.results.scores
+    metrics = {name: m.value for name, m in scores.metrics.items()}
+    assert set(metrics) == set(METRIC_KEYS)
+    for key in METRIC_KEYS:
+        assert metrics[key] == pytest.approx(flat[key]), key
+    sample = log.samples[0]
+    assert set(sample.scores["chexpercept_turns"].value) == set(sample.metadata["turns"])
+
+    # inspect view shows the conversation; the log holds no pixels, each image by its path
+    assert any("[image: chexpercept/" in m.text for m in sample.messages if m.role == "user")
+    with zipfile.ZipFile(path) as z:
+        assert not any(b"base64," in z.read(name) for name in z.namelist())
+
+
+def eval_one(task_args: dict, tmp_path: Path, **kwargs):
+    """One sample of our task through inspect_ai.eval in this process; the log."""
+    from inspect_ai import eval as inspect_eval
+
+    kwargs.setdefault("log_images", False)
+    (log,) = inspect_eval(
+        "chexpercept/chexpercept",
+        task_args=task_args,
+        log_dir=str(tmp_path / "logs"),
+        display="none",
+        limit=1,
+        **kwargs,
+    )
+    return log
+
+
+def model_at(server) -> str:
+    """A model name of its own for each server: Inspect reuses a model (and its HTTP client) by name
+    within a process."""
+    return f"vllm/{MODEL}-{server.url.split(':')[-1].split('/')[0]}"
+
+
+def error_of(log) -> str:
+    assert log.status == "error"
+    return log.error.message
+
+
+def test_inspect_refuses_what_the_data_use_agreement_forbids(fixture_bundle, tmp_path, monkeypatch):
+    for var in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("OPENAI_API_KEY", "not-a-key")
+    args = {"data_dir": str(fixture_bundle)}
+    with FakeServer() as server:
+        model = {"model": model_at(server), "model_base_url": server.url}
+        # images in Inspect's log
+        text = error_of(eval_one(args, tmp_path, **model, log_images=True))
+        assert "--no-log-images" in text and "credentialed" in text
+        # --batch keeps the inputs server side
+        text = error_of(eval_one(args, tmp_path, **model, batch=True))
+        assert "batch" in text and "server side" in text and "-T dua_compliant=true" in text
+        assert not server.requests  # nothing was sent
+        # declared: the same run goes through
+        log = eval_one({**args, "dua_compliant": True}, tmp_path, **model)
+        assert log.status == "success" and server.requests
+    with FakeServer() as server:
+        # a proxy from the environment would receive the images (the generic OpenAI-compatible
+        # provider: the vllm provider asks the server for its models through the proxy first)
+        monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")
+        monkeypatch.setenv("LOCAL_API_KEY", "not-a-key")
+        proxied = {"model": f"openai-api/local/{MODEL}", "model_base_url": server.url}
+        text = error_of(eval_one(args, tmp_path, **proxied))
+        assert "proxy http://127.0.0.1:9" in text and "NO_PROXY" in text and not server.requests
+        monkeypatch.delenv("HTTP_PROXY")
+    # another account's server on the port (the owner as the kernel's socket table would say)
+    with FakeServer() as server:
+        monkeypatch.setattr("chexpercept.tcp_table.owner", lambda *a: os.geteuid() + 4242)
+        text = error_of(
+            eval_one(args, tmp_path, model=f"openai-api/local/{MODEL}", model_base_url=server.url)
+        )
+        assert "belongs to account" in text and not server.requests
+    # a provider's public API, and a host that is not this machine (never contacted: refused first)
+    text = error_of(eval_one(args, tmp_path, model="openai/gpt-5.4"))
+    assert "public API" in text and "zero data retention" in text and "-T dua_compliant=true" in text
+    remote = {"model": f"openai-api/local/{MODEL}", "model_base_url": "http://192.0.2.7/v1"}
+    text = error_of(eval_one(args, tmp_path, **remote))
+    assert "192.0.2.7" in text and "not this machine" in text
+
+
+def test_inspect_says_what_is_wrong_with_the_data_or_the_model(fixture_bundle, tmp_path, monkeypatch):
+    from inspect_ai import eval as inspect_eval
+
+    with pytest.raises(Exception, match="-T data_dir=DIR"):
+        inspect_eval("chexpercept/chexpercept", model="mockllm/model", display="none", log_dir=str(tmp_path))
+    (tmp_path / "downloads").mkdir()
+    (tmp_path / "downloads" / "notes.txt").write_text("not a release")
+    with pytest.raises(Exception, match="not a CheXpercept release"):
+        eval_one({"data_dir": str(tmp_path / "downloads")}, tmp_path, model="mockllm/model")
+    args = {"data_dir": str(fixture_bundle), "paths": "RR"}
+    text = error_of(
+        eval_one(args, tmp_path, model="vllm-completions/x", model_base_url="http://127.0.0.1:9/v1")
+    )
+    assert "cannot take a chat with images" in text
+    limit = {"limit_mm_per_prompt": {"image": 1}}
+    with FakeServer() as server:
+        log = eval_one(args, tmp_path, model=model_at(server), model_base_url=server.url, model_args=limit)
+        assert "allows 1 image(s) per request" in error_of(log) and not server.requests
+    rejection = {
+        "status": 400,
+        "body": {"error": {"message": "At most 1 image(s) may be provided in one request."}},
+    }
+    with FakeServer(failures=[rejection]) as server:
+        text = error_of(eval_one(args, tmp_path, model=model_at(server), model_base_url=server.url))
+    assert "turn detection" in text and "rejected the request" in text and "1 image(s)" in text
