@@ -405,7 +405,7 @@ def summarize_vllm(part: dict[str, Any]) -> dict[str, Any]:
                 "engine_peak_mib",
             )
         }
-        out[mode]["load_average"] = statistics.median(e["load_average"] for e in entries)
+        out[mode]["load_average"] = round(statistics.median(e["load_average"] for e in entries), 1)
         out[mode]["same_answers"] = all(e["same_answers"] for e in entries)
     ours = out.get("ours")
     if ours:
