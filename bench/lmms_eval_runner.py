@@ -29,7 +29,7 @@ from typing import Any
 
 from chexpercept.builder.synth import synthesize
 from chexpercept.bundle import read_bundle
-from chexpercept.eval.backends.vllm import VLLMBackend
+from chexpercept.eval.backends.vllm.backend import VLLMBackend
 from chexpercept.eval.engine import admission_order, run_conversations
 from chexpercept.eval.harnesses.lmms_eval import DATA_DIR_ENV, LMMS_EVAL_VERSION, TASK_DIR
 from chexpercept.eval.harnesses.lmms_eval.model_args import model_args

@@ -22,6 +22,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="Hugging Face cache folder (default: HF_HUB_CACHE, else HF_HOME/hub)",
     )
+    parser.add_argument(
+        "--processor-only",
+        action="store_true",
+        help="every file but the weights (configuration, tokenizer, chat template, processor): what "
+        "chexpercept estimate needs to count a model's tokens, a few MB",
+    )
 
 
 def model_id_of(name: str) -> str:
@@ -44,7 +50,9 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         model_id = model_id_of(args.name)
-        weights = resolve_weights(model_id, args.revision, cache_dir=args.cache_dir)
+        weights = resolve_weights(
+            model_id, args.revision, cache_dir=args.cache_dir, processor_only=args.processor_only
+        )
     except (HubError, ValueError) as e:
         print(f"chexpercept download-model: error: {terminal_lines(e)}", file=sys.stderr)
         return 2

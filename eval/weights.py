@@ -247,7 +247,7 @@ def resolve_weights(
     storage = _storage(cache, model_id)
     url = _endpoint(endpoint)
     if local_only or _offline():
-        weights = _offline_weights(model_id, revision, cache)
+        weights = _offline_weights(model_id, revision, cache, processor_only)
         _record_first_fetch(storage, weights)
         return weights
 
@@ -261,7 +261,7 @@ def resolve_weights(
     except PeerRefused as e:  # a loopback HF_ENDPOINT served by another account (chexpercept.peer)
         raise HubError(str(e)) from None
     except Exception as e:  # the Hub cannot be reached or answered (HTTP, connection): the cache may do
-        weights = _unreachable_weights(model_id, revision, cache, url, e)
+        weights = _unreachable_weights(model_id, revision, cache, url, e, processor_only)
     else:
         weights = _snapshot_weights(model_id, revision, info, cache, storage, url, token, processor_only)
     _record_first_fetch(storage, weights)
@@ -423,7 +423,20 @@ def _snapshot_weights(
     return Weights(model_id, path, revision, commit, "download", total, needed)
 
 
-def _offline_weights(model_id: str, revision: str | None, cache: FsPath) -> Weights:
+def fetch_hint(model_id: str, revision: str | None, cache: FsPath, processor_only: bool) -> str:
+    """The download-model command that fetches what is missing (``processor_only``: no weights)."""
+    return (
+        f"`chexpercept download-model {model_id}"
+        + (f" --revision {revision}" if revision else "")
+        + (" --processor-only" if processor_only else "")
+        + f" --cache-dir {cache}`"
+        + (" (the processor's files only: a few MB, not the weights)" if processor_only else "")
+    )
+
+
+def _offline_weights(
+    model_id: str, revision: str | None, cache: FsPath, processor_only: bool = False
+) -> Weights:
     """The cached snapshot when the Hub may not be used; HubError saying how to fetch it otherwise."""
     wanted = revision or "main"
     path = _from_cache(model_id, wanted, cache)
@@ -431,15 +444,19 @@ def _offline_weights(model_id: str, revision: str | None, cache: FsPath) -> Weig
         raise HubError(
             f"{model_id} (revision {wanted}) is not in the Hugging Face cache {cache} and the Hub may "
             "not be used (offline mode: HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE is set): fetch it first "
-            f"where there is network access with `chexpercept download-model {model_id}"
-            + (f" --revision {revision}" if revision else "")
-            + f" --cache-dir {cache}`, or unset the offline variable"
+            f"where there is network access with {fetch_hint(model_id, revision, cache, processor_only)}, "
+            "or unset the offline variable"
         )
     return Weights(model_id, path, revision, FsPath(path).name, "cache")
 
 
 def _unreachable_weights(
-    model_id: str, revision: str | None, cache: FsPath, url: str, error: Exception
+    model_id: str,
+    revision: str | None,
+    cache: FsPath,
+    url: str,
+    error: Exception,
+    processor_only: bool = False,
 ) -> Weights:
     """The cached snapshot (with a warning) when the Hub could not be reached; HubError when none."""
     wanted = revision or "main"
@@ -447,7 +464,8 @@ def _unreachable_weights(
     if path is None:
         raise HubError(
             f"cannot reach the Hugging Face Hub at {url} ({type(error).__name__}: {error}) and {model_id} "
-            f"(revision {wanted}) is not in the cache {cache}"
+            f"(revision {wanted}) is not in the cache {cache}: fetch it where there is network access with "
+            f"{fetch_hint(model_id, revision, cache, processor_only)}"
         ) from None
     print(
         f"warning: the Hub at {url} could not be reached ({type(error).__name__}); using the cached "

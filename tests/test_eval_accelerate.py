@@ -163,6 +163,35 @@ def test_a_slow_process_takes_fewer_cases_and_no_barrier_times_out(fixture_bundl
     assert not list(two.glob("work-*.queue"))
 
 
+def test_no_process_holds_more_than_its_share_of_the_cases_live(fixture_bundle, tmp_path):
+    """Red team 28 C1: with the default --batch-size (a baseline's 256; 21 cases) the first process up took
+    every case for its first batch, a static split again. A process now holds at most
+    ceil(cases / processes) live, so the slowed process 1 never has more than 11 of the 21 whichever
+    process starts first, and the run equals one process's."""
+    import os
+
+    from chexpercept.bundle import read_bundle
+    from chexpercept.eval.runner.work_queue import WorkQueue
+
+    cases = read_bundle(fixture_bundle).cases
+    queue = WorkQueue(tmp_path / "q", cases, 0)
+    assert [queue.live_limit(64, n) for n in (1, 2, 8, 100)] == [21, 11, 3, 1]
+    assert queue.live_limit(4, 2) == 4
+    common = ["--data-dir", str(fixture_bundle), "--model", "baseline:random"]
+    assert main([*common, "--output-dir", str(tmp_path / "one"), "--no-progress"]) == 0
+    env = {**os.environ, "CHEXPERCEPT_TEST_STEP_DELAY": "0.5@1"}
+    proc = subprocess.run(
+        [*LAUNCH, str(RUN_SCRIPT), *common, "--output-dir", str(tmp_path / "two"), "--no-progress"],
+        capture_output=True, text=True, timeout=300, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    one = tmp_path / "one" / "baseline-random" / "oracle_implicit"
+    two = tmp_path / "two" / "baseline-random" / "oracle_implicit"
+    assert (two / "results.jsonl").read_bytes() == (one / "results.jsonl").read_bytes()
+    taken = json.loads((two / "run.json").read_text())["last_session"]["cases_per_process"]
+    assert sum(taken.values()) == 21 and taken.get("1", 0) <= 11, taken
+
+
 @pytest.mark.slow
 def test_ctrl_c_while_the_processes_start_is_one_line_each(fixture_bundle, tmp_path):
     """Ctrl-C (SIGINT to the process group) while the run's processes are still importing their

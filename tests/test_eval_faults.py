@@ -453,8 +453,57 @@ def test_an_image_limit_below_a_route_is_named_before_any_engine_starts(fixture_
     argv += ["--engine-args", '{"limit_mm_per_prompt": {"image": 2}}', "--output-dir", str(tmp_path)]
     assert main([*argv, "--no-progress"]) == 2
     err = capsys.readouterr().err
-    assert "at most 2 image(s) per prompt (--engine-args limit_mm_per_prompt)" in err
+    assert "at most 2 image(s) per prompt (limit_mm_per_prompt in --engine-args)" in err
     assert "prompt tokens NOT checked" in err
     assert "cannot run at all" in err and "(RR) sends" in err and "images at turn" in err
     assert "allow 5 images per prompt" in err or "images per prompt (--engine-args" in err
     assert "nothing was started" in err and "needs vLLM" not in err
+
+
+@pytest.mark.parametrize(
+    ("engine_args", "said"),
+    [
+        ('{"limit_mm_per_prompt": {"image": {"count": 2}}}', "at most 2 image(s) per prompt"),
+        ('{"limit_mm_per_prompt": {"image": {"count": 2, "width": 512}}}', "at most 2 image(s) per prompt"),
+        ('{"language_model_only": true}', "at most 0 image(s) per prompt (language_model_only"),
+        (
+            '{"limit_mm_per_prompt": {"image": "two"}}',
+            "limit_mm_per_prompt.image in --engine-args must be a count",
+        ),
+        ('{"limit_mm_per_prompt": [2]}', "limit_mm_per_prompt in --engine-args must be an object"),
+        ('{"max_model_len": true}', "max_model_len in --engine-args must be a positive integer or -1"),
+        ('{"max_model_len": "4k"}', "max_model_len in --engine-args must be a positive integer or -1"),
+    ],
+)
+def test_every_form_of_the_engines_limits_is_read_as_vllm_reads_it(
+    fixture_bundle, tmp_path, capsys, engine_args, said
+):
+    """vLLM 0.32 takes limit_mm_per_prompt as {"image": n} or {"image": {"count": n, ...}} and
+    language_model_only as no images: the preflight reads each form as the engine will (a form it
+    cannot read is refused naming the field), before any engine starts."""
+    argv = ["--data-dir", str(fixture_bundle), "--model", "medgemma-1.5-4b", "--backend", "vllm"]
+    argv += ["--engine-args", engine_args, "--output-dir", str(tmp_path), "--no-progress"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert said in err, err
+    assert "Traceback" not in err and not list(tmp_path.rglob("results.jsonl"))
+
+
+@pytest.mark.parametrize(
+    "engine_args",
+    [
+        '{"max_model_len": -1}',
+        '{"limit_mm_per_prompt": {"video": 0}}',
+        '{"limit_mm_per_prompt": {"image": {"width": 64}}}',
+    ],
+)
+def test_limits_the_engine_fits_or_leaves_open_refuse_nothing(fixture_bundle, tmp_path, capsys, engine_args):
+    """max_model_len -1 (vLLM fits it to memory, not a context of -1 tokens) and a limits object
+    without an image count (vLLM's 999) leave every case to the engine: the run gets past the
+    preflight (here to vLLM's absence)."""
+    argv = ["--data-dir", str(fixture_bundle), "--model", "medgemma-1.5-4b", "--backend", "vllm"]
+    argv += ["--engine-args", engine_args, "--output-dir", str(tmp_path), "--no-progress"]
+    main(argv)
+    err = capsys.readouterr().err
+    assert "cannot run at all" not in err and "must be" not in err, err
+    assert "at most 999 image(s) per prompt" in err or "max_model_len" in engine_args, err

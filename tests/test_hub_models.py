@@ -432,7 +432,15 @@ def test_estimate_fetches_the_processor_only_and_fails_fast_without_the_hub(
     assert "Estimate for org--tiny-vlm" in capsys.readouterr().out
     fetched = {d.rsplit("/", 1)[-1] for d in hub.downloads()}
     assert "config.json" in fetched and "model.safetensors" not in fetched
+    # what estimate needs, fetched ahead on a login node: the processor's files, not the weights
+    hub.models["org/tiny-b"] = FakeModel(files)
+    assert cli(["download-model", "org/tiny-b", "--processor-only"]) == 0
+    fetched_b = [d for d in hub.downloads() if "tiny-b" in d]
+    assert any(d.endswith("config.json") for d in fetched_b)
+    assert not any(d.endswith(".safetensors") for d in fetched_b)
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
     argv[argv.index("org/tiny-vlm")] = "org/never-fetched"
     assert cli([*argv, "--oracle", "implicit"]) == 2
-    assert "cannot reach the Hugging Face Hub" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "cannot reach the Hugging Face Hub" in err
+    assert "download-model org/never-fetched --processor-only" in err  # the few MB, not the weights

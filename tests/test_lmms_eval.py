@@ -32,7 +32,7 @@ from lmms_eval.tasks import TaskManager, get_task_dict  # noqa: E402
 
 from chexpercept.bundle import read_bundle  # noqa: E402
 from chexpercept.errors import ReleaseNotFoundError  # noqa: E402
-from chexpercept.eval.backends.vllm import VLLMBackend  # noqa: E402
+from chexpercept.eval.backends.vllm.backend import VLLMBackend  # noqa: E402
 from chexpercept.eval.engine import admission_order, run_conversations  # noqa: E402
 from chexpercept.eval.harnesses.lmms_eval import DATA_DIR_ENV, TASK_DIR  # noqa: E402
 from chexpercept.eval.harnesses.lmms_eval.checks import (  # noqa: E402

@@ -442,7 +442,9 @@ def _run_one(plan: RunPlan, backend: Backend, dist: Distributed, run: OracleRun)
     try:
         if run.remaining:
             backend.new_session()  # run.json's counts are this setting's
-            stats = _converse(plan, backend, run, queue, progress)
+            stats = _converse(
+                plan, backend, run, queue, progress, queue.live_limit(plan.batch_size, dist.count)
+            )
         queue.done()
         if dist.is_main:
             queue.wait_for(dist.count, on_wait=_waiting(dist))
@@ -470,10 +472,10 @@ def _waiting(dist: Distributed) -> Callable[[set[int], float], None]:
 
 
 def _converse(
-    plan: RunPlan, backend: Backend, run: OracleRun, cases: Iterable[Case], progress: Progress
+    plan: RunPlan, backend: Backend, run: OracleRun, cases: Iterable[Case], progress: Progress, live: int
 ) -> EngineStats:
-    """This process's conversations of one setting, each finished case appended at once (failed
-    ones apart), each record marked with the run that made it."""
+    """This process's conversations of one setting, at most ``live`` at once, each finished case
+    appended at once (failed ones apart), each record marked with the run that made it."""
     identity = run_identity(run.settings)
     folder, session = run.folder, run.session
     assert session is not None
@@ -499,7 +501,7 @@ def _converse(
         oracle=run.oracle,
         parse_mode=plan.parse_mode,
         model=plan.model.model_id,
-        batch_size=plan.batch_size,
+        batch_size=live,
         on_finished=on_finished,
         on_failed=on_failed if plan.on_error == "record" else None,
         on_empty=EmptyAnswerWarning(plan.model.model_id),

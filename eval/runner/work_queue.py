@@ -10,6 +10,11 @@ process's word by reading the file (never at a barrier that a slow share could t
 the run off. Each session has its own queue (a rerun starts a new one), and the main process, which
 holds the run's lock, removes the files of sessions that ended.
 
+A process holds at most its share of the cases live at once (``live_limit``: ``--batch-size``, or
+the cases divided by the processes, rounded up, whichever is smaller), so the first process up cannot
+take, for its first batch, the cases the others would start with; the rest goes to whichever process
+frees a slot first.
+
 The file holds one line per event, appended under the lock: ``take <process>`` for each case taken
 (the case is the next in the order every process shares), ``done <process>`` when a process has
 finished. Its length is the number of cases taken, so it stays small (a few KB for the release).
@@ -62,6 +67,11 @@ class WorkQueue:
             return data
         finally:
             os.close(fd)  # closing releases the lock
+
+    def live_limit(self, batch_size: int, processes: int) -> int:
+        """Conversations this process may hold at once: ``batch_size``, or its share of the queue
+        (``ceil(cases / processes)``) when that is smaller (at least 1)."""
+        return max(1, min(batch_size, -(-len(self.cases) // max(processes, 1))))
 
     def take(self) -> Case | None:
         """The next case nobody has taken, now taken by this process; None when none is left."""
