@@ -19,7 +19,7 @@ import datasets
 from chexpercept.bundle import IMAGE_CHECKS, JSON_NAME, CaseRef, check_release_dir, read_case, scan_bundle
 from chexpercept.case import Turn
 from chexpercept.containment import Root, Tree, read_image, resolve_inside
-from chexpercept.fileio import private_dir
+from chexpercept.fileio import PrivacyError, private_dir
 from chexpercept.input_files import BUNDLE_JSON, IMAGE, check_input_stat, open_input
 from chexpercept.vocab import LESIONS, PATHS
 
@@ -147,16 +147,22 @@ class Chexpercept(datasets.GeneratorBasedBuilder):
     def _protect_cache(self, output_dir: str | None) -> None:
         """The folder this builder's Arrow files go to (``<datasets cache>/chexpercept``, or the
         ``output_dir`` given) is made owner-only before anything is written there: the files hold
-        dicom ids, key_ids and, with ``embed_images``, the pixels (chexpercept/fileio.py). Where that
-        is impossible (the folder belongs to another account, or the cache is not a local folder), a
-        warning names the variable that moves the cache."""
+        dicom ids, key_ids and, with ``embed_images``, the pixels (chexpercept/fileio.py). A folder
+        that belongs to another account is refused (PrivacyError naming the folder, its owner and the
+        variables that move the cache): its owner could read the rows whatever its mode. Where the
+        cache is not a local folder (a remote file system), a warning says so once."""
+        remedy = (
+            "set HF_DATASETS_CACHE (or HF_HOME) to a folder of your own, or pass cache_dir= to load_dataset"
+        )
         try:
             if output_dir:
-                private_dir(output_dir, own=True)
+                private_dir(output_dir, own=True, remedy=remedy)
                 return
             root = FsPath(self._cache_dir_root)
             relative = FsPath(self._cache_dir).relative_to(root)
-            private_dir(root / relative.parts[0], own=True)
+            private_dir(root / relative.parts[0], own=True, remedy=remedy)
+        except PrivacyError:
+            raise
         except (OSError, ValueError) as e:
             _warn_cache_once(f"{e}")
 

@@ -131,9 +131,10 @@ def check_release_dir(data_dir: str | os.PathLike[str] | None) -> FsPath:
         raise ReleaseNotFoundError(data_dir, "No data_dir given: pass the folder of the CheXpercept release.")
     root = FsPath(os.path.expanduser(str(data_dir))).resolve()
     if not root.exists():
-        raise ReleaseNotFoundError(
-            root, f"data_dir {no_such_path(data_dir)}. {WHERE_TO_GET}", instructions=False
-        )
+        missing = no_such_path(data_dir)
+        # a typo gets the folders it may have meant; only a folder with no near name gets where releases come from
+        where = "" if "(did you mean" in missing else f" {WHERE_TO_GET}"
+        raise ReleaseNotFoundError(root, f"data_dir {missing}.{where}", instructions=False)
     if not root.is_dir():
         hint = f"its folder {root.parent}" if root.name == JSON_NAME else f"the folder that holds {JSON_NAME}"
         raise ReleaseNotFoundError(

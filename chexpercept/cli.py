@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -77,9 +78,27 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         from .os_errors import explain_os_error
 
-        folder = getattr(args, "output_dir", None) or getattr(args, "out", None)
-        print(explain_os_error(e, folder).line(f"chexpercept {name}"), file=sys.stderr)
+        folder, option = output_option(parser, args)
+        print(explain_os_error(e, folder, option=option).line(f"chexpercept {name}"), file=sys.stderr)
         return 2
+
+
+#: the destinations of the options a command writes its output with, folder first
+OUTPUT_DESTS = ("output_dir", "out", "output")
+
+
+def output_option(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[str | None, str]:
+    """(the folder a command writes in, the option that chose it as the command spells it): what
+    an operating-system error's advice names (``score --output FILE``: FILE's folder and
+    ``--output``; ``report --output-dir DIR``: DIR and ``--output-dir``)."""
+    for action in parser._actions:
+        if action.dest in OUTPUT_DESTS and action.option_strings:
+            value = getattr(args, action.dest, None)
+            if value is None or value == "-":
+                continue
+            folder = str(value) if action.dest != "output" else os.path.dirname(os.path.abspath(value))
+            return folder, action.option_strings[0]
+    return None, "output path"
 
 
 if __name__ == "__main__":

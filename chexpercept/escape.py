@@ -23,12 +23,20 @@ spreadsheet runs as a formula. Whatever writes such text goes through one of the
 HTML is escaped by the report's page builder (``html.escape`` on every value it writes; the case viewer
 sets text with ``textContent``), so no HTML escaper lives here.
 
-Cost: printable text (the normal case) is returned as it is after one ``str.isprintable`` call.
+Secrets are hidden too: ``terminal`` and ``terminal_lines`` pass the text through
+``chexpercept.redaction.redact_text`` first (a URL's userinfo and key parameters, ``api_key=...``,
+``Authorization: Bearer ...``), so every message that quotes a URL, a path, a name read from disk or a
+server's error body shows it on one line, inert and without its secret, by going through them.
+
+Cost: one regular-expression search for a secret word, then one ``str.isprintable`` call; printable
+text without secrets (the normal case) is returned as it is.
 """
 
 from __future__ import annotations
 
 import re
+
+from .redaction import redact_text
 
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 _MARKDOWN = re.compile(r"([\\|<>\[\]`*])")
@@ -51,7 +59,7 @@ def _escape_char(ch: str) -> str:
 def terminal(text: object) -> str:
     """``str(text)`` with every non-printable character (newlines and ESC included) shown as its
     escape (see the module docstring): one line that writes only what it shows."""
-    s = text if isinstance(text, str) else str(text)
+    s = redact_text(text if isinstance(text, str) else str(text))
     if s.isprintable():
         return s
     return "".join(c if c.isprintable() else _escape_char(c) for c in s)
@@ -60,7 +68,7 @@ def terminal(text: object) -> str:
 def terminal_lines(text: object) -> str:
     """``terminal`` for each line of ``text``, the newlines between them kept (for our own messages
     of several lines; values quoted into them must have gone through ``terminal`` already)."""
-    s = text if isinstance(text, str) else str(text)
+    s = redact_text(text if isinstance(text, str) else str(text))
     if s.isprintable():
         return s
     return "\n".join(terminal(line) for line in s.split("\n"))

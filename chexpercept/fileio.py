@@ -9,7 +9,8 @@ rules, decided here once:
   data hold MIMIC identifiers or pixels; on a shared server nobody else may read them, so nothing is
   created readable and tightened afterwards. A folder that already exists is left as it is, except
   the toolkit's own output folders (``private_dir(..., own=True)``), which are tightened when this
-  account owns them and refused when another account does and others can read them.
+  account owns them and refused when another account does, whatever their mode (their owner can
+  read them, and can open them up again at any time).
 - **Replaced whole.** ``write_atomic`` writes a temporary file beside the target (same folder, so
   the rename is atomic), flushes it to disk, renames it over the target and flushes the folder: a
   reader sees the old complete file or the new complete file, never a part, and a crash leaves one of
@@ -19,6 +20,10 @@ rules, decided here once:
   descriptor under an exclusive ``flock`` (several processes may append to one file), then ``fsync``.
   A crash leaves at most one torn last line, which readers skip and ``chexpercept.eval.runner.store``
   repairs.
+- **Ours, where it is written.** Every file is opened ``O_NOFOLLOW`` and checked after opening
+  (``fstat``): a regular file of this account in a folder of this account (or root's). A run folder
+  swapped mid-run by another account (its own folder or a link to one put in its place) or a file of
+  theirs put where ours was is refused before a byte is written (PrivacyError).
 
 Every write here is fsynced: run.json and the report are small, and a power cut must not leave an
 empty run.json beside a results file whose settings then could not be checked.
@@ -56,12 +61,16 @@ class PrivacyError(PermissionError):
 
 
 # ------------------------------------------------------------------------------------- folders
-def private_dir(path: str | os.PathLike[str], *, own: bool = False) -> FsPath:
+def private_dir(
+    path: str | os.PathLike[str], *, own: bool = False, remedy: str = "choose a folder of your own"
+) -> FsPath:
     """``path`` as a folder, made with its missing parents at mode 0700; returns it.
 
     Folders that already exist are left alone, unless ``own``: ``path`` is then one of the toolkit's
-    own output folders (a run folder, a report), and if others can read it, it is tightened to 0700
-    when this account owns it; owned by another account, PrivacyError names the owner.
+    own output folders (a run folder, a report, the datasets cache), which must belong to this account,
+    and so must the folder that holds it (or the topmost folder made here), root apart (PrivacyError
+    naming the folder, its owner and ``remedy`` otherwise, whatever its mode); it is tightened to 0700
+    if others can read it.
     """
     path = FsPath(path)
     missing = []
@@ -75,24 +84,75 @@ def private_dir(path: str | os.PathLike[str], *, own: bool = False) -> FsPath:
     if not path.is_dir():
         raise NotADirectoryError(errno.ENOTDIR, "not a folder", str(path))
     if own:
-        tighten(path)
+        tighten(path, remedy=remedy)
+        _check_holder(missing[-1].parent if missing else path.parent, path, remedy)
     return path
 
 
-def tighten(path: str | os.PathLike[str]) -> None:
-    """Make one existing file or folder owner-only (``own`` outputs made by an older version, or under
-    a lax umask); PrivacyError when another account owns it and others can read it."""
+def _check_ours(fd: int, path: FsPath) -> None:
+    """After opening ``path`` for writing (``O_NOFOLLOW``: never through a link): PrivacyError unless
+    the file is a regular file of this account in a folder of this account (or root's). A run folder
+    swapped mid-run by another account (its own folder, or a link to one, put in its place) or a file
+    of theirs put where ours was is refused before a byte is written."""
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+        raise PrivacyError(
+            f"{path} is not a file of this account ({owner_name(os.geteuid())}): it belongs to "
+            f"{owner_name(info.st_uid)}; nothing is written into it (its owner would read it). Was the "
+            "folder replaced while the toolkit was writing? Use a folder only you can write to"
+        )
+    _check_holder(path.parent, path, "use a folder only you can write to")
+
+
+def _open_ours(path: FsPath, flags: int) -> int:
+    """``os.open`` of a file to write (``_check_ours``), created private when it does not exist; the
+    folder is checked first too, so that nothing is created in a folder of another account."""
+    _check_holder(path.parent, path, "use a folder only you can write to")
+    try:
+        fd = os.open(path, flags | os.O_CLOEXEC | os.O_NOFOLLOW, FILE_MODE)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise PrivacyError(
+                f"{path} is a link: the toolkit writes only to its own files, never through a link"
+            ) from None
+        raise
+    try:
+        _check_ours(fd, path)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _check_holder(holder: FsPath, path: FsPath, remedy: str) -> None:
+    """PrivacyError when the folder that holds ``path`` belongs to another account (root apart: it
+    can read everything anyway): its owner could rename ``path`` away, replace it, or read what the
+    toolkit writes in folders it makes there."""
+    info = os.stat(holder)
+    if info.st_uid not in (os.geteuid(), 0):
+        raise PrivacyError(
+            f"{path} is inside {holder}, which belongs to {owner_name(info.st_uid)}, not to this account "
+            f"({owner_name(os.geteuid())}); its owner could replace or read what the toolkit writes there "
+            f"(identifiers and images): {remedy}"
+        )
+
+
+def tighten(path: str | os.PathLike[str], *, remedy: str = "choose a folder of your own") -> None:
+    """Make one existing file or folder of ours owner-only (``own`` outputs made by an older version,
+    or under a lax umask). PrivacyError, naming the path, its owner and ``remedy`` (what to set
+    instead), when another account owns it, whatever its mode: its owner can read everything written
+    there and change its mode at any time, so a folder that will hold credentialed data must be ours."""
     path = FsPath(path)
     info = os.stat(path)
-    if not info.st_mode & OTHERS:
-        return
     if info.st_uid != os.geteuid():
+        mode = stat.S_IMODE(info.st_mode)
         raise PrivacyError(
-            f"{path} belongs to {owner_name(info.st_uid)} and other accounts can read it; the toolkit "
-            "writes identifiers and images there only when they stay private. Choose a folder of your "
-            "own (or ask its owner to run chmod go-rwx on it)"
+            f"{path} belongs to {owner_name(info.st_uid)} (mode {mode:04o}), not to this account "
+            f"({owner_name(os.geteuid())}); the toolkit writes identifiers and images only into folders "
+            f"this account owns (their owner can read them whatever the mode): {remedy}"
         )
-    os.chmod(path, stat.S_IMODE(info.st_mode) & ~OTHERS)
+    if info.st_mode & OTHERS:
+        os.chmod(path, stat.S_IMODE(info.st_mode) & ~OTHERS)
 
 
 def owner_name(uid: int) -> str:
@@ -132,9 +192,35 @@ def _fsync_dir(folder: FsPath) -> None:
 
 
 # --------------------------------------------------------------------------------------- files
+def _aside_of(name: str | bytes | None, target: FsPath) -> str | None:
+    """What a path written aside of ``target`` stands for: ``target`` for ``.<name>.<random>.tmp``
+    and ``.<name>.new-<random>`` beside it, ``target/<rest>`` for a path inside such a folder; None
+    for any other path."""
+    if name is None:
+        return None
+    p = FsPath(os.fsdecode(name))
+    for i, part in enumerate(p.parts):
+        if part.startswith(f".{target.name}.") and FsPath(*p.parts[:i]) == target.parent:
+            return str(target.joinpath(*p.parts[i + 1 :]))
+    return None
+
+
+def _named_as_target(error: OSError, target: FsPath) -> OSError:
+    """``error`` naming the file the user asked for, not the one written aside of it: a message
+    built from it (chexpercept/os_errors.py) names ``target``, never ``.s.json.x1y2.tmp``."""
+    for attr in ("filename", "filename2"):
+        shown = _aside_of(getattr(error, attr), target)
+        if shown is not None:
+            setattr(error, attr, shown)
+    return error
+
+
 def _temporary(path: FsPath) -> tuple[int, FsPath]:
     """A new private file beside ``path`` (same folder): its descriptor and name."""
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as e:
+        raise _named_as_target(e, path) from None
     os.fchmod(fd, FILE_MODE)  # mkstemp's mode is 0600 already; said here so that the rule is one line
     return fd, FsPath(name)
 
@@ -150,14 +236,17 @@ def atomic_file(path: str | os.PathLike[str], mode: str = "wb", **open_args: Any
     private_dir(path.parent)
     fd, tmp = _temporary(path)
     try:
+        _check_ours(fd, path)  # the folder is ours: nobody else can rename the file in or out
         with os.fdopen(fd, mode, **open_args) as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        if isinstance(e, OSError):
+            _named_as_target(e, path)
         raise
     _fsync_dir(path.parent)
 
@@ -184,7 +273,7 @@ def write_new(path: str | os.PathLike[str], data: bytes | str, *, encoding: str 
     payload = data.encode(encoding) if isinstance(data, str) else data
     path = FsPath(path)
     private_dir(path.parent)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)
+    fd = _open_ours(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
     try:
         view = memoryview(payload)
         while view:
@@ -215,7 +304,7 @@ def append_durable(path: str | os.PathLike[str], payload: bytes) -> None:
         return
     path = FsPath(path)
     new = not path.exists()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
+    fd = _open_ours(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         try:
@@ -234,8 +323,9 @@ def append_durable(path: str | os.PathLike[str], payload: bytes) -> None:
 
 def open_private(path: str | os.PathLike[str], flags: int = os.O_RDWR | os.O_CREAT) -> int:
     """A descriptor of ``path`` opened with ``flags``; created private when it does not exist (locks,
-    files updated in place)."""
-    return os.open(path, flags | os.O_CLOEXEC, FILE_MODE)
+    files updated in place); never through a link, and only a file of this account in a folder of
+    this account (``_check_ours``)."""
+    return _open_ours(FsPath(path), flags)
 
 
 # ------------------------------------------------------------------------------- whole folders
@@ -299,13 +389,18 @@ def replaced_dir(path: str | os.PathLike[str], *, marker: str | None) -> Iterato
     private_dir(path.parent)
     for leftover in aside_dirs(path):
         shutil.rmtree(leftover, ignore_errors=True)
-    new = FsPath(tempfile.mkdtemp(prefix=f".{path.name}.new-", dir=path.parent))
+    try:
+        new = FsPath(tempfile.mkdtemp(prefix=f".{path.name}.new-", dir=path.parent))
+    except OSError as e:
+        raise _named_as_target(e, path) from None
     try:
         yield new
         if marker:
             write_new(new / marker, "")
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(new, ignore_errors=True)
+        if isinstance(e, OSError):
+            _named_as_target(e, path)  # a file written inside the new folder: named as in the target
         raise
     if path.exists():
         if _exchange(new, path):

@@ -16,7 +16,9 @@ forever, ``/dev/zero`` never ends. Every reader of such a file (images, ``chexpe
 A refusal is ``InputFileError`` (a ``ContainmentError``, so a ``ValueError``), naming the file, what it
 is or how large, and the limit by name; a missing or unreadable file is the usual ``OSError``.
 ``check_input_stat`` applies the same rule to a ``stat`` result, for code that hands a path to an
-engine that opens it itself (vLLM, the datasets library).
+engine that opens it itself (vLLM, the datasets library). ``iter_lines`` streams a file of lines
+(results.jsonl, failures.jsonl): one line in memory at a time, each at most ``MAX_LINE`` bytes, in time
+linear in the file's size.
 
 Cost: one ``open``, one ``fstat`` and one ``fcntl`` per file, as a plain ``open`` costs.
 """
@@ -26,6 +28,7 @@ from __future__ import annotations
 import io
 import os
 import stat
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,8 +70,18 @@ SOURCE_TABLE = Limit("SOURCE_TABLE", "source table", 64 * GiB)
 
 #: one reply body of an API server (the openai backend; a long reasoning reply is about 100 KB)
 REPLY = Limit("REPLY", "server reply", 64 * MiB)
+#: a local model folder's small files read whole for its fingerprint (config, tokenizer, chat
+#: template, code: a large tokenizer.json is about 30 MB)
+MODEL_FILE = Limit("MODEL_FILE", "model configuration, tokenizer or code file", 1 * GiB)
+#: a local model's weight file, of which the fingerprint reads the first and last MiB only
+WEIGHTS = Limit("WEIGHTS", "model weight file", 4096 * GiB)
 
-LIMITS: tuple[Limit, ...] = (IMAGE, BUNDLE_JSON, JSON_FILE, RESULTS, TEXT_FILE, SOURCE_TABLE, REPLY)
+LIMITS: tuple[Limit, ...] = (
+    IMAGE, BUNDLE_JSON, JSON_FILE, RESULTS, TEXT_FILE, SOURCE_TABLE, REPLY, MODEL_FILE, WEIGHTS,
+)  # fmt: skip
+#: the longest line ``iter_lines`` reads (one results.jsonl record with a long reasoning reply and
+#: its conversation is about 1 MB)
+MAX_LINE = 64 * MiB
 
 _KINDS = (
     (stat.S_ISFIFO, "a FIFO (named pipe)"),
@@ -203,3 +216,26 @@ def read_input_text(path: str | os.PathLike[str], limit: Limit, *, what: str = "
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise InputFileError(path, f"is not UTF-8 text (byte {e.start}: {e.reason})", what) from None
+
+
+def iter_lines(
+    path: str | os.PathLike[str], limit: Limit, *, what: str = "file", max_line: int = MAX_LINE
+) -> Iterator[tuple[int, str]]:
+    """(line number, text without its newline) of every line of the regular file ``path`` (see
+    ``open_input``) that ends in a newline, streamed: one line in memory at a time, in time linear in
+    the file's size. Text after the last newline (a line torn by a crash mid-write) is not yielded.
+    InputFileError naming the line when a line is longer than ``max_line`` bytes or not UTF-8."""
+    with open_input(path, limit, what=what) as f:
+        n = 0
+        while raw := f.readline(max_line + 1):
+            n += 1
+            if not raw.endswith(b"\n"):
+                if len(raw) > max_line:
+                    raise InputFileError(
+                        path, f"has a line longer than {_size(max_line)} (line {n}): refused", what
+                    )
+                return  # torn last line
+            try:
+                yield n, raw[:-1].decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise InputFileError(path, f"is not UTF-8 text (line {n}, byte {e.start})", what) from None

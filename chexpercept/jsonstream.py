@@ -4,7 +4,9 @@
 proportion to the bundle; reading it item by item (and re-reading one item later by its byte span)
 keeps the loader's memory flat whatever the bundle size. Decoding is done by the json module's C
 scanner, bounded in depth (``chexpercept.input_json``: a value nested too deeply raises
-``JsonInputError``); this module only walks the top level. The file itself comes from
+``JsonInputError``); this module only walks the top level. A value longer than a chunk is retried
+with reads that double (``_Reader.more``): linear time whatever the longest entry (a one-line file
+of one huge entry included). The file itself comes from
 ``chexpercept.input_files.open_input`` (a regular file within its size limit).
 """
 
@@ -40,10 +42,13 @@ class _Reader:
         self.eof = False
         self._pending = b""  # bytes of an incomplete UTF-8 sequence
 
-    def more(self) -> bool:
+    def more(self, at_least: int = 0) -> bool:
+        """Read the next chunk: ``chunk`` bytes, or ``at_least`` when more (a value being decoded
+        that has not ended yet: its text so far, so that the reads double and a value of n bytes
+        is tried O(log n) times, in O(n) time in all, not once per chunk in O(n^2))."""
         if self.eof:
             return False
-        data = self.f.read(self.chunk)
+        data = self.f.read(max(self.chunk, at_least))
         if not data:
             self.eof = True
             return False
@@ -86,11 +91,15 @@ class _Reader:
             try:
                 value, end = raw_decode(_DECODER, self.buf, self.pos, source=self.source)
             except json.JSONDecodeError:
-                if self.more():
+                if self.more(len(self.buf) - self.pos):
                     continue
                 raise
             # a number at the very end of the buffer may continue in the next chunk
-            if end == len(self.buf) and isinstance(value, int | float) and self.more():
+            if (
+                end == len(self.buf)
+                and isinstance(value, int | float)
+                and self.more(len(self.buf) - self.pos)
+            ):
                 continue
             start = self.base + len(self.buf[: self.pos].encode("utf-8"))
             length = len(self.buf[self.pos : end].encode("utf-8"))

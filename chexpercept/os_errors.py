@@ -19,6 +19,12 @@ from pathlib import Path as FsPath
 
 #: what the advice ends with when the caller says nothing else
 RERUN = "then rerun the command"
+#: the option a command writes its output with, when the caller names none (chexpercept run's)
+OUTPUT_DIR = "--output-dir"
+#: stand-ins in the advice for the option of the command that was run (``explain_os_error``'s
+#: ``option``), and for the options that choose an output's names (a run's adds --run-name)
+_OPTION = "\x00option\x00"
+_NAMES = "\x00names\x00"
 
 
 @dataclass(frozen=True)
@@ -36,12 +42,18 @@ class OsErrorText:
 
 
 def explain_os_error(
-    error: OSError, folder: str | os.PathLike[str] | None = None, *, then: str = RERUN
+    error: OSError,
+    folder: str | os.PathLike[str] | None = None,
+    *,
+    then: str = RERUN,
+    option: str = OUTPUT_DIR,
 ) -> OsErrorText:
     """What ``error`` means and what to do about it.
 
     ``folder``: the folder the command was working in (its output folder), named when the error
-    names no file; ``then``: how the advice ends (e.g. "then rerun the same command to resume").
+    names no file; ``then``: how the advice ends (e.g. "then rerun the same command to resume");
+    ``option``: the option of the command that was run that chooses where it writes (``--output``
+    for score, ``--output-dir`` for run): the advice names that one, never another command's.
     The file system is looked at (``statvfs``, ``stat``, the open-file limits) to tell causes that
     share an errno apart; an error without an errno (PIL's, a library's) is described as it is.
     """
@@ -50,7 +62,13 @@ def explain_os_error(
     explain = _EXPLAIN.get(error.errno or -1)
     if explain is None:
         return OsErrorText(f"{type(error).__name__} on {where}: {reason}", f"fix the cause, {then}")
-    return explain(error, where, reason, str(folder or where), then)
+    text = explain(error, where, reason, str(folder or where), then)
+    names = f"--run-name, {option}" if option == OUTPUT_DIR else option
+
+    def fill(s: str) -> str:
+        return s.replace(_NAMES, names).replace(_OPTION, option)
+
+    return OsErrorText(fill(text.what), fill(text.advice))
 
 
 def _where(error: OSError, folder: str | os.PathLike[str] | None) -> str:
@@ -132,7 +150,7 @@ def _quota(error: OSError, where: str, reason: str, folder: str, then: str) -> O
 def _read_only(error: OSError, where: str, reason: str, folder: str, then: str) -> OsErrorText:
     return OsErrorText(
         f"cannot write to {where}: its file system is mounted read-only ({reason})",
-        f"copy the folder to a writable place and pass that --output-dir, {then}",
+        f"write to a writable place instead (another {_OPTION}), {then}",
     )
 
 
@@ -158,7 +176,7 @@ def _denied(error: OSError, where: str, reason: str, folder: str, then: str) -> 
         return OsErrorText(
             f"no permission to use {where} ({reason}): {shown} belongs to another user, not to you "
             f"({_owner(os.geteuid())})",
-            f"use a folder of your own (e.g. another --output-dir), or ask {_owner(st.st_uid)} to give "
+            f"use a folder of your own (e.g. another {_OPTION}), or ask {_owner(st.st_uid)} to give "
             f"you access, {then}",
         )
     return OsErrorText(
@@ -203,7 +221,7 @@ def _name_too_long(error: OSError, where: str, reason: str, folder: str, then: s
         what += f"this file system allows ({reason})"
     else:
         what = f"the path {where[:80]}... is too long ({len(os.fsencode(where))} bytes; {reason})"
-    return OsErrorText(what, f"use a shorter name (--run-name, --output-dir), {then}")
+    return OsErrorText(what, f"use a shorter name ({_NAMES}), {then}")
 
 
 def _not_a_folder(error: OSError, where: str, reason: str, folder: str, then: str) -> OsErrorText:
@@ -212,7 +230,7 @@ def _not_a_folder(error: OSError, where: str, reason: str, folder: str, then: st
         if candidate.exists() and not candidate.is_dir():
             return OsErrorText(
                 f"{candidate} is a file, not a folder, so {where} cannot be made or opened ({reason})",
-                f"choose a path whose folders are folders (e.g. another --output-dir), {then}",
+                f"choose a path whose folders are folders (e.g. another {_OPTION}), {then}",
             )
     return OsErrorText(f"a part of {where} is not a folder ({reason})", f"choose another path, {then}")
 
@@ -252,6 +270,132 @@ def _loop(error: OSError, where: str, reason: str, folder: str, then: str) -> Os
     )
 
 
+def _too_large(error: OSError, where: str, reason: str, folder: str, then: str) -> OsErrorText:
+    import resource
+
+    soft, _hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    if soft != resource.RLIM_INFINITY:
+        return OsErrorText(
+            f"{where} is too large: it reached the largest file this process may write: {_size(soft)} (ulimit -f, set in "
+            f"the shell or by the job scheduler; {reason})",
+            f"raise it (ulimit -f unlimited, or the scheduler's file-size limit) in the shell that runs "
+            f"the command, {then}",
+        )
+    return OsErrorText(
+        f"{where} is too large for its file system, the largest one file may be ({reason}; FAT/exFAT: 4 GiB; "
+        "df -T shows the type)",
+        f"write to another file system (another {_OPTION}), {then}",
+    )
+
+
+def _no_locks(error: OSError, where: str, reason: str, folder: str, then: str) -> OsErrorText:
+    return OsErrorText(
+        f"the file system of {where} cannot lock files ({reason}): a network file system (NFS) "
+        "mounted without its lock service (rpc.statd, lockd), or a file system that has no locks; a "
+        "run locks its folder so that two runs never write it at once",
+        f"put the output on a local disk (another {_OPTION}), or ask the administrator to "
+        f"start the lock service or mount it with local_lock=all, {then}",
+    )
+
+
+def _cross_device(error: OSError, where: str, reason: str, folder: str, then: str) -> OsErrorText:
+    return OsErrorText(
+        f"{where} could not be moved into place: the file written beside it is on another file system "
+        f"(a mount point or bind mount inside the output folder; {reason})",
+        f"use an output folder with no mount point inside it, {then}",
+    )
+
+
+def _busy(error: OSError, where: str, reason: str, folder: str, then: str) -> OsErrorText:
+    return OsErrorText(
+        f"{where} is in use and cannot be replaced or removed ({reason}): a mount point, or a file "
+        "a running program holds",
+        f"find what holds it (fuser -v {where}; findmnt), stop it, {then}",
+    )
+
+
+def _not_empty(error: OSError, where: str, reason: str, folder: str, then: str) -> OsErrorText:
+    return OsErrorText(
+        f"{where} could not be replaced: a folder there is not empty ({reason}); another command may "
+        "be writing the same output at the same time",
+        f"wait for it to finish (or write to another folder), {then}",
+    )
+
+
+def _exists(error: OSError, where: str, reason: str, folder: str, then: str) -> OsErrorText:
+    return OsErrorText(
+        f"{where} already exists where a new file or folder was to be made ({reason}); another command "
+        "may be writing the same output at the same time",
+        f"wait for it to finish (or write to another folder), {then}",
+    )
+
+
+def _invalid(error: OSError, where: str, reason: str, folder: str, then: str) -> OsErrorText:
+    return OsErrorText(
+        f"the file system of {where} refused the operation ({reason}): a name it cannot hold (':' '?' "
+        "'*' on FAT or SMB shares) or a flush to disk or lock it does not support (some FUSE mounts)",
+        f"put the output on a local disk (another {_OPTION}), {then}",
+    )
+
+
+def _unsupported(error: OSError, where: str, reason: str, folder: str, then: str) -> OsErrorText:
+    return OsErrorText(
+        f"the file system of {where} does not support an operation every write needs (a lock, a "
+        f"flush to disk or an atomic rename; {reason}): some FUSE and network file systems lack them",
+        f"put the output on a local disk (another {_OPTION}), {then}",
+    )
+
+
+def _too_many_links(error: OSError, where: str, reason: str, folder: str, then: str) -> OsErrorText:
+    return OsErrorText(
+        f"the folder of {where} holds as many entries as its file system allows ({reason})",
+        f"use another folder, or fewer files in one, {then}",
+    )
+
+
+def _network_fs(error: OSError, where: str, reason: str, folder: str, then: str) -> OsErrorText:
+    return OsErrorText(
+        f"the network or FUSE file system of {where} stopped answering ({reason}): its server is "
+        "unreachable, or the program that serves the mount (sshfs, s3fs, ...) has ended",
+        f"check the mount (findmnt; ls {folder}) and its server, or use a local disk, {then}",
+    )
+
+
+def _corrupt(error: OSError, where: str, reason: str, folder: str, then: str) -> OsErrorText:
+    return OsErrorText(
+        f"the file system of {where} is damaged ({reason}): the kernel stopped using part of it",
+        f"ask the administrator to check it (dmesg; fsck / xfs_repair), and write elsewhere, {then}",
+    )
+
+
+def _kernel_memory(error: OSError, where: str, reason: str, folder: str, then: str) -> OsErrorText:
+    return OsErrorText(
+        f"the system ran out of memory while handling {where} ({reason}), not a problem of the file",
+        f"free memory (fewer processes, a smaller --batch-size), {then}",
+    )
+
+
+def _interrupted(error: OSError, where: str, reason: str, folder: str, then: str) -> OsErrorText:
+    return OsErrorText(
+        f"writing {where} was interrupted by a signal before it finished ({reason})",
+        f"nothing is lost that the rerun does not redo, {then}",
+    )
+
+
+def _ticket(error: OSError, where: str, reason: str, folder: str, then: str) -> OsErrorText:
+    return OsErrorText(
+        f"your access to {where} expired ({reason}): the Kerberos ticket a network file system asks for",
+        f"renew it (kinit; klist shows it), {then}",
+    )
+
+
+def _busy_text(error: OSError, where: str, reason: str, folder: str, then: str) -> OsErrorText:
+    return OsErrorText(
+        f"{where} is a program that is running now and cannot be written ({reason})",
+        f"write to another path, {then}",
+    )
+
+
 _EXPLAIN = {
     errno.ENOSPC: _no_space,
     errno.EROFS: _read_only,
@@ -265,7 +409,28 @@ _EXPLAIN = {
     errno.ENOENT: _missing,
     errno.EIO: _io,
     errno.ELOOP: _loop,
+    # what a write, a lock, an fsync or a rename can also raise (issue 28, class E: each by its cause)
+    errno.EFBIG: _too_large,
+    errno.ENOLCK: _no_locks,
+    errno.EXDEV: _cross_device,
+    errno.EBUSY: _busy,
+    errno.ENOTEMPTY: _not_empty,
+    errno.EEXIST: _exists,
+    errno.EOPNOTSUPP: _unsupported,
+    errno.ENOTSUP: _unsupported,
+    errno.EINVAL: _invalid,
+    errno.EMLINK: _too_many_links,
+    errno.ETIMEDOUT: _network_fs,
+    errno.ENOTCONN: _network_fs,
+    errno.EHOSTDOWN: _network_fs,
+    errno.EHOSTUNREACH: _network_fs,
+    errno.ENOMEM: _kernel_memory,
+    errno.EINTR: _interrupted,
+    errno.ETXTBSY: _busy_text,
 }
+for _name, _explain in (("EREMOTEIO", _network_fs), ("EUCLEAN", _corrupt), ("EKEYEXPIRED", _ticket)):
+    if hasattr(errno, _name):
+        _EXPLAIN[getattr(errno, _name)] = _explain
 if hasattr(errno, "EDQUOT"):
     _EXPLAIN[errno.EDQUOT] = _quota
 if hasattr(errno, "ESTALE"):

@@ -1,5 +1,9 @@
 """Secrets in URLs are never written or printed: one rule for every URL the toolkit shows.
 
+Text (an error body, a message, a command line) can hold a secret as ``name=value`` in any of its
+spellings (quoted, spaces around ``=`` or ``:``, ``Authorization: Bearer ...``): ``redact_text`` hides
+those too, by one table of secret words (``_secret_name``).
+
 A URL can carry a secret in two places: its userinfo (``http://user:password@host/v1``: both the
 name and the password are hidden, the name can be a key too) and its query string (``?api-key=...``,
 ``?key=...``, ``?sig=...``: a parameter whose name says it holds a key, token, secret, password,
@@ -20,16 +24,70 @@ from urllib.parse import urlsplit, urlunsplit
 
 #: what hidden parts are replaced with
 MASK = "***"
-#: a query parameter holds a secret when its name (lower case, ``-`` read as ``_``) contains one of
-#: these
-_SECRET_WORDS = ("key", "token", "secret", "password", "passwd", "pwd", "sig", "credential", "auth")
+#: a name holds a secret when one of its words (split at ``_``, ``-``, ``.``, white space and lower to
+#: upper case) is one of these ...
+_SECRET_WORDS = frozenset(
+    {
+        "key", "apikey", "token", "secret", "password", "passwd", "passphrase", "pass", "pwd", "sig",
+        "signature", "credential", "credentials", "auth", "authorization", "bearer", "cookie",
+    }
+)  # fmt: skip
+#: ... or, read whole, ends in one of these (``accesstoken``, ``clientsecret``, ``xapikey``) ...
+_SECRET_ENDINGS = ("token", "apikey", "secret", "password", "passwd")
+#: ... unless its last word says it names or counts something (``key_id``, ``api_key_env``,
+#: ``max_tokens`` has no secret word at all)
+_NOT_SECRET_LAST = frozenset(
+    {
+        "id",
+        "ids",
+        "env",
+        "file",
+        "path",
+        "name",
+        "names",
+        "count",
+        "length",
+        "limit",
+        "header",
+        "kind",
+        "type",
+    }
+)
+_WORD_SPLIT = re.compile(r"[_\-.\s]+|(?<=[a-z])(?=[A-Z])")
 #: a URL inside a text: a scheme, ``://``, then everything up to white space or a quote
 _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>`]+")
+#: ``name = value`` / ``name: value`` / ``"name": "value"`` in a text; the value is quoted, a scheme
+#: word and its credential (``Bearer abc``), or a run of characters up to white space or punctuation
+_NAME_SEP = re.compile(r"""(?P<name>["']?[A-Za-z][A-Za-z0-9_.-]{0,63}["']?)[ \t]*[:=][ \t]*""")
+_VALUE = re.compile(
+    r"""\\"[^\n]*?\\"|"[^"\n]*"|'[^'\n]*'|(?i:bearer|basic|token|digest)[ \t]+[^\s"',;&]+|[^\s"',;&)}\]]+"""
+)
+#: a credential after its scheme word anywhere (``Authorization: Bearer ...`` split over a header dump)
+_SCHEME_CREDENTIAL = re.compile(r"\b(?P<scheme>(?i:bearer|basic))[ \t]+(?P<value>[A-Za-z0-9._~+/=-]{8,})")
+#: a cheap first look: a text without any of these has nothing to hide
+_MAYBE = (
+    "://",
+    "key",
+    "token",
+    "secret",
+    "pass",
+    "pwd",
+    "sig",
+    "credential",
+    "auth",
+    "bearer",
+    "basic",
+    "cookie",
+)
 
 
 def _secret_name(name: str) -> bool:
-    name = name.lower().replace("-", "_")
-    return any(word in name for word in _SECRET_WORDS)
+    """Whether the parameter, field or header called ``name`` holds a secret (see ``_SECRET_WORDS``)."""
+    words = [w.lower() for w in _WORD_SPLIT.split(name.strip("\"'")) if w]
+    if not words or words[-1] in _NOT_SECRET_LAST:
+        return False
+    whole = "".join(words)
+    return any(w in _SECRET_WORDS for w in words) or whole.endswith(_SECRET_ENDINGS)
 
 
 def _redact_query(query: str) -> str:
@@ -67,11 +125,39 @@ def has_secret(url: str) -> bool:
     return redact_url(url) != url
 
 
+def _mask_assignments(text: str) -> str:
+    """Every value after a secret name and its ``=`` or ``:`` replaced by MASK (its quotes kept). Each
+    name is looked at on its own: a value that is not a secret's is read past, never skipped whole
+    (so ``"error": "... api_key = \\"K\\""`` still hides K)."""
+    out, last = [], 0
+    for m in _NAME_SEP.finditer(text):
+        if m.start() < last or not _secret_name(m.group("name")):
+            continue
+        value = _VALUE.match(text, m.end())
+        if value is None or value.group(0).strip("\\\"'") in ("", MASK):
+            continue
+        quote = next((q for q in ('\\"', '"', "'") if value.group(0).startswith(q)), "")
+        out += [text[last : m.end()], quote, MASK, quote]
+        last = value.end()
+    return "".join(out) + text[last:] if out else text
+
+
 def redact_text(text: str) -> str:
-    """``text`` with every URL in it redacted (``redact_url``): for messages and command lines."""
-    if "://" not in text:
+    """``text`` with every secret in it hidden: for messages, command lines and error bodies.
+
+    The forms (``tests/test_redaction.py::test_every_form_of_secret_is_hidden`` has the table): a URL's
+    userinfo and secret query parameters (``redact_url``); ``name=value``, ``name = value``,
+    ``name: value``, ``"name": "value"`` and ``'name': 'value'`` where the name holds a secret word
+    (``api_key``, ``apikey``, ``X-Api-Key``, ``token``, ``secret``, ``password``, ``passwd``, ``pass``,
+    ``pwd``, ``Authorization``, ...; not ``key_id``, ``max_tokens``, ``api_key_env``); and a credential
+    after ``Bearer`` or ``Basic`` anywhere."""
+    low = text.lower()
+    if not any(word in low for word in _MAYBE):  # substring scans in C: the usual text costs ~1 us
         return text
-    return _URL.sub(lambda m: redact_url(m.group(0)), text)
+    if "://" in text:
+        text = _URL.sub(lambda m: redact_url(m.group(0)), text)
+    text = _mask_assignments(text)
+    return _SCHEME_CREDENTIAL.sub(lambda m: f"{m.group('scheme')} {MASK}", text)
 
 
 def redact_json(value: Any) -> Any:

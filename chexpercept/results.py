@@ -18,7 +18,7 @@ from pathlib import Path as FsPath
 from typing import TYPE_CHECKING, Any
 
 from .escape import terminal
-from .input_files import RESULTS, read_input_text
+from .input_files import RESULTS, iter_lines
 from .input_json import JsonInputError, loads
 
 if TYPE_CHECKING:
@@ -88,9 +88,17 @@ class ForeignRecordError(ValueError):
     """A run folder holds records of another run (appended from another model or other settings)."""
 
 
+#: (device, inode) of every run.lock this process holds (eval/runner/store.py's RunLock): a
+#: process's own run is not "another writer" of the folder it reads back (its scores at the end)
+OWN_LOCKS: set[tuple[int, int]] = set()
+
+
 def being_written(folder: str | FsPath) -> bool:
-    """Whether a run is writing to ``folder`` now (it holds the folder's lock): what is read there
-    is partial."""
+    """Whether another run is writing to ``folder`` now (it holds the folder's lock): what is read
+    there is partial. A lock this process holds (``OWN_LOCKS``) is not another run's.
+
+    The probe takes a shared lock for an instant; a run that meets it retries (RunLock.acquire), so
+    a probe can never make a run refuse to start."""
     import fcntl
     import os
 
@@ -99,6 +107,9 @@ def being_written(folder: str | FsPath) -> bool:
     except OSError:
         return False
     try:
+        stat = os.fstat(fd)
+        if (stat.st_dev, stat.st_ino) in OWN_LOCKS:
+            return False
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
         return True
@@ -291,11 +302,34 @@ def read_failures(path: str | FsPath) -> list[CaseFailure]:
 def complete_lines(path: str | FsPath) -> Iterator[tuple[int, str]]:
     """(line number, line) of every non-blank line of a results.jsonl that ends in a newline:
     anything after the last newline is a line torn by a crash mid-write, and is not a result. The
-    file must be a regular file within chexpercept.input_files.RESULTS (InputFileError otherwise)."""
-    lines = read_input_text(path, RESULTS, what="results file").split("\n")
-    for n, line in enumerate(lines[:-1], start=1):
+    file must be a regular file within chexpercept.input_files.RESULTS, each line within MAX_LINE
+    (InputFileError otherwise); it is streamed, one line in memory at a time."""
+    for n, line in iter_lines(path, RESULTS, what="results file"):  # streamed, bounded lines
         if line.strip():
             yield n, line
+
+
+def torn_tail(path: str | FsPath) -> int:
+    """Bytes after the last newline of a results.jsonl or failures.jsonl (a line torn by a crash
+    mid-write, which ``complete_lines`` leaves out); 0 when it ends in a newline or is absent."""
+    import os
+
+    try:
+        with open(path, "rb") as f:
+            end = f.seek(0, os.SEEK_END)
+            pos, torn = end, 0
+            while pos > 0:
+                step = min(65536, pos)
+                pos -= step
+                f.seek(pos)
+                chunk = f.read(step)
+                cut = chunk.rfind(b"\n")
+                if cut >= 0:
+                    return torn + len(chunk) - cut - 1
+                torn += len(chunk)
+            return torn
+    except OSError:
+        return 0
 
 
 def iter_results(path: str | FsPath) -> Iterator[CaseResult]:

@@ -5,6 +5,11 @@ error naming the file and the field (``runs/x/oracle_none/run.json: field 'sampl
 be a number, got 'hot'``). Every field may be missing (older runs, the reference's results, which
 have no run.json): it is then None. Keys this record does not know are kept (``extra``).
 
+Format fields are validated by their shape (``GIT_COMMIT``, ``ISO_TIME``, ``PEP440``): ``git_commit``
+is 40 hex digits (``-dirty`` allowed), ``started``/``finished``/``resumed`` ISO times, ``versions``
+package names and PEP 440 versions, ``weights.commit`` 40 hex digits. A tampered run.json cannot
+carry text into a report or a card through them: it is refused, naming the file and the field.
+
 ``to_json()`` gives the dict the runner writes: the known keys in the order below, then unknown ones.
 A field that is None is left out, except those the runner writes as null on purpose (``finished``
 while a run is going, ``git_commit`` outside a checkout, ``sampling.temperature`` left to the server,
@@ -14,16 +19,52 @@ the selection's unset filters).
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path as FsPath
 from typing import Any, ClassVar
 
+from .escape import terminal
 from .input_files import InputFileError
 from .input_json import JsonInputError, read_json
 from .redaction import redact_json
 
+#: the shapes of run.json's format fields: what the runner writes there, and nothing else is read
+#: (a tampered run.json would otherwise carry free text into reports and cards)
+GIT_COMMIT = r"[0-9a-f]{40}(-dirty)?"
+ISO_TIME = r"\d{4}-\d{2}-\d{2}(T\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?(Z|[+-]\d{2}:?\d{2})?)?"
+#: a PEP 440 version (release, pre-, post-, dev-release, local label), at most 64 characters
+PEP440 = (
+    r"(?i:v?(\d{1,6}!)?\d{1,6}(\.\d{1,6}){0,5}((a|b|c|rc|alpha|beta|pre|preview)\d{0,6})?"
+    r"(\.?post\d{0,6})?(\.?dev\d{0,6})?(\+[a-z0-9]{1,20}([._-][a-z0-9]{1,20}){0,4})?)"
+)
+PACKAGE_NAME = r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}"
+
+
+def _shape(pattern: str, limit: int = 64) -> Any:
+    compiled = re.compile(pattern)
+    return lambda v: isinstance(v, str) and len(v) <= limit and compiled.fullmatch(v) is not None
+
+
+_is_commit, _is_time = _shape(GIT_COMMIT), _shape(ISO_TIME)
+_is_version, _is_package = _shape(PEP440), _shape(PACKAGE_NAME)
+
 #: (check, description) per kind of value
 _KINDS: dict[str, tuple[Any, str]] = {
+    "commit": (_is_commit, "a git commit (40 lower-case hex digits, optionally '-dirty')"),
+    "time": (_is_time, "an ISO 8601 time (2026-01-31T12:00:00+0000)"),
+    "time_list": (lambda v: isinstance(v, list) and all(_is_time(x) for x in v), "a list of ISO 8601 times"),
+    "versions": (
+        lambda v: (
+            isinstance(v, dict)
+            and all(_is_package(k) and (x is None or _is_version(x)) for k, x in v.items())
+        ),
+        "an object of package names and PEP 440 versions",
+    ),
+    "weights": (
+        lambda v: isinstance(v, dict) and (v.get("commit") is None or _is_commit(v["commit"])),
+        "a JSON object whose 'commit' is a git commit (40 lower-case hex digits)",
+    ),
     "str": (lambda v: isinstance(v, str), "a string"),
     "int": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
     "number": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "a number"),
@@ -37,6 +78,12 @@ _KINDS: dict[str, tuple[Any, str]] = {
 def _kind(kind: str, *, always: bool = False) -> dict[str, Any]:
     """A field's metadata: the kind of its value; ``always``: written even when None."""
     return {"kind": kind, "always": always}
+
+
+def _short(value: Any, n: int = 80) -> str:
+    """``repr(value)``, cut to ``n`` characters (a tampered field can be long)."""
+    text = repr(value) if not isinstance(value, int) or abs(value) < 10**30 else "a number too long to show"
+    return text if len(text) <= n else text[:n] + "..."
 
 
 class RunMetadataError(ValueError):
@@ -71,7 +118,9 @@ class _Record:
                 continue
             check, what = _KINDS[f.metadata["kind"]]
             if not check(value):
-                raise RunMetadataError(f"{source}: field '{prefix}{f.name}' must be {what}, got {value!r}")
+                raise RunMetadataError(
+                    f"{source}: field '{prefix}{f.name}' must be {what}, got {terminal(_short(value))}"
+                )
             values[f.name] = value
         names = {f.name for f in known}
         extra = {k: v for k, v in data.items() if k not in names}
@@ -136,22 +185,22 @@ class RunMetadata(_Record):
     bundle: BundleInfo | None = field(default=None, metadata=_kind("object"))
     selection: Selection | None = field(default=None, metadata=_kind("object"))
     #: the weights a local engine loaded: model id, requested revision, resolved commit, source, size
-    weights: dict[str, Any] | None = field(default=None, metadata=_kind("object"))
+    weights: dict[str, Any] | None = field(default=None, metadata=_kind("weights"))
     batch_size: int | None = field(default=None, metadata=_kind("int"))
     num_processes: int | None = field(default=None, metadata=_kind("int"))
-    versions: dict[str, Any] | None = field(default=None, metadata=_kind("object"))
-    git_commit: str | None = field(default=None, metadata=_kind("str", always=True))
+    versions: dict[str, Any] | None = field(default=None, metadata=_kind("versions"))
+    git_commit: str | None = field(default=None, metadata=_kind("commit", always=True))
     command: list[str] | None = field(default=None, metadata=_kind("str_list"))
-    started: str | None = field(default=None, metadata=_kind("str"))
+    started: str | None = field(default=None, metadata=_kind("time"))
     #: what must match for a rerun to continue the run (eval/runner/store.py compares it)
     settings: dict[str, Any] | None = field(default=None, metadata=_kind("object"))
     #: start times of the sessions that continued the run
-    resumed: list[str] | None = field(default=None, metadata=_kind("str_list"))
+    resumed: list[str] | None = field(default=None, metadata=_kind("time_list"))
     #: every session's settings that are not part of the identity (command, batch size, processes,
     #: the backend's options, versions), oldest first: what each part of the run was made with
     sessions: list[dict[str, Any]] | None = field(default=None, metadata=_kind("list"))
     #: None until every selected case has a result
-    finished: str | None = field(default=None, metadata=_kind("str", always=True))
+    finished: str | None = field(default=None, metadata=_kind("time", always=True))
     unfinished_cases: int | None = field(default=None, metadata=_kind("int"))
     backend_settings: dict[str, Any] | None = field(default=None, metadata=_kind("object"))
     n_results: int | None = field(default=None, metadata=_kind("int"))

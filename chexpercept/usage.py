@@ -109,11 +109,18 @@ def usage_line(usages: Sequence[Mapping[str, Any]], *, priced: bool) -> str:
     """What the server reported over ``usages`` (one per call) in one line, unknown figures said so:
     ``usage reported for 40 calls: input tokens 41,000 (cached 9,000); output tokens at least 1,800
     (2 of 40 calls unreported); cost $0.1234``. ``priced``: the model has a price (else its cost is
-    unknown for that reason)."""
+    unknown for that reason). When no call reported a token count: ``no call reported usage (40
+    calls): tokens and cost unknown``; when some calls reported none: ``usage reported by 38 of 40
+    calls: ...``."""
+    tokens = ("input_tokens", "output_tokens", "cached_input_tokens", "thinking_tokens", "total_tokens")
+    reporting = sum(any(u.get(f) is not None for f in tokens) for u in usages)
+    if not reporting:
+        return f"no call reported usage ({len(usages)} calls): tokens and cost unknown"
     parts = []
     for figure, label in (("input_tokens", "input tokens"), ("output_tokens", "output tokens")):
         parts.append(f"{label} {total(u.get(figure) for u in usages).text()}")
     cached = total(u.get("cached_input_tokens") for u in usages)
     parts[0] += f" (cached: {cached.text()})"
     cost = total(u.get("cost_usd") for u in usages).text(usd=True) if priced else "unknown (no price)"
-    return f"usage reported for {len(usages)} calls: {'; '.join(parts)}; cost {cost}"
+    calls = f"for {len(usages)}" if reporting == len(usages) else f"by {reporting} of {len(usages)}"
+    return f"usage reported {calls} calls: {'; '.join(parts)}; cost {cost}"

@@ -37,7 +37,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path as FsPath
 from typing import Any
 
+from chexpercept.escape import terminal
 from chexpercept.fileio import write_atomic, write_json_atomic
+from chexpercept.input_files import TEXT_FILE, read_input_text
 from chexpercept.input_json import read_json
 from chexpercept.peer import PeerRefused
 
@@ -154,11 +156,11 @@ def _not_found(
         return HubError(_gated_message(model_id, endpoint, token))
     if isinstance(error, RevisionNotFoundError):
         return HubError(
-            f"revision {revision!r} of {model_id} does not exist on {endpoint}: check --revision "
-            f"(a branch, tag or commit of {endpoint}/{model_id})"
+            f"revision {revision!r} of {model_id} does not exist on {terminal(endpoint)}: check --revision "
+            f"(a branch, tag or commit of {terminal(endpoint)}/{model_id})"
         )
     return HubError(
-        f"model {model_id} was not found on {endpoint}: check the name (`chexpercept run --list-models` "
+        f"model {model_id} was not found on {terminal(endpoint)}: check the name (`chexpercept run --list-models` "
         "lists the registry) or, for a private model, run `hf auth login` with an account that can read it"
     )
 
@@ -186,7 +188,7 @@ def _write_ref(storage: FsPath, revision: str, commit: str) -> None:
     if revision == commit:
         return
     ref = storage / "refs" / revision
-    if ref.exists() and ref.read_text().strip() == commit:
+    if ref.exists() and read_input_text(ref, TEXT_FILE, what="Hub cache ref").strip() == commit:
         return
     write_atomic(ref, commit)
 
@@ -297,7 +299,9 @@ def read_remote_code_record(storage: FsPath) -> dict[str, Any] | None:
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as e:
-        raise HubError(f"{path} cannot be read ({e}): delete it, then pass --revision to pin a commit") from e
+        raise HubError(
+            f"{terminal(path)} cannot be read ({terminal(e)}): delete it, then pass --revision to pin a commit"
+        ) from e
     if not isinstance(record, dict) or not _COMMIT.match(str(record.get("commit"))):
         raise HubError(f"{path} names no commit: delete it, then pass --revision to pin a commit")
     return record
@@ -399,7 +403,7 @@ def _snapshot_weights(
     wanted = revision or "main"
     commit = info.sha
     if not commit or not _COMMIT.match(commit):
-        raise HubError(f"the Hub at {url} gave no commit for {model_id} (revision {wanted})")
+        raise HubError(f"the Hub at {terminal(url)} gave no commit for {model_id} (revision {wanted})")
     files = {s.rfilename: s.size or 0 for s in (info.siblings or [])}
     if processor_only:
         files = {name: size for name, size in files.items() if not is_weight_file(name)}
@@ -463,13 +467,13 @@ def _unreachable_weights(
     path = _from_cache(model_id, wanted, cache)
     if path is None:
         raise HubError(
-            f"cannot reach the Hugging Face Hub at {url} ({type(error).__name__}: {error}) and {model_id} "
-            f"(revision {wanted}) is not in the cache {cache}: fetch it where there is network access with "
-            f"{fetch_hint(model_id, revision, cache, processor_only)}"
+            f"cannot reach the Hugging Face Hub at {terminal(url)} ({type(error).__name__}: {terminal(error)}) "
+            f"and {model_id} (revision {wanted}) is not in the cache {cache}: fetch it where there is "
+            f"network access with {fetch_hint(model_id, revision, cache, processor_only)}"
         ) from None
     print(
-        f"warning: the Hub at {url} could not be reached ({type(error).__name__}); using the cached "
-        f"{model_id} at {path}",
+        f"warning: the Hub at {terminal(url)} could not be reached ({type(error).__name__}); using the "
+        f"cached {model_id} at {terminal(path)}",
         file=sys.stderr,
     )
     return Weights(model_id, path, revision, FsPath(path).name, "cache")
@@ -514,7 +518,8 @@ def _download(
         raise _not_found(model_id, revision, url, e, token) from None
     except Exception as e:  # network, disk, a file the Hub no longer serves
         raise HubError(
-            f"downloading {model_id} (commit {commit[:12]}) into {storage} failed ({type(e).__name__}: {e}); "
+            f"downloading {model_id} (commit {commit[:12]}) into {terminal(storage)} failed "
+            f"({type(e).__name__}: {terminal(e)}); "
             "the files already fetched stay in the cache: run the same command again to continue"
         ) from e
 

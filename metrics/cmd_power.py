@@ -21,6 +21,7 @@ from typing import Any
 
 from chexpercept.cli_options import add_data_dir_option, add_option, add_parse_mode_option, write_output
 from chexpercept.errors import BundleValidationError, ReleaseNotFoundError
+from chexpercept.escape import terminal_lines
 
 RELEASE_PER_CELL = 100
 FORMATS = ("markdown", "csv", "json")
@@ -274,7 +275,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             rows, names = assumed_rows(args), None
     except (ValueError, FileNotFoundError, BundleValidationError, ReleaseNotFoundError) as e:
-        print(f"chexpercept power: error: {e}", file=sys.stderr)
+        print(f"chexpercept power: error: {terminal_lines(e)}", file=sys.stderr)
         return 2
     write_output(args.output, render(rows, args, names))
     return 0

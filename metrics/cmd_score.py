@@ -128,11 +128,11 @@ def _expanded(paths: list[str], names: list[str | None]) -> list[tuple[str, str 
         if folders != [FsPath(path)]:
             if name is not None:
                 raise ValueError(
-                    f"--name {name!r}: {path} holds {len(folders)} models; name each model folder"
+                    f"--name {name!r}: {terminal(path)} holds {len(folders)} models; name each model folder"
                 )
             print(
-                f"{path}: scoring each of its {len(folders)} model folders: "
-                + ", ".join(f.name for f in folders),
+                terminal(f"{path}: scoring each of its {len(folders)} model folders: ")
+                + ", ".join(terminal(f.name) for f in folders),
                 file=sys.stderr,
             )
         out.extend((str(f), name) for f in folders)
@@ -231,7 +231,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         text = _output(args, reports, intervals)
     except ValueError as e:  # e.g. two models of different bundles
-        print(f"chexpercept score: error: {e}", file=sys.stderr)
+        print(f"chexpercept score: error: {terminal_lines(e)}", file=sys.stderr)
         return 2
     write_output(args.output, text)
     return 0

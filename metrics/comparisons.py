@@ -13,8 +13,8 @@ from __future__ import annotations
 import csv
 import io
 import json
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -23,6 +23,7 @@ from chexpercept.vocab import LESIONS, PATHS, route_stages
 
 from .columns import DERIVED, FLAT_KEYS
 from .inference import DEFAULT_LEVEL, DEFAULT_POWER, Paired, adjust, paired_columns
+from .partial import PARTIAL_COLUMN, heading, partial_models
 from .tables import TABLES, table_cells
 
 if TYPE_CHECKING:  # annotations only
@@ -138,6 +139,8 @@ class Comparison:
     adjust: str
     power: float
     families: tuple[FamilyResult, ...]
+    #: {model name: why its numbers are partial} (metrics/partial.py); empty when both are whole
+    partial: Mapping[str, Sequence[str]] = field(default_factory=dict)
 
     def family(self, family_id: str) -> FamilyResult:
         for result in self.families:
@@ -159,6 +162,7 @@ class Comparison:
                 f"detectable: the difference found with {self.power:.0%} power at the family's level; "
                 f"see {METHOD_DOC}"
             ),
+            "partial": {name: list(why) for name, why in self.partial.items()},
             "families": {
                 r.family.id: {
                     "title": r.family.title,
@@ -242,7 +246,8 @@ def compare(
             for (row, p), raw, adj in zip(present, p_values, adjusted)
         )
         results.append(FamilyResult(family, rows))
-    return Comparison(a.name, b.name, cases, level, adjust_method, power, tuple(results))
+    partial = partial_models({a.name: a, b.name: b})
+    return Comparison(a.name, b.name, cases, level, adjust_method, power, tuple(results), partial)
 
 
 def compare_reports(
@@ -323,7 +328,8 @@ def how_to_read(comparison: Comparison) -> str:
         "lesion x path cells the strata). p: two-sided paired t test with the same standard error, so "
         f"the interval leaves out 0 exactly when p < {alpha}. p adj.: {adjusted}. n: cases compared. "
         f"MDE: the difference this comparison detects with {comparison.power:.0%} power at level "
-        f"{level_note}. Method: {METHOD_DOC}."
+        f"{level_note} (–: the two runs never differ on these cases, so they say nothing about the "
+        f"difference's variance). Method: {METHOD_DOC}."
     )
 
 
@@ -390,6 +396,9 @@ def csv_rows(
             d["lo"], d["hi"] = d.pop("interval")
             d["family"] = result.family.id
             rows.append(["" if d[c] is None else d[c] for c in CSV_COLUMNS])
+    if comparison.partial:  # why the numbers are partial (metrics/partial.py), on every row
+        why = "; ".join(f"{name}: {'; '.join(r)}" for name, r in comparison.partial.items())
+        return [*CSV_COLUMNS, PARTIAL_COLUMN], [[*row, why] for row in rows]
     return list(CSV_COLUMNS), rows
 
 
@@ -419,6 +428,9 @@ def render_comparison(
         return buf.getvalue()
     a, b = comparison.a, comparison.b
     parts = [f"**Paired comparison: {a} - {b}** on the {comparison.cases:,} cases both were scored on", ""]
+    mark = heading(comparison.partial)
+    if mark:
+        parts += [mark.rstrip("\n"), ""]
     if explain:
         parts += [how_to_read(comparison), ""]
     parts += [_markdown_family(r, a, b, comparison.adjust) for r in shown]

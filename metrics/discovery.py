@@ -21,6 +21,7 @@ from pathlib import Path as FsPath
 from typing import Any, Literal
 
 from chexpercept.errors import no_such_path
+from chexpercept.escape import terminal
 from chexpercept.results import ORACLE_SETTINGS, RESULTS_NAME, RUN_NAME
 from chexpercept.run_metadata import RunMetadata
 
@@ -76,14 +77,16 @@ def find_run(folder: FsPath) -> RunFolder | None:
         oracle = meta.oracle or oracle_from_folder(folder) or ""
         if oracle not in ORACLE_SETTINGS:
             raise ValueError(
-                f"{folder}: cannot tell the oracle setting (run.json has none and the folder is not "
+                f"{terminal(folder)}: cannot tell the oracle setting (run.json has none and the folder is not "
                 f"named oracle_<{'|'.join(ORACLE_SETTINGS)}>)"
             )
         return RunFolder(folder, model, oracle, "chexpercept", meta, notes)
     if layout == "reference":
         oracle = oracle_from_folder(folder)
         if oracle is None:
-            raise ValueError(f"{folder}: a reference {REFERENCE_RESULTS_NAME} must sit in oracle_<setting>/")
+            raise ValueError(
+                f"{terminal(folder)}: a reference {REFERENCE_RESULTS_NAME} must sit in oracle_<setting>/"
+            )
         provider, model = reference_model_name(folder.parent.name)
         return RunFolder(folder, model, oracle, "reference", RunMetadata(provider=provider))
     return None
@@ -116,8 +119,8 @@ def discover_runs(*results: str | os.PathLike[str]) -> list[RunFolder]:
         key = (run.model, run.oracle)
         if key in seen:
             raise ValueError(
-                f"two runs of model {run.model!r} with oracle {run.oracle!r}: {seen[key].folder} and "
-                f"{run.folder}; point --results at one of them"
+                f"two runs of model {terminal(repr(run.model))} with oracle {terminal(repr(run.oracle))}: "
+                f"{terminal(seen[key].folder)} and {terminal(run.folder)}; point --results at one of them"
             )
         seen[key] = run
     order = {s: i for i, s in enumerate(ORACLE_SETTINGS)}

@@ -16,6 +16,7 @@ from typing import Any
 
 from chexpercept.escape import markdown_cell
 from chexpercept.metrics.csv_files import csv_text, write_csv
+from chexpercept.metrics.partial import PARTIAL_COLUMN, csv_columns, csv_value, heading
 
 SETTING_KEYS: dict[str, tuple[str, ...]] = {
     "e2e": ("e2e/stage1/all", "e2e/stage2/all", "e2e/stage3/all", "e2e/stage4/all"),
@@ -65,6 +66,7 @@ def leaderboard_rows(reports: Mapping[str, Any]) -> list[dict[str, Any]]:
                     **{f"stage{i + 1}": v for i, v in enumerate(stages)},
                     **{f"stage{i + 1}_ci": intervals.get(k) for i, k in enumerate(keys)},
                     **{f"depth_{k.split('/')[1]}": rep.values.get(k) for k in DEPTH_KEYS},
+                    PARTIAL_COLUMN: csv_value(rep),
                 }
             )
         ranked = sorted(
@@ -92,8 +94,10 @@ def _pct(v: float | None, ci: Sequence[float] | None = None) -> str:
 
 
 def render_leaderboard(rows: Sequence[Mapping[str, Any]]) -> str:
-    """Two markdown tables (End-to-End, Oracle-Passed), best model first."""
-    parts = []
+    """Two markdown tables (End-to-End, Oracle-Passed), best model first; a line before them names
+    the models whose numbers are partial (metrics/partial.py)."""
+    mark = heading({r["model"]: [r[PARTIAL_COLUMN]] for r in rows if r.get(PARTIAL_COLUMN)})
+    parts = [mark.rstrip("\n") + "\n"] if mark else []
     for setting, title in SETTING_TITLES.items():
         stage_heads = ["S1", "S2", "S3", "S4"] if setting == "e2e" else ["S1", "OP S2", "OP S3", "OP S4"]
         head = ["Rank", "Model", "Score (%)", *stage_heads]
@@ -122,10 +126,11 @@ def render_leaderboard(rows: Sequence[Mapping[str, Any]]) -> str:
 
 
 def write_leaderboard_csv(path: str | os.PathLike[str], rows: Sequence[Mapping[str, Any]]) -> FsPath:
-    """Both boards as one CSV (fractions; empty where N/A)."""
-    return write_csv(path, CSV_COLUMNS, rows)
+    """Both boards as one CSV (fractions; empty where N/A; a ``partial`` column when a model's
+    numbers are partial)."""
+    return write_csv(path, csv_columns(CSV_COLUMNS, rows), rows)
 
 
 def leaderboard_csv(rows: Sequence[Mapping[str, Any]]) -> str:
     """The CSV ``write_leaderboard_csv`` writes, as text."""
-    return csv_text(CSV_COLUMNS, rows)
+    return csv_text(csv_columns(CSV_COLUMNS, rows), rows)

@@ -71,6 +71,9 @@ class ModelScores:
     intervals: dict[str, tuple[float, float] | None] | None = None
     level: float | None = None
     n_resamples: int | None = None
+    #: why these numbers are not the whole of the runs scored ("<run>: <reason>"); empty when they
+    #: are. Every writer of numbers says it (metrics/partial.py)
+    partial: list[str] = field(default_factory=list)
 
     @property
     def flat(self) -> dict[str, float | None]:
@@ -115,6 +118,7 @@ class ModelScores:
             "parse": self.parse,
             "warnings": [w.as_dict() for w in answer_warnings(self)],
             "fingerprint": self.fingerprint,
+            "partial": list(self.partial),
         }
         if self.intervals is not None:
             out["intervals"] = {
@@ -285,6 +289,7 @@ def score_model(
         matrix=matrix,
         scores=scores,
         fingerprint=next(iter({r.fingerprint for r in runs if r.fingerprint}), None),
+        partial=[reason for r in runs for reason in r.partial],
     )
 
 

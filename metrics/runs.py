@@ -30,6 +30,7 @@ from chexpercept.results import (
     iter_numbered_results,
     read_failures,
     run_identity,
+    torn_tail,
 )
 from chexpercept.run_metadata import RunMetadata
 
@@ -57,6 +58,10 @@ class Run:
     #: cases left unfinished by failed requests (failures.jsonl, for cases without a result):
     #: never scored
     failed: list[CaseFailure] = field(default_factory=list)
+    #: why these records are not the whole run (a run writing them now, a run not finished, lines
+    #: torn or missing against run.json); empty when they are. Every writer of numbers says it
+    #: (metrics/partial.py)
+    partial: list[str] = field(default_factory=list)
 
     @property
     def parse_mode(self) -> str | None:
@@ -157,27 +162,38 @@ def read_chexpercept_run(
             folder / FAILURES_NAME, ((i + 1, f.key_id, f.run) for i, f in enumerate(failures)), identity
         )
     if not records:
-        raise ValueError(f"{folder / RESULTS_NAME}: no finished cases")
+        raise ValueError(f"{terminal(folder / RESULTS_NAME)}: no finished cases")
     settings = {r.oracle for r in records}
     if len(settings) > 1:
         raise ValueError(
-            f"{folder / RESULTS_NAME}: cases of several oracle settings mixed: {sorted(settings)}"
+            f"{terminal(folder / RESULTS_NAME)}: cases of several oracle settings mixed: "
+            f"{terminal(sorted(settings))}"
         )
     recorded = settings.pop()
     setting = oracle or meta.oracle or recorded
     check_oracle(setting, str(run_json if meta.oracle is not None else folder / RESULTS_NAME))
     if setting != recorded and oracle is None:
-        raise ValueError(f"{run_json}: says oracle {setting!r} but the cases were run with {recorded!r}")
+        raise ValueError(
+            f"{terminal(run_json)}: says oracle {terminal(repr(setting))} but the cases were run with "
+            f"{terminal(repr(recorded))}"
+        )
     if greedy is None:
         greedy, note = greedy_from_meta(meta) if has_meta else (None, None)
         if note and has_meta:
             notes.append(f"{run_json}: {note}")
+    partial: list[str] = []
     if being_written(folder):
-        notes.append(
-            f"{folder}: a run is writing this folder now ({len(records)} cases so far): these numbers are partial"
-        )
-    elif has_meta and not meta.finished:
-        notes.append(f"{run_json}: the run has not finished ({len(records)} cases so far)")
+        partial.append(f"{folder}: a run is writing this folder now ({len(records)} cases so far)")
+        notes.append(f"{partial[-1]}: these numbers are partial")
+    else:
+        if has_meta and not meta.finished:
+            unfinished = f"{run_json}: the run has not finished ({len(records)} cases so far)"
+            notes.append(unfinished)
+            if "finished" in read_json_object(run_json):  # the runner said so (null), not a hand-made file
+                partial.append(unfinished)
+        lost = _lost_lines(folder, meta if has_meta else None, len(records))
+        partial += lost
+        notes += lost
     finished = {r.key_id for r in records}
     failed = {f.key_id: f for f in read_failures(folder / FAILURES_NAME) if f.key_id not in finished}
     if failed:
@@ -209,7 +225,34 @@ def read_chexpercept_run(
         path=folder,
         notes=notes,
         failed=list(failed.values()),
+        partial=partial,
     )
+
+
+def _lost_lines(folder: FsPath, meta: RunMetadata | None, read: int) -> list[str]:
+    """What score reads, checked against what the run recorded: a torn last line of results.jsonl
+    or failures.jsonl (left out when read), and run.json's ``n_results`` against the results read.
+    Each difference is said: the file, how many lines, and what to do."""
+    rerun = "rerun the same command: it removes a torn line and runs the missing cases again"
+    out = []
+    for name in (RESULTS_NAME, FAILURES_NAME):
+        torn = torn_tail(folder / name)
+        if torn:
+            out.append(
+                f"{folder / name}: its last line is torn ({torn} bytes after the last complete line: a "
+                f"process was stopped while writing it) and is not read; {rerun}"
+            )
+    recorded = meta.n_results if meta is not None else None
+    if recorded is not None and recorded != read:
+        if recorded > read:
+            what = f"{recorded - read} of them are missing (lost or torn lines): these numbers are partial"
+        else:
+            what = f"{read - recorded} more than the run wrote (lines added since it finished)"
+        out.append(
+            f"{folder / RESULTS_NAME}: {folder / RUN_NAME} records {recorded} results but {read} complete "
+            f"lines were read: {what}; {rerun}"
+        )
+    return out
 
 
 def run_from_records(

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 from chexpercept.escape import csv_cell, markdown_cell
 from chexpercept.vocab import LESIONS, PATHS, POINT_TASKS
 
+from .partial import PARTIAL_COLUMN, markdown_line, partial_models
+
 if TYPE_CHECKING:  # annotations only: model_scores imports this module
     from .model_scores import ModelScores
 
@@ -341,6 +343,15 @@ def render_table(
         table_id, reports, intervals=intervals, csv_mode=fmt == "csv", mark_no_variation=mark_no_variation
     )
     if fmt == "csv":
+        partial = partial_models(reports)
+        if partial:  # a column naming why a model's numbers are partial (metrics/partial.py)
+            names = [name for name, _values, _ivals in _as_models(reports)]
+            per_row = len(TABLES[table_id].rows or (("", {}),))
+            header = [*header, PARTIAL_COLUMN]
+            rows = [
+                [*row, csv_cell("; ".join(partial.get(names[i // per_row], [])))]
+                for i, row in enumerate(rows)
+            ]
         buf = io.StringIO()
         writer = csv.writer(buf, lineterminator="\n")
         writer.writerow(header)
@@ -350,6 +361,9 @@ def render_table(
     lines = [f"**{table.title}**", ""] if title else []
     if title and table.note:
         lines += [table.note, ""]
+    mark = markdown_line(reports)
+    if mark:
+        lines += [mark.rstrip("\n"), ""]
     lines.append("| " + " | ".join(header) + " |")
     lines.append("|" + "|".join(" --- " for _ in header) + "|")
     lines.extend("| " + " | ".join(r) + " |" for r in rows)

@@ -221,3 +221,55 @@ def test_escapers():
     for number in ("-0.5", "+3", "12.5%", "-1e-05"):
         assert csv_cell(number) == number
     assert csv_cell(0.5) == 0.5 and csv_cell(None) is None
+
+
+def test_run_folder_names_read_from_disk_are_shown_escaped(work, capsys):
+    """Red team #14: a model folder named with control codes and a fake line (another account's, or a
+    tampered copy) is printed escaped by `score` (its list of model folders) and by `report` (the
+    "two runs" error naming both folders)."""
+    runs = work / "runs"
+    shutil.copytree(runs / "baseline-random", runs / ("m" + EVIL))
+    assert cli(["score", str(runs), "--data-dir", str(work / "bundle")]) == 0
+    captured = capsys.readouterr()
+    inert(captured.out + captured.err)
+    assert "scoring each of its 2 model folders" in captured.err and SHOWN in captured.err
+    args = ["report", str(runs), "--data-dir", str(work / "bundle"), "--output-dir", str(work / "r")]
+    assert cli([*args, "--bootstrap", "0", "--no-plots"]) == 2
+    err = capsys.readouterr().err
+    inert(err)
+    assert "two runs of model" in err and SHOWN in err
+
+
+def test_a_hub_error_body_and_endpoint_password_are_shown_escaped_and_redacted(tmp_path, monkeypatch, capsys):
+    """Red team #14/#15: download-model quotes the Hub's error body (server text: control codes, a fake
+    line, a key) escaped and redacted, and HF_ENDPOINT's user:password never."""
+    import http.server
+    import threading
+
+    body = b'{"error": "bad \x1b[2J\nOK: 0 problems, bundle verified; api_key = \\"KEYSECRET\\""}'
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(400)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.setenv("HF_ENDPOINT", f"http://alice:s3cretpw@127.0.0.1:{server.server_address[1]}")
+        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+        rc = cli(["download-model", "org/tiny-vlm", "--cache-dir", str(tmp_path / "cache")])
+    finally:
+        server.shutdown()
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    inert(err)
+    assert "s3cretpw" not in err and "alice" not in err and "KEYSECRET" not in err, err
+    assert "http://***@127.0.0.1" in err and "\\nOK: 0 problems" in err, err

@@ -120,3 +120,57 @@ def test_429s_halve_the_in_flight_limit_and_answers_raise_it_back(fixture_bundle
     assert limit["ceiling"] == 8 and limit["decreases"] >= 1 and limit["lowest"] <= 4
     assert limit["final"] > limit["lowest"]  # recovered as answers came
     assert server.max_in_flight <= 8
+
+
+MALFORMED = {
+    "message is a string": ({"choices": [{"message": "Answer: 1"}]}, "choices[0].message is not an object"),
+    "choices missing": ({"id": "x", "model": "gpt-5.4"}, "choices is not a non-empty list"),
+    "choices an object": ({"choices": {"0": {"message": {}}}}, "choices is not a non-empty list"),
+    "choice a list": ({"choices": [["Answer: 1"]]}, "choices[0] is not an object"),
+    "content a number": (
+        {"choices": [{"message": {"content": 7}}]},
+        "choices[0].message.content is not text",
+    ),
+    "content part a list": (
+        {"choices": [{"message": {"content": [["Answer"]]}}]},
+        "choices[0].message.content[0] is not a text part",
+    ),
+    "finish_reason an object": (
+        {"choices": [{"message": {"content": "Answer: 1"}, "finish_reason": {}}]},
+        "choices[0].finish_reason is not text",
+    ),
+}
+
+
+@pytest.mark.parametrize("shape", sorted(MALFORMED))
+def test_a_reply_of_another_shape_is_the_case_s_recorded_error(fixture_bundle, shape):
+    """Red team #16: a reply without the expected shape is a recorded error for that case (naming the
+    case and the field), like any other server error, not a traceback that ends the run; it is not
+    retried (the server answered)."""
+    reply, field = MALFORMED[shape]
+    malformed = {"raw": json.dumps(reply).encode()}
+    with FakeServer(failures=[malformed]) as server, pytest.raises(ConversationFailed) as e:
+        first_turn(fixture_bundle, server)
+    assert field in str(e.value) and one_case(fixture_bundle).cases[0].key_id in str(e.value)
+    assert len(server.requests) == 1
+
+
+@pytest.mark.parametrize(
+    ("events", "field"),
+    [
+        ([["data", "list"]], "streamed chunk 1 is not an object"),
+        ([{"choices": [{"delta": "Answer"}]}], "streamed chunk 1: choices[0].delta is not an object"),
+        ([{"choices": "Answer"}], "streamed chunk 1: choices is not a list"),
+    ],
+    ids=["chunk-a-list", "delta-a-string", "choices-a-string"],
+)
+def test_a_stream_of_another_shape_is_the_case_s_recorded_error(fixture_bundle, events, field):
+    with FakeServer(failures=[{"events": events}]) as server, pytest.raises(ConversationFailed) as e:
+        first_turn(fixture_bundle, server)
+    assert field in str(e.value)
+
+
+def test_content_parts_are_joined(fixture_bundle):
+    parts = {"message": {"content": [{"type": "text", "text": "Answer: "}, "2", {"type": "image_url"}]}}
+    with FakeServer(failures=[parts]) as server:
+        assert first_turn(fixture_bundle, server).response == "Answer: 2"

@@ -172,8 +172,10 @@ def _contend(folder, barrier, rounds, wins):
         barrier.wait()  # released before the next round's dead lock file is written
 
 
-def test_exactly_one_process_takes_a_dead_runs_lock(tmp_path):
+def test_exactly_one_process_takes_a_dead_runs_lock(tmp_path, monkeypatch):
     import multiprocessing
+
+    monkeypatch.setattr(RunLock, "PROBE_GRACE", 0.0)  # losers refused at once (300 rounds)
 
     ctx = multiprocessing.get_context("fork")
     rounds, n = 300, 4
@@ -280,15 +282,112 @@ def records_of(folder: Path) -> list[dict]:
     return out
 
 
-def test_score_of_a_folder_being_written_says_it_is_partial(fixture_bundle, tmp_path):
-    """What is read while a run still writes it is said to be partial where it is shown."""
+HOLD_LOCK = """
+import sys
+from chexpercept.eval.runner.store import RunLock
+with RunLock(sys.argv[1]):
+    print("held", flush=True)
+    sys.stdin.read()
+"""
+
+
+def test_score_of_a_folder_being_written_says_it_is_partial(fixture_bundle, tmp_path, capsys):
+    """What is read while another run still writes it is said to be partial where it is shown; a
+    run's own scores at its end are not (its own lock is not another writer)."""
     from chexpercept.metrics import score_path
 
     assert run_cli(fixture_bundle, tmp_path, "--limit", "3") == 0
+    out, err = capsys.readouterr()
+    assert "Table 2: stage-level accuracy" in out, out
+    assert "partial" not in out + err, err  # the run's own lock, held while it printed its scores
     folder = folder_of(tmp_path)
-    with RunLock(folder):  # as a live run holds it
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK, str(folder)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline() == "held\n"  # as a live run holds it
         notes = score_path(folder).notes
+    finally:
+        holder.communicate("")
     assert any(
         "a run is writing this folder now (3 cases so far): these numbers are partial" in n for n in notes
     )
     assert not any("partial" in n for n in score_path(folder).notes)
+    with RunLock(folder):  # this process's own lock: not another writer
+        assert not any("partial" in n for n in score_path(folder).notes)
+
+
+def test_a_readers_probe_never_refuses_a_run(tmp_path):
+    """A reader (score, report) probes the lock with a shared lock for an instant; a run that tries
+    its lock at that instant waits it out, and is not refused with a message blaming a dead pid."""
+    import fcntl
+    import threading
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    lock = RunLock(tmp_path)
+    lock.path.write_text(json.dumps({"pid": dead.pid, "host": os.uname().nodename, "since": "then"}))
+    fd = os.open(lock.path, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # the probe, at the moment the run starts
+    threading.Timer(0.2, os.close, (fd,)).start()
+    lock.acquire()
+    assert json.loads(lock.path.read_text())["pid"] == os.getpid()
+    lock.release()
+
+
+def test_score_says_when_it_read_fewer_results_than_the_run_recorded(fixture_bundle, tmp_path):
+    """Rule: what score reads is checked against what the run recorded (run.json's n_results); a
+    torn last line of a finished run was dropped silently (20 cases scored, 21 recorded)."""
+    from chexpercept.metrics import score_path
+
+    assert run_cli(fixture_bundle, tmp_path, "--limit", "3") == 0
+    folder = folder_of(tmp_path)
+    results = folder / "results.jsonl"
+    assert not [n for n in score_path(folder).notes if "results.jsonl" in n]
+    data = results.read_bytes()
+    results.write_bytes(data[:-40])  # the last line torn (as a disk that filled up, a copy cut short)
+    report = score_path(folder)
+    assert report.counts["cases"] == 2
+    notes = "\n".join(report.notes)
+    assert f"{results}: its last line is torn ({len(data.splitlines()[-1]) + 1 - 40} bytes" in notes, notes
+    assert "records 3 results but 2 complete lines were read: 1 of them are missing" in notes, notes
+    assert "rerun the same command" in notes
+    assert report.partial and "1 of them are missing" in report.partial[0] + report.partial[-1]
+    # every writer of numbers says they are partial (metrics/partial.py): a heading line in markdown,
+    # a column in CSV; score --table --output and the report's tables, leaderboard and CSVs
+    from chexpercept.cli import main as cli_main
+    from chexpercept.metrics.report.build import write_report
+
+    for name, fmt in (("t.md", "markdown"), ("t.csv", "csv")):
+        argv = ["score", str(folder), "--table", "2", "--format", fmt, "--output", str(tmp_path / name)]
+        assert cli_main(argv) == 0
+    assert "**Partial numbers**" in (tmp_path / "t.md").read_text()
+    header, row = (tmp_path / "t.csv").read_text().splitlines()
+    assert header.endswith(",partial") and "1 of them are missing" in row
+    out = write_report(tmp_path, tmp_path / "report", n_resamples=0, plots=False).out
+    for md in ("tables.md", "tables/table3.md", "leaderboard.md"):
+        assert "**Partial numbers**" in (out / md).read_text(), md
+    csvs = [
+        "leaderboard.csv",
+        "tables/table2.csv",
+        *[str(p.relative_to(out)) for p in out.rglob("*summary*.csv")],
+    ]
+    assert len(csvs) >= 4, csvs
+    for name in csvs:
+        lines = (out / name).read_text().splitlines()
+        assert lines[0].endswith(",partial") and all("missing" in line for line in lines[1:]), name
+    from chexpercept.metrics.comparisons import compare, render_comparison
+
+    paired = compare(report, report)
+    assert "**Partial numbers**" in render_comparison(paired)
+    header, *rows = render_comparison(paired, "csv").splitlines()
+    assert header.endswith(",partial") and all("missing" in row for row in rows)
+    # and partial numbers are not published (what is on the Hub stays there)
+    from chexpercept.metrics.hub.push_results import stage
+    from chexpercept.metrics.partial import PartialNumbers
+
+    with pytest.raises(PartialNumbers, match="these numbers are partial .*nothing was published"):
+        stage(tmp_path / "baseline-random", tmp_path / "staging", bootstrap=0, bundle=fixture_bundle)

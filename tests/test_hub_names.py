@@ -169,3 +169,60 @@ def test_a_context_or_a_staged_folder_can_hold_names_only(tmp_path):
     manifest = Manifest(tmp_path / "staging", Context(Identifiers(), frozenset({"tiny-vlm"})))
     with pytest.raises(ValueError, match="a folder a stager does not write"):
         manifest.write("models/GU4DAMBQGA3TEMA/metrics.json", "{}\n", METRICS)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("seed", 10**4000),
+        ("seed", True),
+        ("sampling.max_tokens", 10**30),
+        ("sampling.max_tokens", True),
+        ("batch_size", 10**12),
+        ("selection.limit", -5),
+        ("sampling.temperature", 1e300),
+    ],
+    ids=[
+        "huge-seed",
+        "bool-seed",
+        "huge-max-tokens",
+        "bool-max-tokens",
+        "huge-batch",
+        "negative-limit",
+        "huge-temp",
+    ],
+)
+def test_a_published_number_is_within_its_declared_range(api_runs, bundle, field, value, tmp_path, capsys):
+    """Issue 27 red team #3: a number in a tampered run.json (a huge int is free text in digits; a bool
+    is no count) is refused for the Hub, naming the field and its range; nothing is staged."""
+    runs = one(api_runs, "registry", tmp_path)
+    path = runs / "registry" / "oracle_none" / "run.json"
+    meta = json.loads(path.read_text())
+    *parents, leaf = field.split(".")
+    node = meta
+    for parent in parents:
+        node = node.setdefault(parent, {})
+    node[leaf] = value
+    path.write_text(json.dumps(meta))
+    args = ["push-results", str(runs), "--repo", "org/scores", "--dry-run", "--data-dir", str(bundle)]
+    assert cli([*args, "--bootstrap", "0"]) == 2
+    captured = capsys.readouterr()
+    assert leaf in captured.err and ("must be an integer" in captured.err or " from " in captured.err)
+    assert "would upload" not in captured.out and "0" * 100 not in captured.out + captured.err
+
+
+def test_repo_ids_and_frameworks_cannot_carry_an_identifier_without_a_bundle(capsys):
+    """Issue 27 red team #11/#12: benchmark-card without --data-dir still refuses a repo id or a framework
+    shaped like a case identifier or an encoding of one (the shape rule needs no bundle)."""
+    key_id = "edema_s50000001_positive_0"
+    for repo in ("org/edema-s50000001-positive-0", "org/" + encodings(key_id)["base32"].lower()[:40]):
+        assert cli(["benchmark-card", "--repo", repo, "--dry-run"]) == 2
+        err = capsys.readouterr().err
+        assert "the shapes of case identifiers" in err, err
+    assert (
+        cli(["benchmark-card", "--repo", "org/bench", "--evaluation-framework", "s50000001", "--dry-run"])
+        == 2
+    )
+    assert "digits in a row" in capsys.readouterr().err
+    assert cli(["benchmark-card", "--repo", "stanford-aimi/chexpercept-v1.0", "--dry-run"]) == 0
+    capsys.readouterr()

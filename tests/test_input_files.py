@@ -296,3 +296,83 @@ def test_review_decisions_access_and_manifest_that_are_fifos_are_refused(tmp_pat
     for name in ("decisions", "access", "manifest"):
         line = next((x for x in lines if x.startswith(f"{name}: ")), "")
         assert "is a FIFO (named pipe), not a regular file" in line, (name, p.stdout, p.stderr[-1000:])
+
+
+def test_a_line_reader_streams_and_bounds_each_line(tmp_path):
+    """Red team #8: results.jsonl and failures.jsonl are streamed a line at a time (iter_lines, which
+    results.complete_lines uses), each line bounded (MAX_LINE), a torn last line left out; a line over
+    the bound is refused, naming the file and the line, without reading it whole."""
+    from chexpercept import input_files
+
+    path = tmp_path / "failures.jsonl"
+    path.write_bytes(b'{"a": 1}\n\n{"b": 2}\n{"torn')
+    assert list(input_files.iter_lines(path, input_files.RESULTS)) == [
+        (1, '{"a": 1}'),
+        (2, ""),
+        (3, '{"b": 2}'),
+    ]
+    path.write_bytes(b'{"a": 1}\n' + b'{"x": "' + b"y" * 1000 + b'"}\n')
+    with pytest.raises(
+        input_files.InputFileError, match=r"failures.jsonl.* line longer than 64 bytes \(line 2\)"
+    ):
+        list(input_files.iter_lines(path, input_files.RESULTS, max_line=64))
+    path.write_bytes(b'{"a": 1}\n\xff\xfe\n')
+    with pytest.raises(input_files.InputFileError, match=r"not UTF-8 text \(line 2"):
+        list(input_files.iter_lines(path, input_files.RESULTS))
+
+
+def test_a_model_folder_fingerprint_reads_only_bounded_regular_files(tmp_path):
+    """Red team #9: folder_fingerprint reads a model folder's files as inputs are read
+    (chexpercept.input_files): a tokenizer.json over MODEL_FILE (sparse here: no disk used) is refused
+    unread, naming the limit, instead of being read whole into memory."""
+    from chexpercept.eval.runner.identity import folder_fingerprint
+    from chexpercept.input_files import MODEL_FILE, InputFileError
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "model.safetensors").write_bytes(b"w" * 4096)
+    (model / "tokenizer.json").write_text("{}")
+    first = folder_fingerprint(model)
+    assert first.startswith("sha256:") and folder_fingerprint(model) == first
+    as_sparse(model / "tokenizer.json", MODEL_FILE.max_bytes + 1)
+    with pytest.raises(InputFileError, match="MODEL_FILE"):
+        folder_fingerprint(model)
+
+
+def test_no_module_opens_a_file_itself():
+    """Every read of a file from disk goes through chexpercept/input_files.py (a regular file within a
+    limit, never a FIFO or a device) and every write through chexpercept/fileio.py: a new ``open()``,
+    ``.read_bytes()`` or ``.read_text()`` elsewhere fails here with its file and line, unless it is
+    one of these, each for its reason."""
+    import ast
+
+    root = Path(__file__).resolve().parents[1]
+    allowed = {
+        "chexpercept/input_files.py": "the one bounded reader",
+        "chexpercept/fileio.py": "the one writer",
+        "chexpercept/tcp_table.py": "reads /proc/net/tcp (the kernel's table)",
+        "eval/runner/interrupts.py": "reads /proc/<pid>/stat",
+        "eval/runner/distributed.py": "reads /proc/<ppid>/cmdline and environ",
+        "eval/runner/store.py": "reads /proc/<pid>/stat; truncates its own torn tail in place",
+        "builder/review/store.py": "truncates its own torn tail in place",
+        "metrics/evaluate_support.py": "reads the metric module's source from this package",
+        "metrics/report/page.py": "reads the report's assets from this package",
+        "builder/review/server.py": "reads the review app's static files from this package",
+        "builder/reference_layout.py": "reads the phantom table it just wrote",
+        "eval/tiny_model.py": "edits the processor file it just saved",
+    }
+    found = []
+    for package in ("chexpercept", "builder", "metrics", "eval"):
+        for path in sorted((root / package).rglob("*.py")):
+            rel = path.relative_to(root).as_posix()
+            if rel in allowed:
+                continue
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                f = getattr(node, "func", None)
+                if (isinstance(f, ast.Name) and f.id == "open") or (
+                    isinstance(f, ast.Attribute) and f.attr in ("read_bytes", "read_text")
+                ):
+                    found.append(f"{rel}:{node.lineno}")
+    assert not found, "read through chexpercept.input_files (write through fileio) instead:\n" + "\n".join(
+        found
+    )

@@ -51,3 +51,21 @@ def test_malformed(doc, exc):
 def test_number_split_across_chunks():
     raw = b'{"a": 123456789, "b": 1}'
     assert [(k, v) for k, v, _ in iter_object_items(io.BytesIO(raw), chunk=9)] == [("a", 123456789), ("b", 1)]
+
+
+def test_a_long_entry_is_read_in_doubling_reads_not_once_per_chunk():
+    """Red team #7: an entry much longer than a chunk (a one-line chexpercept.json of one huge entry)
+    was re-decoded after every chunk, in time quadratic in its length; the reads now double, so the
+    decoder is tried O(log n) times. Counted, not timed."""
+
+    class Counting(io.BytesIO):
+        reads = 0
+
+        def read(self, size=-1):
+            Counting.reads += 1
+            return super().read(size)
+
+    doc = json.dumps({"a": {"x": "y" * (4 << 20)}, "b": 1}).encode()
+    items = list(iter_object_items(Counting(doc), chunk=1 << 12))
+    assert [k for k, _, _ in items] == ["a", "b"] and len(items[0][1]["x"]) == 4 << 20
+    assert Counting.reads < 20  # one read per 4 KiB chunk would be over 1,000

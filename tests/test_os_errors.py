@@ -172,7 +172,7 @@ def test_an_image_that_is_a_folder_is_not_called_undecodable(fresh_bundle, capsy
     assert entries and cli(["validate", str(fresh_bundle)]) != 0
     out = capsys.readouterr()
     text = out.out + out.err
-    assert "is a folder where a file was expected" in text and "does not decode" not in text, text
+    assert "is a folder, not a regular file" in text and "does not decode" not in text, text
 
 
 # ------------------------------------------------ errors this machine cannot make on demand
@@ -206,3 +206,92 @@ def test_each_cause_is_named_when_writing_results(
     assert "rerun the same command to resume" in line
     if code == getattr(errno, "EDQUOT", 122):
         assert "no space left" not in line and "df -h" not in line
+
+
+# ------------------------------- every error a write, lock, fsync or rename can raise, by its cause
+#: errno's list for write(2), open(2) with O_CREAT, flock(2), fsync(2), rename(2), mkdir(2) and
+#: unlink(2), with a word of the cause each message must name (not "OSError on ...: fix the cause")
+WRITE_ERRORS = {
+    "EFBIG": "is too large",
+    "ENOLCK": "cannot lock files",
+    "EXDEV": "another file system",
+    "EBUSY": "in use",
+    "ENOTEMPTY": "not empty",
+    "EEXIST": "already exists",
+    "EOPNOTSUPP": "does not support",
+    "EINVAL": "refused the operation",
+    "EMLINK": "as many entries",
+    "ETIMEDOUT": "stopped answering",
+    "ENOTCONN": "stopped answering",
+    "EHOSTDOWN": "stopped answering",
+    "EHOSTUNREACH": "stopped answering",
+    "EREMOTEIO": "stopped answering",
+    "EUCLEAN": "damaged",
+    "EKEYEXPIRED": "Kerberos",
+    "ENOMEM": "out of memory",
+    "EINTR": "interrupted by a signal",
+    "ETXTBSY": "running now",
+    "ENOSPC": "no space",
+    "EDQUOT": "quota",
+    "EROFS": "read-only",
+    "EACCES": "no permission",
+    "EPERM": "no permission",
+    "EMFILE": "too many files open",
+    "ENFILE": "too many files open",
+    "ENAMETOOLONG": "too long",
+    "ENOTDIR": "not a folder",
+    "EISDIR": "is a folder",
+    "ENOENT": "no such",
+    "EIO": "device failed",
+    "ESTALE": "lost track",
+    "ELOOP": "loop",
+}
+
+
+@pytest.mark.parametrize("name", sorted(n for n in WRITE_ERRORS if hasattr(errno, n)))
+def test_every_error_of_a_write_lock_fsync_or_rename_names_its_cause(name, tmp_path):
+    """Rule (chexpercept/os_errors.py): every errno a file write, lock, fsync or rename can raise is
+    read by its cause; none falls through to "OSError on ...: fix the cause" (EFBIG and ENOLCK did)."""
+    from chexpercept.os_errors import explain_os_error
+
+    code = getattr(errno, name)
+    text = explain_os_error(OSError(code, os.strerror(code), str(tmp_path / "results.jsonl")), tmp_path)
+    line = text.line("chexpercept run")
+    assert not line.startswith("chexpercept run: error: OSError on") and "fix the cause" not in line, line
+    assert WRITE_ERRORS[name].lower() in line.lower() and "results.jsonl" in line, line
+
+
+def test_a_file_size_limit_names_ulimit_f(fixture_bundle, tmp_path):
+    """``(ulimit -f 24; chexpercept run ...)`` ended with "OSError on ...: File too large. fix the
+    cause"; it names the limit and ulimit -f (made for real: RLIMIT_FSIZE in the child)."""
+    import resource
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.RLIM_INFINITY))
+
+    argv = [*RUN, *run_args(fixture_bundle, tmp_path)]
+    proc = subprocess.run(argv, capture_output=True, text=True, preexec_fn=limit, timeout=300)
+    line = last_line(proc.stderr, "chexpercept run")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "the largest file this process may write: 4.0 KiB" in line and "ulimit -f" in line, line
+
+
+def test_an_output_on_a_read_only_disk_names_the_target_and_the_commands_option(
+    fixture_bundle, tmpfs, tmp_path
+):
+    """Rule: the message names the target the user asked for (never the file or folder written aside
+    of it, ``.s.json.x1y2.tmp``, ``.rep.new-...``) and the option of the command that was run (score
+    has --output, not --output-dir)."""
+    assert main(run_args(fixture_bundle, tmp_path / "runs", "--limit", "2")) == 0
+    disk = tmpfs("ro,size=1m")
+    target = disk / "s.json"
+    score = run_cli([*CLI, "score", str(tmp_path / "runs" / "baseline-random"), "--output", str(target)])
+    line = last_line(score.stderr, "chexpercept score")
+    assert score.returncode == 2 and f"cannot write to {target}: its file system is mounted read-only" in line
+    assert "another --output)" in line and ".tmp" not in line and "--output-dir" not in line, line
+    report = run_cli(
+        [*CLI, "report", str(tmp_path / "runs"), "--output-dir", str(disk / "rep"), "--no-plots"]
+    )
+    line = last_line(report.stderr, "chexpercept report")
+    assert report.returncode == 2 and f"{disk / 'rep'}" in line and ".rep." not in line, line
+    assert "another --output-dir)" in line, line

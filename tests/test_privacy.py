@@ -182,3 +182,80 @@ def test_generated_bundle_is_private(shared):
         == 0
     )
     assert not _not_private(out)
+
+
+def test_a_folder_owned_by_another_account_is_refused_whatever_its_mode(
+    shared, other_account, fixture_bundle, capsys
+):
+    """Red team #6: a datasets cache folder or a run folder that belongs to another account is refused
+    even when it is private (mode 0700, so the old check passed): its owner reads what is written
+    there. The message names the folder, its owner and what to set instead."""
+    import pwd
+
+    from datasets import load_dataset
+
+    from chexpercept.fileio import PrivacyError
+
+    uid = pwd.getpwnam(other_account).pw_uid
+    cache = shared / "hf-datasets"
+    theirs = cache / "chexpercept"
+    theirs.mkdir(parents=True, mode=0o700)
+    os.chown(theirs, uid, uid)
+    with pytest.raises(PrivacyError) as e:
+        load_dataset("chexpercept", data_dir=str(fixture_bundle), cache_dir=str(cache))
+    message = str(e.value)
+    assert str(theirs) in message and other_account in message and "HF_DATASETS_CACHE" in message
+    assert not list(theirs.rglob("*.arrow"))
+    runs = shared / "runs"
+    (runs / "baseline-prior").mkdir(parents=True, mode=0o700)
+    os.chown(runs / "baseline-prior", uid, uid)
+    args = ["--data-dir", str(fixture_bundle), "--model", "baseline:prior", "--limit", "1"]
+    assert run_main([*args, "--output-dir", str(runs), "--no-score", "--no-progress"]) != 0
+    err = capsys.readouterr().err
+    assert "baseline-prior" in err and other_account in err, err
+    assert not list((runs / "baseline-prior").rglob("results.jsonl"))
+
+
+def test_a_run_folder_swapped_by_another_account_gets_nothing(shared, other_account, fixture_bundle):
+    """Red team #4: between two writes of a run, another account (the runs folder being writable by it)
+    puts its own folder, or a link to one, where the run folder was, or its own file where ours was.
+    Every writer (append_durable, the atomic writer, open_private) refuses before writing a byte."""
+    import pwd
+
+    from chexpercept import fileio
+
+    uid = pwd.getpwnam(other_account).pw_uid
+    runs = shared / "runs"
+    args = ["--data-dir", str(fixture_bundle), "--model", "baseline:prior", "--oracle", "none"]
+    assert run_main([*args, "--limit", "1", "--output-dir", str(runs), "--no-score", "--no-progress"]) == 0
+    ours = runs / "baseline-prior" / "oracle_none"
+    theirs = shared / "theirs"
+    theirs.mkdir(mode=0o777)
+    (theirs / "results.jsonl").write_text("")
+    os.chown(theirs, uid, uid)
+    os.chown(theirs / "results.jsonl", uid, uid)
+    line = b'{"key_id": "edema_s50000001_positive_0"}\n'
+    # 1. their folder, through a link where the run folder was
+    ours.rename(shared / "moved")
+    ours.symlink_to(theirs, target_is_directory=True)
+    for write in (
+        lambda: fileio.append_durable(ours / "results.jsonl", line),
+        lambda: fileio.append_durable(ours / "failures.jsonl", line),
+        lambda: fileio.write_json_atomic(ours / "run.json", {"key_id": "x"}),
+        lambda: os.close(fileio.open_private(ours / "lock")),
+    ):
+        with pytest.raises(fileio.PrivacyError, match=other_account):
+            write()
+    assert (theirs / "results.jsonl").read_text() == "" and sorted(os.listdir(theirs)) == ["results.jsonl"]
+    # 2. their own file where ours was, in our folder
+    ours.unlink()
+    (shared / "moved").rename(ours)
+    os.chown(ours / "results.jsonl", uid, uid)
+    with pytest.raises(fileio.PrivacyError, match="is not a file of this account"):
+        fileio.append_durable(ours / "results.jsonl", line)
+    # 3. a link in place of a file
+    (ours / "results.jsonl").unlink()
+    (ours / "results.jsonl").symlink_to(theirs / "results.jsonl")
+    with pytest.raises(fileio.PrivacyError, match="is a link"):
+        fileio.append_durable(ours / "results.jsonl", line)
+    assert (theirs / "results.jsonl").read_text() == ""

@@ -68,10 +68,12 @@ def test_a_connection_error_quotes_the_url_without_its_secret(fixture_bundle, tm
     assert f"cannot reach http://***@127.0.0.1:{port}/v1/chat/completions?key=***" in err, err
     assert not any(s in err for s in SECRETS)
     assert not any(s in everything_written(tmp_path) for s in SECRETS)
-    # --on-error record: the failure is written to failures.jsonl, redacted too
-    assert main([*argv, "--on-error", "record"]) == 3
+    # --on-error record: an endpoint that never answered ends the run too (every request would fail),
+    # at once and redacted (it is not retried for minutes)
+    assert main([*argv, "--on-error", "record", "--max-retries", "6"]) == 2
     err = capsys.readouterr().err
-    assert "cannot reach http://***@" in err and not any(s in err for s in SECRETS)
+    assert "cannot reach http://***@" in err and "has not answered once in this run" in err
+    assert not any(s in err for s in SECRETS)
     assert not any(s in everything_written(tmp_path) for s in SECRETS)
 
 
@@ -88,3 +90,39 @@ def test_what_is_hidden_and_what_is_kept():
     assert redact_text("--base-url=http://u:p@h/v1 and 'https://h/x?token=t'") == (
         "--base-url=http://***@h/v1 and 'https://h/x?token=***'"
     )
+
+
+#: (text, what is shown): every form of a secret in a message or an error body (red team #15)
+FORMS = [
+    ("api_key=abc123", "api_key=***"),
+    ("api_key = abc123", "api_key = ***"),
+    ('api_key = "abc 123"', 'api_key = "***"'),
+    ('{"password": "hunter2", "n": 1}', '{"password": "***", "n": 1}'),
+    ("{'token': 'tok'}", "{'token': '***'}"),
+    ("pass=abc", "pass=***"),
+    ("passwd: xyz", "passwd: ***"),
+    ("apikey=k", "apikey=***"),
+    ("X-Api-Key: kkk", "X-Api-Key: ***"),
+    ("accessToken=abc", "accessToken=***"),
+    ("HF_TOKEN=hf_abcdef", "HF_TOKEN=***"),
+    ("Authorization: Bearer sk-abcdefgh12345", "Authorization: ***"),
+    ("sent Bearer sk-abcdefgh12345 to the server", "sent Bearer *** to the server"),
+    ("https://user:pw@hub.example/api", "https://***@hub.example/api"),
+    ("http://h/v1?api-version=1&api-key=K", "http://h/v1?api-version=1&api-key=***"),
+    # kept: names of things, counts, the variable that holds a key
+    ("key_id=edema_s50000001_positive_0", "key_id=edema_s50000001_positive_0"),
+    ("max_tokens: 64", "max_tokens: 64"),
+    ("--api-key-env=OPENAI_API_KEY", "--api-key-env=OPENAI_API_KEY"),
+    ("--api-key-header=api-key", "--api-key-header=api-key"),
+    ("input tokens 15,000", "input tokens 15,000"),
+]
+
+
+@pytest.mark.parametrize(("text", "shown"), FORMS, ids=[f[0][:24] for f in FORMS])
+def test_every_form_of_secret_is_hidden(text, shown):
+    """One function, one table of forms; the terminal escapers apply it, so every message printed
+    through them is redacted (chexpercept.escape)."""
+    from chexpercept.escape import terminal, terminal_lines
+
+    assert redact_text(text) == shown
+    assert terminal(text) == shown and terminal_lines(text + "\n" + text) == shown + "\n" + shown

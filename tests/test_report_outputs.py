@@ -181,3 +181,32 @@ def test_missing_matplotlib_is_a_clear_error(monkeypatch, tmp_path):
     monkeypatch.setattr(builtins, "__import__", no_matplotlib)
     with pytest.raises(ImportError, match=r"pip install 'chexpercept\[report\]'"):
         plots.plot_depth_heatmap({"m": {"RR": 1.0}}, tmp_path / "x.png")
+
+
+ONE_ROW = {"path": "LF", "model": "m", "setting": "e2e", "stage1": 1.0, "stage2": None, "stage3": None,
+           "stage4": None, "depth": 1.0}  # fmt: skip
+#: each figure with a count of one (one model, one route, one lesion, one value), and with nothing
+FIGURES = {
+    "stage accuracy": (lambda p: plots.plot_stage_accuracy([ONE_ROW], p, oracle="none"),
+                       lambda p: plots.plot_stage_accuracy([], p, oracle="none"), "No stage accuracy"),
+    "revision": (lambda p: plots.plot_contour_revision_detail({"m": {"expansion": 0.5}}, p),
+                 lambda p: plots.plot_contour_revision_detail({}, p), "no model was scored"),
+    "attributes": (lambda p: plots.plot_attribute_extraction_detail({"m": {}}, p),  # all N/A: drawn
+                   lambda p: plots.plot_attribute_extraction_detail({}, p), "no model was scored"),
+    "depth": (lambda p: plots.plot_depth_heatmap({"m": {"LF": 1.0}}, p),
+              lambda p: plots.plot_depth_heatmap({}, p), "No mean depth"),
+    "lesion": (lambda p: plots.plot_lesion_heatmap({"m": {"effusion": {"stage1": 1.0}}}, p),
+               lambda p: plots.plot_lesion_heatmap({"m": {}}, p), "No per-lesion accuracy"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(FIGURES))
+def test_each_figure_takes_a_count_of_one_and_says_when_it_has_nothing(name, tmp_path):
+    """Red team #20: one lesion, one case or one model draws its figure; nothing to draw (the per-lesion
+    heatmap of runs without lesion values crashed matplotlib with a TypeError) is a sentence instead."""
+    one, none, sentence = FIGURES[name]
+    with Image.open(one(tmp_path / "one.png")) as im:
+        assert im.format == "PNG"
+    with pytest.raises(plots.NothingToPlot, match=sentence):
+        none(tmp_path / "none.png")
+    assert not (tmp_path / "none.png").exists()

@@ -7,6 +7,7 @@ one request, and Ctrl-C in the middle of a wait."""
 from __future__ import annotations
 
 import email.utils
+import json
 import signal
 import subprocess
 import sys
@@ -90,15 +91,80 @@ def test_a_hint_longer_than_the_backoff_cap_is_honoured_not_cut(fixture_bundle, 
     assert gap >= 1.8, gap
 
 
+def _zero_hints() -> list[dict]:
+    server_now = time.time() - 120  # this machine's clock 2 minutes ahead of the server's
+    return [
+        {"Retry-After": "-5"},
+        {"retry-after-ms": "-1000"},
+        {"Retry-After": "inf"},
+        {"Retry-After": "soon"},
+        {"Retry-After": "0"},
+        {"Date": http_date(server_now), "Retry-After": http_date(server_now)},
+        {"x-ratelimit-reset-requests": "0s", "x-ratelimit-remaining-requests": "0"},
+    ]
+
+
 @pytest.mark.parametrize(
     "headers",
-    [{"Retry-After": "-5"}, {"retry-after-ms": "-1000"}, {"Retry-After": "inf"}, {"Retry-After": "soon"}],
-    ids=["negative", "negative-ms", "inf", "garbage"],
+    _zero_hints(),
+    ids=["negative", "negative-ms", "inf", "garbage", "zero", "date-at-server-now", "reset-0s"],
 )
 def test_a_hint_that_is_no_wait_falls_back_to_the_backoff(fixture_bundle, headers):
+    """Rule: a wait is never below the backoff's floor; a zero hint once gave 7 attempts in 0.4 s."""
     policy = RetryPolicy(max_retries=3, base_delay=1.0, max_delay=1.0)  # 0.75 to 1.25 s
     gap = gap_after(fixture_bundle, throttled(headers), policy)
     assert gap >= 0.7, gap  # not an immediate retry
+
+
+NOW = 1_800_000_000.0
+SERVER = {"Date": http_date(NOW - 120)}  # this machine's clock 2 minutes ahead of the server's
+FLOOR = (0.75, 1.25)  # the own backoff of attempt 0 below: 1 s +-25 %
+
+
+@pytest.mark.parametrize(
+    ("headers", "body", "wait"),
+    [
+        ({"Retry-After": "0"}, "", FLOOR),
+        ({"Retry-After": "-5"}, "", FLOOR),
+        ({"Retry-After": "nan"}, "", FLOOR),
+        ({"Retry-After": "1e400"}, "", FLOOR),
+        ({"Retry-After": "0.2"}, "", FLOOR),
+        ({"Retry-After": "3"}, "", 3.0),
+        ({**SERVER, "Retry-After": http_date(NOW - 120)}, "", FLOOR),
+        ({**SERVER, "Retry-After": http_date(NOW - 200)}, "", FLOOR),
+        ({**SERVER, "Retry-After": http_date(NOW - 117)}, "", 3.0),
+        ({"Retry-After": http_date(NOW - 50)}, "", FLOOR),
+        ({"retry-after-ms": "0"}, "", FLOOR),
+        ({"retry-after-ms": "2"}, "", FLOOR),  # 2 ms, not 2 s
+        ({"retry-after-ms": "3000"}, "", 3.0),
+        ({"retry-after-ms": "-1"}, "", FLOOR),
+        ({"x-ratelimit-reset-requests": "0s", "x-ratelimit-remaining-requests": "0"}, "", FLOOR),
+        ({"x-ratelimit-reset-tokens": "20ms"}, "", FLOOR),
+        ({"x-ratelimit-reset-requests": "1m30s", "x-ratelimit-remaining-requests": "0"}, "", 90.0),
+        ({**SERVER, "x-ratelimit-reset": str(int(NOW - 120))}, "", FLOOR),  # an epoch time: now
+        ({}, json.dumps({"error": {"details": [{"retryDelay": "0s"}]}}), FLOOR),
+        ({}, json.dumps({"error": {"details": [{"retryDelay": "4s"}]}}), 4.0),
+        ({"Retry-After": "86400"}, "", None),  # longer than a run waits: not retried, said
+        ({"Retry-After": "1e300"}, "", None),
+        ({"retry-after-ms": "1e20"}, "", None),
+    ],
+)
+def test_every_hint_form_only_lengthens_the_backoff(headers, body, wait):
+    """Rule (RetryPolicy.next_wait): a wait is never below the backoff's floor for that attempt; a
+    hint only lengthens it, up to the longest a run waits (beyond it: not retried, the wait named)."""
+    from chexpercept.eval.backends.openai.retries import read_wait_hint
+
+    policy = RetryPolicy(max_retries=6, base_delay=1.0, max_delay=120.0)
+    hint = read_wait_hint(headers, body, status=429, received=NOW)
+    got, why = policy.next_wait(0, 0.0, hint)
+    if wait is None:
+        assert got is None and "the server asked to wait" in why and "rerun after" in why, why
+    elif wait == FLOOR:
+        assert FLOOR[0] <= got <= FLOOR[1], (headers, got)
+    else:
+        assert got == pytest.approx(wait, abs=0.01), (headers, got)
+    late, _ = policy.next_wait(3, 0.0, hint)  # attempt 3: the floor is 6 s, a hint of 3 s does not cut it
+    assert late is None if wait is None else late >= 6.0
 
 
 def test_every_form_is_read_relative_to_the_reply():

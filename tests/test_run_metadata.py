@@ -79,7 +79,7 @@ def test_a_file_is_read_and_named_in_errors(tmp_path):
         ("selection", {"lesions": ["a", 1]}, "field 'selection.lesions' must be a list of strings"),
         ("sampling", {"greedy": 0}, "field 'sampling.greedy' must be true or false, got 0"),
         ("command", "run", "field 'command' must be a list of strings, got 'run'"),
-        ("versions", [], "field 'versions' must be a JSON object, got []"),
+        ("versions", [], "field 'versions' must be an object of package names and PEP 440 versions, got []"),
     ],
 )
 def test_wrong_types_name_the_source_and_the_field(field, value, message):
@@ -114,3 +114,43 @@ def test_a_record_built_in_code_writes_only_what_was_set():
         "git_commit": None,
         "finished": None,
     }
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("git_commit", "0123abc\x1b[2J\nOK: published"),
+        ("git_commit", "see https://evil.example/" + "a" * 40),
+        ("versions", {"torch": "2.6.0 <img src=x onerror=alert(1)>"}),
+        ("versions", {"torch\nOK": "2.6.0"}),
+        ("started", "yesterday, by edema_s50000001_positive_0"),
+        ("finished", "2026-01-01T00:00:00Z\x1b]0;title\x07"),
+        ("resumed", ["2026-01-02", "free text"]),
+        ("weights", {"model_id": "org/m", "commit": "main; rm -rf"}),
+    ],
+    ids=[
+        "commit-escapes",
+        "commit-url",
+        "version-html",
+        "package-newline",
+        "started",
+        "finished",
+        "resumed",
+        "weights",
+    ],
+)
+def test_format_fields_are_read_by_their_shape(tmp_path, field, value):
+    """Issue 27 red team #13: a tampered run.json's format fields (commit, versions, times) are a
+    channel into reports and cards: they are refused on read, naming the file and the field, and the
+    message shows the value escaped (one line, no control codes)."""
+    path = tmp_path / "runs" / "x" / "oracle_none" / "run.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({**WRITTEN, field: value}))
+    with pytest.raises(RunMetadataError) as e:
+        RunMetadata.from_json(path)
+    message = str(e.value)
+    assert message.startswith(f"{path}: field '{field}' must be ") and "\n" not in message
+    assert "\x1b" not in message and "\x07" not in message
+    # what the runner itself writes passes
+    real = {"git_commit": "a" * 40 + "-dirty", "versions": {"python": "3.12.3", "torch": "2.6.0+cu124"}}
+    assert RunMetadata.from_json({**WRITTEN, **real}).git_commit == "a" * 40 + "-dirty"

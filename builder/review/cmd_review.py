@@ -13,7 +13,7 @@ import argparse
 import sys
 
 from chexpercept.cli_options import add_output_dir_option, add_progress_option, progress_enabled
-from chexpercept.escape import terminal_lines
+from chexpercept.escape import terminal, terminal_lines
 from chexpercept.vocab import LESIONS
 
 from ..cmd_generate import add_candidate_sources
@@ -111,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
             verb = "reused" if prepared.reused else f"prepared in {prepared.seconds:.1f} s"
             print(f"review of {len(manifest['items'])} candidate(s) {verb}: {review_dir}/{MANIFEST}")
             for key, error in prepared.errors:
-                print(f"  LEFT OUT {key}: {error}", file=sys.stderr)
+                print(terminal(f"  LEFT OUT {key}: {error}"), file=sys.stderr)
         if args.prepare_only:
             return 0
         server = make_server(review_dir, LOOPBACK, args.port)

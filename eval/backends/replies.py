@@ -14,11 +14,19 @@ needs (``chexpercept.reasoning``):
   the family's markers, unclosed when the model never finished it (``content: null``).
 
 The result goes to ``TurnResult.full_response`` (None when it equals the reply).
+
+And the shape of an API's chat completion (``read_chat_reply``; a streamed one put together by
+``merge_stream``): ``choices`` a non-empty list of objects, ``message`` (or a chunk's ``delta``) an
+object, ``content`` text, null or a list of text parts, ``reasoning``/``refusal``/``finish_reason``
+text or null. A reply of another shape (a message that is a string, a chunk that is a list, choices
+missing) raises ``ReplyShapeError`` naming the field: the backend records it as that case's error,
+like any other server error, instead of ending the run with a traceback.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from chexpercept.reasoning import ALL_BLOCKS, DEFAULT_BLOCK, family_of
@@ -70,3 +78,110 @@ def join_reasoning(reasoning: str | None, content: str | None, model: str) -> st
     if content is None:
         return open_marker + reasoning
     return open_marker + reasoning + close_marker + content
+
+
+# ------------------------------------------------------------------------------------ API replies
+class ReplyShapeError(ValueError):
+    """A chat completion that does not have the expected shape; ``field`` names where (``choices[0].
+    message``)."""
+
+    def __init__(self, field: str, expected: str, got: Any) -> None:
+        self.field = field
+        super().__init__(f"the reply's {field} is not {expected} (it is {_kind(got)})")
+
+
+def _kind(value: Any) -> str:
+    names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}
+    return names.get(type(value), "a number" if isinstance(value, (int, float)) else type(value).__name__)
+
+
+@dataclass(frozen=True)
+class ChatReply:
+    """What a chat completion's first choice says: the answer's text (None: no content), the model's
+    reasoning where the server returns it apart, a refusal, and why it stopped."""
+
+    content: str | None
+    reasoning: str | None
+    refusal: str | None
+    finish_reason: str | None
+
+
+def _text(value: Any, field: str) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    raise ReplyShapeError(field, "text or null", value)
+
+
+def _content(value: Any, field: str) -> str | None:
+    """``content``: text, null, or a list of parts (strings, or objects whose ``text`` is text; other
+    parts, such as an image a server echoes, carry no text)."""
+    if not isinstance(value, list):
+        return _text(value, field)
+    out = []
+    for i, part in enumerate(value):
+        if isinstance(part, str):
+            out.append(part)
+        elif isinstance(part, dict):
+            out.append(_text(part.get("text"), f"{field}[{i}].text") or "")
+        else:
+            raise ReplyShapeError(f"{field}[{i}]", "a text part (a string or an object)", part)
+    return "".join(out)
+
+
+def _object(value: Any, field: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ReplyShapeError(field, "an object", value)
+    return value
+
+
+def read_chat_reply(reply: Any) -> ChatReply:
+    """The first choice of a chat completion (an OpenAI-compatible API's reply, as decoded JSON);
+    ReplyShapeError naming the field when the reply does not have that shape."""
+    reply = _object(reply, "top level")
+    choices = reply.get("choices")
+    if not isinstance(choices, list) or not choices:
+        raise ReplyShapeError("choices", "a non-empty list", choices)
+    choice = choices[0]
+    if not isinstance(choice, dict):
+        raise ReplyShapeError("choices[0]", "an object", choice)
+    message = _object(choice.get("message"), "choices[0].message")
+    reasoning = message.get("reasoning") or message.get("reasoning_content")
+    return ChatReply(
+        content=_content(message.get("content"), "choices[0].message.content"),
+        # vLLM serve with a reasoning parser: "reasoning" (vLLM >= 0.16), "reasoning_content" before
+        reasoning=_text(reasoning, "choices[0].message.reasoning") or None,
+        refusal=_text(message.get("refusal"), "choices[0].message.refusal") or None,
+        finish_reason=_text(choice.get("finish_reason"), "choices[0].finish_reason"),
+    )
+
+
+STREAMED_FIELDS = ("content", "reasoning", "reasoning_content", "refusal")
+
+
+def merge_stream(chunks: Iterable[Any]) -> tuple[dict[str, Any], bool]:
+    """A streamed chat completion's decoded chunks (``data: {...}``) as one reply object, and whether
+    a chunk gave a ``finish_reason``; ReplyShapeError naming the chunk and field otherwise."""
+    message: dict[str, str] = {}
+    reply: dict[str, Any] = {}
+    finish = None
+    for n, chunk in enumerate(chunks):
+        where = f"streamed chunk {n + 1}"
+        chunk = _object(chunk, where)
+        for key in ("model", "system_fingerprint", "usage"):
+            if chunk.get(key):
+                reply[key] = chunk[key]
+        choices = chunk.get("choices") or []
+        if not isinstance(choices, list):
+            raise ReplyShapeError(f"{where}: choices", "a list", choices)
+        for i, choice in enumerate(choices):
+            choice = _object(choice, f"{where}: choices[{i}]")
+            delta = _object(choice.get("delta"), f"{where}: choices[{i}].delta")
+            for key in STREAMED_FIELDS:
+                text = _content(delta.get(key), f"{where}: choices[{i}].delta.{key}")
+                if text is not None:
+                    message[key] = message.get(key, "") + text
+            finish = _text(choice.get("finish_reason"), f"{where}: choices[{i}].finish_reason") or finish
+    reply["choices"] = [{"message": message, "finish_reason": finish}]
+    return reply, finish is not None

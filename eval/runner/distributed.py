@@ -16,6 +16,9 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from chexpercept.escape import terminal
+from chexpercept.input_files import TEXT_FILE, read_input_text
+
 #: seconds the processes of a run wait for each other at the start (CHEXPERCEPT_COORDINATION_TIMEOUT)
 COORDINATION_TIMEOUT = 7 * 24 * 3600
 
@@ -59,8 +62,8 @@ def _config_processes(command: Sequence[str], env: Mapping[str, str]) -> str | N
     try:
         import yaml
 
-        with open(path, encoding="utf-8") as f:
-            value = (yaml.safe_load(f) or {}).get("num_processes")
+        text = read_input_text(path, TEXT_FILE, what="accelerate config")  # bounded, never a FIFO
+        value = (yaml.safe_load(text) or {}).get("num_processes")
     except Exception:  # no config, or not readable: nothing to add
         return None
     return str(value) if value is not None else None
@@ -121,7 +124,7 @@ class Distributed:
         #: why this launch runs fewer processes than were asked for (printed on stderr), or None
         self.mismatch = launch_mismatch()
         if self.mismatch:
-            print(f"warning: {self.mismatch}", file=sys.stderr)
+            print(f"warning: {terminal(self.mismatch)}", file=sys.stderr)
         if launched_world_size() > 1:
             from accelerate import PartialState
 

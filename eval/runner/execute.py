@@ -45,6 +45,7 @@ from chexpercept.eval.runner.store import (
 )
 from chexpercept.eval.runner.work_queue import WorkQueue, queue_path, remove_queues
 from chexpercept.fileio import private_dir, write_json_atomic
+from chexpercept.input_files import RESULTS, open_input
 from chexpercept.results import (
     CaseFailure,
     CaseResult,
@@ -417,7 +418,7 @@ def _preflight(plan: RunPlan, backend: Backend, context: RunContext, run: Oracle
             uncounted=uncounted,
         )
     except Exception as e:  # e.g. an image that no longer decodes: the backend names it when it meets it
-        print(f"note: preflight check skipped ({type(e).__name__}: {e})", file=sys.stderr)
+        print(f"note: preflight check skipped ({type(e).__name__}: {terminal(e)})", file=sys.stderr)
         return ""
     print(f"oracle {run.oracle}: " + "\n".join(report.lines()), file=sys.stderr)
     if report.cannot and plan.on_error == "stop":
@@ -587,7 +588,7 @@ class Progress:
     def refresh(self) -> None:
         if self.bar is None or not self.results.exists():
             return
-        with open(self.results, "rb") as f:
+        with open_input(self.results, RESULTS, what="results file") as f:  # bounded, never a FIFO
             f.seek(self.offset)
             chunk = f.read()
         lines = chunk.count(b"\n")

@@ -24,6 +24,8 @@ from collections.abc import Mapping
 from pathlib import Path as FsPath
 from typing import Any
 
+from chexpercept.input_files import MODEL_FILE, WEIGHTS, open_input, read_input
+
 #: the toolkit's prompt version: raise it whenever a request the runner sends changes (the system
 #: message, a question template, an oracle text, the order of turns or images). The request snapshot
 #: test (tests/test_request_snapshot.py) fails, naming this constant, when the requests change and
@@ -41,7 +43,9 @@ _PROBE = 1 << 20
 def folder_fingerprint(folder: str | os.PathLike[str]) -> str:
     """A fingerprint of a local model folder (``sha256:`` + hex): its configuration, tokenizer,
     chat template and code files whole, its weight files by name, size and their first and last
-    MiB. Links are followed; files in subfolders count (a processor in ``processor/``)."""
+    MiB. Links are followed; files in subfolders count (a processor in ``processor/``). Every file is
+    read as inputs are (chexpercept.input_files: a regular file within ``MODEL_FILE`` or ``WEIGHTS``),
+    so a FIFO, a device or a huge file in the folder is refused, never read without end."""
     root = FsPath(folder)
     digest = hashlib.sha256()
     for path in sorted(p for p in root.rglob("*") if p.is_file()):
@@ -51,11 +55,11 @@ def folder_fingerprint(folder: str | os.PathLike[str]) -> str:
         suffix = path.suffix.lower()
         if suffix in _SMALL_FILES:
             digest.update(f"{rel}\0".encode())
-            digest.update(path.read_bytes())
+            digest.update(read_input(path, MODEL_FILE, what="model file"))
         elif suffix in _WEIGHT_FILES:
-            size = path.stat().st_size
-            digest.update(f"{rel}\0{size}\0".encode())
-            with open(path, "rb") as f:
+            with open_input(path, WEIGHTS, what="model weight file") as f:
+                size = os.fstat(f.fileno()).st_size
+                digest.update(f"{rel}\0{size}\0".encode())
                 digest.update(f.read(_PROBE))
                 if size > _PROBE:
                     f.seek(max(size - _PROBE, _PROBE))

@@ -16,6 +16,7 @@ import fcntl
 import json
 import os
 import socket
+import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path as FsPath
 from typing import Any
@@ -38,6 +39,7 @@ from chexpercept.input_json import read_json as read_json_file
 from chexpercept.results import (
     FAILURES_NAME,
     LOCK_NAME,
+    OWN_LOCKS,
     RESULTS_NAME,
     RUN_NAME,
     CaseFailure,
@@ -110,14 +112,24 @@ class RunLock:
         except (OSError, ValueError):  # gone, or not ours to read: the message says less, nothing more
             return None
 
+    #: seconds a busy lock is tried again before the run is refused: a reader's probe
+    #: (chexpercept.results.being_written) holds a shared lock for an instant, which must not
+    #: refuse a run (nor be blamed on the pid a dead run left in the file)
+    PROBE_GRACE = 1.0
+
     def acquire(self) -> None:
         private_dir(self.path.parent)
-        for _ in range(8):
+        deadline = time.monotonic() + self.PROBE_GRACE
+        tries = 0
+        while tries < 8:
             fd = open_private(self.path)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 os.close(fd)
+                if time.monotonic() < deadline:
+                    time.sleep(0.01)
+                    continue
                 raise RunLockedError(self._locked_message(self._read())) from None
             except BaseException:
                 os.close(fd)
@@ -130,11 +142,13 @@ class RunLock:
                 same = False
             if not same:  # the holder released (and removed) it between our open and our lock
                 os.close(fd)
+                tries += 1
                 continue
             data = json.dumps(self._info()).encode("utf-8")
             os.ftruncate(fd, 0)
             os.pwrite(fd, data, 0)
             self._fd, self.held = fd, True
+            OWN_LOCKS.add((mine.st_dev, mine.st_ino))
             return
         raise RunLockedError(self._locked_message(self._read()))
 
@@ -159,6 +173,8 @@ class RunLock:
 
     def release(self) -> None:
         if self.held and self._fd is not None:
+            mine = os.fstat(self._fd)
+            OWN_LOCKS.discard((mine.st_dev, mine.st_ino))
             with contextlib.suppress(FileNotFoundError):
                 self.path.unlink()  # still holding the lock: nobody can have locked this file anew
             os.close(self._fd)

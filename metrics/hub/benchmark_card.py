@@ -23,6 +23,8 @@ import os
 from pathlib import Path as FsPath
 from typing import Any
 
+from chexpercept.input_files import TEXT_FILE, read_input_text
+
 from . import DEFAULT_FRAMEWORK
 from .eval_results import HUB_TASKS, TASK_IDS
 from .guard import Context, ExactSchema, ListOf, Manifest, Obj, Text, YamlSchema, yaml_text
@@ -158,7 +160,7 @@ def stage_benchmark_card(
     check_repo_id(repo, "--repo")
     check_framework(framework)
     path = toolkit_card()
-    card = render_card(path.read_text(encoding="utf-8"), repo, source=str(path))
+    card = render_card(read_input_text(path, TEXT_FILE, what="dataset card"), repo, source=str(path))
     manifest = Manifest(staging, Context(identifiers or Identifiers()))
     manifest.write("README.md", card, ExactSchema(text=card))
     manifest.write("eval.yaml", yaml_text(eval_yaml(framework)), eval_yaml_schema(framework))

@@ -14,7 +14,7 @@ import argparse
 import sys
 import tempfile
 
-from chexpercept.escape import terminal_lines
+from chexpercept.escape import terminal, terminal_lines
 
 PROG = "chexpercept push-results"
 
@@ -205,7 +205,7 @@ def _model_repo(args: argparse.Namespace, staging) -> int:
     )
     files = staged.verify()
     for note in staged.notes:
-        print(f"note: {note}")
+        print(f"note: {terminal(note)}")
     verb = "would open" if args.dry_run else "opening"
     heading = (
         f"{verb} a pull request on model {args.model_repo} adding {len(files)} file(s) "

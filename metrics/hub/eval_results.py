@@ -49,6 +49,7 @@ from .guard import (
 )
 from .identifiers import for_runs
 from .names import check_repo_id, check_source_url
+from .numbers import check_number
 from .scores_repo import HEX40, VERSION
 
 EVAL_RESULTS_DIR = ".eval_results"
@@ -105,7 +106,7 @@ HUB_TASKS: tuple[HubTask, ...] = (
 TASK_IDS: tuple[str, ...] = tuple(t.id for t in HUB_TASKS)
 
 _ORACLES = "|".join(ORACLE_SETTINGS)
-_NUMBER = r"-?\d+(\.\d+)?"
+_NUMBER = r"\d{1,3}(\.\d{1,6})?"
 #: the parts of ``notes``, joined by "; " (the schema allows exactly these)
 NOTE_PARTS: tuple[str, ...] = (
     rf"oracle ({_ORACLES})",
@@ -115,7 +116,7 @@ NOTE_PARTS: tuple[str, ...] = (
     rf"sampled \(temperature ({_NUMBER}|server default), top_p ({_NUMBER}|server default)\)",
     r"decoding unknown",
     rf"Stage 1 from the oracle ({_ORACLES}) run",
-    r"\d+ cases",
+    r"\d{1,8} cases",
     r"bundle [0-9a-f]{12}",
     rf"chexpercept {VERSION}",
     r"synthetic bundle \(phantom data, not a model score\)",
@@ -140,7 +141,7 @@ def eval_results_schema(benchmark: str, source_url: str | None = None) -> YamlSc
                 required=("id", "task_id"),
                 nullable=False,
             ),
-            "value": Number(nullable=False),
+            "value": Number("percent", nullable=False),
             "date": Text(pattern=r"\d{4}-\d{2}-\d{2}"),
             "source": Obj(
                 {
@@ -193,12 +194,21 @@ def _decoding(meta: Any) -> str:
         return "decoding unknown"
     if sampling.greedy or (sampling.greedy is None and sampling.temperature == 0):
         return "greedy decoding"
-    return f"sampled (temperature {_setting(sampling.temperature)}, top_p {_setting(sampling.top_p)})"
+    temperature, top_p = (
+        _checked_setting(sampling.temperature, "temperature"),
+        _checked_setting(sampling.top_p, "top_p"),
+    )
+    return f"sampled (temperature {temperature}, top_p {top_p})"
 
 
 def _setting(value: float | None) -> str:
     """A decoding setting as sent; None: left to the server, whose default is unknown (never 0)."""
     return "server default" if value is None else str(round(value, 6))
+
+
+def _checked_setting(value: float | None, field: str) -> str:
+    """``_setting`` of a value within its declared range (``numbers.check_number``)."""
+    return _setting(None if value is None else check_number(value, field, f"sampling.{field}"))
 
 
 def _notes(run: Any, variant: Variant, stage1_from: str | None, n_cases: int, version: str) -> str:
@@ -209,7 +219,7 @@ def _notes(run: Any, variant: Variant, stage1_from: str | None, n_cases: int, ve
     parts.append(_decoding(meta))
     if stage1_from and stage1_from != variant.oracle:
         parts.append(f"Stage 1 from the oracle {stage1_from} run")
-    parts.append(f"{n_cases} cases")
+    parts.append(f"{check_number(n_cases, 'n_cases')} cases")
     if run.fingerprint:
         parts.append(f"bundle {run.fingerprint[:12]}")
     parts.append(f"chexpercept {version}")
@@ -248,6 +258,7 @@ def stage_eval_results(
 
     import chexpercept
     from chexpercept.metrics import load_runs, score_model
+    from chexpercept.metrics.partial import refuse_partial
 
     repos = [check_repo_id(benchmark, "--benchmark")]
     if model_repo is not None:
@@ -257,6 +268,8 @@ def stage_eval_results(
     runs = load_runs(model_dir)
     if not runs:
         raise ValueError(f"{model_dir}: no runs")
+    for run in runs:
+        refuse_partial(run, str(run.path or model_dir))
     recorded = [
         (r.meta.bundle.path, r.meta.bundle.fingerprint) if r.meta.bundle else (None, None) for r in runs
     ]

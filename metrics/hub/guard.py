@@ -40,6 +40,7 @@ from chexpercept.input_files import TEXT_FILE, read_input
 
 from .identifiers import Identifiers, decode_base64
 from .names import check_names
+from .numbers import RANGES, number_problem
 
 AGREEMENT = (
     "CheXpercept is built from MIMIC-CXR, credentialed data under the PhysioNet Credentialed Health Data "
@@ -115,18 +116,19 @@ def check_string(value: str, where: str, ctx: Context) -> list[str]:
     return [f"{where}: {image}"] if image else []
 
 
-def check_number(value: Any, where: str, ctx: Context, *, integer: bool = False) -> list[str]:
-    """A finite number (an integer when ``integer``), at most six decimals, that is no identifier."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return [f"{where}: expected a number, got {type(value).__name__}"]
+def check_number(value: Any, where: str, ctx: Context, *, field: str) -> list[str]:
+    """A number within the declared range of ``field`` (``numbers.RANGES``: finite, never a bool, an
+    integer for a count), at most six decimals, that is no identifier."""
+    problem = number_problem(value, field)
+    out = [f"{where}: {problem}"] if problem else []
+    if problem and (isinstance(value, bool) or not isinstance(value, (int, float)) or abs(value) >= 10**30):
+        return out  # not a number, or too long to search
     if isinstance(value, float) and not math.isfinite(value):
-        return [f"{where}: not a finite number"]
-    if integer and not isinstance(value, int):
-        return [f"{where}: expected an integer"]
+        return out
     if isinstance(value, float) and round(value, _MAX_DECIMALS) != value:
-        return [f"{where}: more than {_MAX_DECIMALS} decimals"]
+        out.append(f"{where}: more than {_MAX_DECIMALS} decimals")
     found = ctx.identifiers.find_number(value)
-    return [f"{where}: the number is {found}"] if found else []
+    return out + ([f"{where}: the number is {found}"] if found else [])
 
 
 def round_floats(value: Any, decimals: int = _MAX_DECIMALS) -> Any:
@@ -161,11 +163,17 @@ class Spec:
 
 @dataclass
 class Number(Spec):
-    integer: bool = False
+    """A number of the declared field ``field`` (``numbers.RANGES``: its range, whether a count)."""
+
+    field: str
     nullable: bool = True
 
+    def __post_init__(self) -> None:
+        if self.field not in RANGES:
+            raise KeyError(f"Number({self.field!r}): no such field in numbers.RANGES")
+
     def _check(self, value: Any, where: str, ctx: Context) -> list[str]:
-        return check_number(value, where, ctx, integer=self.integer)
+        return check_number(value, where, ctx, field=self.field)
 
 
 @dataclass
@@ -359,13 +367,13 @@ def yaml_text(data: Any) -> str:
 
 Cell = Text  #: a table cell is a string spec (choices, a pattern, or the upload's names)
 
-NUMBER_CELL = Text(pattern=r"(–|-?\d+\.\d{1,2})")  #: 12.3 / 1.25 / –
-EMPTY_OR_NUMBER = Text(pattern=r"(-?\d+(\.\d{1,6})?)?")  #: CSV: empty or a number
-PCT_CELL = Text(pattern=r"–|-?\d+\.\d( \([+-]\d+\.\d\))?( \[-?\d+\.\d, -?\d+\.\d\])?")
-NUM_CELL = Text(pattern=r"–|-?\d+\.\d{2}( \[-?\d+\.\d{2}, -?\d+\.\d{2}\])?")
-SIGNED_CELL = Text(pattern=r"–|[+-]\d+\.\d( \[[+-]\d+\.\d, [+-]\d+\.\d\])?")
+NUMBER_CELL = Text(pattern=r"(–|-?\d{1,6}\.\d{1,2})")  #: 12.3 / 1.25 / –
+EMPTY_OR_NUMBER = Text(pattern=r"(-?\d{1,8}(\.\d{1,6})?)?")  #: CSV: empty or a number
+PCT_CELL = Text(pattern=r"–|-?\d{1,6}\.\d( \([+-]\d{1,6}\.\d\))?( \[-?\d{1,6}\.\d, -?\d{1,6}\.\d\])?")
+NUM_CELL = Text(pattern=r"–|-?\d{1,6}\.\d{2}( \[-?\d{1,6}\.\d{2}, -?\d{1,6}\.\d{2}\])?")
+SIGNED_CELL = Text(pattern=r"–|[+-]\d{1,6}\.\d( \[[+-]\d{1,6}\.\d, [+-]\d{1,6}\.\d\])?")
 NAME_CELL = Text(names=True)
-RANK_CELL = Text(pattern=r"–|\d+")
+RANK_CELL = Text(pattern=r"–|\d{1,6}")
 
 
 @dataclass

@@ -20,8 +20,10 @@ registry or baseline name, or under the label given for it, or not at all (``pub
 refuses it, saying how to name it).
 
 Hub repo ids (``--repo``, ``--model-repo``, ``--benchmark``: where the files go, or the benchmark they
-are for) follow the Hub's own rule (``REPO_ID_RULE``), and ``--source-url`` must be the Hub page of
-one of them (``check_source_url``); ``benchmark-card --evaluation-framework`` is a short slug.
+are for) follow the Hub's own rule (``REPO_ID_RULE``) and the shape rule (``SHAPE_RULE``: no word
+longer than a label, no run of six digits), and ``--source-url`` must be the Hub page of one of them
+(``check_source_url``); ``benchmark-card --evaluation-framework`` is a short slug of the same shape.
+Numbers have their own declared ranges (``numbers.RANGES``).
 """
 
 from __future__ import annotations
@@ -49,6 +51,17 @@ REPO_ID_RULE = (
     f"'--' or '..'), at most {MAX_REPO_PART} characters"
 )
 _FRAMEWORK = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,30}[a-z0-9])?")
+#: the longest word (between '.', '-', '_', '/') of a repo id or framework: a key_id (26 characters),
+#: a dicom id and any base32/base64 blob of one are longer
+MAX_WORD = 24
+#: the longest run of digits (separators ignored): MIMIC study and subject ids have 8
+MAX_DIGITS = 5
+_WORD = re.compile(r"[^./_-]+")
+_DIGITS = re.compile(r"\d+")
+SHAPE_RULE = (
+    f"no word longer than {MAX_WORD} characters between '.', '-', '_' and '/', and no more than "
+    f"{MAX_DIGITS} digits in a row (separators ignored): the shapes of case identifiers and their encodings"
+)
 DEFAULT_HUB = "https://huggingface.co"
 
 
@@ -124,8 +137,23 @@ def check_label(value: str, what: str = "--name LABEL") -> str:
     return value
 
 
+def shape_problem(value: str) -> str | None:
+    """Why ``value``, a string typed by the user that is published as it is (a repo id, a framework's
+    slug), could carry a case identifier (``SHAPE_RULE``), or None. Checked whether or not a bundle
+    is at hand (``benchmark-card`` without ``--data-dir``); with one, the guard also searches the
+    bundle's own identifiers in every string (``identifiers.Identifiers``)."""
+    long_word = next((w for w in _WORD.findall(value) if len(w) > MAX_WORD), None)
+    if long_word is not None:
+        return f"has a word of {len(long_word)} characters; the rule: {SHAPE_RULE}"
+    digits = max((len(d) for d in _DIGITS.findall(re.sub(r"[^0-9A-Za-z]", "", value))), default=0)
+    if digits > MAX_DIGITS:
+        return f"has {digits} digits in a row; the rule: {SHAPE_RULE}"
+    return None
+
+
 def check_repo_id(value: str, what: str) -> str:
-    """``value`` when it is a Hub repo id (``REPO_ID_RULE``); NameRefused naming ``what`` otherwise."""
+    """``value`` when it is a Hub repo id (``REPO_ID_RULE``) of the shape that carries no case
+    identifier (``shape_problem``); NameRefused naming ``what`` otherwise."""
     parts = value.split("/") if isinstance(value, str) else []
     ok = (
         len(parts) == 2
@@ -134,7 +162,10 @@ def check_repo_id(value: str, what: str) -> str:
         and ".." not in value
     )
     if not ok:
-        raise NameRefused(f"{what} must be {REPO_ID_RULE}; got {value!r}")
+        raise NameRefused(f"{what} must be {REPO_ID_RULE}; got {terminal(repr(value))}")
+    problem = shape_problem(value)
+    if problem:
+        raise NameRefused(f"{what} {value!r} {problem}")
     return value
 
 
@@ -163,8 +194,11 @@ def check_framework(value: str) -> str:
     if not isinstance(value, str) or not _FRAMEWORK.fullmatch(value):
         raise NameRefused(
             f"--evaluation-framework must be a framework's slug (lower-case letters, digits and '-', at "
-            f"most 32 characters), got {value!r}"
+            f"most 32 characters), got {terminal(repr(value))}"
         )
+    problem = shape_problem(value)
+    if problem:
+        raise NameRefused(f"--evaluation-framework {value!r} {problem}")
     return value
 
 

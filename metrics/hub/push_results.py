@@ -176,6 +176,7 @@ def stage(
     (a ValueError) when a model has no name that may be published, or a label or ``repo`` breaks
     its rule (``chexpercept.metrics.hub.names``)."""
     from chexpercept.metrics import render_table, score_path
+    from chexpercept.metrics.partial import refuse_partial
 
     if repo is not None:
         check_repo_id(repo, "--repo")
@@ -200,6 +201,7 @@ def stage(
         metas = {setting: publish_as(provenance(m), model) for setting, m in all_metas[folder_name].items()}
         display = model.name
         report = score_path(folder, mode=parse_mode, name=display)
+        refuse_partial(report, str(folder))
         if bootstrap:
             report.with_intervals(bootstrap, seed=seed)
         for key_id in report.matrix.key_ids:

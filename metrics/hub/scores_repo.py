@@ -24,6 +24,7 @@ from chexpercept.eval.registry import BACKENDS
 from chexpercept.eval.runner.provenance import PACKAGES
 from chexpercept.metrics.leaderboard import CSV_COLUMNS, SETTING_KEYS, render_leaderboard
 from chexpercept.results import ORACLE_SETTINGS
+from chexpercept.run_metadata import ISO_TIME
 from chexpercept.vocab import LESIONS, PATHS
 
 from ..columns import FLAT_KEYS, metric_names
@@ -47,14 +48,14 @@ from .guard import (
     TableShape,
     Text,
 )
+from .numbers import check_number
 
 HEX64 = r"[0-9a-f]{64}"
 HEX40 = r"[0-9a-f]{40}"
-ISO_TIME = r"\d{4}-\d{2}-\d{2}(T\d{2}:\d{2}(:\d{2}(\.\d+)?)?(Z|[+-]\d{2}:?\d{2})?)?"
 #: the toolkit's own version, as the stagers write it (chexpercept.__version__)
 VERSION = r"[0-9A-Za-z.+_-]{1,40}"
 #: a table number in CSV: repr of a float rounded to 6 decimals, or a formatted percentage
-CSV_NUMBER = Text(pattern=r"([+-]?\d+(\.\d{1,6})?|\d(\.\d+)?e-0[5-7])?")
+CSV_NUMBER = Text(pattern=r"([+-]?\d{1,8}(\.\d{1,6})?|\d(\.\d+)?e-0[5-7])?")
 #: a model's name: from the registry, a baseline, or the user's label (``names``; never a run's own text)
 NAME = Text(names=True)
 NAME_OR_EMPTY = Text(choices=("",), names=True)
@@ -80,28 +81,28 @@ PROVENANCE = Obj(
         "parse_mode": Text(choices=PARSE_MODES),
         "sampling": Obj(
             {
-                "temperature": Number(),
-                "top_p": Number(),
-                "max_tokens": Number(integer=True),
+                "temperature": Number("temperature"),
+                "top_p": Number("top_p"),
+                "max_tokens": Number("max_tokens"),
                 "greedy": Boolean(),
             }
         ),
-        "seed": Number(integer=True),
+        "seed": Number("seed"),
         "chat_template_kwargs": Obj({"enable_thinking": Boolean()}),
         "bundle": Obj(
             {
                 "fingerprint": Text(pattern=HEX64, nullable=True),
                 "synthetic": Boolean(),
-                "n_cases": Number(integer=True),
+                "n_cases": Number("n_cases"),
             }
         ),
         "selection": Obj(
             {
                 "lesions": ListOf(Text(choices=LESIONS)),
                 "paths": ListOf(Text(choices=[p.value for p in PATHS])),
-                "per_cell": Number(integer=True),
-                "limit": Number(integer=True),
-                "n_selected": Number(integer=True),
+                "per_cell": Number("per_cell"),
+                "limit": Number("limit"),
+                "n_selected": Number("n_selected"),
             }
         ),
         "weights": Obj(
@@ -110,17 +111,17 @@ PROVENANCE = Obj(
                 "revision": Text(pattern=REVISION, nullable=True),
                 "commit": Text(pattern=HEX40, nullable=True),
                 "source": Text(choices=("local", "cache", "download"), nullable=True),
-                "size_bytes": Number(integer=True),
+                "size_bytes": Number("size_bytes"),
             }
         ),
         "versions": MapOf(Text(choices=("python", *PACKAGES)), Text(pattern=PACKAGE_VERSION, nullable=True)),
         "git_commit": Text(pattern=f"{HEX40}(-dirty)?", nullable=True),
         "started": Text(pattern=ISO_TIME, nullable=True),
         "finished": Text(pattern=ISO_TIME, nullable=True),
-        "unfinished_cases": Number(integer=True),
-        "n_results": Number(integer=True),
-        "batch_size": Number(integer=True),
-        "num_processes": Number(integer=True),
+        "unfinished_cases": Number("unfinished_cases"),
+        "n_results": Number("n_results"),
+        "batch_size": Number("batch_size"),
+        "num_processes": Number("num_processes"),
     }
 )
 
@@ -131,7 +132,10 @@ METRICS = JsonSchema(
             "parse_mode": Text(choices=PARSE_MODES),
             "bundle_fingerprint": Text(pattern=HEX64, nullable=True),
             "sources": Obj({role: Text(choices=ORACLE_SETTINGS, nullable=True) for role in ("e2e", "op")}),
-            "flat": Obj({k: Number() for k in FLAT_KEYS}, required=FLAT_KEYS),
+            "flat": Obj(
+                {k: Number("depth" if k.startswith("depth") else "fraction") for k in FLAT_KEYS},
+                required=FLAT_KEYS,
+            ),
         },
         required=("model", "parse_mode", "flat"),
     )
@@ -140,11 +144,11 @@ METRICS = JsonSchema(
 INTERVALS = JsonSchema(
     spec=Obj(
         {
-            "level": Number(),
-            "n_resamples": Number(integer=True),
-            "seed": Number(integer=True),
+            "level": Number("level"),
+            "n_resamples": Number("n_resamples"),
+            "seed": Number("seed"),
             "stratified_by": ListOf(Text(choices=("lesion", "path"))),
-            "values": MapOf(Text(choices=metric_names()), ListOf(Number())),
+            "values": MapOf(Text(choices=metric_names()), ListOf(Number("interval_bound"))),
         },
         required=("level", "n_resamples", "values"),
     )
@@ -199,7 +203,7 @@ def table_schemas(table_id: str, *, intervals: bool) -> tuple[MarkdownSchema, Cs
 _BOARD_CELLS: dict[str, Cell] = {
     "Rank": RANK_CELL,
     "Model": NAME_CELL,
-    "Score (%)": Text(pattern=r"–|\d+\.\d"),
+    "Score (%)": Text(pattern=r"–|\d{1,3}\.\d"),
 }
 
 
@@ -262,6 +266,12 @@ def _models_line(cells: Sequence[Any]) -> str:
     return "| " + " | ".join("" if c is None else str(c) for c in cells) + " |"
 
 
+def _setting(value: Any, field: str, what: str) -> Any:
+    """A decoding setting for the card's models table: None, or a number within its range
+    (``numbers.check_number``: NumberRefused otherwise)."""
+    return None if value is None else check_number(value, field, what)
+
+
 def dataset_card(
     reports: Mapping[str, Any],
     provenance: Mapping[str, Sequence[Mapping[str, Any]]],
@@ -303,9 +313,10 @@ def dataset_card(
                     first.get("model_id"),
                     first.get("backend"),
                     oracles,
-                    sampling.get("temperature"),
-                    sampling.get("top_p"),
-                    sampling.get("max_tokens"),
+                    *(
+                        _setting(sampling.get(k), k, f"models/{name}: sampling.{k}")
+                        for k in ("temperature", "top_p", "max_tokens")
+                    ),
                     weights.get("commit"),
                 ]
             )
@@ -345,7 +356,7 @@ def card_schema(repo: str | None) -> MarkdownSchema:
         rf"- fingerprint `{HEX64}`",
         rf"- answers parsed in `({modes})` mode(; 95% design-based intervals \(the case as the unit, lesion x path strata\))?",
     )
-    number = Text(pattern=r"(-?\d+(\.\d{1,6})?)?")
+    number = Text(pattern=r"(\d{1,8}(\.\d{1,6})?)?")
     oracles = "|".join(ORACLE_SETTINGS)
     models = TableShape(
         MODELS_HEADER,

@@ -42,6 +42,7 @@ from chexpercept.input_files import IMAGE
 from chexpercept.metrics.discovery import RunFolder, discover_runs, load_run
 from chexpercept.metrics.leaderboard import leaderboard_rows, render_leaderboard, write_leaderboard_csv
 from chexpercept.metrics.model_scores import score_model
+from chexpercept.metrics.partial import csv_value, markdown_line
 from chexpercept.metrics.runs import open_bundle
 from chexpercept.metrics.tables import TABLE_IDS, legend, render_table, zero_width
 from chexpercept.results import ORACLE_SETTINGS
@@ -179,8 +180,9 @@ def _summary_rows(model: str, flat: dict[str, float | None]) -> list[dict[str, A
 
 def _draw_figures(
     folder: FsPath, values_by_model: dict[str, dict[str, float | None]], *, label: str
-) -> list[FsPath]:
-    """The five figures for a set of models (flat values plus per-lesion values)."""
+) -> dict[str, FsPath | str]:
+    """The five figures for a set of models (flat values plus per-lesion values): per file name, the
+    PNG drawn, or the sentence saying why there is nothing to draw (``plots.NothingToPlot``)."""
     models = list(values_by_model)
     rows = [row for name in models for row in _summary_rows(name, values_by_model[name])]
     sub = {
@@ -203,12 +205,29 @@ def _draw_figures(
             }
             if any(v is not None for v in cells.values()):
                 lesion[name][les] = cells
+    drawers = {
+        plots.STAGE_ACCURACY_PNG: lambda p: plots.plot_stage_accuracy(rows, p, oracle=label),
+        plots.CONTOUR_REVISION_PNG: lambda p: plots.plot_contour_revision_detail(sub, p),
+        plots.ATTRIBUTE_EXTRACTION_PNG: lambda p: plots.plot_attribute_extraction_detail(sub, p),
+        plots.DEPTH_HEATMAP_PNG: lambda p: plots.plot_depth_heatmap(depth, p),
+        plots.LESION_HEATMAP_PNG: lambda p: plots.plot_lesion_heatmap(lesion, p),
+    }
+    out: dict[str, FsPath | str] = {}
+    for name, draw in drawers.items():
+        try:
+            out[name] = draw(folder / name)
+        except plots.NothingToPlot as e:  # the sentence is shown in the figure's place
+            out[name] = str(e)
+    return out
+
+
+def _figure_entries(out: FsPath, drawn: dict[str, FsPath | str], captions: bool = True) -> list[Figure]:
+    """The page's figures: each drawn PNG, or the sentence saying why there is none."""
     return [
-        plots.plot_stage_accuracy(rows, folder / plots.STAGE_ACCURACY_PNG, oracle=label),
-        plots.plot_contour_revision_detail(sub, folder / plots.CONTOUR_REVISION_PNG),
-        plots.plot_attribute_extraction_detail(sub, folder / plots.ATTRIBUTE_EXTRACTION_PNG),
-        plots.plot_depth_heatmap(depth, folder / plots.DEPTH_HEATMAP_PNG),
-        plots.plot_lesion_heatmap(lesion, folder / plots.LESION_HEATMAP_PNG),
+        Figure("", _FIGURE_CAPTIONS[name] if captions else name, note=what)
+        if isinstance(what, str)
+        else Figure(str(what.relative_to(out)), _FIGURE_CAPTIONS[name] if captions else name)
+        for name, what in drawn.items()
     ]
 
 
@@ -317,7 +336,8 @@ def _write_tables(
         )
         blocks.append(md)
     ci_note = legend(intervals, marked=intervals and zero_width(reports))
-    tables_md = _write(out / "tables.md", f"# {title}: tables\n\n{ci_note}\n\n" + "\n".join(blocks))
+    mark = markdown_line(reports)  # also before each table: a reader may jump to one
+    tables_md = _write(out / "tables.md", f"# {title}: tables\n\n{mark}{ci_note}\n\n" + "\n".join(blocks))
     files.append(tables_md)
     board = leaderboard_rows(reports)
     leaderboard_md = _write(out / "leaderboard.md", _board_markdown(board, hub))
@@ -369,8 +389,9 @@ def _write_comparisons(
             explained = True
         blocks.append(render_comparison(comparison, families=["2"], explain=False))
         names, pair_rows = csv_rows(comparison, families=["all"])
-        header = ["model_a", "model_b", *names]
+        header = max(header, ["model_a", "model_b", *names], key=len)  # with a partial column if any
         rows += [[a, b, *row] for row in pair_rows]
+    rows = [row + [""] * (len(header) - len(row)) for row in rows]  # whole pairs: an empty partial cell
     markdown = "\n".join(blocks)
     md = _write(out / "comparisons.md", f"# {title}: paired comparisons\n\n{markdown}")
     buf = io.StringIO()
@@ -387,36 +408,47 @@ def _write_reference_csvs(
     files: list[FsPath] = []
     for (name, oracle), rep in per_run.items():
         files += reference_csv.write_run_csvs(
-            out / model_dirname(name) / f"oracle_{oracle}", name, rep.flat, na_as_zero=na_as_zero
+            out / model_dirname(name) / f"oracle_{oracle}",
+            name,
+            rep.flat,
+            na_as_zero=na_as_zero,
+            partial=csv_value(rep),
         )
     for setting in settings:
         folder = out / f"all_models_oracle_{setting}"
         chosen = {name: rep for (name, oracle), rep in per_run.items() if oracle == setting}
         files += reference_csv.write_all_models_csvs(
-            folder, {n: r.flat for n, r in chosen.items()}, na_as_zero=na_as_zero
+            folder,
+            {n: r.flat for n, r in chosen.items()},
+            na_as_zero=na_as_zero,
+            partial={n: csv_value(r) for n, r in chosen.items()},
         )
     return files
 
 
 def _write_figures(
     out: FsPath, reports: dict[str, Any], per_run: dict[tuple[str, str], Any], settings: Sequence[str]
-) -> tuple[list[FsPath], list[Figure], dict[str, list[FsPath]]]:
+) -> tuple[list[FsPath], list[Figure], dict[str, list[Figure]]]:
     """(files, the headline figures, per oracle setting the per-run figures)."""
     files: list[FsPath] = []
-    per_setting_figures: dict[str, list[FsPath]] = {}
+    per_setting_figures: dict[str, list[Figure]] = {}
     headline_values = {n: r.values for n, r in reports.items()}
     label = _sources_label(reports)
     headline = _draw_figures(out / FIGURES_DIR, headline_values, label=label)
-    files += headline
-    figures = [Figure(str(p.relative_to(out)), _FIGURE_CAPTIONS[p.name]) for p in headline]
+    files += [p for p in headline.values() if not isinstance(p, str)]
+    figures = _figure_entries(out, headline)
     for setting in settings:
         chosen = {name: rep.values for (name, oracle), rep in per_run.items() if oracle == setting}
         folder = out / f"all_models_oracle_{setting}"
         if label == setting and chosen == headline_values:  # the same numbers: same figures
-            per_setting_figures[setting] = [copy_file(p, folder / p.name, limit=IMAGE) for p in headline]
+            drawn = {
+                n: p if isinstance(p, str) else copy_file(p, folder / p.name, limit=IMAGE)
+                for n, p in headline.items()
+            }
         else:
-            per_setting_figures[setting] = _draw_figures(folder, chosen, label=setting)
-        files += per_setting_figures[setting]
+            drawn = _draw_figures(folder, chosen, label=setting)
+        files += [p for p in drawn.values() if not isinstance(p, str)]
+        per_setting_figures[setting] = _figure_entries(out, drawn, captions=False)
     return files, figures, per_setting_figures
 
 
@@ -438,7 +470,7 @@ def _page_sections(
     tables: _Tables,
     comparisons: _Comparisons,
     figures: Sequence[Figure],
-    per_setting_figures: dict[str, list[FsPath]],
+    per_setting_figures: dict[str, list[Figure]],
     runs_section: Section,
     files: Sequence[FsPath],
     reports: dict[str, Any],
@@ -454,7 +486,7 @@ def _page_sections(
     if figures:
         extra = "".join(
             f"<details><summary>Per-run figures, oracle {s} (each run scored on its own, as the reference "
-            f"does)</summary>{figures_html([Figure(str(p.relative_to(out)), p.name) for p in ps])}</details>"
+            f"does)</summary>{figures_html(ps)}</details>"
             for s, ps in per_setting_figures.items()
         )
         sections.append(Section("figures", "Figures", figures_html(figures) + extra))
@@ -564,7 +596,7 @@ def _write_into(
     files += _write_reference_csvs(out, per_run, settings, na_as_zero)
     clock.lap("csv")
     figures: list[Figure] = []
-    per_setting_figures: dict[str, list[FsPath]] = {}
+    per_setting_figures: dict[str, list[Figure]] = {}
     if plots:
         figure_files, figures, per_setting_figures = _write_figures(out, reports, per_run, settings)
         files += figure_files

@@ -50,6 +50,8 @@ class Figure:
 
     src: str
     caption: str
+    #: the sentence shown instead of an image when the figure had nothing to draw (``src`` is then "")
+    note: str | None = None
 
 
 def _inline(text: str) -> str:
@@ -158,7 +160,9 @@ def markdown_to_html(text: str) -> str:
 
 def figures_html(figures: Sequence[Figure]) -> str:
     items = [
-        f'<figure><a href="{_escape(f.src)}" target="_blank"><img src="{_escape(f.src)}" '
+        f'<figure><p class="no-figure">{_escape(f.note)}</p><figcaption>{_escape(f.caption)}</figcaption></figure>'
+        if f.note
+        else f'<figure><a href="{_escape(f.src)}" target="_blank"><img src="{_escape(f.src)}" '
         f'alt="{_escape(f.caption)}"></a><figcaption>{_escape(f.caption)}</figcaption></figure>'
         for f in figures
     ]

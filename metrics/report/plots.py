@@ -5,6 +5,11 @@ one PNG. File names and titles follow the reference; unlike the reference, a cel
 reads N/A instead of 0.0, and colours follow metrics/report/style.py (one colour per meaning).
 matplotlib is imported only here, and only when a figure is drawn (it is in the ``report`` extra);
 figures are drawn on their own canvas, so no pyplot state or backend is touched.
+
+Every function draws any non-empty count (one model, one lesion, one route, one case; values that are
+all N/A are drawn as N/A, as the reference draws them) and raises ``NothingToPlot`` when there is
+nothing to draw (no model, no route, no lesion with a value): its message is the sentence the report
+shows in the figure's place.
 """
 
 from __future__ import annotations
@@ -27,6 +32,17 @@ DEPTH_HEATMAP_PNG = "plot_depth_heatmap.png"
 LESION_HEATMAP_PNG = "plot_lesion_heatmap.png"
 
 Value = float | None
+
+
+class NothingToPlot(ValueError):
+    """A figure with nothing to draw; the message is the sentence shown instead of it."""
+
+
+def _require(items: Sequence[Any], sentence: str) -> None:
+    """NothingToPlot(``sentence``) when there is nothing to draw (no model, route or lesion); one is
+    enough, and values that are all N/A are drawn as N/A (the reference draws them too)."""
+    if not items:
+        raise NothingToPlot(sentence)
 
 
 def _figure(width: float, height: float) -> Any:
@@ -60,6 +76,7 @@ def plot_stage_accuracy(
     Oracle-Passed row orange (the reference tinted by row parity).
     """
     routes = [p for p in ("RR", "RF", "LF") if any(r["path"] == p for r in rows)]
+    _require(routes, "No stage accuracy to plot: no path has a scored case in these runs.")
     n_rows = max((sum(1 for r in rows if r["path"] == p) for p in routes), default=1)
     fig = _figure(11, 0.9 + len(routes) * (0.55 + 0.28 * (n_rows + 1)))
     axes = fig.subplots(len(routes), 1, squeeze=False)[:, 0]
@@ -119,6 +136,7 @@ def _grouped_bars(
     path: str | os.PathLike[str],
 ) -> FsPath:
     models = list(values)
+    _require(models, f"Nothing to plot for the {title.split(' (')[0].lower()}: no model was scored.")
     fig = _figure(max(6.0, 1.2 + 0.55 * len(tasks) * max(1, len(models))), 4.6)
     ax = fig.subplots()
     width = 0.8 / len(tasks)
@@ -214,6 +232,7 @@ def plot_depth_heatmap(values: Mapping[str, Mapping[str, Value]], path: str | os
     """Mean End-to-End depth, routes (RR, RF, LF) x models; values are depths (not fractions)."""
     models = list(values)
     routes = ["RR", "RF", "LF"]
+    _require(models, "No mean depth to plot: no model was scored.")
     fig = _figure(max(5.0, 1.8 + 1.0 * len(models)), 3.4)
     ax = fig.subplots()
     matrix = [[values[m].get(r) for m in models] for r in routes]
@@ -255,6 +274,10 @@ def plot_lesion_heatmap(
     """
     models = list(values)
     lesions = sorted({lesion for per_model in values.values() for lesion in per_model})
+    _require(
+        [lesion for lesion in lesions if models],
+        "No per-lesion accuracy to plot: no lesion has a scored value in these runs.",
+    )
     cols = 2 if len(panels) > 1 else 1
     n_rows = (len(panels) + cols - 1) // cols
     fig = _figure(cols * max(4.2, 1.8 + 0.9 * len(models)), n_rows * (1.0 + 0.38 * len(lesions)) + 0.6)

@@ -14,11 +14,12 @@ left empty instead of the reference's 0.0; ``na_as_zero=True`` writes 0.0 like t
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path as FsPath
 from typing import Any
 
 from chexpercept.metrics.csv_files import write_csv
+from chexpercept.metrics.partial import PARTIAL_COLUMN, csv_columns
 from chexpercept.vocab import PATHS
 
 SUMMARY_CSV = "model_performance_summary.csv"
@@ -90,50 +91,72 @@ def attribute_extraction_row(model: str, flat: Flat) -> dict[str, Any]:
     return row
 
 
+def _marked(rows: list[dict[str, Any]], partial: str) -> list[dict[str, Any]]:
+    """``rows`` with the ``partial`` cell of their model (metrics/partial.py)."""
+    return [{**row, PARTIAL_COLUMN: partial} for row in rows]
+
+
+def _write(path: FsPath, columns: Sequence[str], rows: list[dict[str, Any]], na_as_zero: bool) -> FsPath:
+    return write_csv(path, csv_columns(columns, rows), rows, na_as_zero=na_as_zero)
+
+
 def write_run_csvs(
-    folder: str | os.PathLike[str], model: str, flat: Flat, *, na_as_zero: bool = False
+    folder: str | os.PathLike[str], model: str, flat: Flat, *, na_as_zero: bool = False, partial: str = ""
 ) -> list[FsPath]:
-    """The three per-model CSVs of one run."""
+    """The three per-model CSVs of one run; ``partial``: why its numbers are partial ("" when they
+    are whole), written as a last ``partial`` column when given."""
     folder = FsPath(folder)
     return [
-        write_csv(folder / SUMMARY_CSV, SUMMARY_COLUMNS, summary_rows(model, flat), na_as_zero=na_as_zero),
-        write_csv(
+        _write(
+            folder / SUMMARY_CSV, SUMMARY_COLUMNS, _marked(summary_rows(model, flat), partial), na_as_zero
+        ),
+        _write(
             folder / CONTOUR_REVISION_CSV,
             CONTOUR_REVISION_COLUMNS,
-            [contour_revision_row(model, flat)],
-            na_as_zero=na_as_zero,
+            _marked([contour_revision_row(model, flat)], partial),
+            na_as_zero,
         ),
-        write_csv(
+        _write(
             folder / ATTRIBUTE_EXTRACTION_CSV,
             ATTRIBUTE_EXTRACTION_COLUMNS,
-            [attribute_extraction_row(model, flat)],
-            na_as_zero=na_as_zero,
+            _marked([attribute_extraction_row(model, flat)], partial),
+            na_as_zero,
         ),
     ]
 
 
 def write_all_models_csvs(
-    folder: str | os.PathLike[str], flats: Mapping[str, Flat], *, na_as_zero: bool = False
+    folder: str | os.PathLike[str],
+    flats: Mapping[str, Flat],
+    *,
+    na_as_zero: bool = False,
+    partial: Mapping[str, str] | None = None,
 ) -> list[FsPath]:
-    """The three cross-model CSVs of one oracle setting (models in the given order)."""
+    """The three cross-model CSVs of one oracle setting (models in the given order); ``partial``:
+    {model: why its numbers are partial}, written as a last ``partial`` column when one is."""
     folder = FsPath(folder)
+    why = partial or {}
     return [
-        write_csv(
+        _write(
             folder / ALL_SUMMARY_CSV,
             SUMMARY_COLUMNS,
-            [row for model, flat in flats.items() for row in summary_rows(model, flat)],
-            na_as_zero=na_as_zero,
+            [row for m, f in flats.items() for row in _marked(summary_rows(m, f), why.get(m, ""))],
+            na_as_zero,
         ),
-        write_csv(
+        _write(
             folder / ALL_CONTOUR_REVISION_CSV,
             CONTOUR_REVISION_COLUMNS,
-            [contour_revision_row(m, f) for m, f in flats.items()],
-            na_as_zero=na_as_zero,
+            [row for m, f in flats.items() for row in _marked([contour_revision_row(m, f)], why.get(m, ""))],
+            na_as_zero,
         ),
-        write_csv(
+        _write(
             folder / ALL_ATTRIBUTE_EXTRACTION_CSV,
             ATTRIBUTE_EXTRACTION_COLUMNS,
-            [attribute_extraction_row(m, f) for m, f in flats.items()],
-            na_as_zero=na_as_zero,
+            [
+                row
+                for m, f in flats.items()
+                for row in _marked([attribute_extraction_row(m, f)], why.get(m, ""))
+            ],
+            na_as_zero,
         ),
     ]

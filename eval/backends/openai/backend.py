@@ -77,7 +77,7 @@ from chexpercept.eval.backends.openai.retries import (
 )
 from chexpercept.eval.backends.options import BackendOptions, at_least, json_object, option, positive
 from chexpercept.eval.backends.prefetch import ImagePrefetch
-from chexpercept.eval.backends.replies import join_reasoning
+from chexpercept.eval.backends.replies import ReplyShapeError, join_reasoning, merge_stream, read_chat_reply
 from chexpercept.eval.estimate.pricing import call_cost, price_for
 from chexpercept.eval.protocol import (
     BackendBase,
@@ -288,6 +288,9 @@ class OpenAIBackend(BackendBase):
         self.concurrency = options.concurrency
         self.timeout = options.timeout
         self.retry = retry or RetryPolicy(max_retries=options.max_retries)
+        #: whether the endpoint has answered once (HTTP, any status): until then a connection refused or
+        #: a name that does not resolve ends the run at once instead of being retried
+        self._reached = False
         #: set when a server asks for a wait longer than the policy takes (eval/backends/openai/retries.py)
         self.pause, self.notices = ServerPause(), WaitNotices()
         self.extra_body = dict(spec.api_extra) | dict(options.request_extra or {})
@@ -516,9 +519,16 @@ class OpenAIBackend(BackendBase):
         except aiohttp.ClientPayloadError as e:  # Content-Length or chunked body cut short
             raise _Retryable(f"the reply was cut off mid-body ({e})") from e
         except aiohttp.ClientConnectorError as e:
+            # never reached in this run (a mistyped host, a port nothing listens on): retrying for minutes
+            # would not help; once the server has answered, the same error is an outage, waited out
+            if not self._reached:
+                raise _RunLevel(
+                    f"cannot reach {self.shown_url}: {redact_text(str(e))}; it has not answered once in this run (is the server up? rerun the same command once it answers)"
+                ) from e
             raise _Retryable(f"cannot reach {self.shown_url}: {redact_text(str(e))}") from e
         except (aiohttp.ClientError, OSError) as e:  # a reset or closed connection
             raise _Retryable(f"{type(e).__name__}: {redact_text(str(e))}") from e
+        self._reached = True
         text = raw.decode("utf-8", "replace")
         detail = terminal(text[:500])  # the server's words, shown on one line and inert on a terminal
         if 300 <= status < 400:
@@ -540,43 +550,29 @@ class OpenAIBackend(BackendBase):
         return _reply_object(text, headers.get("Content-Type") or "", self.shown_url)
 
     def _response(self, where: str, reply: dict[str, Any], *, attempts: int, seconds: float) -> Response:
-        choices = reply.get("choices") or []
-        if not choices:
-            return _failed(f"reply has no choices: {json.dumps(reply)[:300]}")
-        if not isinstance(choices[0], dict):
-            return _failed(f"reply's choice is not an object: {json.dumps(reply)[:300]}")
-        message = choices[0].get("message") or {}
-        text = message.get("content")
-        if isinstance(text, list):  # some servers return content parts (text parts, or plain strings)
-            text = "".join(
-                p if isinstance(p, str) else str(p.get("text") or "")
-                for p in text
-                if isinstance(p, (str, dict))
-            )
-        # vLLM serve with a reasoning parser: "reasoning" (vLLM >= 0.16), "reasoning_content" before
-        reasoning = message.get("reasoning") or message.get("reasoning_content")
-        refusal = message.get("refusal")
+        try:
+            parsed = read_chat_reply(reply)
+        except ReplyShapeError as e:  # the case's error, recorded like any other (--on-error)
+            return _failed(f"{where}: {e}: {terminal(json.dumps(reply)[:300])}")
+        text, reasoning, refusal = parsed.content, parsed.reasoning, parsed.refusal
         usage: dict[str, Any] = read_usage(reply.get("usage"))  # None where the server said nothing
         usage["cost_usd"] = call_cost(
             self.spec.model_id, usage["input_tokens"], usage["cached_input_tokens"], usage["output_tokens"]
         )
         usage["attempts"] = attempts
         usage["seconds"] = round(seconds, 3)
-        finish = choices[0].get("finish_reason")
+        finish = parsed.finish_reason
         if finish:
             usage["finish_reason"] = finish
         self._note_served(usage, reply)
         if not refusal and finish == "content_filter":
             refusal = "content filter (finish_reason content_filter)"
         # a refusal or an empty reply (content filter, token cap) is an answer: unparsed, so wrong
-        content = text if isinstance(text, str) else None
         return Response(
-            content or "",
+            text or "",
             usage,
-            full_text=join_reasoning(
-                reasoning if isinstance(reasoning, str) else None, content, self.spec.model_id
-            ),
-            refusal=refusal if isinstance(refusal, str) and refusal else None,
+            full_text=join_reasoning(reasoning, text, self.spec.model_id),
+            refusal=refusal,
         )
 
     def _note_served(self, usage: dict[str, Any], reply: dict[str, Any]) -> None:
@@ -696,9 +692,7 @@ def _reply_object(text: str, content_type: str, url: str) -> dict[str, Any]:
 def _from_events(text: str) -> dict[str, Any]:
     """A streamed chat completion (``data: {...}`` chunks, ``data: [DONE]``) as one reply object; a
     stream that ends before its last chunk is retried."""
-    message: dict[str, str] = {}
-    reply: dict[str, Any] = {}
-    finish = None
+    chunks: list[Any] = []
     done = False
     for line in text.splitlines():
         if not line.startswith("data:"):
@@ -708,23 +702,17 @@ def _from_events(text: str) -> dict[str, Any]:
             done = True
             continue
         try:
-            chunk = loads(data, source="a streamed chunk", limit=REPLY)
+            chunks.append(loads(data, source="a streamed chunk", limit=REPLY))
         except JsonInputError as e:
             raise _Retryable(
                 f"a streamed reply holds a chunk that is not JSON: {terminal(data[:200])}"
             ) from e
-        for key in ("model", "system_fingerprint", "usage"):
-            if chunk.get(key):
-                reply[key] = chunk[key]
-        for choice in chunk.get("choices") or []:
-            delta = choice.get("delta") or {}
-            for key in ("content", "reasoning", "reasoning_content", "refusal"):
-                if isinstance(delta.get(key), str):
-                    message[key] = message.get(key, "") + delta[key]
-            finish = choice.get("finish_reason") or finish
-    if not (done or finish):
+    try:
+        reply, finished = merge_stream(chunks)
+    except ReplyShapeError as e:  # recorded as the case's error (BackendError in _post)
+        raise BackendError(str(e)) from None
+    if not (done or finished):
         raise _Retryable("a streamed reply ended before its last chunk")
-    reply["choices"] = [{"message": message, "finish_reason": finish}]
     return reply
 
 

@@ -1,0 +1,82 @@
+"""The one place that marks numbers partial: numbers from records that are not the whole run (a run
+writing them now, a run that has not finished, lines torn or missing against run.json) say so in
+every format they are written in.
+
+``Run.partial`` (metrics/runs.py) holds the reasons of one run, ``ModelScores.partial`` those of a
+model's runs. Every writer of numbers (``render_table``: ``score --table``, the report's
+``tables.md`` and ``tables/``; the leaderboard's markdown and CSV; the reference CSVs) asks this
+module: markdown gets a heading line before the numbers (``markdown_line``), CSV a ``partial``
+column naming the reason on each row of a partial model (``csv_columns``, ``csv_value``). Complete
+numbers are written exactly as before: no line, no column.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from chexpercept.escape import markdown_cell
+
+#: the CSV column that says why a row's numbers are partial (present only when one is)
+PARTIAL_COLUMN = "partial"
+
+
+def reasons(item: Any) -> list[str]:
+    """Why one model's numbers are partial: a ModelScores' ``partial``; [] for anything without
+    one (a plain {metric: value} map)."""
+    return list(getattr(item, "partial", None) or [])
+
+
+def partial_models(reports: Any) -> dict[str, list[str]]:
+    """{model name: reasons} of the partial models among ``reports`` (a ModelScores, or a {name:
+    ModelScores or values} map)."""
+    if isinstance(reports, Mapping):
+        items = list(reports.items())
+    else:
+        items = [(getattr(reports, "name", "model"), reports)]
+    return {str(name): reasons(item) for name, item in items if reasons(item)}
+
+
+def markdown_line(reports: Any) -> str:
+    """The heading line a markdown file of these numbers starts its table with ("" when none is
+    partial): ``**Partial numbers**: model X: <reason>. Rerun ... for the whole run.``"""
+    return heading(partial_models(reports))
+
+
+def heading(partial: Mapping[str, Sequence[str]]) -> str:
+    """``markdown_line`` of {model name: reasons} (models without reasons are complete)."""
+    partial = {name: why for name, why in partial.items() if why}
+    if not partial:
+        return ""
+    said = "; ".join(f"{name}: {'; '.join(why)}" for name, why in partial.items())
+    return (
+        f"**Partial numbers** (not the whole run; rerun the same `chexpercept run` command to complete "
+        f"it, then score again): {markdown_cell(said)}\n\n"
+    )
+
+
+def csv_columns(columns: Sequence[str], rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """``columns``, with ``PARTIAL_COLUMN`` last when a row is partial (rows carry it as a key)."""
+    if any(row.get(PARTIAL_COLUMN) for row in rows):
+        return [*columns, PARTIAL_COLUMN]
+    return list(columns)
+
+
+def csv_value(item: Any) -> str:
+    """The ``PARTIAL_COLUMN`` cell of one model's rows: its reasons, or "" when complete."""
+    return "; ".join(reasons(item))
+
+
+class PartialNumbers(ValueError):
+    """Numbers that are partial were to be published (the Hub): they are not."""
+
+
+def refuse_partial(item: Any, where: str) -> None:
+    """Raise PartialNumbers when ``item`` (a ModelScores, a Run) is partial: what is published
+    stays published, so only whole runs are (``where``: the folder, for the message)."""
+    why = reasons(item)
+    if why:
+        raise PartialNumbers(
+            f"{where}: these numbers are partial ({'; '.join(why)}), so nothing was published. Complete "
+            "the run (rerun the same `chexpercept run` command), then publish again"
+        )
