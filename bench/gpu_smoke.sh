@@ -6,7 +6,16 @@
 #   whether it is used, and run.json says why), batched, then one conversation at a time;
 # * where vLLM is installed: the vllm backend, batched, then one conversation at a time.
 #
+# * where vLLM is installed, the runner's own work against the engine (issue 31;
+#   bench/runner_overlap.py, the same table as bench/RESULTS.md's "The runner's own work"): ours
+#   against raw LLM.chat waves (images decoded beforehand, and decoded inside the timing) and the
+#   reference's one-call-at-a-time runner, alternated on one engine, with wall time, iterations, the
+#   engine's idle seconds and peak memory; then the whole release size (FULL_PER_CELL=100: 2,100
+#   cases) through the run command, timed: how long the release takes on this GPU with this model.
+#
 # Prints cases per second of every run and the transformers backend's turn-cache decision.
+# MODEL=/path/to/a/small/vlm uses that model (a local folder) instead of the tiny random Gemma 3
+# for the vLLM parts. About 10 minutes on one H200 with the defaults (not run yet: no GPU lent).
 #
 #   bash bench/gpu_smoke.sh                 # 10 cases per (lesion, path) cell = 210 cases
 #   PER_CELL=3 bash bench/gpu_smoke.sh
@@ -79,5 +88,29 @@ if [ -n "$HAS_VLLM" ]; then
   ENGINE='{"max_model_len": 4096, "enable_prefix_caching": true}'
   run vllm vllm-batched --batch-size 256 --gpu-memory-utilization 0.3 --engine-args "$ENGINE"
   run vllm vllm-one-at-a-time --batch-size 1 --limit 42 --gpu-memory-utilization 0.3 --engine-args "$ENGINE"
+fi
+if [ -n "$HAS_VLLM" ]; then
+  VLLM_MODEL="${MODEL:-$WORK/tiny-vlm}"
+  GPU_ENGINE='{"gpu_memory_utilization": 0.3, "max_model_len": 4096, "enable_prefix_caching": true}'
+  # phantom releases with 1024x1024 radiograph-like X-rays, as on the CPU (bench/RESULTS.md)
+  chexpercept synth --output-dir "$WORK/xray" --per-cell "${OVERLAP_PER_CELL:-4}" --num-proc "$(nproc)" --no-progress
+  # the table: ours vs raw LLM.chat waves and the reference runner (84 cases by default)
+  python bench/runner_overlap.py --vllm --bundle "$WORK/xray" --model "$VLLM_MODEL" \
+    --engine-args "$GPU_ENGINE" --repeat "${OVERLAP_REPEAT:-2}" --json "$WORK/overlap.json" >/dev/null
+  python - "$WORK/overlap.json" <<'EOF'
+import json, sys
+sys.path.insert(0, "bench")
+from runner_overlap import markdown
+print(markdown(json.load(open(sys.argv[1])), "bench/gpu_smoke.sh"))
+EOF
+  # the release's size, end to end through the command (answers of up to 32 tokens)
+  FULL_PER_CELL="${FULL_PER_CELL:-100}"
+  chexpercept synth --output-dir "$WORK/full" --per-cell "$FULL_PER_CELL" --num-proc "$(nproc)" --no-progress
+  start=$(date +%s.%N)
+  python eval/run.py --data-dir "$WORK/full" --model "$VLLM_MODEL" --backend vllm --run-name vllm-release \
+    --output-dir "$WORK/runs" --max-tokens 32 --no-progress --no-score --batch-size 256 \
+    --oracle implicit --engine-args "$GPU_ENGINE"
+  end=$(date +%s.%N)
+  report "$WORK/runs/vllm-release/oracle_implicit" "$start" "$end"
 fi
 echo "results under $WORK/runs"

@@ -16,7 +16,8 @@ import hashlib
 import json
 import math
 import random
-from collections import deque
+import threading
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -182,3 +183,51 @@ class BatchOnlyLLM(SimulatedLLM):
     """A vLLM without ``enqueue_chat`` (driven a batch at a time through ``chat``)."""
 
     enqueue_chat = None  # type: ignore[assignment]
+
+
+class SplitLLM(SimulatedLLM):
+    """A vLLM whose rendering is split from adding (``_preprocess_chat_one`` and ``_add_request``,
+    the two halves of ``enqueue_chat``; the vllm backend then renders on a thread of its own), with
+    a multimodal processor cache of ``cache_items`` images by id, least recently used out: an image
+    part without its pixels (``image_pil`` None, its ``uuid`` given) renders only while the cache
+    holds that id, and is refused otherwise, as vLLM refuses it."""
+
+    def __init__(self, *, cache_items: int = 1 << 20, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.cache_items = cache_items
+        self._cache: OrderedDict[str, None] = OrderedDict()
+        #: image parts rendered with their pixels (or URL) / by their id alone from the cache
+        self.with_pixels = 0
+        self.by_id = 0
+        #: the threads that rendered
+        self.render_threads: set[str] = set()
+        mm = SimpleNamespace(mm_processor_cache_gb=4)
+        self.llm_engine.model_config = SimpleNamespace(multimodal_config=mm)  # type: ignore[attr-defined]
+
+    def _preprocess_chat_one(
+        self, messages: list[dict[str, Any]], chat_template_kwargs: Any = None
+    ) -> list[dict[str, Any]]:
+        self.render_threads.add(threading.current_thread().name)
+        for message in messages:
+            content = message["content"]
+            for part in content if isinstance(content, list) else ():
+                uuid = part.get("uuid")
+                if part["type"] == "text" or uuid is None:
+                    continue
+                if part["type"] == "image_pil" and part.get("image_pil") is None:
+                    if uuid not in self._cache:
+                        raise ValueError(f"multi_modal_data['image'] is empty and {uuid} is not in the cache")
+                    self.by_id += 1
+                else:
+                    self.with_pixels += 1
+                self._cache[uuid] = None
+                self._cache.move_to_end(uuid)
+                while len(self._cache) > self.cache_items:
+                    self._cache.popitem(last=False)
+        return messages  # the rendered prompt: the conversation stands for itself here
+
+    def _adjust_params_for_parsing(self, params: Sequence[Any]) -> None:
+        """What vLLM does to a thinking model's sampling parameters (nothing here)."""
+
+    def _add_request(self, prompt: list[dict[str, Any]], params: Any = None, **kwargs: Any) -> str:
+        return self._add([prompt])[0]

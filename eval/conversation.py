@@ -108,8 +108,19 @@ class Conversation:
         self.messages.append(Message("user", text, turn.images))
         self._pending_oracle_text = oracle_text
         self._pending = Request(
-            key_id=self.case.key_id, messages=tuple(self.messages), turn=turn, root=self.root
+            key_id=self.case.key_id,
+            messages=tuple(self.messages),
+            turn=turn,
+            root=self.root,
+            turns_after=len(self._turns) - self._position - 1,
         )
+
+    @property
+    def upcoming_images(self) -> tuple[str, ...]:
+        """The images the turn after the pending one will add (none when it is the last), for a
+        backend that prepares images ahead of need."""
+        following = self._position + 1
+        return tuple(self._turns[following].images) if following < len(self._turns) else ()
 
     @property
     def history(self) -> tuple[Message, ...]:

@@ -133,10 +133,14 @@ def run_conversations(
         stats.max_live = max(stats.max_live, len(waiting))
         return new
 
+    prefetch = getattr(backend, "prefetch", None)
+
     def submit(requests: list[Request]) -> None:
         if requests:
             stats.requests += len(requests)
             backend.submit(requests)
+            if callable(prefetch):  # what these conversations' next turns will show
+                prefetch([i for r in requests for i in waiting[r.request_id].upcoming_images])
 
     submit(admit())
     while waiting:

@@ -50,6 +50,10 @@ class Request:
     turn: Turn
     #: the release folder the images are read from (``chat_messages``); not part of the request
     root: str | os.PathLike[str] | None = field(default=None, compare=False, repr=False)
+    #: turns that follow this one in its conversation (not part of the request): the conversations
+    #: with the most turns left are the run's critical path, and a backend that queues requests of
+    #: its own (vLLM's render thread) takes theirs first
+    turns_after: int = field(default=0, compare=False, repr=False)
 
     @property
     def task(self) -> str:
@@ -228,6 +232,11 @@ class Backend(Protocol):
         """These conversations have ended (finished or failed): drop what was kept for them."""
         ...
 
+    def prefetch(self, images: Sequence[str]) -> None:
+        """Images (relative to the bundle root) that requests will carry soon, soonest first: a
+        backend may prepare them ahead of need, within its memory budget; never required."""
+        ...
+
     def sampling(self) -> Sampling: ...
 
     def identity(self, context: RunContext) -> dict[str, Any]:
@@ -289,6 +298,9 @@ class BackendBase:
 
     def release(self, key_ids: Sequence[str]) -> None:
         """Nothing kept per conversation by default."""
+
+    def prefetch(self, images: Sequence[str]) -> None:
+        """Nothing prepared ahead by default."""
 
     def new_session(self) -> None:
         """Counts start again (a command running several oracle settings records each one's)."""

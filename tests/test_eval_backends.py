@@ -23,7 +23,7 @@ HEAVY = ("torch", "vllm", "transformers", "httpx", "accelerate")
 def test_the_table_lists_every_backend_module_or_folder():
     assert tuple(BACKENDS) == ("vllm", "transformers", "openai", "baseline")
     folder = Path(backends.__file__).parent
-    shared = ("__init__", "options", "replies", "occupancy")  # helpers every backend may use
+    shared = ("__init__", "options", "replies", "occupancy", "prefetch")  # helpers every backend may use
     here = {p.stem for p in folder.iterdir() if p.suffix == ".py" and p.stem not in shared}
     here |= {p.name for p in folder.iterdir() if (p / "__init__.py").exists()}
     listed = {target.split(":")[0].split(".")[3] for target in BACKENDS.values()}

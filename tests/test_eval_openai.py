@@ -51,6 +51,13 @@ def test_payload_retries_and_usage(fixture_bundle):
     assert turn.usage["attempts"] == 4  # 429, 503, 500, then the answer
     assert record.usage["num_calls"] == 9 and record.usage["input_tokens"] == 9000
     assert record.usage["cost_usd"] == pytest.approx(9 * cost)
+    # each image read and encoded once while its conversation is live, then sent on every later turn
+    images = backend.images.record()
+    bodies = [r["body"] for r in server.requests[3:]]  # the first request was sent 4 times
+    sent = [p for b in bodies for m in b["messages"][1:] for p in m["content"] if p["type"] == "image_url"]
+    distinct = {i for t in bundle.cases[0].turns for i in t.images}
+    assert images["prepared_ahead"] + images["prepared_on_demand"] == len(distinct) > 1
+    assert images["reused"] == len(sent) - len(distinct) > 0
 
 
 def test_timeouts_are_retried(fixture_bundle):

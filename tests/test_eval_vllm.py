@@ -5,15 +5,16 @@ The real engine (vLLM's CPU build) runs in tests/test_vllm_engine.py."""
 from __future__ import annotations
 
 import base64
+import json
 import os
 import sys
 from pathlib import Path
 
 import pytest
-from simulated_vllm import BatchOnlyLLM, SimulatedLLM, heavy_tailed_answers
+from simulated_vllm import BatchOnlyLLM, SimulatedLLM, SplitLLM, heavy_tailed_answers
 
 from chexpercept.bundle import read_bundle
-from chexpercept.eval.backends import vllm as backend_vllm
+from chexpercept.eval.backends.vllm import backend as backend_vllm
 from chexpercept.eval.backends.vllm.backend import VLLMBackend, plan_cpus, plan_gpus
 from chexpercept.eval.engine import ConversationFailed, run_conversations
 from chexpercept.eval.protocol import BackendError, RunContext, Sampling
@@ -161,8 +162,6 @@ def test_each_request_joins_the_running_engine_rendered_as_llm_chat_renders_it(f
 
 
 def json_of(call):
-    import json
-
     return json.dumps(call["messages"])
 
 
@@ -189,6 +188,40 @@ def test_continuous_and_step_scheduling_give_the_same_answers_in_fewer_iteration
         )
     assert runs["continuous"][0] == runs["step"][0]
     assert runs["continuous"][1] < runs["step"][1]
+
+
+def test_requests_rendered_on_their_own_thread_send_seen_images_by_id_alone(fixture_bundle):
+    """Where vLLM renders apart from adding, requests render on the backend's thread for it, each
+    image goes with its pixels once and by its id alone afterwards, and a request whose image the
+    engine's cache let go is rendered again with every image: the answers of enqueue_chat."""
+    bundle = read_bundle(fixture_bundle)
+    answer = heavy_tailed_answers(median=20, sigma=1.0, cap=200)
+
+    def run(llm):
+        backend = VLLMBackend(
+            resolve("qwen3.6-27b"), sampling=GREEDY, llm_class=lambda **_: llm,
+            sampling_params_class=FakeSamplingParams, gpus=["0"], platform="cuda",
+        )  # fmt: skip
+        backend.setup(RunContext(root=bundle.root, cases=bundle.cases))
+        results = []
+        run_conversations(bundle.cases, backend, oracle="implicit", batch_size=8, on_finished=results.extend)
+        schedule = backend.schedule()
+        backend.close()
+        return {r.key_id: [t.response for t in r.turns] for r in results}, schedule
+
+    plain, _ = run(SimulatedLLM(answer=answer))
+    roomy = SplitLLM(answer=answer)
+    answers, schedule = run(roomy)
+    assert answers == plain
+    assert schedule["rendered"] == sum(len(turns) for turns in plain.values())
+    images = {i for case in bundle.cases for turn in case.turns for i in turn.images}
+    assert schedule["images_by_id_alone"] and schedule["resent_with_pixels"] == 0
+    assert roomy.with_pixels == len(images) and roomy.by_id > len(images)
+    assert roomy.render_threads == {"chexpercept-render"}  # never the engine's thread
+    # a cache of one image: later turns find theirs gone, are rendered again with pixels, same answers
+    tight = SplitLLM(answer=answer, cache_items=1)
+    answers, schedule = run(tight)
+    assert answers == plain and schedule["resent_with_pixels"] > 0
 
 
 def test_a_request_the_engine_refuses_fails_its_conversation_only(fixture_bundle):
@@ -397,6 +430,8 @@ def test_the_vllm_and_openai_backends_send_the_same_messages(fixture_bundle):
             return a == b
 
         assert same_but_images(offline, online)
+        # what goes on the wire: json.dumps's bytes, each image's data URL encoded once and spliced in
+        assert api.build_body(request) == json.dumps(api.build_payload(request)).encode("utf-8")
         conversation.answer(Response("Answer: 2"))
         checked += 1
     assert checked == len(case.turns)

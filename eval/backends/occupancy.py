@@ -83,3 +83,32 @@ def ratio(span: float, floor: float) -> float | None:
 def schedule_record(**values: Any) -> dict[str, Any]:
     """A run.json entry: the values, floats rounded."""
     return {k: round(v, 3) if isinstance(v, float) else v for k, v in values.items()}
+
+
+class IdleClock:
+    """Seconds an engine held no request between the first request it got and the last answer it
+    gave: the engine waiting for the runner (``update`` with the requests it holds, after each
+    change)."""
+
+    def __init__(self) -> None:
+        self.idle = 0.0
+        self._first: float | None = None
+        self._last = 0.0
+        self._since: float | None = None
+
+    def update(self, in_engine: int) -> None:
+        now = time.monotonic()
+        if in_engine > 0:
+            if self._first is None:
+                self._first = now
+            if self._since is not None:
+                self.idle += now - self._since
+                self._since = None
+        elif self._first is not None and self._since is None:
+            self._since = now
+            self._last = now
+
+    @property
+    def span(self) -> float:
+        """Seconds from the first request to the last time the engine emptied."""
+        return 0.0 if self._first is None else max(0.0, self._last - self._first)

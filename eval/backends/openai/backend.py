@@ -18,6 +18,13 @@ price table (spec 3.10); a count the reply leaves out is None, never 0 (chexperc
 go as data URLs, encoded once per file while a conversation that shows it is live. A secret in the
 base URL (``user:password@``, ``?api-key=``) is shown redacted everywhere (chexpercept.redaction).
 
+The client's own work stays off the run's critical path (issue 31): each image's data URL is read,
+checked and encoded once, as a JSON string, on worker threads ahead of need, and kept for the
+conversation's later turns within a memory budget (eval/backends/prefetch.py); a request's body is
+the JSON of its short fields with those strings spliced in (the bytes ``json.dumps`` would give,
+without scanning megabytes of base64 again on every turn), built on a thread of its own, so neither
+the engine's thread nor the event loop waits for it.
+
 What a reply can be, and what becomes of it:
 
 * an answer: ``message.content`` (text or text parts), with the model's reasoning put back in front
@@ -46,10 +53,12 @@ import contextlib
 import json
 import os
 import queue
+import re
 import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -67,6 +76,7 @@ from chexpercept.eval.backends.openai.retries import (
     read_wait_hint,
 )
 from chexpercept.eval.backends.options import BackendOptions, at_least, json_object, option, positive
+from chexpercept.eval.backends.prefetch import ImagePrefetch
 from chexpercept.eval.backends.replies import ReplyShapeError, join_reasoning, merge_stream, read_chat_reply
 from chexpercept.eval.estimate.pricing import call_cost, price_for
 from chexpercept.eval.protocol import (
@@ -87,6 +97,15 @@ from chexpercept.redaction import has_secret, redact_text, redact_url
 from chexpercept.usage import count, usage_line
 
 RETRY_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
+#: encoded images kept for the later turns of live conversations, at most (a 1024x1024 PNG X-ray is
+#: about 1 MiB as a data URL); beyond it the least recently used are encoded again when needed
+IMAGE_BUDGET = 256 << 20
+#: threads that read and encode images, and that build request bodies
+IMAGE_WORKERS = 2
+BODY_WORKERS = 2
+#: where an image's data URL goes in a body (a JSON string that no message text can contain)
+_IMAGE_SLOT = "\x00chexpercept-image-{}\x00"
+_IMAGE_SLOT_JSON = re.compile(rb'"\\u0000chexpercept-image-(\d+)\\u0000"')
 #: a wrong key, a forbidden resource or a wrong URL: every request would fail the same way, so the
 #: run stops at once whatever --on-error says
 RUN_LEVEL_STATUS = frozenset({401, 403, 404})
@@ -278,7 +297,12 @@ class OpenAIBackend(BackendBase):
         #: what a content-filter rejection is: the end of the run (stop) or a refusal (record)
         self.on_error = on_error
         self.root = ""
-        self._data_urls: dict[str, str] = {}
+        #: each image's data URL as a JSON string, encoded ahead of need and kept while its
+        #: conversation is live (within IMAGE_BUDGET)
+        self.images = ImagePrefetch(
+            self._encoded, len, budget=IMAGE_BUDGET, workers=IMAGE_WORKERS, name="chexpercept-encode"
+        )
+        self._builders: ThreadPoolExecutor | None = None
         self.retries = 0
         self.limit = AdaptiveLimit(self.concurrency)
         self.clock = InFlightClock()
@@ -309,14 +333,20 @@ class OpenAIBackend(BackendBase):
         self.root = str(context.root)
 
     # ------------------------------------------------------------------ payload
+    def _encoded(self, relative: str) -> bytes:
+        """The image's data URL as a JSON string: contained in the bundle, a PNG or JPEG, its MIME
+        type from its bytes (chexpercept.containment); base64 needs no escaping."""
+        return b'"' + image_data_url(self.root, relative).encode("ascii") + b'"'
+
     def data_url(self, relative: str) -> str:
-        url = self._data_urls.get(relative)
-        if url is None:  # contained in the bundle, a PNG or JPEG, its MIME type from its bytes
-            url = self._data_urls[relative] = image_data_url(self.root, relative)
-        return url
+        """The image as a ``data:`` URL (encoded once while its conversation is live)."""
+        return self.images.get(relative, keep=True)[1:-1].decode("ascii")
 
     def build_payload(self, request: Request) -> dict[str, Any]:
-        messages = request.openai_messages(self.data_url)
+        """The request's JSON body as an object (``build_body`` gives its bytes)."""
+        return self._payload(request.openai_messages(self.data_url))
+
+    def _payload(self, messages: list[dict[str, Any]]) -> dict[str, Any]:
         s = self._sampling
         payload: dict[str, Any] = {
             "model": self.spec.model_id,
@@ -330,6 +360,25 @@ class OpenAIBackend(BackendBase):
         # a null in --request-extra removes the field (servers that reject one of ours)
         return {k: v for k, v in payload.items() if v is not None}
 
+    def build_body(self, request: Request) -> bytes:
+        """``json.dumps(build_payload(request))`` as bytes, each image's encoded data URL spliced in
+        (encoded once per image: ``images``). Raises ContainmentError or OSError for an image that
+        cannot be sent."""
+        if any("\x00" in m.text for m in request.messages):  # no room for the slots: the plain way
+            return json.dumps(self.build_payload(request)).encode("utf-8")
+        slots: list[str] = []
+
+        def slot(relative: str) -> str:
+            slots.append(relative)
+            return _IMAGE_SLOT.format(len(slots) - 1)
+
+        payload = self._payload(request.openai_messages(slot))
+        pieces = _IMAGE_SLOT_JSON.split(json.dumps(payload).encode("utf-8"))
+        # split keeps each slot's number between the text pieces: text, number, text, number, ...
+        for i in range(1, len(pieces), 2):
+            pieces[i] = self.images.get(slots[int(pieces[i])], keep=True)
+        return b"".join(pieces)
+
     def _headers(self) -> dict[str, str]:
         headers = {"Content-Type": "application/json"}
         if self.api_key:
@@ -341,17 +390,15 @@ class OpenAIBackend(BackendBase):
 
     # ------------------------------------------------------------------ requests
     def submit(self, requests: Sequence[Request]) -> None:
-        """Each request goes out at once (within the in-flight limit) on the backend's event loop."""
+        """Each request goes out at once (within the in-flight limit) on the backend's event loop;
+        its new images start encoding at once and its body is built on a thread of its own."""
         if self._loop is None:
             self._loop = _LoopThread(self.route)
+            self._builders = ThreadPoolExecutor(BODY_WORKERS, thread_name_prefix="chexpercept-body")
+        self.images.want(i for r in requests for i in r.images)
         for request in requests:
             self._outstanding += 1
-            try:
-                body = json.dumps(self.build_payload(request)).encode("utf-8")
-            except (ContainmentError, OSError) as e:  # an image changed after validation: this case only
-                self._done.put((request, _failed(f"image not sent: {e}")))
-                continue
-            self._loop.start(self._answer(request, body))
+            self._loop.start(self._answer(request))
 
     def completed(self) -> list[Completion]:
         if self._outstanding < 1:
@@ -370,12 +417,18 @@ class OpenAIBackend(BackendBase):
 
     def release(self, key_ids: Sequence[str]) -> None:
         self.ledger.release(key_ids)
-        prefixes = tuple(f"chexpercept/{k}/" for k in key_ids)
-        self._data_urls = {p: u for p, u in self._data_urls.items() if not p.startswith(prefixes)}
+        self.images.release(f"chexpercept/{k}/" for k in key_ids)
 
-    async def _answer(self, request: Request, body: bytes) -> None:
+    async def _answer(self, request: Request) -> None:
+        answer: Response | BaseException
         try:
-            answer: Response | BaseException = await self._one(request, body)
+            loop = asyncio.get_running_loop()
+            try:
+                body = await loop.run_in_executor(self._builders, self.build_body, request)
+            except (ContainmentError, OSError) as e:  # an image changed after validation: this case only
+                answer = _failed(f"image not sent: {e}")
+            else:
+                answer = await self._one(request, body)
         except BackendError as e:
             answer = e
         except Exception as e:  # a bug here must end the run with its cause, not hang it
@@ -580,7 +633,10 @@ class OpenAIBackend(BackendBase):
         loop, self._loop = self._loop, None
         if loop is not None:
             loop.stop()
-        self._data_urls.clear()
+        builders, self._builders = self._builders, None
+        if builders is not None:
+            builders.shutdown(wait=False, cancel_futures=True)
+        self.images.close()
 
 
 def _failed(message: str) -> Response:

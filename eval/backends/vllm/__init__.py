@@ -1,2 +1,2 @@
-"""The vllm backend (``backend``) and what only it uses: images decoded once per live
-conversation (``decoded_images``)."""
+"""The vllm backend (``backend``) and what only it uses: requests rendered off the engine's thread
+(``render_thread``)."""

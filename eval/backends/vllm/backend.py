@@ -34,16 +34,19 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from chexpercept.containment import image_file
-from chexpercept.eval.backends.occupancy import WorkLedger, ratio, schedule_record
+from chexpercept.eval.backends.occupancy import IdleClock, WorkLedger, ratio, schedule_record
 from chexpercept.eval.backends.options import BackendOptions, at_least, json_object, option, positive
+from chexpercept.eval.backends.prefetch import ImagePrefetch
 from chexpercept.eval.backends.replies import MarkerDecoder
-from chexpercept.eval.backends.vllm.decoded_images import DecodedImages
 from chexpercept.eval.backends.vllm.limits import engine_image_limit, engine_max_model_len
+from chexpercept.eval.backends.vllm.render_thread import RenderThread
 from chexpercept.eval.protocol import (
     BackendBase,
     BackendError,
@@ -291,10 +294,26 @@ class VLLMBackend(BackendBase):
         #: give each image a stable id (vLLM's multimodal uuids); off only to measure what it saves
         self.image_ids = image_ids
         self._uuids: dict[str, str] = {}
-        #: images decoded once per live conversation with vLLM's own loader (None: file URLs only)
-        self.decoded: DecodedImages | None = None
+        #: images decoded ahead of need with vLLM's own loader, each until its first render
+        #: (eval/backends/prefetch.py; None: images go as file URLs)
+        self.images: ImagePrefetch[Any] | None = None
+        #: send an image the engine already holds by its id alone (vLLM's multimodal processor
+        #: cache); on where the engine has that cache and image ids are on
+        self.ids_only = False
+        #: images whose pixels went to the engine (later turns send their id alone)
+        self._sent: set[str] = set()
+        self._lock = threading.Lock()
+        #: requests rendered again with every image's pixels (the engine's cache had let one go)
+        self.resent = 0
+        self._resend: set[str] = set()
+        #: renders requests off the engine's thread (eval/backends/vllm/render_thread.py)
+        self.renderer: RenderThread | None = None
+        self.render_seconds = 0.0
+        self.rendered = 0
         #: request id (vLLM's) -> the request, for requests in the engine
         self._in_flight: dict[str, Request] = {}
+        #: vLLM's ids of the requests in the engine that sent an image by its id alone
+        self._by_id: set[str] = set()
         #: answers ready before the next step (requests the engine refused)
         self._ready: list[Completion] = []
         #: requests handed over, for a vLLM without enqueue_chat (answered a batch at a time)
@@ -305,6 +324,8 @@ class VLLMBackend(BackendBase):
         #: scheduler iterations (engine steps) and the tokens generated per conversation
         self.iterations = 0
         self.ledger = WorkLedger()
+        #: seconds the engine held no request between the first request and the last answer
+        self.idle = IdleClock()
 
     @property
     def trust_remote_code(self) -> bool:
@@ -461,7 +482,21 @@ class VLLMBackend(BackendBase):
         self.continuous = callable(getattr(self.llm, "enqueue_chat", None))
         load = _image_loader(self.llm) if self.image_ids else None
         if load is not None:
-            self.decoded = DecodedImages(lambda relative: load(self.image_url(relative)), image_budget())
+
+            def decode(relative: str) -> Any:
+                self.image_uuid(relative)
+                return load(self.image_url(relative))
+
+            self.images = ImagePrefetch(
+                decode,
+                decoded_bytes,
+                budget=image_budget(),
+                workers=image_workers(),
+                name="chexpercept-decode",
+            )
+        self.ids_only = self.image_ids and _has_processor_cache(self.llm)
+        if self.continuous and _can_split(self.llm):
+            self.renderer = RenderThread(self._render, ahead=RENDER_AHEAD)
         config = getattr(
             getattr(getattr(self.llm, "llm_engine", None), "vllm_config", None), "scheduler_config", None
         )
@@ -472,7 +507,7 @@ class VLLMBackend(BackendBase):
         return image_file(self.root, relative).as_uri()
 
     def image_uuid(self, relative: str) -> str:
-        """A stable id for an image: the SHA-256 of the file (computed once per run)."""
+        """A stable id for an image: the SHA-256 of the file (computed once per live conversation)."""
         uuid = self._uuids.get(relative)
         if uuid is None:
             digest = hashlib.sha256()
@@ -483,22 +518,45 @@ class VLLMBackend(BackendBase):
         return uuid
 
     def build_messages(self, request: Request) -> list[dict[str, Any]]:
-        """OpenAI-style messages with images as file:// URLs inside the bundle; where ``image_ids``
-        is on each image part carries the image's stable id (``uuid``), and an image decoded while
-        its conversation is live goes as that decoded image (``image_pil``: vLLM's own loader, the
-        pixels the URL gives) instead of being read and decoded again on every turn."""
-        messages = request.openai_messages(self.image_url)
+        """The request as ``LLM.chat`` takes it (OpenAI-style messages, Request.openai_messages):
+        each image part with the image's stable id (``uuid``), and the image as its decoded pixels
+        (``image_pil``: vLLM's own loader, the pixels the file's URL gives, decoded ahead of need),
+        or by its id alone when the engine already holds it (``ids_only``), or as a file:// URL
+        inside the bundle (image ids off, or a vLLM without a loader to reach)."""
+        return self._messages(request, resend=False)[0]
+
+    def _messages(self, request: Request, *, resend: bool) -> tuple[list[dict[str, Any]], list[str], bool]:
+        """(messages, the images whose pixels they carry, whether an image goes by its id alone);
+        ``resend``: every image with its pixels."""
         if not self.image_ids:
-            return messages
-        for message, source in zip(messages, request.messages):
-            parts = [p for p in message["content"] if isinstance(p, dict) and p.get("type") == "image_url"]
-            for part, relative in zip(parts, source.images):
-                part["uuid"] = self.image_uuid(relative)
-                image = self.decoded.get(relative) if self.decoded is not None else None
-                if image is not None:
-                    del part["image_url"]
-                    part.update(type="image_pil", image_pil=image)
-        return messages
+            return request.openai_messages(self.image_url), [], False
+        carried: list[str] = []
+        by_id = False
+        with self._lock:
+            sent = set() if resend or not self.ids_only else self._sent & set(request.images)
+
+        def part(relative: str) -> dict[str, Any]:
+            nonlocal by_id
+            # decoding also hashed the file (the pool's workers do both ahead of need)
+            image = None if relative in sent or self.images is None else self.images.get(relative)
+            uuid = self.image_uuid(relative)
+            if relative in sent:
+                by_id = True
+                return {"type": "image_pil", "image_pil": None, "uuid": uuid}
+            carried.append(relative)
+            if self.images is None:
+                return {"type": "image_url", "image_url": {"url": self.image_url(relative)}, "uuid": uuid}
+            return {"type": "image_pil", "image_pil": image, "uuid": uuid}
+
+        messages = []
+        for message in request.openai_messages(lambda relative: relative):
+            content = message["content"]
+            if isinstance(content, list):
+                content = [
+                    part(p["image_url"]["url"]) if p.get("type") == "image_url" else p for p in content
+                ]
+            messages.append({**message, "content": content})
+        return messages, carried, by_id
 
     def _chat_kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"use_tqdm": False}
@@ -510,49 +568,121 @@ class VLLMBackend(BackendBase):
         """The sampling parameters of one request (the run's; bench/ varies answer lengths here)."""
         return self.params
 
+    def prefetch(self, images: Sequence[str]) -> None:
+        """Decode these images ahead (the next turns carry them), as the budget allows."""
+        if self.images is not None:
+            with self._lock:
+                wanted = [i for i in images if i not in self._sent]
+            self.images.want(wanted, hint=True)
+
     # ------------------------------------------------------------------ requests
     def submit(self, requests: Sequence[Request]) -> None:
-        """Every request rendered as ``LLM.chat`` renders it, then added to the running engine.
-        Requests handed over together are all rendered first and then added one after the other, so
-        that the engine takes them up together (rendering one takes longer than an iteration of a
-        small model: added as each is rendered, they would start one by one)."""
+        """Every request goes to the render thread (rendered as ``LLM.chat`` renders it) and joins
+        the running engine as soon as it is rendered (``completed`` adds it); its new images start
+        decoding at once. A vLLM whose rendering cannot be split from adding (no
+        ``_preprocess_chat_one``) gets each request here, rendered and added by ``enqueue_chat``."""
         if not self.continuous:
             self._pending.extend(requests)
             return
-        rendered = []
-        for request in requests:
+        ordered = sorted(requests, key=lambda r: -r.turns_after)  # the order the render thread takes
+        if self.images is not None:
+            with self._lock:
+                wanted = [i for r in ordered for i in r.images if i not in self._sent]
+            self.images.want(wanted)
+        if self.renderer is not None:
+            self.renderer.put(requests)
+            return
+        rendered: list[tuple[Request, Any]] = []
+        for request in ordered:
             try:
                 rendered.append((request, self._render(request)))
-            except self._fatal as e:
-                raise engine_error(e) from e
-            except Exception as e:  # the engine refused this request (too long, an image it cannot read)
-                self._ready.append((request, Response("", {}, error=refusal(e))))
-        for request, add in rendered:
+            except BaseException as e:
+                rendered.append((request, e))
+        self._add(rendered)
+
+    def _render(self, request: Request) -> tuple[Callable[[], str], bool]:
+        """Render ``request`` (on the render thread); returns what adds it to the engine and whether
+        an image went by its id alone. An image the engine's cache no longer holds makes vLLM refuse
+        the render: it is rendered again with every image's pixels."""
+        started = time.perf_counter()
+        resend = request.request_id in self._resend
+        try:
             try:
-                request_id = add()
+                return self._render_once(request, resend=resend)
+            except self._fatal:
+                raise
+            except Exception:
+                if resend or not self.ids_only:
+                    raise
+                self.resent += 1
+                return self._render_once(request, resend=True)
+        finally:
+            self.rendered += 1
+            self.render_seconds += time.perf_counter() - started
+
+    def _render_once(self, request: Request, *, resend: bool) -> tuple[Callable[[], str], bool]:
+        """One render: ``LLM.enqueue_chat`` does it and adds at once; its two halves (vLLM's
+        ``_preprocess_chat_one`` and ``_add_request``, the very calls it makes) are used where this
+        vLLM has them, the first here, the second on the engine's thread."""
+        messages, carried, by_id = self._messages(request, resend=resend)
+        params = self.params_for(request)
+        kwargs = self._chat_kwargs()
+        llm = self.llm
+        preprocess, add = getattr(llm, "_preprocess_chat_one", None), getattr(llm, "_add_request", None)
+        template_kwargs = kwargs.get("chat_template_kwargs") or {}
+        if template_kwargs.get("enable_thinking"):
+            # what enqueue_chat does for a thinking model (Gemma 4 keeps its marker tokens)
+            adjust = getattr(llm, "_adjust_params_for_parsing", None)
+            if not callable(adjust):
+                preprocess = None
+            else:
+                adjust([params])
+        if not (callable(preprocess) and callable(add)):
+            self._note_sent(carried)
+            return (lambda: llm.enqueue_chat([messages], params, **kwargs)[0]), by_id
+        prompt = preprocess(messages, chat_template_kwargs=kwargs.get("chat_template_kwargs"))
+        self._note_sent(carried)
+        resolve = getattr(llm, "_resolve_mm_lora", None)
+        lora = resolve(prompt, None) if callable(resolve) else None
+        return (lambda: add(prompt, params, lora_request=lora, priority=0)), by_id
+
+    def _note_sent(self, carried: Sequence[str]) -> None:
+        """These images' pixels went to the engine: later turns send their ids alone."""
+        if carried and self.ids_only:
+            with self._lock:
+                self._sent.update(carried)
+
+    def _add_rendered(self, *, wait: bool) -> None:
+        """Add every request the render thread has rendered to the engine; with ``wait``, wait for
+        at least one."""
+        if self.renderer is not None:
+            self._add(self.renderer.take(wait=wait))
+
+    def _add(self, rendered: Sequence[tuple[Request, Any]]) -> None:
+        """Add rendered requests to the engine (on the engine's thread), in order; one the engine
+        refuses (or that could not be rendered) fails alone."""
+        for request, rendered_as in rendered:
+            if isinstance(rendered_as, self._fatal):
+                raise engine_error(rendered_as) from rendered_as
+            if isinstance(rendered_as, BaseException):
+                if not isinstance(rendered_as, Exception):
+                    raise rendered_as
+                # the engine refused this request (too long, an image it cannot read)
+                self._ready.append((request, Response("", {}, error=refusal(rendered_as))))
+                continue
+            add, by_id = rendered_as
+            try:
+                request_id = _external(add())
             except self._fatal as e:
                 raise engine_error(e) from e
             except Exception as e:
                 self._ready.append((request, Response("", {}, error=refusal(e))))
                 continue
-            self._in_flight[_external(request_id)] = request
+            self._in_flight[request_id] = request
+            if by_id:
+                self._by_id.add(request_id)
+        self.idle.update(len(self._in_flight))
         self.ledger.in_flight(self._running())
-
-    def _render(self, request: Request) -> Callable[[], str]:
-        """Render ``request`` now; returns what adds it to the engine. ``LLM.enqueue_chat`` does both
-        at once; its two halves (vLLM's ``_preprocess_chat_one`` and ``_add_request``, the very calls
-        it makes) are used where this vLLM has them."""
-        messages, params = self.build_messages(request), self.params_for(request)
-        kwargs = self._chat_kwargs()
-        llm = self.llm
-        preprocess, add = getattr(llm, "_preprocess_chat_one", None), getattr(llm, "_add_request", None)
-        needs_parsing = bool(kwargs.get("chat_template_kwargs", {}).get("enable_thinking"))
-        if not (callable(preprocess) and callable(add)) or needs_parsing:
-            return lambda: llm.enqueue_chat([messages], params, **kwargs)[0]
-        prompt = preprocess(messages, chat_template_kwargs=kwargs.get("chat_template_kwargs"))
-        resolve = getattr(llm, "_resolve_mm_lora", None)
-        lora = resolve(prompt, None) if callable(resolve) else None
-        return lambda: add(prompt, params, lora_request=lora, priority=0)
 
     def _running(self) -> int:
         n = len(self._in_flight)
@@ -562,40 +692,64 @@ class VLLMBackend(BackendBase):
         if not self.continuous:
             batch, self._pending = self._pending, []
             return list(zip(batch, self.generate(batch)))
-        ready, self._ready = self._ready, []
         engine = self.llm.llm_engine
-        while not ready:
-            if not self._in_flight:
+        while True:
+            self._add_rendered(wait=False)
+            if self._ready:
+                ready, self._ready = self._ready, []
+                return ready
+            if self._in_flight:
+                if not engine.has_unfinished_requests():  # stepping an idle engine would wait forever
+                    lost = ", ".join(r.request_id for r in list(self._in_flight.values())[:3])
+                    raise BackendError(
+                        f"vLLM holds no request but {len(self._in_flight)} answer(s) never came (e.g. {lost})"
+                    )
+                try:
+                    outputs = engine.step()
+                except self._fatal as e:
+                    raise engine_error(e) from e
+                self.iterations += 1
+                self._finished(outputs)
+            elif self.renderer is not None and self.renderer.pending:
+                self._add_rendered(wait=True)
+            else:
                 raise BackendError("vllm backend: completed() called with no request in flight")
-            if not engine.has_unfinished_requests():  # stepping an idle engine would wait forever
-                lost = ", ".join(r.request_id for r in list(self._in_flight.values())[:3])
-                raise BackendError(
-                    f"vLLM holds no request but {len(self._in_flight)} answer(s) never came (e.g. {lost})"
-                )
-            try:
-                outputs = engine.step()
-            except self._fatal as e:
-                raise engine_error(e) from e
-            self.iterations += 1
-            self.ledger.in_flight(self._running())
-            for out in outputs:
-                if not getattr(out, "finished", True):
-                    continue
-                request = self._in_flight.pop(_external(out.request_id), None)
-                if request is not None:
-                    ready.append((request, self._response(request, out)))
-        return ready
+
+    def _finished(self, outputs: Sequence[Any]) -> None:
+        """The finished requests of one step: answers, or (an image the engine's cache had let go,
+        sent by its id alone) the request again, rendered with every image's pixels."""
+        self.ledger.in_flight(self._running())
+        for out in outputs:
+            if not getattr(out, "finished", True):
+                continue
+            request_id = _external(out.request_id)
+            request = self._in_flight.pop(request_id, None)
+            by_id = request_id in self._by_id
+            self._by_id.discard(request_id)
+            if request is None:
+                continue
+            if by_id and _errored(out) and request.request_id not in self._resend:
+                self._resend.add(request.request_id)
+                self.resent += 1
+                self.submit([request])
+                continue
+            self._resend.discard(request.request_id)
+            self._ready.append((request, self._response(request, out)))
+        self.idle.update(len(self._in_flight))
 
     def release(self, key_ids: Sequence[str]) -> None:
         self.ledger.release(key_ids)
         prefixes = tuple(f"chexpercept/{k}/" for k in key_ids)
-        self._uuids = {p: u for p, u in self._uuids.items() if not p.startswith(prefixes)}
-        if self.decoded is not None:
-            self.decoded.release(prefixes)
+        with self._lock:
+            self._uuids = {p: u for p, u in self._uuids.items() if not p.startswith(prefixes)}
+            self._sent = {p for p in self._sent if not p.startswith(prefixes)}
+        if self.images is not None:
+            self.images.release(prefixes)
 
     def generate(self, requests: Sequence[Request]) -> list[Response]:
-        """One ``LLM.chat`` call for a batch (vLLM without ``enqueue_chat``; checks and benchmarks)."""
-        conversations = [self.build_messages(r) for r in requests]
+        """One ``LLM.chat`` call for a batch (vLLM without ``enqueue_chat``; checks and benchmarks):
+        every image with its pixels."""
+        conversations = [self._messages(r, resend=True)[0] for r in requests]
         try:
             outputs = self.llm.chat(conversations, sampling_params=self.params, **self._chat_kwargs())
         except self._fatal as e:
@@ -631,11 +785,13 @@ class VLLMBackend(BackendBase):
 
     def new_session(self) -> None:
         """Counts start again (a command running several oracle settings records each one's)."""
-        self.iterations, self.ledger = 0, WorkLedger()
+        self.iterations, self.ledger, self.idle = 0, WorkLedger(), IdleClock()
         self._prompt_tokens = self._cached_tokens = 0
+        self.rendered, self.render_seconds, self.resent = 0, 0.0, 0
 
     def schedule(self) -> dict[str, Any]:
-        """run.json's ``schedule``: iterations against the floor for the tokens generated."""
+        """run.json's ``schedule``: iterations against the floor for the tokens generated, the
+        seconds the engine held no request, and the work done off the engine's thread."""
         ledger = self.ledger
         floor = ledger.floor()
         return schedule_record(
@@ -647,8 +803,14 @@ class VLLMBackend(BackendBase):
             max_num_seqs=self.max_num_seqs,
             floor_iterations=math.ceil(floor),
             iterations_over_floor=ratio(self.iterations, floor) if self.continuous else None,
+            engine_span_seconds=self.idle.span,
+            engine_idle_seconds=self.idle.idle,
+            rendered=self.rendered,
+            render_seconds=self.render_seconds,
             image_ids=self.image_ids,
-            decoded_images=self.decoded.record() if self.decoded is not None else None,
+            images_by_id_alone=self.ids_only,
+            resent_with_pixels=self.resent,
+            decoded_images=self.images.record() if self.images is not None else None,
         )
 
     def describe(self) -> dict[str, Any]:
@@ -669,6 +831,11 @@ class VLLMBackend(BackendBase):
         }
 
     def close(self) -> None:
+        renderer, self.renderer = self.renderer, None
+        if renderer is not None:
+            renderer.close()
+        if self.images is not None:
+            self.images.close()
         llm, self.llm = self.llm, None
         self._in_flight.clear()
         engine = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
@@ -677,14 +844,58 @@ class VLLMBackend(BackendBase):
             shutdown()
 
 
-#: decoded images a backend keeps at most: this share of the memory available at start-up, at most
-#: IMAGE_BUDGET_MAX (a 1024x1024 X-ray is 3 MiB decoded)
-IMAGE_BUDGET_SHARE = 0.125
-IMAGE_BUDGET_MAX = 4 << 30
+#: decoded images waiting for their first render, at most: this share of the memory available at
+#: start-up, at most IMAGE_BUDGET_MAX (a 1024x1024 X-ray is 3 MiB decoded, 3.8 MiB with its file's
+#: bytes, which vLLM's loader keeps beside the pixels). Each image is held only from its decoding to
+#: its first render: later turns send its id alone
+IMAGE_BUDGET_SHARE = 1 / 32
+IMAGE_BUDGET_MAX = 64 << 20
+#: rendered requests waiting to be added to the engine, at most (each may hold processed pixels)
+RENDER_AHEAD = 16
 
 
 def image_budget() -> int:
+    """Bytes of decoded images held ahead of need."""
     return int(min(_available_memory() * IMAGE_BUDGET_SHARE, IMAGE_BUDGET_MAX))
+
+
+def image_workers() -> int:
+    """Threads that decode images: a quarter of this process's cores, 1 to 4."""
+    return max(1, min(4, len(allowed_cpus()) // 4))
+
+
+def decoded_bytes(image: Any) -> int:
+    """Memory of an image as vLLM's loader returns it: width x height x bands, and the file's bytes
+    it keeps beside them."""
+    width, height = image.size
+    return width * height * len(image.getbands()) + len(getattr(image, "original_bytes", b"") or b"")
+
+
+def _has_processor_cache(llm: Any) -> bool:
+    """Whether this engine caches processed images by id (vLLM's multimodal processor cache), so
+    that an image it has seen can be sent by its id alone (``{"type": "image_pil", "image_pil":
+    None, "uuid": ...}``; vLLM renders such a part from its cache, and refuses the render when the
+    cache let it go)."""
+    try:
+        multimodal = llm.llm_engine.model_config.multimodal_config
+        return float(multimodal.mm_processor_cache_gb) > 0
+    except (AttributeError, TypeError, ValueError):
+        return False
+
+
+def _can_split(llm: Any) -> bool:
+    """Whether this vLLM renders a chat request apart from adding it (``LLM._preprocess_chat_one``
+    and ``LLM._add_request``, the two halves of ``enqueue_chat``): then requests are rendered on a
+    thread of their own."""
+    return callable(getattr(llm, "_preprocess_chat_one", None)) and callable(
+        getattr(llm, "_add_request", None)
+    )
+
+
+def _errored(out: Any) -> bool:
+    """A finished request that the engine ended with an error (no answer)."""
+    outputs = getattr(out, "outputs", None)
+    return not outputs or str(getattr(outputs[0], "finish_reason", None)) == "error"
 
 
 def _image_loader(llm: Any) -> Callable[[str], Any] | None:
