@@ -167,6 +167,7 @@ def test_score_details_sets_the_estimate_beside_the_reported_usage(tmp_path, cap
     )
     with FakeServer(usage=RealisticUsage(reasoning=100)) as server:
         argv = ["--data-dir", str(root), "--model", "gpt-5.4", "--base-url", server.url, "--paths", "RF"]
+        argv += ["--oracle", "implicit"]  # the setting this bound was measured on (see below for none)
         rc = run_main([*argv, "--output-dir", str(tmp_path / "runs"), "--no-progress", "--no-score"])
     assert rc == 0
     capsys.readouterr()
