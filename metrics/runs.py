@@ -147,11 +147,7 @@ def read_chexpercept_run(
     records = [r for _n, r in numbered]
     if has_meta and meta.settings:  # records appended by another run would change the scores
         identity = run_identity(meta.settings)
-        if check_identity(folder / RESULTS_NAME, ((n, r.key_id, r.run) for n, r in numbered), identity):
-            notes.append(
-                f"{folder / RESULTS_NAME}: written before records carried their run's identity (an older "
-                "version): the records cannot be checked against the settings in run.json"
-            )
+        check_identity(folder / RESULTS_NAME, ((n, r.key_id, r.run) for n, r in numbered), identity)
         failures = read_failures(folder / FAILURES_NAME)
         check_identity(
             folder / FAILURES_NAME, ((i + 1, f.key_id, f.run) for i, f in enumerate(failures)), identity

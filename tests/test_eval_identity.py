@@ -153,3 +153,75 @@ def test_each_session_is_recorded(fixture_bundle, tmp_path):
     assert _run(fixture_bundle, tmp_path, "baseline:random", "--batch-size", "5") == 0
     info = json.loads((tmp_path / "baseline-random" / "oracle_implicit" / "run.json").read_text())
     assert [s["batch_size"] for s in info["sessions"]] == [2, 5]
+
+
+def _edit_first_line(results, **fields):
+    lines = results.read_text().splitlines()
+    record = json.loads(lines[0])
+    for name, value in fields.items():
+        if value is _DROP:
+            record.pop(name)
+        else:
+            record[name] = value
+    results.write_text("\n".join([json.dumps(record), *lines[1:]]) + "\n")
+
+
+_DROP = object()
+
+
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        ({"run": "garbage"}, "field run: expected"),
+        ({"usage": ["not", "an", "object"]}, "field usage: expected"),
+        ({"turns": [{"task": "detection"}]}, "field turns[0].stage: missing"),
+    ],
+)
+def test_a_bad_field_of_a_results_line_is_named_by_run_and_score(
+    fixture_bundle, tmp_path, capsys, fields, named
+):
+    """Every field of a results line is read by one typed reader (chexpercept.results.read_typed):
+    a hand-edited value gives one line naming the file, the line and the field, in run and score."""
+    from chexpercept.metrics import score_path
+
+    assert _run(fixture_bundle, tmp_path, "baseline:constant:1", "--limit", "2") == 0
+    results = tmp_path / "baseline-constant-1" / "oracle_implicit" / "results.jsonl"
+    _edit_first_line(results, **fields)
+    capsys.readouterr()
+    assert _run(fixture_bundle, tmp_path, "baseline:constant:1", "--limit", "3") == 2
+    err = capsys.readouterr().err
+    assert f"{results}:1: field" in err and named in err and "Traceback" not in err, err
+    with pytest.raises(ValueError, match=r"results\.jsonl:1: field") as caught:
+        score_path(tmp_path / "baseline-constant-1")
+    assert named in str(caught.value)
+
+
+def test_lines_without_identity_beside_a_run_json_with_settings_are_not_scored(fixture_bundle, tmp_path):
+    """run.json records settings (so its version stamps every line): lines lacking ``run``, even every
+    line of the file, cannot be checked and are not scored (only a run.json without settings, an
+    older version's, is read unchecked)."""
+    from chexpercept.metrics import score_path
+
+    assert _run(fixture_bundle, tmp_path, "baseline:constant:1", "--limit", "2") == 0
+    results = tmp_path / "baseline-constant-1" / "oracle_implicit" / "results.jsonl"
+    records = [json.loads(line) for line in results.read_text().splitlines()]
+    for record in records:
+        record.pop("run")
+    results.write_text("".join(json.dumps(r) + "\n" for r in records))
+    with pytest.raises(ValueError, match="line 1 .* and 1 more carries no run identity"):
+        score_path(tmp_path / "baseline-constant-1")
+
+
+def test_a_folder_of_an_older_version_is_refused_as_such(fixture_bundle, tmp_path, capsys):
+    """run.json without settings: said to be an older version's without a recorded identity, not a
+    list of ``None -> ...`` differences."""
+    assert _run(fixture_bundle, tmp_path, "baseline:constant:1", "--limit", "2") == 0
+    run_json = tmp_path / "baseline-constant-1" / "oracle_implicit" / "run.json"
+    info = json.loads(run_json.read_text())
+    info.pop("settings")
+    run_json.write_text(json.dumps(info))
+    capsys.readouterr()
+    assert _run(fixture_bundle, tmp_path, "baseline:constant:1", "--limit", "2") == 2
+    err = capsys.readouterr().err
+    assert "older version of the toolkit" in err and "did not record a run identity" in err, err
+    assert "None ->" not in err

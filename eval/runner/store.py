@@ -43,9 +43,11 @@ from chexpercept.results import (
     CaseFailure,
     CaseResult,
     ForeignRecordError,
+    RecordFieldError,
     check_identity,
     check_record_key,
     complete_lines,
+    read_typed,
 )
 
 QUARANTINE_NAME = "quarantine.jsonl"
@@ -219,10 +221,12 @@ def read_records(
         return out
     for n, line in complete_lines(path):  # a torn last line is left out (repair_tail removes it)
         try:
-            record = loads(line, source=f"{path}:{n}")
+            record = read_typed(CaseResult, loads(line, source=f"{path}:{n}"), f"{path}:{n}")
             key = check_record_key(record)
         except JsonInputError as e:
             raise StoreError(f"{path}:{n}: not a CheXpercept case result ({e.reason})") from None
+        except RecordFieldError as e:
+            raise StoreError(f"not a CheXpercept case result: {e}") from None
         except (ValueError, KeyError, TypeError) as e:
             raise StoreError(f"{path}:{n}: not a CheXpercept case result ({e})") from e
         if key in out:
@@ -305,6 +309,19 @@ class RunStore:
                     "those results are unknown; move the folder away or choose another --output-dir"
                 )
             return None
+        if not previous.get("settings"):
+            version = (
+                (previous.get("versions") or {}).get("chexpercept") if isinstance(previous, dict) else None
+            )
+            made = f" (chexpercept {version})" if version else ""
+            raise StoreError(
+                f"{self.path} holds a run made by an older version of the toolkit{made} that did not "
+                f"record a run identity in {self.run_json} (the settings that can change an answer), so "
+                "this run cannot check that its answers were made as this command would make them and "
+                "does not continue it. Its results can still be scored as they are (chexpercept score). "
+                "To run this command, use another --output-dir or --run-name, or move the folder away to "
+                "start over."
+            )
         diffs = settings_diff(previous.get("settings") or {}, settings)
         if diffs:
             raise StoreError(
