@@ -85,6 +85,25 @@ def check_identity(
         )
 
 
+def served_models(turn_usages: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    """Turns per served model (``usage.served_model``: the model a server said answered a turn,
+    where it says one) over the usages of records' turns; empty when no turn names one."""
+    out: dict[str, int] = {}
+    for usage in turn_usages:
+        served = usage.get("served_model") if isinstance(usage, Mapping) else None
+        if isinstance(served, str) and served:
+            out[served] = out.get(served, 0) + 1
+    return dict(sorted(out.items()))
+
+
+def record_usages(records: Iterable[Mapping[str, Any]]) -> Iterator[Mapping[str, Any]]:
+    """The usage of every turn of results records read as dicts (``read_records``)."""
+    for record in records:
+        for turn in record.get("turns") or ():
+            if isinstance(turn, Mapping):
+                yield turn.get("usage") or {}
+
+
 class RecordFieldError(ValueError):
     """A field of a results or failures line holds a value of the wrong type (or is missing, or
     unknown): the message names the file, the line and the field."""

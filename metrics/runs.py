@@ -30,6 +30,7 @@ from chexpercept.results import (
     iter_numbered_results,
     read_failures,
     run_identity,
+    served_models,
 )
 from chexpercept.run_metadata import RunMetadata
 
@@ -191,6 +192,13 @@ def read_chexpercept_run(
             f"{folder / RESULTS_NAME}: {len(errored)} turns hold a failed request recorded as unanswered "
             f"(written by an older version of the runner), scored as wrong answers, e.g. "
             f"{errored[0][0]} ({errored[0][1]}); rerun those cases for a model's answer"
+        )
+    served = served_models(t.usage for r in records for t in r.turns)
+    if len(served) > 1:
+        listed = ", ".join(f"{terminal(m)} ({n} turns)" for m, n in served.items())
+        notes.append(
+            f"{folder / RESULTS_NAME}: the answers come from {len(served)} served models ({listed}): the "
+            "server resolved the model asked for to different snapshots, so these numbers mix models"
         )
     for key in ("model", "parse_mode", "bundle"):
         if has_meta and getattr(meta, key) is None:

@@ -225,3 +225,94 @@ def test_a_folder_of_an_older_version_is_refused_as_such(fixture_bundle, tmp_pat
     err = capsys.readouterr().err
     assert "older version of the toolkit" in err and "did not record a run identity" in err, err
     assert "None ->" not in err
+
+
+def test_an_image_changed_in_place_is_refused(fixture_bundle, tmp_path, capsys):
+    """One image of the bundle inverted in place between two sessions: the images are part of the
+    identity (Bundle.images_fingerprint), so the resume is refused before anything runs."""
+    bundle = tmp_path / "bundle"
+    shutil.copytree(fixture_bundle, bundle)
+    assert _run(bundle, tmp_path / "runs", "baseline:constant:1", "--limit", "2") == 0
+    from PIL import Image, ImageOps
+
+    from chexpercept.bundle import read_bundle
+
+    image = bundle / read_bundle(bundle, check_images="none").cases[0].cxr_image
+    with Image.open(image) as im:
+        inverted = ImageOps.invert(im.convert("L"))
+    inverted.save(image)
+    assert _run(bundle, tmp_path / "runs", "baseline:constant:1", "--limit", "3") == 2
+    _refused(capsys, "bundle_images: 'sha256:")
+
+
+def test_a_model_file_changed_anywhere_changes_the_fingerprint(tiny_model, tmp_path):
+    """The whole file counts (a weight file changed in its middle), and every file of the folder but
+    README, LICENSE and dot-files (tokenizer.model.v3, chat_template.j2); unchanged files are not
+    read again (the digest cache), and a Hub blob's digest is its name."""
+    from chexpercept.eval.runner.identity import folder_fingerprint
+    from chexpercept.file_digest import DigestCache
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model, model)
+    cache = DigestCache(tmp_path / "cache")
+    before = folder_fingerprint(model, cache)
+    assert cache.hashed_bytes > 0
+    cache.hashed_bytes = 0
+    assert folder_fingerprint(model, cache) == before and cache.hashed_bytes == 0  # known by stat
+
+    weights = model / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # the middle of the file: neither its first nor its last MiB
+    weights.write_bytes(bytes(data))
+    seen = {before, folder_fingerprint(model, cache)}
+    for name in ("tokenizer.model.v3", "chat_template.j2", "processor/preprocessor_config.json"):
+        (model / name).parent.mkdir(exist_ok=True)
+        (model / name).write_text("x")
+        seen.add(folder_fingerprint(model, cache))
+    assert len(seen) == 5
+    (model / "README.md").write_text("changed card")
+    (model / ".git").mkdir()
+    (model / ".git" / "HEAD").write_text("ref")
+    assert folder_fingerprint(model, cache) in seen  # not the model
+
+    blobs = tmp_path / "hub" / "blobs"
+    blobs.mkdir(parents=True)
+    digest = "ab" * 32
+    (blobs / digest).write_bytes(b"weights")
+    (tmp_path / "hub" / "model.safetensors").symlink_to(blobs / digest)
+    cache.hashed_bytes = 0
+    assert cache.digest(tmp_path / "hub" / "model.safetensors") == digest and cache.hashed_bytes == 0
+
+
+def test_an_alias_served_by_another_snapshot_stops_the_resume(fixture_bundle, tmp_path, capsys):
+    """Session 1 answered as gpt-5.4-2025-08-06; session 2's server (at another --base-url) answers
+    the same alias as gpt-5.4-2025-11-20: the resume says the URL changed, stops at the first answer
+    with the served-model diff (nothing appended), and run.json counts every session's served models;
+    a folder that mixes them anyway (edited by hand) is scored with a note."""
+    from chexpercept.metrics.runs import read_chexpercept_run
+
+    folder = tmp_path / "gpt-5.4" / "oracle_implicit"
+    with FakeServer() as first:
+        first.served = "gpt-5.4-2025-08-06"
+        assert _run(fixture_bundle, tmp_path, "gpt-5.4", "--backend", "openai", "--base-url", first.url,
+                    "--limit", "2") == 0  # fmt: skip
+        first_url = first.url
+    info = json.loads((folder / "run.json").read_text())
+    assert set(info["backend_settings"]["served_models"]) == {"gpt-5.4-2025-08-06"}
+    kept = (folder / "results.jsonl").read_text()
+    capsys.readouterr()
+    with FakeServer() as second:
+        second.served = "gpt-5.4-2025-11-20"
+        assert _run(fixture_bundle, tmp_path, "gpt-5.4", "--backend", "openai", "--base-url", second.url,
+                    "--limit", "3") == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert f"base_url: '{first_url}' -> '{second.url}'" in err, err
+    assert "served_model: 'gpt-5.4-2025-08-06' -> 'gpt-5.4-2025-11-20'" in err, err
+    assert (folder / "results.jsonl").read_text() == kept
+
+    records = [json.loads(line) for line in kept.splitlines()]
+    for turn in records[0]["turns"]:
+        turn["usage"]["served_model"] = "gpt-5.4-2025-11-20"
+    (folder / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    notes = read_chexpercept_run(folder).notes
+    assert any("2 served models" in n and "gpt-5.4-2025-11-20" in n for n in notes), notes

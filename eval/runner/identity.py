@@ -18,11 +18,12 @@ nondeterministic anyway; run.json keeps each session's values in ``sessions``.
 
 from __future__ import annotations
 
-import hashlib
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path as FsPath
 from typing import Any
+
+from chexpercept.file_digest import DigestCache, files_digest
 
 #: the toolkit's prompt version: raise it whenever a request the runner sends changes (the system
 #: message, a question template, an oracle text, the order of turns or images). The request snapshot
@@ -30,37 +31,35 @@ from typing import Any
 #: it did not.
 PROMPT_VERSION = 1
 
-#: small files of a model folder that decide how a prompt is built and decoded (hashed whole)
-_SMALL_FILES = (".json", ".jinja", ".txt", ".model", ".py", ".tiktoken", ".yaml")
-#: weight files (hashed by size, header and the first and last MiB: a changed checkpoint changes
-#: them, and a 50 GB model is fingerprinted in milliseconds)
-_WEIGHT_FILES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".ckpt", ".npz", ".msgpack", ".h5")
-_PROBE = 1 << 20
+#: what of a model folder is not the model: the only files a fingerprint leaves out (every other
+#: file counts whole, whatever its name: weights, tokenizer.model.v3, chat_template.j2, code)
+SKIPPED_NAMES = frozenset(
+    {"README.md", "README", "LICENSE", "LICENSE.md", "LICENSE.txt", "NOTICE", ".gitattributes"}
+)
+#: folders and files whose name starts with a dot (.git, .cache, .huggingface) are skipped too
+SKIPPED_PREFIX = "."
 
 
-def folder_fingerprint(folder: str | os.PathLike[str]) -> str:
-    """A fingerprint of a local model folder (``sha256:`` + hex): its configuration, tokenizer,
-    chat template and code files whole, its weight files by name, size and their first and last
-    MiB. Links are followed; files in subfolders count (a processor in ``processor/``)."""
+def model_files(folder: str | os.PathLike[str]) -> list[str]:
+    """The files of a local model folder that count (relative paths, sorted): every file, in
+    subfolders too (a processor in ``processor/``), links followed, except ``SKIPPED_NAMES`` and
+    names starting with a dot."""
     root = FsPath(folder)
-    digest = hashlib.sha256()
-    for path in sorted(p for p in root.rglob("*") if p.is_file()):
-        rel = path.relative_to(root).as_posix()
-        if rel.startswith(".") or "/." in rel:
-            continue  # .cache, .git: not the model
-        suffix = path.suffix.lower()
-        if suffix in _SMALL_FILES:
-            digest.update(f"{rel}\0".encode())
-            digest.update(path.read_bytes())
-        elif suffix in _WEIGHT_FILES:
-            size = path.stat().st_size
-            digest.update(f"{rel}\0{size}\0".encode())
-            with open(path, "rb") as f:
-                digest.update(f.read(_PROBE))
-                if size > _PROBE:
-                    f.seek(max(size - _PROBE, _PROBE))
-                    digest.update(f.read(_PROBE))
-    return "sha256:" + digest.hexdigest()
+    out = []
+    for path in root.rglob("*"):
+        rel = path.relative_to(root)
+        if any(part.startswith(SKIPPED_PREFIX) for part in rel.parts) or rel.name in SKIPPED_NAMES:
+            continue
+        if path.is_file():
+            out.append(rel.as_posix())
+    return sorted(out)
+
+
+def folder_fingerprint(folder: str | os.PathLike[str], cache: DigestCache | None = None) -> str:
+    """A fingerprint of a local model folder (``sha256:`` + hex) over every file of ``model_files``
+    hashed whole (chexpercept/file_digest.py: a Hub blob by its name, any other file read once and
+    its digest cached by device, inode, size and times)."""
+    return files_digest(folder, model_files(folder), cache)
 
 
 def weights_identity(model_id: str, weights: Mapping[str, Any] | None) -> dict[str, Any] | None:
@@ -93,3 +92,42 @@ def settings_diff(before: Mapping[str, Any], now: Mapping[str, Any]) -> list[str
 
     walk("", before, now)
     return out
+
+
+class ServedModelGuard:
+    """The served model is part of each answer's record (``usage.served_model``, where the server
+    names one): every answer of a run folder must come from one served model. The first answers
+    kept in the folder (or, in a new folder, this session's first) fix it; an answer from another
+    (an API alias moved to a new snapshot between sessions or during one) stops the run before it
+    is appended, with the difference named (``check``)."""
+
+    def __init__(self, folder: str, kept: Mapping[str, int]):
+        self.folder = folder
+        #: turns per served model among the answers kept before this session
+        self.kept = dict(kept)
+        self.allowed = set(self.kept)
+
+    def check(self, key_id: str, usages: Iterable[Mapping[str, Any]]) -> None:
+        """Raise ServedModelChanged when a turn of case ``key_id`` was served by another model."""
+        from chexpercept.results import served_models
+
+        for served in served_models(usages):
+            if not self.allowed:
+                self.allowed = {served}
+            if served in self.allowed:
+                continue
+            before = ", ".join(f"{m!r} ({n} turns)" for m, n in self.kept.items()) or ", ".join(
+                map(repr, sorted(self.allowed))
+            )
+            raise ServedModelChanged(
+                f"{self.folder}: the server now answers as {served!r} (case {key_id}), while the answers "
+                f"of this run so far were made by {before}: the model asked for is an alias that the "
+                "server now resolves to another snapshot, and mixing them would change the scores. This "
+                f"case was not recorded and nothing more runs.\n  served_model: "
+                f"{' / '.join(map(repr, sorted(self.allowed)))} -> {served!r}\nPin the snapshot with "
+                "--model and use another --output-dir or --run-name, or delete the folder to start over."
+            )
+
+
+class ServedModelChanged(ValueError):
+    """An answer came from another served model than the run folder's other answers."""
