@@ -316,3 +316,19 @@ def test_an_alias_served_by_another_snapshot_stops_the_resume(fixture_bundle, tm
     (folder / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     notes = read_chexpercept_run(folder).notes
     assert any("2 served models" in n and "gpt-5.4-2025-11-20" in n for n in notes), notes
+
+
+def test_another_engine_library_version_is_refused(fixture_bundle, tmp_path, tiny_model, capsys, monkeypatch):
+    """A local backend's engine library builds the prompt and runs the model: a resume after
+    transformers was upgraded is refused, naming it (an API's client library is not part of it)."""
+    from importlib import metadata
+
+    args = ["--backend", "transformers", "--limit", "1", "--max-tokens", "2"]
+    assert _run(fixture_bundle, tmp_path, str(tiny_model), *args) == 0
+    info = json.loads(next(tmp_path.rglob("run.json")).read_text())
+    installed = metadata.version("transformers")
+    assert info["settings"]["engine_versions"]["transformers"] == installed
+    real = metadata.version
+    monkeypatch.setattr(metadata, "version", lambda name: "99.0" if name == "transformers" else real(name))
+    assert _run(fixture_bundle, tmp_path, str(tiny_model), *args) == 2
+    _refused(capsys, f"engine_versions.transformers: '{installed}' -> '99.0'")

@@ -30,7 +30,12 @@ from chexpercept.escape import terminal
 from chexpercept.eval.engine import EngineStats, admission_order, run_conversations
 from chexpercept.eval.protocol import Backend, BackendError, RunContext
 from chexpercept.eval.runner.distributed import Distributed
-from chexpercept.eval.runner.identity import PROMPT_VERSION, ServedModelGuard, weights_identity
+from chexpercept.eval.runner.identity import (
+    PROMPT_VERSION,
+    ServedModelGuard,
+    engine_versions,
+    weights_identity,
+)
 from chexpercept.eval.runner.interrupts import ChildProcesses, RunInterrupted
 from chexpercept.eval.runner.outcome import READ_ONLY, Session, end_of, os_error_text, say_end
 from chexpercept.eval.runner.plan import RunPlan
@@ -128,6 +133,7 @@ def settings_of(plan: RunPlan, backend: Backend, context: RunContext, oracle: st
         "weights": weights_identity(plan.load.model_id, plan.weights),
         "backend": plan.model.backend,
         "backend_identity": backend.identity(context),
+        "engine_versions": engine_versions(getattr(backend, "engine_packages", ())),
         "oracle": oracle,
         "parse_mode": plan.parse_mode,
         "sampling": plan.sampling.as_dict(),

@@ -94,6 +94,20 @@ def settings_diff(before: Mapping[str, Any], now: Mapping[str, Any]) -> list[str
     return out
 
 
+def engine_versions(packages: Iterable[str]) -> dict[str, str | None]:
+    """The installed version of each library of a backend's ``engine_packages`` (None: not
+    installed); read from package metadata, nothing is imported."""
+    from importlib import metadata
+
+    out: dict[str, str | None] = {}
+    for name in packages:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
 class ServedModelGuard:
     """The served model is part of each answer's record (``usage.served_model``, where the server
     names one): every answer of a run folder must come from one served model. The first answers
