@@ -332,3 +332,29 @@ def test_another_engine_library_version_is_refused(fixture_bundle, tmp_path, tin
     monkeypatch.setattr(metadata, "version", lambda name: "99.0" if name == "transformers" else real(name))
     assert _run(fixture_bundle, tmp_path, str(tiny_model), *args) == 2
     _refused(capsys, f"engine_versions.transformers: '{installed}' -> '99.0'")
+
+
+def test_a_file_named_by_an_option_counts_by_its_content(tmp_path):
+    """A local path among the options that change answers (a tokenizer folder in --engine-args) is
+    part of the identity by its content: the same path with another file in it is another identity."""
+    from chexpercept.eval.backends.vllm.backend import VLLMBackend
+    from chexpercept.eval.protocol import RunContext, Sampling
+    from chexpercept.eval.registry import resolve
+    from chexpercept.eval.runner.identity import with_file_contents
+
+    tokenizer = tmp_path / "tokenizer"
+    tokenizer.mkdir()
+    (tokenizer / "tokenizer.json").write_text('{"v": 1}')
+
+    def identity():
+        backend = VLLMBackend(
+            resolve("medgemma-1.5-4b"),
+            sampling=Sampling(0, 1, 8, True),
+            engine_args={"tokenizer": str(tokenizer)},
+        )
+        return with_file_contents(backend.identity(RunContext(root=".", cases=[])))
+
+    before = identity()
+    assert before["engine_args"]["tokenizer"]["path"] == str(tokenizer)
+    (tokenizer / "tokenizer.json").write_text('{"v": 2}')
+    assert identity() != before

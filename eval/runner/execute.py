@@ -35,6 +35,7 @@ from chexpercept.eval.runner.identity import (
     ServedModelGuard,
     engine_versions,
     weights_identity,
+    with_file_contents,
 )
 from chexpercept.eval.runner.interrupts import ChildProcesses, RunInterrupted
 from chexpercept.eval.runner.outcome import READ_ONLY, Session, end_of, os_error_text, say_end
@@ -132,13 +133,13 @@ def settings_of(plan: RunPlan, backend: Backend, context: RunContext, oracle: st
         "model_id": plan.model.model_id,
         "weights": weights_identity(plan.load.model_id, plan.weights),
         "backend": plan.model.backend,
-        "backend_identity": backend.identity(context),
+        "backend_identity": with_file_contents(backend.identity(context)),
         "engine_versions": engine_versions(getattr(backend, "engine_packages", ())),
         "oracle": oracle,
         "parse_mode": plan.parse_mode,
         "sampling": plan.sampling.as_dict(),
         "seed": plan.seed,
-        "chat_template_kwargs": plan.chat_kwargs,
+        "chat_template_kwargs": with_file_contents(plan.chat_kwargs),
         "prompt_version": PROMPT_VERSION,
         "bundle_fingerprint": plan.bundle.fingerprint(),
         "bundle_images": plan.bundle.images_fingerprint(),

@@ -94,6 +94,34 @@ def settings_diff(before: Mapping[str, Any], now: Mapping[str, Any]) -> list[str
     return out
 
 
+def with_file_contents(value: Any, cache: DigestCache | None = None) -> Any:
+    """``value`` (a backend's identity, the chat template variables) with every string that names a
+    local file or folder (absolute or ``~/``: a tokenizer, a chat template file, an adapter given in
+    --engine-args) replaced by ``{"path": ..., "content": fingerprint}``: the content counts, not
+    the name alone (a folder by ``folder_fingerprint``, a file whole through the digest cache)."""
+    own = cache is None
+    cache = cache or DigestCache()
+    try:
+        return _contents(value, cache)
+    finally:
+        if own:
+            cache.save()
+
+
+def _contents(value: Any, cache: DigestCache) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _contents(v, cache) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_contents(v, cache) for v in value]
+    if isinstance(value, str) and value.startswith(("/", "~/")) and "\n" not in value and len(value) < 4096:
+        path = FsPath(os.path.expanduser(value))
+        if path.is_dir():
+            return {"path": value, "content": folder_fingerprint(path, cache)}
+        if path.is_file():
+            return {"path": value, "content": "sha256:" + cache.digest(path)}
+    return value
+
+
 def engine_versions(packages: Iterable[str]) -> dict[str, str | None]:
     """The installed version of each library of a backend's ``engine_packages`` (None: not
     installed); read from package metadata, nothing is imported."""
