@@ -94,11 +94,25 @@ def settings_diff(before: Mapping[str, Any], now: Mapping[str, Any]) -> list[str
     return out
 
 
+#: a folder named by an option is fingerprinted when it holds one of these at its top
+MODEL_FOLDER_MARKERS = (
+    "config.json",
+    "tokenizer_config.json",
+    "tokenizer.json",
+    "preprocessor_config.json",
+    "processor_config.json",
+    "adapter_config.json",
+    "generation_config.json",
+)
+
+
 def with_file_contents(value: Any, cache: DigestCache | None = None) -> Any:
     """``value`` (a backend's identity, the chat template variables) with every string that names a
     local file or folder (absolute or ``~/``: a tokenizer, a chat template file, an adapter given in
     --engine-args) replaced by ``{"path": ..., "content": fingerprint}``: the content counts, not
-    the name alone (a folder by ``folder_fingerprint``, a file whole through the digest cache)."""
+    the name alone (a file whole through the digest cache; a folder by ``folder_fingerprint`` when
+    it is a model, tokenizer, processor or adapter folder (``MODEL_FOLDER_MARKERS``), so that a
+    cache folder such as vLLM's ``download_dir`` is never read whole)."""
     own = cache is None
     cache = cache or DigestCache()
     try:
@@ -115,7 +129,7 @@ def _contents(value: Any, cache: DigestCache) -> Any:
         return [_contents(v, cache) for v in value]
     if isinstance(value, str) and value.startswith(("/", "~/")) and "\n" not in value and len(value) < 4096:
         path = FsPath(os.path.expanduser(value))
-        if path.is_dir():
+        if path.is_dir() and any((path / name).is_file() for name in MODEL_FOLDER_MARKERS):
             return {"path": value, "content": folder_fingerprint(path, cache)}
         if path.is_file():
             return {"path": value, "content": "sha256:" + cache.digest(path)}
