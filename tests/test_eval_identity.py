@@ -358,3 +358,17 @@ def test_a_file_named_by_an_option_counts_by_its_content(tmp_path):
     assert before["engine_args"]["tokenizer"]["path"] == str(tokenizer)
     (tokenizer / "tokenizer.json").write_text('{"v": 2}')
     assert identity() != before
+
+
+def test_a_bad_field_of_run_json_is_named_on_resume(fixture_bundle, tmp_path, capsys):
+    """run.json's fields are read typed on resume as by score (RunMetadata): a hand-edited
+    ``"resumed": 5`` is one line naming the file and the field, not a traceback."""
+    assert _run(fixture_bundle, tmp_path, "baseline:constant:1", "--limit", "2") == 0
+    run_json = tmp_path / "baseline-constant-1" / "oracle_implicit" / "run.json"
+    info = json.loads(run_json.read_text())
+    info["resumed"] = 5
+    run_json.write_text(json.dumps(info))
+    capsys.readouterr()
+    assert _run(fixture_bundle, tmp_path, "baseline:constant:1", "--limit", "3") == 2
+    err = capsys.readouterr().err
+    assert str(run_json) in err and "resumed" in err and "internal error" not in err, err

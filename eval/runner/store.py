@@ -309,6 +309,12 @@ class RunStore:
                     "those results are unknown; move the folder away or choose another --output-dir"
                 )
             return None
+        from chexpercept.run_metadata import RunMetadata
+
+        try:  # every field of run.json read typed too (resumed, sessions, settings...), named on a bad value
+            RunMetadata.from_json(previous, source=str(self.run_json))
+        except ValueError as e:
+            raise StoreError(f"{e}; fix or remove that field, or move the folder away") from None
         if not previous.get("settings"):
             version = (
                 (previous.get("versions") or {}).get("chexpercept") if isinstance(previous, dict) else None
