@@ -218,13 +218,18 @@ def test_a_folder_of_an_older_version_is_refused_as_such(fixture_bundle, tmp_pat
     assert _run(fixture_bundle, tmp_path, "baseline:constant:1", "--limit", "2") == 0
     run_json = tmp_path / "baseline-constant-1" / "oracle_implicit" / "run.json"
     info = json.loads(run_json.read_text())
-    info.pop("settings")
+    settings = info.pop("settings")
     run_json.write_text(json.dumps(info))
     capsys.readouterr()
     assert _run(fixture_bundle, tmp_path, "baseline:constant:1", "--limit", "2") == 2
     err = capsys.readouterr().err
     assert "older version of the toolkit" in err and "did not record a run identity" in err, err
     assert "None ->" not in err
+
+    info["settings"] = {k: v for k, v in settings.items() if k != "bundle_images"}
+    run_json.write_text(json.dumps(info))  # made by a version whose identity lacked a part this one has
+    assert _run(fixture_bundle, tmp_path, "baseline:constant:1", "--limit", "2") == 2
+    assert "bundle_images: not recorded by the version that made that run" in capsys.readouterr().err
 
 
 def test_an_image_changed_in_place_is_refused(fixture_bundle, tmp_path, capsys):

@@ -328,12 +328,21 @@ class RunStore:
                 "To run this command, use another --output-dir or --run-name, or move the folder away to "
                 "start over."
             )
-        diffs = settings_diff(previous.get("settings") or {}, settings)
+        before = previous.get("settings") or {}
+        diffs = settings_diff(before, settings)
         if diffs:
+            newer = sorted(k for k in settings if k not in before)
+            why = (
+                f"\n({', '.join(newer)}: not recorded by the version that made that run; a later version "
+                "added it to the identity, so those answers cannot be shown to match)"
+                if newer
+                else ""
+            )
             raise StoreError(
                 f"{self.path} holds a run made with other settings, so its results cannot be "
                 "continued by this one (each of these can change the answers):\n  "
                 + "\n  ".join(diffs)
+                + why
                 + "\nUse another --output-dir or --run-name, or delete the folder to start over."
             )
         return previous
