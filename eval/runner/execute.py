@@ -146,6 +146,28 @@ def settings_of(plan: RunPlan, backend: Backend, context: RunContext, oracle: st
     }
 
 
+def _shared_settings(
+    plan: RunPlan, backend: Backend, context: RunContext, dist: Distributed
+) -> dict[str, Any]:
+    """``settings_of`` made by the main process and told to every process; an error there (an
+    unreadable weight file) ends every process, the main process with the error itself."""
+    settings: dict[str, Any] | None = None
+    error: BaseException | None = None
+    if dist.is_main:
+        try:
+            settings = settings_of(plan, backend, context, "")
+        except Exception as e:
+            error = e
+    settings, message = dist.broadcast(
+        (settings, None if error is None else f"{type(error).__name__}: {error}")
+    )
+    if error is not None:
+        raise error
+    if settings is None:
+        raise ValueError(f"the main process could not establish the run's identity ({message})")
+    return settings
+
+
 def header_of(plan: RunPlan, dist: Distributed) -> RunMetadata:
     """run.json's fields that every setting of the command shares."""
     bundle = plan.bundle
@@ -192,7 +214,9 @@ def execute(plan: RunPlan, backend: Backend, dist: Distributed, children: ChildP
     """Every oracle setting of ``plan``, in turn, on ``backend`` (one engine start); the exit status."""
     context = context_of(plan, dist)
     header = header_of(plan, dist)
-    shared = settings_of(plan, backend, context, "")  # weights and images are hashed once per command
+    # weights and images are hashed once per command, by the main process only (every process of an
+    # accelerate run would otherwise read a model not yet in the digest cache whole at once)
+    shared = _shared_settings(plan, backend, context, dist)
     runs = [
         OracleRun(
             oracle,
