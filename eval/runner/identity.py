@@ -1,14 +1,18 @@
 """A run's identity: everything that can change an answer, checked whole on every resume.
 
 A run folder holds answers made under one identity. It is run.json's ``settings``: the model (id,
-and the weights: the Hub commit, or a fingerprint of a local folder), the backend and what of it
-can change an answer (``Backend.identity``: the options declared to, the engine arguments, the
-request fields, what a baseline derives from the selected cases), the decoding (``sampling``), the
-chat template variables, the oracle setting and parse mode, the seed, the bundle, and the toolkit's
-prompt version (``PROMPT_VERSION``: the system message, question templates, oracle texts, and how
+and the weights: the Hub commit, or a fingerprint of a local folder, every file whole), the backend
+and what of it can change an answer (``Backend.identity``: the options declared to, the engine
+arguments, the request fields, what a baseline derives from the selected cases; a local file they
+name by its content, ``with_file_contents``), a local engine's library versions
+(``Backend.engine_packages``), the decoding (``sampling``), the chat template variables, the oracle
+setting and parse mode, the seed, the bundle (chexpercept.json and every image whole:
+``bundle_images``), and the toolkit's prompt version (``PROMPT_VERSION``: the system message, question templates, oracle texts, and how
 a conversation is built). A resume compares all of it with what this command would run and refuses
 any difference, naming it; each record carries a fingerprint of it (``chexpercept.results.
-run_identity``), so that no line made under another identity is kept or scored.
+run_identity``), so that no line made under another identity is kept or scored. The served model
+(``usage.served_model``, where a server names one) is part of each answer's record: one per run
+folder (``ServedModelGuard``).
 
 What does not enter it: where and how fast the work runs (devices, memory, batch size, processes,
 concurrency, timeouts, retries, the endpoint's address). Under greedy decoding these change no
