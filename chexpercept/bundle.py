@@ -21,6 +21,7 @@ from PIL import Image
 from .case import Case
 from .containment import Tree, image_format, resolve_inside
 from .errors import WHERE_TO_GET, BundleValidationError, Problem, ReleaseNotFoundError, no_such_path
+from .file_digest import DigestCache
 from .fileio import write_atomic
 from .input_files import (
     BUNDLE_JSON,
@@ -85,6 +86,52 @@ class Bundle:
     def fingerprint(self) -> str:
         return fingerprint(self.root)
 
+    def images_fingerprint(self, cache: DigestCache | None = None) -> str:
+        """``sha256:`` over every file under the bundle's ``chexpercept/`` folder (the images, masks
+        and overlays its conversations show) and its whole-file sha256 (chexpercept/file_digest.py:
+        each file read once, then known by its device, inode, size and times): an image changed,
+        replaced, added or removed in place changes it. A link is hashed as its target's text and
+        content. Part of a run's identity (eval/runner/identity.py); cost in bench/RESULTS.md."""
+        own = cache is None
+        cache = cache or DigestCache()
+        h = hashlib.sha256()
+        try:
+            for rel, entry in _image_entries(self.root):
+                if entry.is_symlink():
+                    target = os.readlink(entry.path)
+                    try:
+                        digest = f"link:{target}:{cache.digest(entry.path)}"
+                    except OSError:
+                        digest = f"link:{target}:absent"
+                else:
+                    digest = cache.digest(entry.path, entry.stat(follow_symlinks=False))
+                h.update(f"{rel}\0{digest}\n".encode())
+        finally:
+            if own:
+                cache.save()
+        return "sha256:" + h.hexdigest()
+
+
+def _image_entries(data_dir: str | os.PathLike[str]) -> list[tuple[str, os.DirEntry[str]]]:
+    """(path relative to ``chexpercept/``, entry) of every file or link under the bundle's image
+    folder, sorted; folders are walked without following links."""
+    root = os.path.join(os.fspath(data_dir), "chexpercept")
+    cut = len(root) + 1
+    out: list[tuple[str, os.DirEntry[str]]] = []
+    stack = [root]
+    while stack:
+        folder = stack.pop()
+        try:
+            with os.scandir(folder) as it:
+                for entry in it:
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append(entry.path)
+                    else:
+                        out.append((entry.path[cut:], entry))
+        except FileNotFoundError:
+            continue
+    return sorted(out, key=lambda pair: pair[0])
+
 
 def fingerprint(data_dir: str | os.PathLike[str]) -> str:
     """sha256 of chexpercept.json: identifies the questions and answers a run was made on."""
@@ -104,22 +151,11 @@ def files_fingerprint(data_dir: str | os.PathLike[str]) -> str:
     """A cheap fingerprint of the bundle's image files: sha256 over every file's path, size and
     modification time under ``chexpercept/`` (stat calls only, nothing read): a replaced, truncated,
     added or removed image changes it. About 50 ms for the 10,400 files of the release."""
-    root = FsPath(data_dir) / "chexpercept"
     h = hashlib.sha256()
-    stack = [root]
     entries: list[tuple[str, int, int]] = []
-    while stack:
-        folder = stack.pop()
-        try:
-            with os.scandir(folder) as it:
-                for entry in it:
-                    if entry.is_dir(follow_symlinks=False):
-                        stack.append(FsPath(entry.path))
-                    else:
-                        st = entry.stat()
-                        entries.append((os.path.relpath(entry.path, root), st.st_size, st.st_mtime_ns))
-        except FileNotFoundError:
-            continue
+    for rel, entry in _image_entries(data_dir):
+        st = entry.stat()
+        entries.append((rel, st.st_size, st.st_mtime_ns))
     for rel, size, mtime in sorted(entries):
         h.update(f"{rel}\0{size}\0{mtime}\n".encode())
     return h.hexdigest()

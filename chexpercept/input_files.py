@@ -73,7 +73,7 @@ REPLY = Limit("REPLY", "server reply", 64 * MiB)
 #: a local model folder's small files read whole for its fingerprint (config, tokenizer, chat
 #: template, code: a large tokenizer.json is about 30 MB)
 MODEL_FILE = Limit("MODEL_FILE", "model configuration, tokenizer or code file", 1 * GiB)
-#: a local model's weight file, of which the fingerprint reads the first and last MiB only
+#: a local model's weight file (or any file a run's identity hashes whole, chexpercept/file_digest.py)
 WEIGHTS = Limit("WEIGHTS", "model weight file", 4096 * GiB)
 
 LIMITS: tuple[Limit, ...] = (

@@ -50,22 +50,24 @@ def check_identity(
     path: str | FsPath,
     lines: Iterable[tuple[int, str, Mapping[str, Any] | None]],
     identity: Mapping[str, str],
-) -> int:
+) -> None:
     """Raise ForeignRecordError when a (line number, key_id, record's ``run``) of ``path`` belongs to
-    another run than ``identity``, or carries no run identity while other lines do (a line whose
-    settings cannot be established is never scored); returns how many lines carry none. A file
-    where no line carries one was written before schema 3: its lines are taken as the run.json
-    beside them describes them (the caller says so)."""
+    another run than ``identity`` (run.json's ``settings``), or carries no run identity: a run.json
+    with settings was written by a version that stamps every line, so a line without one was
+    appended by hand or by another tool, and the settings that made it cannot be established. Such
+    a line is never scored; a resume moves it to quarantine.jsonl (``RunStore.quarantine_unverified``)
+    and runs its case again. Only a folder whose run.json has no settings at all (an older version)
+    is read without this check."""
     lines = list(lines)
     unverified = [(n, key_id) for n, key_id, theirs in lines if not theirs]
-    if unverified and len(unverified) < len(lines):
+    if unverified:
         n, key_id = unverified[0]
         more = f" and {len(unverified) - 1} more" if len(unverified) > 1 else ""
         raise ForeignRecordError(
-            f"{path}: line {n} (case {key_id}){more} carries no run identity while the other lines do, so "
-            "the settings that made it cannot be established; it would be scored under this run's settings. "
-            "Remove it, or rerun the same command (a resume moves such lines to quarantine.jsonl and runs "
-            "their cases again)."
+            f"{path}: line {n} (case {terminal(key_id)}){more} carries no run identity, while the "
+            "run.json beside it records the settings every line of this version carries, so the settings "
+            "that made it cannot be established; it is not scored. Remove it, or rerun the same run "
+            "command (a resume moves such lines to quarantine.jsonl and runs their cases again)."
         )
     foreign = [
         f"line {n} (case {terminal(key_id)}: model {theirs.get('model')!r}, settings "
@@ -81,7 +83,108 @@ def check_identity(
             f"{'; '.join(foreign[:3])}{more}. They would change the scores. Remove those lines (or move "
             "the folder away) and rerun."
         )
-    return len(unverified)
+
+
+def served_models(turn_usages: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    """Turns per served model (``usage.served_model``: the model a server said answered a turn,
+    where it says one) over the usages of records' turns; empty when no turn names one."""
+    out: dict[str, int] = {}
+    for usage in turn_usages:
+        served = usage.get("served_model") if isinstance(usage, Mapping) else None
+        if isinstance(served, str) and served:
+            out[served] = out.get(served, 0) + 1
+    return dict(sorted(out.items()))
+
+
+def record_usages(records: Iterable[Mapping[str, Any]]) -> Iterator[Mapping[str, Any]]:
+    """The usage of every turn of results records read as dicts (``read_records``)."""
+    for record in records:
+        for turn in record.get("turns") or ():
+            if isinstance(turn, Mapping):
+                yield turn.get("usage") or {}
+
+
+class RecordFieldError(ValueError):
+    """A field of a results or failures line holds a value of the wrong type (or is missing, or
+    unknown): the message names the file, the line and the field."""
+
+
+def _type_name(hint: Any) -> str:
+    return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
+
+
+def _fits(value: Any, hint: Any) -> bool:
+    """Whether ``value`` (as JSON decodes it) is of the annotated type ``hint`` (str, int, float,
+    bool, None, Any, list[X], dict[K, V] and unions of them; a dataclass: an object)."""
+    import dataclasses
+    import types
+    import typing
+
+    if hint is Any:
+        return True
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits(value, h) for h in typing.get_args(hint))
+    if hint is type(None) or hint is None:
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str)
+    if dataclasses.is_dataclass(hint):
+        return isinstance(value, dict)
+    if origin is list:
+        (item,) = typing.get_args(hint) or (Any,)
+        return isinstance(value, list) and all(_fits(v, item) for v in value)
+    if origin is dict:
+        key, val = typing.get_args(hint) or (Any, Any)
+        return isinstance(value, dict) and all(_fits(k, key) and _fits(v, val) for k, v in value.items())
+    if hint is list or hint is dict:
+        return isinstance(value, hint)
+    raise TypeError(f"no reader for the annotation {hint!r}")  # a new field type: teach _fits
+
+
+def read_typed(cls: type, data: Any, where: str, field_prefix: str = "") -> dict[str, Any]:
+    """The one typed reader of a record's fields: ``data`` (a results or failures line as decoded)
+    checked field by field against the dataclass ``cls``'s annotations; nested records (a
+    ``list[TurnResult]``) are read the same way. RecordFieldError naming ``where`` (the file and
+    line) and the field for a missing, unknown or wrongly typed field; returns ``data``."""
+    import dataclasses
+    import typing
+
+    what = field_prefix.rstrip(".") or "the line"
+    if not isinstance(data, dict):
+        raise RecordFieldError(f"{where}: {what}: expected a JSON object, got {_shown(data)}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = [k for k in data if k not in fields]
+    if unknown:
+        raise RecordFieldError(f"{where}: field {field_prefix}{terminal(str(unknown[0]))!s}: unknown field")
+    for name, f in fields.items():
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        if name not in data:
+            if required:
+                raise RecordFieldError(f"{where}: field {field_prefix}{name}: missing")
+            continue
+        hint, value = hints[name], data[name]
+        if not _fits(value, hint):
+            raise RecordFieldError(
+                f"{where}: field {field_prefix}{name}: expected {_type_name(hint)}, got {_shown(value)}"
+            )
+        args = typing.get_args(hint)
+        if typing.get_origin(hint) is list and args and dataclasses.is_dataclass(args[0]):
+            for i, item in enumerate(value):
+                read_typed(args[0], item, where, f"{field_prefix}{name}[{i}].")
+    return data
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False)
+    return terminal(text if len(text) <= 80 else text[:77] + "...")
 
 
 class ForeignRecordError(ValueError):
@@ -235,8 +338,10 @@ class CaseResult:
         return json.dumps(asdict(self), ensure_ascii=False, separators=(",", ":"))
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> CaseResult:
-        """A record as read from results.jsonl; its key_id must be a safe name (ValueError otherwise)."""
+    def from_dict(cls, d: dict[str, Any], where: str = "a result record") -> CaseResult:
+        """A record as read from results.jsonl, every field read by ``read_typed`` (``where``, the
+        file and line, is named on a bad value); its key_id must be a safe name (ValueError otherwise)."""
+        read_typed(cls, d, where)
         check_record_key(d)
         turns = [TurnResult(**t) for t in d["turns"]]
         return cls(**{**d, "turns": turns})
@@ -289,11 +394,13 @@ def read_failures(path: str | FsPath) -> list[CaseFailure]:
     out = []
     for n, line in complete_lines(path):
         try:
-            record = loads(line, source=f"{path}:{n}")
+            record = read_typed(CaseFailure, loads(line, source=f"{path}:{n}"), f"{path}:{n}")
             check_record_key(record)
             out.append(CaseFailure(**record))
         except JsonInputError as e:
             raise ValueError(f"{path}:{n}: not a CheXpercept case failure: {e.reason}") from None
+        except RecordFieldError:
+            raise
         except (ValueError, KeyError, TypeError) as e:
             raise ValueError(f"{path}:{n}: not a CheXpercept case failure: {e}") from e
     return out
@@ -343,8 +450,10 @@ def iter_numbered_results(path: str | FsPath) -> Iterator[tuple[int, CaseResult]
     path = FsPath(path)
     for n, line in complete_lines(path):
         try:
-            yield n, CaseResult.from_dict(loads(line, source=f"{path}:{n}"))
+            yield n, CaseResult.from_dict(loads(line, source=f"{path}:{n}"), f"{path}:{n}")
         except JsonInputError as e:
             raise ValueError(f"{path}:{n}: not a CheXpercept case result: {e.reason}") from None
+        except RecordFieldError:
+            raise
         except (ValueError, TypeError, KeyError) as e:
             raise ValueError(f"{path}:{n}: not a CheXpercept case result: {e}") from e

@@ -266,6 +266,11 @@ class BackendBase:
     name: ClassVar[str] = ""
     default_batch_size: ClassVar[int] = 64
     Options: ClassVar[type[BackendOptions]] = NoOptions
+    #: the libraries that build this backend's prompts from the images and texts and run its model
+    #: (distribution names): their versions are part of a run's identity, since another version can
+    #: change an answer. None for an API (its client sends the same request whatever its version)
+    #: or a baseline.
+    engine_packages: ClassVar[tuple[str, ...]] = ()
     options: BackendOptions
 
     @classmethod

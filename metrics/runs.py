@@ -30,6 +30,7 @@ from chexpercept.results import (
     iter_numbered_results,
     read_failures,
     run_identity,
+    served_models,
     torn_tail,
 )
 from chexpercept.run_metadata import RunMetadata
@@ -152,11 +153,7 @@ def read_chexpercept_run(
     records = [r for _n, r in numbered]
     if has_meta and meta.settings:  # records appended by another run would change the scores
         identity = run_identity(meta.settings)
-        if check_identity(folder / RESULTS_NAME, ((n, r.key_id, r.run) for n, r in numbered), identity):
-            notes.append(
-                f"{folder / RESULTS_NAME}: written before records carried their run's identity (an older "
-                "version): the records cannot be checked against the settings in run.json"
-            )
+        check_identity(folder / RESULTS_NAME, ((n, r.key_id, r.run) for n, r in numbered), identity)
         failures = read_failures(folder / FAILURES_NAME)
         check_identity(
             folder / FAILURES_NAME, ((i + 1, f.key_id, f.run) for i, f in enumerate(failures)), identity
@@ -211,6 +208,13 @@ def read_chexpercept_run(
             f"{folder / RESULTS_NAME}: {len(errored)} turns hold a failed request recorded as unanswered "
             f"(written by an older version of the runner), scored as wrong answers, e.g. "
             f"{errored[0][0]} ({errored[0][1]}); rerun those cases for a model's answer"
+        )
+    served = served_models(t.usage for r in records for t in r.turns)
+    if len(served) > 1:
+        listed = ", ".join(f"{terminal(m)} ({n} turns)" for m, n in served.items())
+        notes.append(
+            f"{folder / RESULTS_NAME}: the answers come from {len(served)} served models ({listed}): the "
+            "server resolved the model asked for to different snapshots, so these numbers mix models"
         )
     for key in ("model", "parse_mode", "bundle"):
         if has_meta and getattr(meta, key) is None:

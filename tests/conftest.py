@@ -19,6 +19,7 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ["CHEXPERCEPT_TEST_HF_HOME"] = base
     os.environ["HF_HOME"] = base
     os.environ["HF_DATASETS_CACHE"] = os.path.join(base, "datasets")
+    os.environ["CHEXPERCEPT_CACHE"] = os.path.join(base, "chexpercept")  # file digests (file_digest.py)
     for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_EVALUATE_OFFLINE", "TRANSFORMERS_OFFLINE"):
         os.environ[var] = "1"
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

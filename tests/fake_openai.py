@@ -98,6 +98,8 @@ class FakeServer:
         #: (a callable that returns None: the reply has no ``usage`` at all)
         self.usage = usage
         self.delay = delay
+        #: the model every reply names (an alias's snapshot); None: the model asked for
+        self.served: str | None = None
         self.requests: list[dict] = []
         self.times: list[float] = []
         self.in_flight = 0
@@ -188,7 +190,7 @@ class FakeServer:
                 if isinstance(action, dict) and "model" in action:
                     reply["model"] = action["model"]
                 else:
-                    reply["model"] = body.get("model")
+                    reply["model"] = server.served or body.get("model")
                 data = json.dumps(reply).encode()
                 return 200, {"Content-Type": "application/json", "Content-Length": str(len(data))}, data
 

@@ -4,8 +4,13 @@ The snapshot (tests/data/request_snapshot.json) is checked by tests/test_request
 change to the engine, the conversation, the oracle texts or the message shape alters a prompt
 silently. The bundle is ``write_fixture_bundle(per_cell=1, seed=0)`` (fixed texts, noise images:
 nothing in it depends on a numeric library), the answers those of ``baseline:random`` (seed 0), so
-that right and wrong answers, and with them every oracle trigger, occur. Images enter the hash by
-their paths (relative to the bundle), not their bytes.
+that right and wrong answers, and with them every oracle trigger, occur. Images enter each request's
+hash by their paths (relative to the bundle); ``images`` records, per image the requests show, the
+hash of what each backend makes of its bytes with the toolkit's own code: the openai backend's data
+URL, the transformers backend's decoded RGB pixels and those pixels after its fixed resize (56x56,
+bicubic: the tiny model's). The vllm backend hands vLLM the file (a file:// URL and the file's
+sha256 as its id): its decoding is vLLM's, whose version is part of a local run's identity, as
+the file's bytes are (``bundle_images``).
 
 Regenerate after a deliberate change of what is sent (then review the diff of the JSON file):
 
@@ -75,13 +80,40 @@ def record_requests(root: Path, oracle: str) -> list[dict[str, Any]]:
     return sorted(sent, key=lambda e: (order[e["key_id"]], e["messages"]))
 
 
-def snapshot() -> dict[str, list[dict[str, Any]]]:
-    """The snapshot of every oracle setting, computed now."""
+def image_entries(root: Path, paths: Sequence[str]) -> dict[str, dict[str, str]]:
+    """Per image: the sha256 (32 hex) of what each backend's own code makes of its bytes."""
+    from types import SimpleNamespace
+
+    from PIL import Image
+
+    from chexpercept.containment import image_data_url
+    from chexpercept.eval.backends.transformers.backend import TransformersBackend
+    from chexpercept.eval.backends.transformers.image_resize import FixedResize
+
+    def sha(data: bytes | str) -> str:
+        return hashlib.sha256(data.encode() if isinstance(data, str) else data).hexdigest()[:32]
+
+    resize = FixedResize(56, 56, int(Image.Resampling.BICUBIC))
+    out = {}
+    for rel in sorted(set(paths)):
+        decoded = TransformersBackend._decode(SimpleNamespace(root=str(root)), rel)  # the backend's decoding
+        out[rel] = {
+            "openai": sha(image_data_url(root, rel)),
+            "transformers": sha(f"{decoded.mode}{decoded.size}".encode() + decoded.tobytes()),
+            "transformers_resized": sha(resize.apply(decoded).tobytes()),
+        }
+    return out
+
+
+def snapshot() -> dict[str, Any]:
+    """The snapshot of every oracle setting, and of the images they show, computed now."""
     from chexpercept.testing import write_fixture_bundle
 
     with tempfile.TemporaryDirectory() as tmp:
         root = write_fixture_bundle(Path(tmp) / "bundle", per_cell=1, seed=0)
-        return {oracle: record_requests(root, oracle) for oracle in ORACLES}
+        data: dict[str, Any] = {oracle: record_requests(root, oracle) for oracle in ORACLES}
+        data["images"] = image_entries(root, [p for o in ORACLES for e in data[o] for p in e["images"]])
+        return data
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -92,11 +124,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     data = snapshot()
     stored = json.loads(SNAPSHOT.read_text(encoding="utf-8")) if SNAPSHOT.exists() else {}
-    same = {o: stored.get(o) for o in ORACLES} == data
+    same = {o: stored.get(o) for o in (*ORACLES, "images")} == data
     if not args.update:
         print("request snapshot: " + ("unchanged" if same else f"DIFFERS from {SNAPSHOT}"))
         return 0 if same else 1
-    if not same and stored.get("prompt_version") == PROMPT_VERSION:
+    first_images = "images" not in stored and {o: stored.get(o) for o in ORACLES} == {
+        o: data[o] for o in ORACLES
+    }
+    if not same and stored.get("prompt_version") == PROMPT_VERSION and not first_images:
         print(
             f"the requests differ from {SNAPSHOT} but PROMPT_VERSION is still {PROMPT_VERSION}: raise it in "
             "eval/runner/identity.py (runs made before the change must not be resumed by this version), then update",

@@ -140,6 +140,7 @@ def test_a_failure_reason_from_a_file_is_shown_escaped(work, capsys):
     _results(work).write_text("\n".join(lines[1:]) + "\n")
     failure = {k: first[k] for k in ("key_id", "lesion", "path")}
     failure.update(task="detection", turn_index=0, error="HTTP 500: \x1b[2J\nOK: 0 problems, bundle verified")
+    failure["run"] = first["run"]  # as the runner writes it: a line without one is never scored
     (folder / "failures.jsonl").write_text(json.dumps(failure) + "\n")
     assert cli(["score", str(work / "runs"), "--data-dir", str(work / "bundle")]) == 0
     captured = capsys.readouterr()

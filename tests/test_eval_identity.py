@@ -153,3 +153,227 @@ def test_each_session_is_recorded(fixture_bundle, tmp_path):
     assert _run(fixture_bundle, tmp_path, "baseline:random", "--batch-size", "5") == 0
     info = json.loads((tmp_path / "baseline-random" / "oracle_implicit" / "run.json").read_text())
     assert [s["batch_size"] for s in info["sessions"]] == [2, 5]
+
+
+def _edit_first_line(results, **fields):
+    lines = results.read_text().splitlines()
+    record = json.loads(lines[0])
+    for name, value in fields.items():
+        if value is _DROP:
+            record.pop(name)
+        else:
+            record[name] = value
+    results.write_text("\n".join([json.dumps(record), *lines[1:]]) + "\n")
+
+
+_DROP = object()
+
+
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        ({"run": "garbage"}, "field run: expected"),
+        ({"usage": ["not", "an", "object"]}, "field usage: expected"),
+        ({"turns": [{"task": "detection"}]}, "field turns[0].stage: missing"),
+    ],
+)
+def test_a_bad_field_of_a_results_line_is_named_by_run_and_score(
+    fixture_bundle, tmp_path, capsys, fields, named
+):
+    """Every field of a results line is read by one typed reader (chexpercept.results.read_typed):
+    a hand-edited value gives one line naming the file, the line and the field, in run and score."""
+    from chexpercept.metrics import score_path
+
+    assert _run(fixture_bundle, tmp_path, "baseline:constant:1", "--limit", "2") == 0
+    results = tmp_path / "baseline-constant-1" / "oracle_implicit" / "results.jsonl"
+    _edit_first_line(results, **fields)
+    capsys.readouterr()
+    assert _run(fixture_bundle, tmp_path, "baseline:constant:1", "--limit", "3") == 2
+    err = capsys.readouterr().err
+    assert f"{results}:1: field" in err and named in err and "Traceback" not in err, err
+    with pytest.raises(ValueError, match=r"results\.jsonl:1: field") as caught:
+        score_path(tmp_path / "baseline-constant-1")
+    assert named in str(caught.value)
+
+
+def test_lines_without_identity_beside_a_run_json_with_settings_are_not_scored(fixture_bundle, tmp_path):
+    """run.json records settings (so its version stamps every line): lines lacking ``run``, even every
+    line of the file, cannot be checked and are not scored (only a run.json without settings, an
+    older version's, is read unchecked)."""
+    from chexpercept.metrics import score_path
+
+    assert _run(fixture_bundle, tmp_path, "baseline:constant:1", "--limit", "2") == 0
+    results = tmp_path / "baseline-constant-1" / "oracle_implicit" / "results.jsonl"
+    records = [json.loads(line) for line in results.read_text().splitlines()]
+    for record in records:
+        record.pop("run")
+    results.write_text("".join(json.dumps(r) + "\n" for r in records))
+    with pytest.raises(ValueError, match="line 1 .* and 1 more carries no run identity"):
+        score_path(tmp_path / "baseline-constant-1")
+
+
+def test_a_folder_of_an_older_version_is_refused_as_such(fixture_bundle, tmp_path, capsys):
+    """run.json without settings: said to be an older version's without a recorded identity, not a
+    list of ``None -> ...`` differences."""
+    assert _run(fixture_bundle, tmp_path, "baseline:constant:1", "--limit", "2") == 0
+    run_json = tmp_path / "baseline-constant-1" / "oracle_implicit" / "run.json"
+    info = json.loads(run_json.read_text())
+    settings = info.pop("settings")
+    run_json.write_text(json.dumps(info))
+    capsys.readouterr()
+    assert _run(fixture_bundle, tmp_path, "baseline:constant:1", "--limit", "2") == 2
+    err = capsys.readouterr().err
+    assert "older version of the toolkit" in err and "did not record a run identity" in err, err
+    assert "None ->" not in err
+
+    info["settings"] = {k: v for k, v in settings.items() if k != "bundle_images"}
+    run_json.write_text(json.dumps(info))  # made by a version whose identity lacked a part this one has
+    assert _run(fixture_bundle, tmp_path, "baseline:constant:1", "--limit", "2") == 2
+    assert "bundle_images: not recorded by the version that made that run" in capsys.readouterr().err
+
+
+def test_an_image_changed_in_place_is_refused(fixture_bundle, tmp_path, capsys):
+    """One image of the bundle inverted in place between two sessions: the images are part of the
+    identity (Bundle.images_fingerprint), so the resume is refused before anything runs."""
+    bundle = tmp_path / "bundle"
+    shutil.copytree(fixture_bundle, bundle)
+    assert _run(bundle, tmp_path / "runs", "baseline:constant:1", "--limit", "2") == 0
+    from PIL import Image, ImageOps
+
+    from chexpercept.bundle import read_bundle
+
+    image = bundle / read_bundle(bundle, check_images="none").cases[0].cxr_image
+    with Image.open(image) as im:
+        inverted = ImageOps.invert(im.convert("L"))
+    inverted.save(image)
+    assert _run(bundle, tmp_path / "runs", "baseline:constant:1", "--limit", "3") == 2
+    _refused(capsys, "bundle_images: 'sha256:")
+
+
+def test_a_model_file_changed_anywhere_changes_the_fingerprint(tiny_model, tmp_path):
+    """The whole file counts (a weight file changed in its middle), and every file of the folder but
+    README, LICENSE and dot-files (tokenizer.model.v3, chat_template.j2); unchanged files are not
+    read again (the digest cache), and a Hub blob's digest is its name."""
+    from chexpercept.eval.runner.identity import folder_fingerprint
+    from chexpercept.file_digest import DigestCache
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model, model)
+    cache = DigestCache(tmp_path / "cache")
+    before = folder_fingerprint(model, cache)
+    assert cache.hashed_bytes > 0
+    cache.hashed_bytes = 0
+    assert folder_fingerprint(model, cache) == before and cache.hashed_bytes == 0  # known by stat
+
+    weights = model / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # the middle of the file: neither its first nor its last MiB
+    weights.write_bytes(bytes(data))
+    seen = {before, folder_fingerprint(model, cache)}
+    for name in ("tokenizer.model.v3", "chat_template.j2", "processor/preprocessor_config.json"):
+        (model / name).parent.mkdir(exist_ok=True)
+        (model / name).write_text("x")
+        seen.add(folder_fingerprint(model, cache))
+    assert len(seen) == 5
+    (model / "README.md").write_text("changed card")
+    (model / ".git").mkdir()
+    (model / ".git" / "HEAD").write_text("ref")
+    assert folder_fingerprint(model, cache) in seen  # not the model
+
+    blobs = tmp_path / "hub" / "blobs"
+    blobs.mkdir(parents=True)
+    digest = "ab" * 32
+    (blobs / digest).write_bytes(b"weights")
+    (tmp_path / "hub" / "model.safetensors").symlink_to(blobs / digest)
+    cache.hashed_bytes = 0
+    assert cache.digest(tmp_path / "hub" / "model.safetensors") == digest and cache.hashed_bytes == 0
+
+
+def test_an_alias_served_by_another_snapshot_stops_the_resume(fixture_bundle, tmp_path, capsys):
+    """Session 1 answered as gpt-5.4-2025-08-06; session 2's server (at another --base-url) answers
+    the same alias as gpt-5.4-2025-11-20: the resume says the URL changed, stops at the first answer
+    with the served-model diff (nothing appended), and run.json counts every session's served models;
+    a folder that mixes them anyway (edited by hand) is scored with a note."""
+    from chexpercept.metrics.runs import read_chexpercept_run
+
+    folder = tmp_path / "gpt-5.4" / "oracle_implicit"
+    with FakeServer() as first:
+        first.served = "gpt-5.4-2025-08-06"
+        assert _run(fixture_bundle, tmp_path, "gpt-5.4", "--backend", "openai", "--base-url", first.url,
+                    "--limit", "2") == 0  # fmt: skip
+        first_url = first.url
+    info = json.loads((folder / "run.json").read_text())
+    assert set(info["backend_settings"]["served_models"]) == {"gpt-5.4-2025-08-06"}
+    kept = (folder / "results.jsonl").read_text()
+    capsys.readouterr()
+    with FakeServer() as second:
+        second.served = "gpt-5.4-2025-11-20"
+        assert _run(fixture_bundle, tmp_path, "gpt-5.4", "--backend", "openai", "--base-url", second.url,
+                    "--limit", "3") == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert f"base_url: '{first_url}' -> '{second.url}'" in err, err
+    assert "served_model: 'gpt-5.4-2025-08-06' -> 'gpt-5.4-2025-11-20'" in err, err
+    assert (folder / "results.jsonl").read_text() == kept
+
+    records = [json.loads(line) for line in kept.splitlines()]
+    for turn in records[0]["turns"]:
+        turn["usage"]["served_model"] = "gpt-5.4-2025-11-20"
+    (folder / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    notes = read_chexpercept_run(folder).notes
+    assert any("2 served models" in n and "gpt-5.4-2025-11-20" in n for n in notes), notes
+
+
+def test_another_engine_library_version_is_refused(fixture_bundle, tmp_path, tiny_model, capsys, monkeypatch):
+    """A local backend's engine library builds the prompt and runs the model: a resume after
+    transformers was upgraded is refused, naming it (an API's client library is not part of it)."""
+    from importlib import metadata
+
+    args = ["--backend", "transformers", "--limit", "1", "--max-tokens", "2"]
+    assert _run(fixture_bundle, tmp_path, str(tiny_model), *args) == 0
+    info = json.loads(next(tmp_path.rglob("run.json")).read_text())
+    installed = metadata.version("transformers")
+    assert info["settings"]["engine_versions"]["transformers"] == installed
+    real = metadata.version
+    monkeypatch.setattr(metadata, "version", lambda name: "99.0" if name == "transformers" else real(name))
+    assert _run(fixture_bundle, tmp_path, str(tiny_model), *args) == 2
+    _refused(capsys, f"engine_versions.transformers: '{installed}' -> '99.0'")
+
+
+def test_a_file_named_by_an_option_counts_by_its_content(tmp_path):
+    """A local path among the options that change answers (a tokenizer folder in --engine-args) is
+    part of the identity by its content: the same path with another file in it is another identity."""
+    from chexpercept.eval.backends.vllm.backend import VLLMBackend
+    from chexpercept.eval.protocol import RunContext, Sampling
+    from chexpercept.eval.registry import resolve
+    from chexpercept.eval.runner.identity import with_file_contents
+
+    tokenizer = tmp_path / "tokenizer"
+    tokenizer.mkdir()
+    (tokenizer / "tokenizer.json").write_text('{"v": 1}')
+
+    def identity():
+        backend = VLLMBackend(
+            resolve("medgemma-1.5-4b"),
+            sampling=Sampling(0, 1, 8, True),
+            engine_args={"tokenizer": str(tokenizer)},
+        )
+        return with_file_contents(backend.identity(RunContext(root=".", cases=[])))
+
+    before = identity()
+    assert before["engine_args"]["tokenizer"]["path"] == str(tokenizer)
+    (tokenizer / "tokenizer.json").write_text('{"v": 2}')
+    assert identity() != before
+
+
+def test_a_bad_field_of_run_json_is_named_on_resume(fixture_bundle, tmp_path, capsys):
+    """run.json's fields are read typed on resume as by score (RunMetadata): a hand-edited
+    ``"resumed": 5`` is one line naming the file and the field, not a traceback."""
+    assert _run(fixture_bundle, tmp_path, "baseline:constant:1", "--limit", "2") == 0
+    run_json = tmp_path / "baseline-constant-1" / "oracle_implicit" / "run.json"
+    info = json.loads(run_json.read_text())
+    info["resumed"] = 5
+    run_json.write_text(json.dumps(info))
+    capsys.readouterr()
+    assert _run(fixture_bundle, tmp_path, "baseline:constant:1", "--limit", "3") == 2
+    err = capsys.readouterr().err
+    assert str(run_json) in err and "resumed" in err and "internal error" not in err, err

@@ -12,7 +12,7 @@ from chexpercept.eval.runner.identity import PROMPT_VERSION
 def test_every_request_equals_the_committed_snapshot():
     expected = json.loads(SNAPSHOT.read_text(encoding="utf-8"))
     now = snapshot()
-    assert set(now) == set(ORACLES)
+    assert set(now) == {*ORACLES, "images"}
     assert expected["prompt_version"] == PROMPT_VERSION, (
         "the snapshot was recorded under another PROMPT_VERSION: run python tests/request_snapshot.py --update"
     )
@@ -52,3 +52,17 @@ def test_changed_requests_cannot_be_recorded_under_the_same_prompt_version(monke
     monkeypatch.setattr(conversation, "SYSTEM_MESSAGE", conversation.SYSTEM_MESSAGE + " Be brief.")
     assert request_snapshot.main(["--update"]) == 1
     assert copy.read_bytes() == SNAPSHOT.read_bytes()
+
+
+def test_what_each_backend_makes_of_the_image_bytes_equals_the_snapshot():
+    """Image handling is under PROMPT_VERSION too: the openai backend's data URLs and the
+    transformers backend's decoded and resized pixels of every image the requests show."""
+    expected = json.loads(SNAPSHOT.read_text(encoding="utf-8"))["images"]
+    now = snapshot()["images"]
+    assert now.keys() == expected.keys()
+    changed = [p for p in now if now[p] != expected[p]]
+    assert not changed, (
+        f"{len(changed)} image(s) reach a backend otherwise than tests/data/request_snapshot.json records, "
+        f"e.g. {changed[0]}: {expected[changed[0]]} -> {now[changed[0]]}. If the change is meant, raise "
+        "PROMPT_VERSION in eval/runner/identity.py, run python tests/request_snapshot.py --update and review."
+    )

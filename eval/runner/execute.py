@@ -30,7 +30,13 @@ from chexpercept.escape import terminal
 from chexpercept.eval.engine import EngineStats, admission_order, run_conversations
 from chexpercept.eval.protocol import Backend, BackendError, RunContext
 from chexpercept.eval.runner.distributed import Distributed
-from chexpercept.eval.runner.identity import PROMPT_VERSION, weights_identity
+from chexpercept.eval.runner.identity import (
+    PROMPT_VERSION,
+    ServedModelGuard,
+    engine_versions,
+    weights_identity,
+    with_file_contents,
+)
 from chexpercept.eval.runner.interrupts import ChildProcesses, RunInterrupted
 from chexpercept.eval.runner.outcome import READ_ONLY, Session, end_of, os_error_text, say_end
 from chexpercept.eval.runner.plan import RunPlan
@@ -52,7 +58,9 @@ from chexpercept.results import (
     ForeignRecordError,
     check_identity,
     read_failures,
+    record_usages,
     run_identity,
+    served_models,
 )
 from chexpercept.run_metadata import BundleInfo, RunMetadata, SamplingInfo
 
@@ -90,6 +98,8 @@ class FolderOutcome:
     info: dict[str, Any] = field(default_factory=dict)
     #: this session's name (its work queue, eval/runner/work_queue.py)
     session: str = ""
+    #: turns per served model among the answers kept before this session (usage.served_model)
+    served: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -124,15 +134,39 @@ def settings_of(plan: RunPlan, backend: Backend, context: RunContext, oracle: st
         "model_id": plan.model.model_id,
         "weights": weights_identity(plan.load.model_id, plan.weights),
         "backend": plan.model.backend,
-        "backend_identity": backend.identity(context),
+        "backend_identity": with_file_contents(backend.identity(context)),
+        "engine_versions": engine_versions(getattr(backend, "engine_packages", ())),
         "oracle": oracle,
         "parse_mode": plan.parse_mode,
         "sampling": plan.sampling.as_dict(),
         "seed": plan.seed,
-        "chat_template_kwargs": plan.chat_kwargs,
+        "chat_template_kwargs": with_file_contents(plan.chat_kwargs),
         "prompt_version": PROMPT_VERSION,
         "bundle_fingerprint": plan.bundle.fingerprint(),
+        "bundle_images": plan.bundle.images_fingerprint(),
     }
+
+
+def _shared_settings(
+    plan: RunPlan, backend: Backend, context: RunContext, dist: Distributed
+) -> dict[str, Any]:
+    """``settings_of`` made by the main process and told to every process; an error there (an
+    unreadable weight file) ends every process, the main process with the error itself."""
+    settings: dict[str, Any] | None = None
+    error: BaseException | None = None
+    if dist.is_main:
+        try:
+            settings = settings_of(plan, backend, context, "")
+        except Exception as e:
+            error = e
+    settings, message = dist.broadcast(
+        (settings, None if error is None else f"{type(error).__name__}: {error}")
+    )
+    if error is not None:
+        raise error
+    if settings is None:
+        raise ValueError(f"the main process could not establish the run's identity ({message})")
+    return settings
 
 
 def header_of(plan: RunPlan, dist: Distributed) -> RunMetadata:
@@ -181,11 +215,14 @@ def execute(plan: RunPlan, backend: Backend, dist: Distributed, children: ChildP
     """Every oracle setting of ``plan``, in turn, on ``backend`` (one engine start); the exit status."""
     context = context_of(plan, dist)
     header = header_of(plan, dist)
+    # weights and images are hashed once per command, by the main process only (every process of an
+    # accelerate run would otherwise read a model not yet in the digest cache whole at once)
+    shared = _shared_settings(plan, backend, context, dist)
     runs = [
         OracleRun(
             oracle,
             RunStore(plan.run_folder(oracle)),
-            settings_of(plan, backend, context, oracle),
+            {**shared, "oracle": oracle},
             replace(header, oracle=oracle),
         )
         for oracle in plan.oracles
@@ -259,13 +296,15 @@ def _prepare_folder(plan: RunPlan, run: OracleRun) -> FolderOutcome:
                 file=sys.stderr,
             )
         size = folder.results.stat().st_size if folder.results.exists() else 0
-        finished = tuple(sorted(read_records(folder.results, identity)))
+        kept = read_records(folder.results, identity)
+        finished = tuple(sorted(kept))
         failures = read_failures(folder.failures)
         check_identity(folder.failures, ((i + 1, f.key_id, f.run) for i, f in enumerate(failures)), identity)
         info = replace(run.header, settings=run.settings, finished=None)
         session = session_record(run.header, plan)
         info.sessions = [session]
         if previous:
+            _note_session_changes(folder.path, previous, session)
             info.started = previous.get("started", run.header.started)
             info.resumed = [*previous.get("resumed", []), run.header.started]
             info.sessions = [*(previous.get("sessions") or []), session]
@@ -278,10 +317,33 @@ def _prepare_folder(plan: RunPlan, run: OracleRun) -> FolderOutcome:
             finished=finished,
             info=info.to_json(),
             session=secrets.token_hex(6),
+            served=served_models(record_usages(kept.values())),
         )
     except BaseException:
         folder.lock.release()
         raise
+
+
+def _note_session_changes(folder: FsPath, previous: dict[str, Any], session: dict[str, Any]) -> None:
+    """One line on a resume whose backend options outside the identity changed since the last
+    session (another --base-url: for a local server that may be other weights under the same name;
+    the served model, where the server names one, is checked per answer)."""
+    from chexpercept.eval.runner.identity import settings_diff
+    from chexpercept.redaction import redact_text
+
+    sessions = previous.get("sessions") or []
+    last = sessions[-1].get("backend_options") if sessions and isinstance(sessions[-1], dict) else None
+    if not isinstance(last, dict):
+        return
+    changed = settings_diff(last, session.get("backend_options") or {})
+    if changed:
+        print(
+            f"note: resuming {folder} with options changed since its last session ("
+            + redact_text("; ".join(changed))
+            + "): they are not part of the run's identity, so its answers are kept; if the endpoint now "
+            "serves other weights under the same model name, delete the folder to start over",
+            file=sys.stderr,
+        )
 
 
 def recheck_read_only(plan: RunPlan, run: OracleRun, error: OSError) -> int:
@@ -483,8 +545,11 @@ def _converse(
     identity = run_identity(run.settings)
     folder, session = run.folder, run.session
     assert session is not None
+    served = ServedModelGuard(str(folder.path), run.outcome.served)
 
     def on_finished(results: list[CaseResult]) -> None:
+        for r in results:  # every answer checked before any is appended
+            served.check(r.key_id, (t.usage for t in r.turns))
         for r in results:
             r.run = identity
         folder.append(results)
@@ -528,6 +593,9 @@ def _sign_off(
     info.finished = None if failed else now()
     info.unfinished_cases = len(failed)
     info.backend_settings = backend.describe()
+    counts = served_models(record_usages(records.values()))
+    if counts:  # every session's answers, not this session's alone
+        info.backend_settings = {**(info.backend_settings or {}), "served_models": counts}
     info.n_results = len(records)
     info.last_session = {
         "cases": len(run.remaining),

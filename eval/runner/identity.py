@@ -1,14 +1,18 @@
 """A run's identity: everything that can change an answer, checked whole on every resume.
 
 A run folder holds answers made under one identity. It is run.json's ``settings``: the model (id,
-and the weights: the Hub commit, or a fingerprint of a local folder), the backend and what of it
-can change an answer (``Backend.identity``: the options declared to, the engine arguments, the
-request fields, what a baseline derives from the selected cases), the decoding (``sampling``), the
-chat template variables, the oracle setting and parse mode, the seed, the bundle, and the toolkit's
-prompt version (``PROMPT_VERSION``: the system message, question templates, oracle texts, and how
+and the weights: the Hub commit, or a fingerprint of a local folder, every file whole), the backend
+and what of it can change an answer (``Backend.identity``: the options declared to, the engine
+arguments, the request fields, what a baseline derives from the selected cases; a local file they
+name by its content, ``with_file_contents``), a local engine's library versions
+(``Backend.engine_packages``), the decoding (``sampling``), the chat template variables, the oracle
+setting and parse mode, the seed, the bundle (chexpercept.json and every image whole:
+``bundle_images``), and the toolkit's prompt version (``PROMPT_VERSION``: the system message, question templates, oracle texts, and how
 a conversation is built). A resume compares all of it with what this command would run and refuses
 any difference, naming it; each record carries a fingerprint of it (``chexpercept.results.
-run_identity``), so that no line made under another identity is kept or scored.
+run_identity``), so that no line made under another identity is kept or scored. The served model
+(``usage.served_model``, where a server names one) is part of each answer's record: one per run
+folder (``ServedModelGuard``).
 
 What does not enter it: where and how fast the work runs (devices, memory, batch size, processes,
 concurrency, timeouts, retries, the endpoint's address). Under greedy decoding these change no
@@ -18,13 +22,12 @@ nondeterministic anyway; run.json keeps each session's values in ``sessions``.
 
 from __future__ import annotations
 
-import hashlib
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path as FsPath
 from typing import Any
 
-from chexpercept.input_files import MODEL_FILE, WEIGHTS, open_input, read_input
+from chexpercept.file_digest import DigestCache, files_digest
 
 #: the toolkit's prompt version: raise it whenever a request the runner sends changes (the system
 #: message, a question template, an oracle text, the order of turns or images). The request snapshot
@@ -32,39 +35,35 @@ from chexpercept.input_files import MODEL_FILE, WEIGHTS, open_input, read_input
 #: it did not.
 PROMPT_VERSION = 1
 
-#: small files of a model folder that decide how a prompt is built and decoded (hashed whole)
-_SMALL_FILES = (".json", ".jinja", ".txt", ".model", ".py", ".tiktoken", ".yaml")
-#: weight files (hashed by size, header and the first and last MiB: a changed checkpoint changes
-#: them, and a 50 GB model is fingerprinted in milliseconds)
-_WEIGHT_FILES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".ckpt", ".npz", ".msgpack", ".h5")
-_PROBE = 1 << 20
+#: what of a model folder is not the model: the only files a fingerprint leaves out (every other
+#: file counts whole, whatever its name: weights, tokenizer.model.v3, chat_template.j2, code)
+SKIPPED_NAMES = frozenset(
+    {"README.md", "README", "LICENSE", "LICENSE.md", "LICENSE.txt", "NOTICE", ".gitattributes"}
+)
+#: folders and files whose name starts with a dot (.git, .cache, .huggingface) are skipped too
+SKIPPED_PREFIX = "."
 
 
-def folder_fingerprint(folder: str | os.PathLike[str]) -> str:
-    """A fingerprint of a local model folder (``sha256:`` + hex): its configuration, tokenizer,
-    chat template and code files whole, its weight files by name, size and their first and last
-    MiB. Links are followed; files in subfolders count (a processor in ``processor/``). Every file is
-    read as inputs are (chexpercept.input_files: a regular file within ``MODEL_FILE`` or ``WEIGHTS``),
-    so a FIFO, a device or a huge file in the folder is refused, never read without end."""
+def model_files(folder: str | os.PathLike[str]) -> list[str]:
+    """The files of a local model folder that count (relative paths, sorted): every file, in
+    subfolders too (a processor in ``processor/``), links followed, except ``SKIPPED_NAMES`` and
+    names starting with a dot."""
     root = FsPath(folder)
-    digest = hashlib.sha256()
-    for path in sorted(p for p in root.rglob("*") if p.is_file()):
-        rel = path.relative_to(root).as_posix()
-        if rel.startswith(".") or "/." in rel:
-            continue  # .cache, .git: not the model
-        suffix = path.suffix.lower()
-        if suffix in _SMALL_FILES:
-            digest.update(f"{rel}\0".encode())
-            digest.update(read_input(path, MODEL_FILE, what="model file"))
-        elif suffix in _WEIGHT_FILES:
-            with open_input(path, WEIGHTS, what="model weight file") as f:
-                size = os.fstat(f.fileno()).st_size
-                digest.update(f"{rel}\0{size}\0".encode())
-                digest.update(f.read(_PROBE))
-                if size > _PROBE:
-                    f.seek(max(size - _PROBE, _PROBE))
-                    digest.update(f.read(_PROBE))
-    return "sha256:" + digest.hexdigest()
+    out = []
+    for path in root.rglob("*"):
+        rel = path.relative_to(root)
+        if any(part.startswith(SKIPPED_PREFIX) for part in rel.parts) or rel.name in SKIPPED_NAMES:
+            continue
+        if path.is_file():
+            out.append(rel.as_posix())
+    return sorted(out)
+
+
+def folder_fingerprint(folder: str | os.PathLike[str], cache: DigestCache | None = None) -> str:
+    """A fingerprint of a local model folder (``sha256:`` + hex) over every file of ``model_files``
+    hashed whole (chexpercept/file_digest.py: a Hub blob by its name, any other file read once and
+    its digest cached by device, inode, size and times)."""
+    return files_digest(folder, model_files(folder), cache)
 
 
 def weights_identity(model_id: str, weights: Mapping[str, Any] | None) -> dict[str, Any] | None:
@@ -97,3 +96,98 @@ def settings_diff(before: Mapping[str, Any], now: Mapping[str, Any]) -> list[str
 
     walk("", before, now)
     return out
+
+
+#: a folder named by an option is fingerprinted when it holds one of these at its top
+MODEL_FOLDER_MARKERS = (
+    "config.json",
+    "tokenizer_config.json",
+    "tokenizer.json",
+    "preprocessor_config.json",
+    "processor_config.json",
+    "adapter_config.json",
+    "generation_config.json",
+)
+
+
+def with_file_contents(value: Any, cache: DigestCache | None = None) -> Any:
+    """``value`` (a backend's identity, the chat template variables) with every string that names a
+    local file or folder (absolute or ``~/``: a tokenizer, a chat template file, an adapter given in
+    --engine-args) replaced by ``{"path": ..., "content": fingerprint}``: the content counts, not
+    the name alone (a file whole through the digest cache; a folder by ``folder_fingerprint`` when
+    it is a model, tokenizer, processor or adapter folder (``MODEL_FOLDER_MARKERS``), so that a
+    cache folder such as vLLM's ``download_dir`` is never read whole)."""
+    own = cache is None
+    cache = cache or DigestCache()
+    try:
+        return _contents(value, cache)
+    finally:
+        if own:
+            cache.save()
+
+
+def _contents(value: Any, cache: DigestCache) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _contents(v, cache) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_contents(v, cache) for v in value]
+    if isinstance(value, str) and value.startswith(("/", "~/")) and "\n" not in value and len(value) < 4096:
+        path = FsPath(os.path.expanduser(value))
+        if path.is_dir() and any((path / name).is_file() for name in MODEL_FOLDER_MARKERS):
+            return {"path": value, "content": folder_fingerprint(path, cache)}
+        if path.is_file():
+            return {"path": value, "content": "sha256:" + cache.digest(path)}
+    return value
+
+
+def engine_versions(packages: Iterable[str]) -> dict[str, str | None]:
+    """The installed version of each library of a backend's ``engine_packages`` (None: not
+    installed); read from package metadata, nothing is imported."""
+    from importlib import metadata
+
+    out: dict[str, str | None] = {}
+    for name in packages:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+class ServedModelGuard:
+    """The served model is part of each answer's record (``usage.served_model``, where the server
+    names one): every answer of a run folder must come from one served model. The first answers
+    kept in the folder (or, in a new folder, this session's first) fix it; an answer from another
+    (an API alias moved to a new snapshot between sessions or during one) stops the run before it
+    is appended, with the difference named (``check``)."""
+
+    def __init__(self, folder: str, kept: Mapping[str, int]):
+        self.folder = folder
+        #: turns per served model among the answers kept before this session
+        self.kept = dict(kept)
+        self.allowed = set(self.kept)
+
+    def check(self, key_id: str, usages: Iterable[Mapping[str, Any]]) -> None:
+        """Raise ServedModelChanged when a turn of case ``key_id`` was served by another model."""
+        from chexpercept.results import served_models
+
+        for served in served_models(usages):
+            if not self.allowed:
+                self.allowed = {served}
+            if served in self.allowed:
+                continue
+            before = ", ".join(f"{m!r} ({n} turns)" for m, n in self.kept.items()) or ", ".join(
+                map(repr, sorted(self.allowed))
+            )
+            raise ServedModelChanged(
+                f"{self.folder}: the server now answers as {served!r} (case {key_id}), while the answers "
+                f"of this run so far were made by {before}: the model asked for is an alias that the "
+                "server now resolves to another snapshot, and mixing them would change the scores. This "
+                f"case was not recorded and nothing more runs.\n  served_model: "
+                f"{' / '.join(map(repr, sorted(self.allowed)))} -> {served!r}\nPin the snapshot with "
+                "--model and use another --output-dir or --run-name, or delete the folder to start over."
+            )
+
+
+class ServedModelChanged(ValueError):
+    """An answer came from another served model than the run folder's other answers."""

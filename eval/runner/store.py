@@ -45,9 +45,11 @@ from chexpercept.results import (
     CaseFailure,
     CaseResult,
     ForeignRecordError,
+    RecordFieldError,
     check_identity,
     check_record_key,
     complete_lines,
+    read_typed,
 )
 
 QUARANTINE_NAME = "quarantine.jsonl"
@@ -235,10 +237,12 @@ def read_records(
         return out
     for n, line in complete_lines(path):  # a torn last line is left out (repair_tail removes it)
         try:
-            record = loads(line, source=f"{path}:{n}")
+            record = read_typed(CaseResult, loads(line, source=f"{path}:{n}"), f"{path}:{n}")
             key = check_record_key(record)
         except JsonInputError as e:
             raise StoreError(f"{path}:{n}: not a CheXpercept case result ({e.reason})") from None
+        except RecordFieldError as e:
+            raise StoreError(f"not a CheXpercept case result: {e}") from None
         except (ValueError, KeyError, TypeError) as e:
             raise StoreError(f"{path}:{n}: not a CheXpercept case result ({e})") from e
         if key in out:
@@ -321,12 +325,40 @@ class RunStore:
                     "those results are unknown; move the folder away or choose another --output-dir"
                 )
             return None
-        diffs = settings_diff(previous.get("settings") or {}, settings)
+        from chexpercept.run_metadata import RunMetadata
+
+        try:  # every field of run.json read typed too (resumed, sessions, settings...), named on a bad value
+            RunMetadata.from_json(previous, source=str(self.run_json))
+        except ValueError as e:
+            raise StoreError(f"{e}; fix or remove that field, or move the folder away") from None
+        if not previous.get("settings"):
+            version = (
+                (previous.get("versions") or {}).get("chexpercept") if isinstance(previous, dict) else None
+            )
+            made = f" (chexpercept {version})" if version else ""
+            raise StoreError(
+                f"{self.path} holds a run made by an older version of the toolkit{made} that did not "
+                f"record a run identity in {self.run_json} (the settings that can change an answer), so "
+                "this run cannot check that its answers were made as this command would make them and "
+                "does not continue it. Its results can still be scored as they are (chexpercept score). "
+                "To run this command, use another --output-dir or --run-name, or move the folder away to "
+                "start over."
+            )
+        before = previous.get("settings") or {}
+        diffs = settings_diff(before, settings)
         if diffs:
+            newer = sorted(k for k in settings if k not in before)
+            why = (
+                f"\n({', '.join(newer)}: not recorded by the version that made that run; a later version "
+                "added it to the identity, so those answers cannot be shown to match)"
+                if newer
+                else ""
+            )
             raise StoreError(
                 f"{self.path} holds a run made with other settings, so its results cannot be "
                 "continued by this one (each of these can change the answers):\n  "
                 + "\n  ".join(diffs)
+                + why
                 + "\nUse another --output-dir or --run-name, or delete the folder to start over."
             )
         return previous

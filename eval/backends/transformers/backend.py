@@ -150,6 +150,7 @@ class TransformersBackend(BatchBackend):
     name = "transformers"
     default_batch_size = 64
     Options = TransformersOptions
+    engine_packages = ("transformers", "tokenizers", "torch", "torchvision", "pillow", "accelerate")
 
     def __init__(
         self,

@@ -239,6 +239,7 @@ class VLLMBackend(BackendBase):
     name = "vllm"
     default_batch_size = 256
     Options = VLLMOptions
+    engine_packages = ("vllm", "transformers", "tokenizers", "torch", "pillow")
 
     def __init__(
         self,

@@ -1,0 +1,136 @@
+"""The sha256 of a file's whole content, read once and remembered: what a run's identity hashes.
+
+The rule: the whole file counts (a fine-tune with frozen embeddings changes only the middle of its
+weight file). The cost is bounded by construction:
+
+- a file the Hugging Face Hub cache holds is a link to a blob named by its sha256 (an LFS file's
+  etag, checked when it was downloaded): that name is its digest, nothing is read;
+- any other file is read whole once; its digest is kept in a private cache file
+  (``$CHEXPERCEPT_CACHE``, default ``$XDG_CACHE_HOME/chexpercept`` or ``~/.cache/chexpercept``,
+  ``file-digests.json``, written through chexpercept/fileio.py) keyed by the file's device, inode,
+  size, modification time and change time (ns). Rewriting a file in place changes its change time
+  (which no program can set back), so a changed file is read again; an unchanged one costs a stat.
+
+Measured (bench/RESULTS.md, ``bench/identity_cost.py``): the time to read and hash a model outside the
+Hub cache once, then milliseconds; the bundle's images once, then a stat per image.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import stat
+from collections.abc import Iterable
+from pathlib import Path as FsPath
+
+from .fileio import private_dir, write_json_atomic
+from .input_files import JSON_FILE, WEIGHTS, open_input
+from .input_json import JsonInputError
+from .input_json import read_json as read_json_file
+
+CACHE_NAME = "file-digests.json"
+#: entries kept at most (the newest win): a cache of a few MB
+MAX_ENTRIES = 200_000
+_BLOB = re.compile(r"[0-9a-f]{64}")
+_CHUNK = 1 << 22
+
+
+def cache_dir() -> FsPath:
+    """The toolkit's private cache folder (``$CHEXPERCEPT_CACHE``, else under ``$XDG_CACHE_HOME``)."""
+    explicit = os.environ.get("CHEXPERCEPT_CACHE")
+    if explicit:
+        return FsPath(explicit).expanduser()
+    return FsPath(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "chexpercept"
+
+
+def hub_blob_digest(path: str | os.PathLike[str]) -> str | None:
+    """The sha256 of a Hub cache file for free: the name of the blob its snapshot link points to
+    (``.../blobs/<64 hex>``); None for any other file (a git blob named by sha1, a plain file)."""
+    p = FsPath(path)
+    if not p.is_symlink():
+        return None
+    target = p.resolve()
+    if target.parent.name == "blobs" and _BLOB.fullmatch(target.name):
+        return target.name
+    return None
+
+
+def _key(st: os.stat_result) -> str:
+    return f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
+
+
+def _sha256(path: FsPath) -> str:
+    h = hashlib.sha256()
+    with open_input(path, WEIGHTS, what="file hashed for a run's identity") as f:  # regular, bounded
+        for chunk in iter(lambda: f.read(_CHUNK), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+class DigestCache:
+    """Digests of whole files keyed by (device, inode, size, mtime_ns, ctime_ns); ``save`` writes
+    what was added (a lost race with another process only costs a file read again)."""
+
+    def __init__(self, folder: str | os.PathLike[str] | None = None):
+        self.path = FsPath(folder if folder is not None else cache_dir()) / CACHE_NAME
+        self.entries: dict[str, str] = {}
+        self.added = 0
+        self.hashed_bytes = 0
+        try:
+            data = read_json_file(self.path, limit=JSON_FILE, what=CACHE_NAME)
+        except (OSError, ValueError, JsonInputError):
+            data = None  # none yet, or unreadable: digests are read again
+        if isinstance(data, dict):
+            self.entries = {k: v for k, v in data.items() if isinstance(v, str) and _BLOB.fullmatch(v)}
+
+    def digest(self, path: str | os.PathLike[str], st: os.stat_result | None = None) -> str:
+        """The sha256 (hex) of the whole file at ``path`` (links followed); ``st``: its stat
+        already taken, when it is no link (a folder walk's)."""
+        if st is None:
+            free = hub_blob_digest(path)
+            if free:
+                return free
+        p = FsPath(path)
+        before = st or os.stat(p)
+        if not stat.S_ISREG(before.st_mode):  # a FIFO or device is never read (it could block)
+            return f"not-a-regular-file:{stat.filemode(before.st_mode)}"
+        key = _key(before)
+        known = self.entries.get(key)
+        if known:
+            return known
+        digest = _sha256(p)
+        if _key(os.stat(p)) != key:  # written while we read: read it again next time
+            return digest
+        self.entries[key] = digest
+        self.added += 1
+        self.hashed_bytes += before.st_size
+        return digest
+
+    def save(self) -> None:
+        """Write the cache if anything was added (private file, replaced whole)."""
+        if not self.added:
+            return
+        entries = dict(list(self.entries.items())[-MAX_ENTRIES:])
+        try:
+            private_dir(self.path.parent)
+            write_json_atomic(self.path, entries, indent=None)
+        except OSError:
+            pass  # a read-only home: digests are read again next time, nothing else changes
+        self.added = 0
+
+
+def files_digest(
+    root: str | os.PathLike[str], relatives: Iterable[str], cache: DigestCache | None = None
+) -> str:
+    """One sha256 over (relative path, whole-file sha256) of ``relatives`` under ``root``, sorted."""
+    own = cache is None
+    cache = cache or DigestCache()
+    h = hashlib.sha256()
+    try:
+        for rel in sorted(set(relatives)):
+            h.update(f"{rel}\0{cache.digest(FsPath(root) / rel)}\n".encode())
+    finally:
+        if own:
+            cache.save()
+    return "sha256:" + h.hexdigest()
