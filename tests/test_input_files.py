@@ -322,21 +322,24 @@ def test_a_line_reader_streams_and_bounds_each_line(tmp_path):
 
 
 def test_a_model_folder_fingerprint_reads_only_bounded_regular_files(tmp_path):
-    """Red team #9: folder_fingerprint reads a model folder's files as inputs are read
-    (chexpercept.input_files): a tokenizer.json over MODEL_FILE (sparse here: no disk used) is refused
-    unread, naming the limit, instead of being read whole into memory."""
+    """Red team #9: folder_fingerprint hashes a model folder's files whole but streamed, in chunks
+    (chexpercept/file_digest.py, through chexpercept.input_files): a FIFO put in the folder is never
+    opened (it would block) and is no file of the model; digests are cached by stat, so a changed
+    file is read again."""
     from chexpercept.eval.runner.identity import folder_fingerprint
-    from chexpercept.input_files import MODEL_FILE, InputFileError
+    from chexpercept.file_digest import DigestCache
 
     model = tmp_path / "model"
     model.mkdir()
     (model / "model.safetensors").write_bytes(b"w" * 4096)
     (model / "tokenizer.json").write_text("{}")
-    first = folder_fingerprint(model)
-    assert first.startswith("sha256:") and folder_fingerprint(model) == first
-    as_sparse(model / "tokenizer.json", MODEL_FILE.max_bytes + 1)
-    with pytest.raises(InputFileError, match="MODEL_FILE"):
-        folder_fingerprint(model)
+    cache = DigestCache(tmp_path / "digests")
+    first = folder_fingerprint(model, cache)
+    assert first.startswith("sha256:") and folder_fingerprint(model, cache) == first
+    os.mkfifo(model / "tokenizer.model")
+    assert folder_fingerprint(model, cache) == first  # returned: the FIFO was neither opened nor counted
+    (model / "tokenizer.json").write_text('{"a": 1}')
+    assert folder_fingerprint(model, cache) != first  # a changed file is read again (its stat moved)
 
 
 def test_no_module_opens_a_file_itself():
