@@ -294,11 +294,12 @@ def follow_parent(prctl: object = None) -> None:
     parent = int(named)
     if parent == os.getppid():
         die_with(parent, prctl)
-    elif not _exists(parent):  # the run's process died before this one got this far (a loaded
+    elif not process_exists(parent):  # the run's process died before this one got this far (a loaded
         os.kill(os.getpid(), signal.SIGKILL)  # machine starts a spawned interpreter slowly)
 
 
-def _exists(pid: int) -> bool:
+def process_exists(pid: int) -> bool:
+    """Whether a process ``pid`` exists on this machine (one of another account's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -22,7 +22,7 @@ from pathlib import Path as FsPath
 from typing import Any
 
 from chexpercept.eval.runner.identity import settings_diff
-from chexpercept.eval.runner.interrupts import deferred
+from chexpercept.eval.runner.interrupts import deferred, process_exists
 from chexpercept.eval.runner.provenance import now
 from chexpercept.fileio import (
     append_durable,
@@ -72,16 +72,6 @@ def _process_start(pid: int) -> str | None:
         return fields[19]
     except (OSError, IndexError):
         return None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class RunLock:
@@ -159,7 +149,7 @@ class RunLock:
         if info:
             who = f"pid {info.get('pid')} on host {info.get('host')}, running since {info.get('since')}"
             pid = info.get("pid")
-            if info.get("host") == socket.gethostname() and isinstance(pid, int) and not _alive(pid):
+            if info.get("host") == socket.gethostname() and isinstance(pid, int) and not process_exists(pid):
                 return (
                     f"{folder} is locked by a process that pid {pid} left behind (pid {pid} itself is gone; "
                     f"an engine process it started may still hold {self.path}): find it with "
