@@ -220,7 +220,8 @@ def _name_too_long(error: OSError, where: str, reason: str, folder: str, then: s
         what = f"a file or folder name is too long: {shown!r} has {size} bytes, more than the {name_max} "
         what += f"this file system allows ({reason})"
     else:
-        what = f"the path {where[:80]}... is too long ({len(os.fsencode(where))} bytes; {reason})"
+        tail = where if len(where) <= 80 else "..." + where[-77:]  # its end names the file
+        what = f"the path {tail} is too long ({len(os.fsencode(where))} bytes; {reason})"
     return OsErrorText(what, f"use a shorter name ({_NAMES}), {then}")
 
 

@@ -217,4 +217,29 @@ def load_runs(path: str | os.PathLike[str], **kwargs: Any) -> list[Run]:
     kind, where = detect(path)
     if kind != "model":
         return [load_run(path, **kwargs)]
-    return [load_run(d, **kwargs) for d in _run_folders(where)]
+    runs = [load_run(d, **kwargs) for d in _run_folders(where)]
+    _check_one_identity(where, runs)
+    return runs
+
+
+def _check_one_identity(folder: FsPath, runs: list[Run]) -> None:
+    """ValueError when the settings folders of one model folder were made by another model or under
+    other settings (all but the oracle; eval/runner/identity.py): their numbers would be combined into
+    one row (End-to-End from one, Oracle-Passed from another). Folders without a recorded identity
+    (older versions, the reference's) are not compared."""
+    from chexpercept.eval.runner.identity import setting_folders_mismatch
+
+    recorded = [(r, getattr(getattr(r, "meta", None), "settings", None)) for r in runs]
+    recorded = [(r, s) for r, s in recorded if isinstance(s, dict)]
+    if len(recorded) < 2:
+        return
+    first_run, first = recorded[0]
+    others = {f"oracle_{r.oracle}": s for r, s in recorded[1:]}
+    diff = setting_folders_mismatch(first, others)
+    if diff:
+        shown = "; ".join(terminal(line) for line in diff[:6])
+        raise ValueError(
+            f"{terminal(str(folder))}: its settings folders were made by different models or settings, "
+            f"compared with oracle_{first_run.oracle} ({shown}), so they are not scored together; "
+            "score each settings folder on its own, or move one to a model folder of its own"
+        )

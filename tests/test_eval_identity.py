@@ -377,3 +377,32 @@ def test_a_bad_field_of_run_json_is_named_on_resume(fixture_bundle, tmp_path, ca
     assert _run(fixture_bundle, tmp_path, "baseline:constant:1", "--limit", "3") == 2
     err = capsys.readouterr().err
     assert str(run_json) in err and "resumed" in err and "internal error" not in err, err
+
+
+def test_one_model_folder_holds_one_models_settings(fixture_bundle, tmp_path, capsys):
+    """Final red team: a second model run under the same --run-name (or the same model on another
+    bundle or at another temperature) put its settings folder beside the first's, and score combined
+    them into one row (End-to-End from one model, Oracle-Passed from the other). The settings folders
+    of one model folder now share one identity but the oracle."""
+    from chexpercept.eval.run import main
+
+    out = ["--output-dir", str(tmp_path), "--no-progress", "--no-score", "--limit", "2"]
+    first = ["--data-dir", str(fixture_bundle), "--model", "baseline:constant:1", "--run-name", "exp1"]
+    assert main([*first, "--oracle", "none", *out]) == 0
+    other = ["--data-dir", str(fixture_bundle), "--model", "baseline:random", "--run-name", "exp1"]
+    assert main([*other, "--oracle", "implicit", *out]) != 0
+    err = capsys.readouterr().err
+    assert "oracle_none: model_id" in err and "--run-name" in err, err
+    assert not (tmp_path / "exp1" / "oracle_implicit" / "results.jsonl").exists()
+    # the same model's other setting goes beside it
+    assert main([*first, "--oracle", "implicit", *out]) == 0
+    # a folder mixed by hand (or by an older version) is not scored as one model
+    from chexpercept.cli import main as cli
+
+    other2 = ["--data-dir", str(fixture_bundle), "--model", "baseline:random", "--run-name", "exp2"]
+    assert main([*other2, "--oracle", "explicit", *out]) == 0
+    (tmp_path / "exp2" / "oracle_explicit").rename(tmp_path / "exp1" / "oracle_explicit")
+    capsys.readouterr()
+    assert cli(["score", str(tmp_path / "exp1")]) != 0
+    err = capsys.readouterr().err
+    assert "made by different models or settings" in err and "model_id" in err, err

@@ -34,6 +34,7 @@ from chexpercept.eval.runner.identity import (
     PROMPT_VERSION,
     ServedModelGuard,
     engine_versions,
+    setting_folders_mismatch,
     weights_identity,
     with_file_contents,
 )
@@ -45,6 +46,7 @@ from chexpercept.eval.runner.store import (
     RunLockedError,
     RunStore,
     StoreError,
+    read_json,
     read_records,
     repair_tail,
     rewrite_in_order,
@@ -273,6 +275,27 @@ def _take_folders(plan: RunPlan, runs: list[OracleRun], dist: Distributed) -> in
     return None
 
 
+def _check_setting_folders(folder: RunStore, settings: dict[str, Any]) -> None:
+    """StoreError when another settings folder of this model folder holds a run of another model or
+    other settings (a second model given the same --run-name, another bundle, another temperature):
+    the folder's settings are scored together, so they must share one identity but the oracle."""
+    siblings = {}
+    for other in sorted(folder.path.parent.glob("oracle_*/run.json")):
+        if other.parent == folder.path:
+            continue
+        previous = read_json(other)
+        if isinstance(previous, dict) and isinstance(previous.get("settings"), dict):
+            siblings[other.parent.name] = previous["settings"]
+    diff = setting_folders_mismatch(settings, siblings)
+    if diff:
+        shown = "\n  ".join(terminal(line) for line in diff[:12])
+        raise StoreError(
+            f"{folder.path.parent} already holds another run under other settings, and its settings "
+            f"folders are scored together (End-to-End from one, Oracle-Passed from another):\n  {shown}\n"
+            "Use another --run-name or --output-dir for this one."
+        )
+
+
 def _prepare_folder(plan: RunPlan, run: OracleRun) -> FolderOutcome:
     """Main process: take the lock, check the identity, repair a torn tail, write run.json."""
     folder = run.folder
@@ -284,6 +307,7 @@ def _prepare_folder(plan: RunPlan, run: OracleRun) -> FolderOutcome:
     try:
         folder.tighten()
         previous = folder.check_settings(run.settings)
+        _check_setting_folders(folder, run.settings)
         dropped = repair_tail(folder.results)
         repair_tail(folder.failures)
         identity = run_identity(run.settings)

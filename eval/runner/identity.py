@@ -98,6 +98,26 @@ def settings_diff(before: Mapping[str, Any], now: Mapping[str, Any]) -> list[str
     return out
 
 
+#: identity parts that may differ between the settings folders of one model folder
+PER_SETTING = frozenset({"oracle"})
+
+
+def setting_folders_mismatch(
+    settings: Mapping[str, Any], siblings: Mapping[str, Mapping[str, Any]]
+) -> list[str]:
+    """The differences (``settings_diff`` lines, each after its folder) between this setting's
+    identity and those of the other settings folders of the same model folder (``siblings``: folder
+    name -> its run.json settings), every part but ``PER_SETTING`` compared: one model folder holds one
+    model's answers under one set of settings, since its settings are scored together (End-to-End
+    from one, Oracle-Passed from another)."""
+    mine = {k: v for k, v in settings.items() if k not in PER_SETTING}
+    out = []
+    for name, theirs in sorted(siblings.items()):
+        diff = settings_diff({k: v for k, v in theirs.items() if k not in PER_SETTING}, mine)
+        out += [f"{name}: {line}" for line in diff]
+    return out
+
+
 #: a folder named by an option is fingerprinted when it holds one of these at its top
 MODEL_FOLDER_MARKERS = (
     "config.json",
