@@ -124,6 +124,23 @@ def test_repair_tail_keeps_complete_lines(tmp_path):
     assert repair_tail(path) == len(b"no newline at all") and path.read_bytes() == b""
 
 
+def test_resume_never_cuts_a_file_through_a_link(fixture_bundle, tmp_path, capsys):
+    """Rule: every file the run opens for writing or repair goes through fileio (O_NOFOLLOW, a
+    regular file of this account). A results file replaced by a link to a file outside the run
+    folder that ends without a newline is refused on resume, and that file is left whole."""
+    out = tmp_path / "runs"
+    assert run_cli(fixture_bundle, out) == 0
+    results = folder_of(out) / "results.jsonl"
+    victim = tmp_path / "victim.txt"
+    victim.write_bytes(results.read_bytes() + b"no newline at the end")
+    before = victim.read_bytes()
+    results.unlink()
+    results.symlink_to(victim)
+    assert run_cli(fixture_bundle, out) != 0
+    assert victim.read_bytes() == before
+    assert "link" in capsys.readouterr().err
+
+
 def test_duplicate_case_in_results_is_an_error(tmp_path):
     path = tmp_path / "results.jsonl"
     record = CaseResult(key_id="effusion_x", lesion="effusion", path="LF", oracle="none", turns=[])
