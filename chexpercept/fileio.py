@@ -94,10 +94,12 @@ def _check_ours(fd: int, path: FsPath) -> None:
     the file is a regular file of this account in a folder of this account (or root's). A run folder
     swapped mid-run by another account (its own folder, or a link to one, put in its place) or a file
     of theirs put where ours was is refused before a byte is written."""
+    from .input_files import file_kind
+
     info = os.fstat(fd)
     if not stat.S_ISREG(info.st_mode):
         raise PrivacyError(
-            f"{path} is not a regular file (a {_kind(info.st_mode)}); the toolkit writes only to its own "
+            f"{path} is not a regular file ({file_kind(info.st_mode)}); the toolkit writes only to its own "
             "regular files: remove it or choose another folder"
         )
     if info.st_uid != os.geteuid():
@@ -107,20 +109,6 @@ def _check_ours(fd: int, path: FsPath) -> None:
             "folder replaced while the toolkit was writing? Use a folder only you can write to"
         )
     _check_holder(path.parent, path, "use a folder only you can write to")
-
-
-def _kind(mode: int) -> str:
-    """What a file that is not a regular file is, in words."""
-    for test, name in (
-        (stat.S_ISDIR, "folder"),
-        (stat.S_ISFIFO, "FIFO"),
-        (stat.S_ISSOCK, "socket"),
-        (stat.S_ISCHR, "character device"),
-        (stat.S_ISBLK, "block device"),
-    ):
-        if test(mode):
-            return name
-    return "special file"
 
 
 def _open_ours(path: FsPath, flags: int) -> int:
