@@ -289,6 +289,34 @@ def test_a_model_file_changed_anywhere_changes_the_fingerprint(tiny_model, tmp_p
     assert cache.digest(tmp_path / "hub" / "model.safetensors") == digest and cache.hashed_bytes == 0
 
 
+def test_a_digest_cache_of_another_account_is_ignored(tmp_path):
+    """Rule: the digest cache file and its folder are used only when this account's (else ignored
+    with a one-line warning and digests computed afresh): another account's cache would decide the
+    run's identity."""
+    import hashlib
+    import os
+
+    from chexpercept.file_digest import CACHE_NAME, DigestCache, _key
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give files to another account")
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(b"the real weights")
+    true = hashlib.sha256(b"the real weights").hexdigest()
+    for foreign_folder in (True, False):
+        folder = tmp_path / f"cache-{foreign_folder}"
+        folder.mkdir()
+        (folder / CACHE_NAME).write_text(json.dumps({_key(os.stat(weights)): "0" * 64}))
+        os.chown(folder / CACHE_NAME, 65534, 65534)
+        if foreign_folder:
+            os.chown(folder, 65534, 65534)
+        with pytest.warns(UserWarning, match="not this account's"):
+            cache = DigestCache(folder)
+        assert cache.digest(weights) == true
+        cache.save()
+        assert (folder / CACHE_NAME).stat().st_uid == (65534 if foreign_folder else os.geteuid())
+
+
 def test_an_alias_served_by_another_snapshot_stops_the_resume(fixture_bundle, tmp_path, capsys):
     """Session 1 answered as gpt-5.4-2025-08-06; session 2's server (at another --base-url) answers
     the same alias as gpt-5.4-2025-11-20: the resume says the URL changed, stops at the first answer
