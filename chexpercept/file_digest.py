@@ -3,17 +3,18 @@
 The rule: the whole file counts (a fine-tune with frozen embeddings changes only the middle of its
 weight file). The cost is bounded by construction:
 
-- a file the Hugging Face Hub cache holds is a link to a blob named by its sha256 (an LFS file's
-  etag, checked when it was downloaded): that name is its digest, nothing is read;
-- any other file is read whole once; its digest is kept in a private cache file
+- every file counts by its content, never by its name: a file of a Hugging Face Hub snapshot (a link
+  to ``blobs/<sha256>``) is read like any other, since a blob rewritten in place, or a
+  ``save_pretrained`` into a snapshot (which writes through the link), keeps its name;
+- each file is read whole once; its digest is kept in a private cache file
   (``$CHEXPERCEPT_CACHE``, default ``$XDG_CACHE_HOME/chexpercept`` or ``~/.cache/chexpercept``,
   ``file-digests.json``, written through chexpercept/fileio.py; a folder or file there of another
   account is ignored with a one-line warning, since its owner would decide the run's identity) keyed by the file's device, inode,
   size, modification time and change time (ns). Rewriting a file in place changes its change time
   (which no program can set back), so a changed file is read again; an unchanged one costs a stat.
 
-Measured (bench/RESULTS.md, ``bench/identity_cost.py``): the time to read and hash a model outside the
-Hub cache once, then milliseconds; the bundle's images once, then a stat per image.
+Measured (bench/RESULTS.md, ``bench/identity_cost.py``): the time to read and hash a model once
+(a Hub snapshot too), then milliseconds; the bundle's images once, then a stat per image.
 """
 
 from __future__ import annotations
@@ -43,18 +44,6 @@ def cache_dir() -> FsPath:
     if explicit:
         return FsPath(explicit).expanduser()
     return FsPath(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "chexpercept"
-
-
-def hub_blob_digest(path: str | os.PathLike[str]) -> str | None:
-    """The sha256 of a Hub cache file for free: the name of the blob its snapshot link points to
-    (``.../blobs/<64 hex>``); None for any other file (a git blob named by sha1, a plain file)."""
-    p = FsPath(path)
-    if not p.is_symlink():
-        return None
-    target = p.resolve()
-    if target.parent.name == "blobs" and _BLOB.fullmatch(target.name):
-        return target.name
-    return None
 
 
 def _foreign(folder: FsPath) -> str | None:
@@ -137,10 +126,6 @@ class DigestCache:
     def digest(self, path: str | os.PathLike[str], st: os.stat_result | None = None) -> str:
         """The sha256 (hex) of the whole file at ``path`` (links followed); ``st``: its stat
         already taken, when it is no link (a folder walk's)."""
-        if st is None:
-            free = hub_blob_digest(path)
-            if free:
-                return free
         p = FsPath(path)
         before = st or os.stat(p)
         if not stat.S_ISREG(before.st_mode):  # a FIFO or device is never read (it could block)

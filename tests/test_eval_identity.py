@@ -8,6 +8,7 @@ never scored.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 
@@ -253,7 +254,7 @@ def test_an_image_changed_in_place_is_refused(fixture_bundle, tmp_path, capsys):
 def test_a_model_file_changed_anywhere_changes_the_fingerprint(tiny_model, tmp_path):
     """The whole file counts (a weight file changed in its middle), and every file of the folder but
     README, LICENSE and dot-files (tokenizer.model.v3, chat_template.j2); unchanged files are not
-    read again (the digest cache), and a Hub blob's digest is its name."""
+    read again (the digest cache), and a Hub blob counts by its content, never by its name."""
     from chexpercept.eval.runner.identity import folder_fingerprint
     from chexpercept.file_digest import DigestCache
 
@@ -282,11 +283,13 @@ def test_a_model_file_changed_anywhere_changes_the_fingerprint(tiny_model, tmp_p
 
     blobs = tmp_path / "hub" / "blobs"
     blobs.mkdir(parents=True)
-    digest = "ab" * 32
+    digest = hashlib.sha256(b"weights").hexdigest()
     (blobs / digest).write_bytes(b"weights")
-    (tmp_path / "hub" / "model.safetensors").symlink_to(blobs / digest)
-    cache.hashed_bytes = 0
-    assert cache.digest(tmp_path / "hub" / "model.safetensors") == digest and cache.hashed_bytes == 0
+    linked = tmp_path / "hub" / "model.safetensors"
+    linked.symlink_to(blobs / digest)
+    assert cache.digest(linked) == digest
+    (blobs / digest).write_bytes(b"weights rewritten in place")  # same name, new content
+    assert cache.digest(linked) == hashlib.sha256(b"weights rewritten in place").hexdigest()
 
 
 def test_a_digest_cache_of_another_account_is_ignored(tmp_path):

@@ -61,7 +61,7 @@ def model_files(folder: str | os.PathLike[str]) -> list[str]:
 
 def folder_fingerprint(folder: str | os.PathLike[str], cache: DigestCache | None = None) -> str:
     """A fingerprint of a local model folder (``sha256:`` + hex) over every file of ``model_files``
-    hashed whole (chexpercept/file_digest.py: a Hub blob by its name, any other file read once and
+    hashed whole (chexpercept/file_digest.py: every file, a Hub blob too, read once by its content and
     its digest cached by device, inode, size and times)."""
     return files_digest(folder, model_files(folder), cache)
 
