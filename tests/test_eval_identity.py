@@ -320,6 +320,44 @@ def test_a_digest_cache_of_another_account_is_ignored(tmp_path):
         assert (folder / CACHE_NAME).stat().st_uid == (65534 if foreign_folder else os.geteuid())
 
 
+def test_linked_folders_are_walked_into_by_bundle_and_model_digests(fixture_bundle, tmp_path):
+    """Rule: one walker of a tree that follows links (chexpercept/tree_walk.py, loops guarded), used
+    by the bundle's image digest and the model's file list: an image inside a case folder that is a
+    link elsewhere in the bundle, and a file of a model's linked processor/ folder, both count."""
+    import os
+
+    from chexpercept.bundle import read_bundle
+    from chexpercept.eval.runner.identity import folder_fingerprint, model_files
+    from chexpercept.file_digest import DigestCache
+
+    bundle = tmp_path / "bundle"
+    shutil.copytree(fixture_bundle, bundle)
+    case = sorted(p for p in (bundle / "chexpercept").iterdir() if p.is_dir())[0]
+    moved = bundle / "moved" / case.name
+    moved.parent.mkdir()
+    case.rename(moved)
+    case.symlink_to(moved, target_is_directory=True)
+    cache = DigestCache(tmp_path / "cache")
+    before = read_bundle(bundle).images_fingerprint(cache)
+    image = sorted(p for p in moved.rglob("*") if p.is_file())[0]
+    image.write_bytes(image.read_bytes() + b"changed")
+    assert read_bundle(bundle).images_fingerprint(cache) != before
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    shared = tmp_path / "shared-processor"
+    shared.mkdir()
+    (shared / "preprocessor_config.json").write_text('{"size": 1}')
+    (model / "processor").symlink_to(shared, target_is_directory=True)
+    (shared / "loop").symlink_to(model, target_is_directory=True)  # a loop back to the model
+    os.symlink(".", model / "self")  # a link to the folder it sits in
+    assert model_files(model) == ["config.json", "processor/preprocessor_config.json"]
+    before = folder_fingerprint(model, cache)
+    (shared / "preprocessor_config.json").write_text('{"size": 2}')
+    assert folder_fingerprint(model, cache) != before
+
+
 def test_an_alias_served_by_another_snapshot_stops_the_resume(fixture_bundle, tmp_path, capsys):
     """Session 1 answered as gpt-5.4-2025-08-06; session 2's server (at another --base-url) answers
     the same alias as gpt-5.4-2025-11-20: the resume says the URL changed, stops at the first answer
