@@ -79,8 +79,8 @@ assumed; a cold disk adds its read time):
 | what | size | first start | each later start |
 | --- | --- | --- | --- |
 | one weight file, read whole (page cache) | {args.gib:g} GiB | {cold:.2f} s, {rate:,.0f} MB/s (CPU {cold_cpu:.2f} s, {cpu_rate:,.0f} MB/s) | {warm_model * 1000:.1f} ms |
-| a 54 GB model outside the Hub cache, from the CPU rate | 54 GB | {54e9 / (cpu_rate * 1e6):.0f} s (+ disk) | ms (stat per file) |
-| a Hub snapshot (blob names are sha256) | any | 0 (nothing read) | 0 |
+| a 54 GB model (a Hub snapshot too: read once by content), from the CPU rate | 54 GB | {54e9 / (cpu_rate * 1e6):.0f} s (+ disk) | ms (stat per file) |
+| a Hub snapshot (blob names no longer trusted) | its size | read once, as the row above | ms (stat per file) |
 | bundle images (`Bundle.images_fingerprint`), phantom | {len(bundle.cases):,} cases, {len(files):,} files, {image_bytes / 1e6:.1f} MB | {first * 1000:.0f} ms (CPU {first_cpu * 1000:.0f} ms) | {later * 1000:.0f} ms (CPU {later_cpu * 1000:.0f} ms) |
 
 The phantom images are small; the release's (about 10,400 files under `chexpercept/`, a few GB)

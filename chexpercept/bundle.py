@@ -36,6 +36,7 @@ from .input_files import (
 from .input_json import JsonInputError
 from .jsonstream import Span, iter_object_items, read_span
 from .os_errors import explain_os_error
+from .tree_walk import walk_files
 from .validate import validate_entry
 from .vocab import LESIONS, Path, parse_lesion, parse_path
 
@@ -91,46 +92,28 @@ class Bundle:
         and overlays its conversations show) and its whole-file sha256 (chexpercept/file_digest.py:
         each file read once, then known by its device, inode, size and times): an image changed,
         replaced, added or removed in place changes it. A link is hashed as its target's text and
-        content. Part of a run's identity (eval/runner/identity.py); cost in bench/RESULTS.md."""
+        content; a linked folder is entered, its files hashed like any other (chexpercept/tree_walk.py).
+        Part of a run's identity (eval/runner/identity.py); cost in bench/RESULTS.md."""
         own = cache is None
         cache = cache or DigestCache()
         h = hashlib.sha256()
         try:
-            for rel, entry in _image_entries(self.root):
-                if entry.is_symlink():
-                    target = os.readlink(entry.path)
+            images = os.path.join(os.fspath(self.root), IMAGES_DIR)
+            for rel in walk_files(images):  # linked folders entered (chexpercept/tree_walk.py)
+                path = os.path.join(images, rel)
+                if os.path.islink(path):
+                    target = os.readlink(path)
                     try:
-                        digest = f"link:{target}:{cache.digest(entry.path)}"
+                        digest = f"link:{target}:{cache.digest(path)}"
                     except OSError:
                         digest = f"link:{target}:absent"
                 else:
-                    digest = cache.digest(entry.path, entry.stat(follow_symlinks=False))
+                    digest = cache.digest(path)
                 h.update(f"{rel}\0{digest}\n".encode())
         finally:
             if own:
                 cache.save()
         return "sha256:" + h.hexdigest()
-
-
-def _image_entries(data_dir: str | os.PathLike[str]) -> list[tuple[str, os.DirEntry[str]]]:
-    """(path relative to ``chexpercept/``, entry) of every file or link under the bundle's image
-    folder, sorted; folders are walked without following links."""
-    root = os.path.join(os.fspath(data_dir), "chexpercept")
-    cut = len(root) + 1
-    out: list[tuple[str, os.DirEntry[str]]] = []
-    stack = [root]
-    while stack:
-        folder = stack.pop()
-        try:
-            with os.scandir(folder) as it:
-                for entry in it:
-                    if entry.is_dir(follow_symlinks=False):
-                        stack.append(entry.path)
-                    else:
-                        out.append((entry.path[cut:], entry))
-        except FileNotFoundError:
-            continue
-    return sorted(out, key=lambda pair: pair[0])
 
 
 def fingerprint(data_dir: str | os.PathLike[str]) -> str:
@@ -153,8 +136,9 @@ def files_fingerprint(data_dir: str | os.PathLike[str]) -> str:
     added or removed image changes it. About 50 ms for the 10,400 files of the release."""
     h = hashlib.sha256()
     entries: list[tuple[str, int, int]] = []
-    for rel, entry in _image_entries(data_dir):
-        st = entry.stat()
+    images = os.path.join(os.fspath(data_dir), IMAGES_DIR)
+    for rel in walk_files(images):  # linked folders entered (chexpercept/tree_walk.py)
+        st = os.stat(os.path.join(images, rel))
         entries.append((rel, st.st_size, st.st_mtime_ns))
     for rel, size, mtime in sorted(entries):
         h.update(f"{rel}\0{size}\0{mtime}\n".encode())

@@ -3,16 +3,18 @@
 The rule: the whole file counts (a fine-tune with frozen embeddings changes only the middle of its
 weight file). The cost is bounded by construction:
 
-- a file the Hugging Face Hub cache holds is a link to a blob named by its sha256 (an LFS file's
-  etag, checked when it was downloaded): that name is its digest, nothing is read;
-- any other file is read whole once; its digest is kept in a private cache file
+- every file counts by its content, never by its name: a file of a Hugging Face Hub snapshot (a link
+  to ``blobs/<sha256>``) is read like any other, since a blob rewritten in place, or a
+  ``save_pretrained`` into a snapshot (which writes through the link), keeps its name;
+- each file is read whole once; its digest is kept in a private cache file
   (``$CHEXPERCEPT_CACHE``, default ``$XDG_CACHE_HOME/chexpercept`` or ``~/.cache/chexpercept``,
-  ``file-digests.json``, written through chexpercept/fileio.py) keyed by the file's device, inode,
+  ``file-digests.json``, written through chexpercept/fileio.py; a folder or file there of another
+  account is ignored with a one-line warning, since its owner would decide the run's identity) keyed by the file's device, inode,
   size, modification time and change time (ns). Rewriting a file in place changes its change time
   (which no program can set back), so a changed file is read again; an unchanged one costs a stat.
 
-Measured (bench/RESULTS.md, ``bench/identity_cost.py``): the time to read and hash a model outside the
-Hub cache once, then milliseconds; the bundle's images once, then a stat per image.
+Measured (bench/RESULTS.md, ``bench/identity_cost.py``): the time to read and hash a model once
+(a Hub snapshot too), then milliseconds; the bundle's images once, then a stat per image.
 """
 
 from __future__ import annotations
@@ -21,13 +23,13 @@ import hashlib
 import os
 import re
 import stat
+import warnings
 from collections.abc import Iterable
 from pathlib import Path as FsPath
 
-from .fileio import private_dir, write_json_atomic
-from .input_files import JSON_FILE, WEIGHTS, open_input
-from .input_json import JsonInputError
-from .input_json import read_json as read_json_file
+from .fileio import owner_name, private_dir, write_json_atomic
+from .input_files import JSON_FILE, WEIGHTS, open_checked, open_input
+from .input_json import JsonInputError, loads
 
 CACHE_NAME = "file-digests.json"
 #: entries kept at most (the newest win): a cache of a few MB
@@ -44,16 +46,29 @@ def cache_dir() -> FsPath:
     return FsPath(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "chexpercept"
 
 
-def hub_blob_digest(path: str | os.PathLike[str]) -> str | None:
-    """The sha256 of a Hub cache file for free: the name of the blob its snapshot link points to
-    (``.../blobs/<64 hex>``); None for any other file (a git blob named by sha1, a plain file)."""
-    p = FsPath(path)
-    if not p.is_symlink():
+def _foreign(folder: FsPath) -> str | None:
+    """Who owns ``folder`` when it exists and is not this account's (or is not a folder); else None."""
+    try:
+        st = os.stat(folder)
+    except FileNotFoundError:
         return None
-    target = p.resolve()
-    if target.parent.name == "blobs" and _BLOB.fullmatch(target.name):
-        return target.name
-    return None
+    except OSError as e:
+        return f"unreadable ({e.strerror})"
+    if not stat.S_ISDIR(st.st_mode):
+        return "not a folder"
+    return None if st.st_uid == os.geteuid() else f"owned by {owner_name(st.st_uid)}"
+
+
+def _foreign_fd(fd: int) -> str | None:
+    st = os.fstat(fd)
+    return None if st.st_uid == os.geteuid() else f"owned by {owner_name(st.st_uid)}"
+
+
+def _warn_ignored(path: FsPath, why: str) -> None:
+    warnings.warn(
+        f"digest cache {path} is {why}, not this account's: ignored, file digests are computed afresh",
+        stacklevel=3,
+    )
 
 
 def _key(st: os.stat_result) -> str:
@@ -77,20 +92,40 @@ class DigestCache:
         self.entries: dict[str, str] = {}
         self.added = 0
         self.hashed_bytes = 0
-        try:
-            data = read_json_file(self.path, limit=JSON_FILE, what=CACHE_NAME)
-        except (OSError, ValueError, JsonInputError):
-            data = None  # none yet, or unreadable: digests are read again
+        #: False when the cache folder is another account's: it is neither read nor written
+        self.usable = True
+        foreign = _foreign(self.path.parent)
+        if foreign:
+            self.usable = False
+            _warn_ignored(self.path.parent, foreign)
+            return
+        data = self._read()
         if isinstance(data, dict):
             self.entries = {k: v for k, v in data.items() if isinstance(v, str) and _BLOB.fullmatch(v)}
+
+    def _read(self) -> object:
+        """The cache file's JSON, or None when there is none, it is unreadable or it is not a regular
+        file of this account (another account's digests would decide this run's identity)."""
+        try:
+            fd = open_checked(self.path, JSON_FILE, what=CACHE_NAME)  # no link, no FIFO, bounded
+        except (OSError, ValueError):
+            return None  # none yet, or unusable: digests are read again
+        try:
+            foreign = _foreign_fd(fd)
+            if foreign:
+                _warn_ignored(self.path, foreign)
+                return None  # replaced by ours on save (our folder)
+            with os.fdopen(os.dup(fd), "rb") as f:
+                text = f.read(JSON_FILE.max_bytes + 1)
+            return loads(text, source=self.path)
+        except (OSError, ValueError, JsonInputError):
+            return None
+        finally:
+            os.close(fd)
 
     def digest(self, path: str | os.PathLike[str], st: os.stat_result | None = None) -> str:
         """The sha256 (hex) of the whole file at ``path`` (links followed); ``st``: its stat
         already taken, when it is no link (a folder walk's)."""
-        if st is None:
-            free = hub_blob_digest(path)
-            if free:
-                return free
         p = FsPath(path)
         before = st or os.stat(p)
         if not stat.S_ISREG(before.st_mode):  # a FIFO or device is never read (it could block)
@@ -108,8 +143,9 @@ class DigestCache:
         return digest
 
     def save(self) -> None:
-        """Write the cache if anything was added (private file, replaced whole)."""
-        if not self.added:
+        """Write the cache if anything was added (private file, replaced whole, through fileio);
+        never into a folder of another account."""
+        if not self.added or not self.usable:
             return
         entries = dict(list(self.entries.items())[-MAX_ENTRIES:])
         try:

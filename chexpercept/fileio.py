@@ -94,8 +94,15 @@ def _check_ours(fd: int, path: FsPath) -> None:
     the file is a regular file of this account in a folder of this account (or root's). A run folder
     swapped mid-run by another account (its own folder, or a link to one, put in its place) or a file
     of theirs put where ours was is refused before a byte is written."""
+    from .input_files import file_kind
+
     info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+    if not stat.S_ISREG(info.st_mode):
+        raise PrivacyError(
+            f"{path} is not a regular file ({file_kind(info.st_mode)}); the toolkit writes only to its own "
+            "regular files: remove it or choose another folder"
+        )
+    if info.st_uid != os.geteuid():
         raise PrivacyError(
             f"{path} is not a file of this account ({owner_name(os.geteuid())}): it belongs to "
             f"{owner_name(info.st_uid)}; nothing is written into it (its owner would read it). Was the "
@@ -106,11 +113,18 @@ def _check_ours(fd: int, path: FsPath) -> None:
 
 def _open_ours(path: FsPath, flags: int) -> int:
     """``os.open`` of a file to write (``_check_ours``), created private when it does not exist; the
-    folder is checked first too, so that nothing is created in a folder of another account."""
+    folder is checked first too, so that nothing is created in a folder of another account. Opened
+    ``O_NOFOLLOW | O_NONBLOCK``: a link is refused and a FIFO put in the file's place never blocks
+    the open (it is then refused as not a regular file)."""
     _check_holder(path.parent, path, "use a folder only you can write to")
     try:
-        fd = os.open(path, flags | os.O_CLOEXEC | os.O_NOFOLLOW, FILE_MODE)
+        fd = os.open(path, flags | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, FILE_MODE)
     except OSError as e:
+        if e.errno == errno.ENXIO:  # a FIFO opened write-only with nobody reading it
+            raise PrivacyError(
+                f"{path} is not a regular file (a FIFO); the toolkit writes only to its own regular "
+                "files: remove it or choose another folder"
+            ) from None
         if e.errno == errno.ELOOP:
             raise PrivacyError(
                 f"{path} is a link: the toolkit writes only to its own files, never through a link"
@@ -326,6 +340,44 @@ def open_private(path: str | os.PathLike[str], flags: int = os.O_RDWR | os.O_CRE
     files updated in place); never through a link, and only a file of this account in a folder of
     this account (``_check_ours``)."""
     return _open_ours(FsPath(path), flags)
+
+
+def cut_tail(path: str | os.PathLike[str], *, limit: Limit, what: str = "file") -> bytes:
+    """Cut a torn last line (bytes after the last newline) off ``path`` in place, under an exclusive
+    ``flock``, and flush it to disk; returns the bytes removed (empty when the file ends with a
+    newline or does not exist). ``path`` is opened as every file the toolkit writes
+    (``_open_ours``: never through a link, a regular file of this account) and must be within
+    ``limit`` (chexpercept.input_files), so a link to a file elsewhere is never cut."""
+    from .input_files import check_input_stat
+
+    path = FsPath(path)
+    try:
+        fd = _open_ours(path, os.O_RDWR)
+    except FileNotFoundError:
+        return b""
+    try:
+        check_input_stat(path, os.fstat(fd), limit, what=what)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            size = os.lseek(fd, 0, os.SEEK_END)
+            if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
+                return b""
+            keep, pos, block = 0, size, 1 << 16
+            while pos > 0:
+                start = max(0, pos - block)
+                nl = os.pread(fd, pos - start, start).rfind(b"\n")
+                if nl >= 0:
+                    keep = start + nl + 1
+                    break
+                pos = start
+            torn = os.pread(fd, size - keep, keep)
+            os.ftruncate(fd, keep)
+            os.fsync(fd)
+            return torn
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
 
 
 # ------------------------------------------------------------------------------- whole folders

@@ -25,6 +25,7 @@ Cost: one ``open``, one ``fstat`` and one ``fcntl`` per file, as a plain ``open`
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import stat
@@ -92,6 +93,32 @@ _KINDS = (
 )
 
 
+def file_kind(mode: int) -> str:
+    """What a file of this ``st_mode`` is, in words ("a FIFO (named pipe)", "a folder", ...)."""
+    if stat.S_ISREG(mode):
+        return "a regular file"
+    return next((name for test, name in _KINDS if test(mode)), "a special file")
+
+
+def open_checked(path: str | os.PathLike[str], limit: Limit, *, what: str = "file") -> int:
+    """A read-only descriptor of ``path``, opened non-blocking and never through a link, after
+    checking it is a regular file within ``limit`` (InputFileError naming the file and what it is
+    otherwise): for a lock or an input that is probed, not streamed (``open_input`` streams). A FIFO
+    in its place is refused at once, never waited on."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise InputFileError(path, "is a link: refused (read only as a file of its own)", what) from None
+        raise
+    try:
+        check_input_stat(path, os.fstat(fd), limit, what=what)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 class InputFileError(ContainmentError):
     """An input file refused before it was read: not a regular file, or over its size limit.
 
@@ -116,8 +143,7 @@ def stat_problem(st: os.stat_result, limit: Limit) -> str | None:
     """Why a file with this ``stat`` may not be read as ``limit``'s kind, or None (rules 1 and 2)."""
     mode = st.st_mode
     if not stat.S_ISREG(mode):
-        kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
-        return f"is {kind}, not a regular file: refused (only regular files are read)"
+        return f"is {file_kind(mode)}, not a regular file: refused (only regular files are read)"
     if st.st_size > limit.max_bytes:
         return f"is {_size(st.st_size)}, over the limit of {limit.describe()}: refused unread"
     return None

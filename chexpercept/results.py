@@ -205,9 +205,11 @@ def being_written(folder: str | FsPath) -> bool:
     import fcntl
     import os
 
-    try:
-        fd = os.open(FsPath(folder) / LOCK_NAME, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
+    from .input_files import JSON_FILE, open_checked
+
+    try:  # non-blocking, never through a link, a regular file (a FIFO there is refused, never waited on)
+        fd = open_checked(FsPath(folder) / LOCK_NAME, JSON_FILE, what="run lock")
+    except FileNotFoundError:
         return False
     try:
         stat = os.fstat(fd)

@@ -8,6 +8,7 @@ never scored.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 
@@ -253,7 +254,7 @@ def test_an_image_changed_in_place_is_refused(fixture_bundle, tmp_path, capsys):
 def test_a_model_file_changed_anywhere_changes_the_fingerprint(tiny_model, tmp_path):
     """The whole file counts (a weight file changed in its middle), and every file of the folder but
     README, LICENSE and dot-files (tokenizer.model.v3, chat_template.j2); unchanged files are not
-    read again (the digest cache), and a Hub blob's digest is its name."""
+    read again (the digest cache), and a Hub blob counts by its content, never by its name."""
     from chexpercept.eval.runner.identity import folder_fingerprint
     from chexpercept.file_digest import DigestCache
 
@@ -282,11 +283,79 @@ def test_a_model_file_changed_anywhere_changes_the_fingerprint(tiny_model, tmp_p
 
     blobs = tmp_path / "hub" / "blobs"
     blobs.mkdir(parents=True)
-    digest = "ab" * 32
+    digest = hashlib.sha256(b"weights").hexdigest()
     (blobs / digest).write_bytes(b"weights")
-    (tmp_path / "hub" / "model.safetensors").symlink_to(blobs / digest)
-    cache.hashed_bytes = 0
-    assert cache.digest(tmp_path / "hub" / "model.safetensors") == digest and cache.hashed_bytes == 0
+    linked = tmp_path / "hub" / "model.safetensors"
+    linked.symlink_to(blobs / digest)
+    assert cache.digest(linked) == digest
+    (blobs / digest).write_bytes(b"weights rewritten in place")  # same name, new content
+    assert cache.digest(linked) == hashlib.sha256(b"weights rewritten in place").hexdigest()
+
+
+def test_a_digest_cache_of_another_account_is_ignored(tmp_path):
+    """Rule: the digest cache file and its folder are used only when this account's (else ignored
+    with a one-line warning and digests computed afresh): another account's cache would decide the
+    run's identity."""
+    import hashlib
+    import os
+
+    from chexpercept.file_digest import CACHE_NAME, DigestCache, _key
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give files to another account")
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(b"the real weights")
+    true = hashlib.sha256(b"the real weights").hexdigest()
+    for foreign_folder in (True, False):
+        folder = tmp_path / f"cache-{foreign_folder}"
+        folder.mkdir()
+        (folder / CACHE_NAME).write_text(json.dumps({_key(os.stat(weights)): "0" * 64}))
+        os.chown(folder / CACHE_NAME, 65534, 65534)
+        if foreign_folder:
+            os.chown(folder, 65534, 65534)
+        with pytest.warns(UserWarning, match="not this account's"):
+            cache = DigestCache(folder)
+        assert cache.digest(weights) == true
+        cache.save()
+        assert (folder / CACHE_NAME).stat().st_uid == (65534 if foreign_folder else os.geteuid())
+
+
+def test_linked_folders_are_walked_into_by_bundle_and_model_digests(fixture_bundle, tmp_path):
+    """Rule: one walker of a tree that follows links (chexpercept/tree_walk.py, loops guarded), used
+    by the bundle's image digest and the model's file list: an image inside a case folder that is a
+    link elsewhere in the bundle, and a file of a model's linked processor/ folder, both count."""
+    import os
+
+    from chexpercept.bundle import read_bundle
+    from chexpercept.eval.runner.identity import folder_fingerprint, model_files
+    from chexpercept.file_digest import DigestCache
+
+    bundle = tmp_path / "bundle"
+    shutil.copytree(fixture_bundle, bundle)
+    case = sorted(p for p in (bundle / "chexpercept").iterdir() if p.is_dir())[0]
+    moved = bundle / "moved" / case.name
+    moved.parent.mkdir()
+    case.rename(moved)
+    case.symlink_to(moved, target_is_directory=True)
+    cache = DigestCache(tmp_path / "cache")
+    before = read_bundle(bundle).images_fingerprint(cache)
+    image = sorted(p for p in moved.rglob("*") if p.is_file())[0]
+    image.write_bytes(image.read_bytes() + b"changed")
+    assert read_bundle(bundle).images_fingerprint(cache) != before
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    shared = tmp_path / "shared-processor"
+    shared.mkdir()
+    (shared / "preprocessor_config.json").write_text('{"size": 1}')
+    (model / "processor").symlink_to(shared, target_is_directory=True)
+    (shared / "loop").symlink_to(model, target_is_directory=True)  # a loop back to the model
+    os.symlink(".", model / "self")  # a link to the folder it sits in
+    assert model_files(model) == ["config.json", "processor/preprocessor_config.json"]
+    before = folder_fingerprint(model, cache)
+    (shared / "preprocessor_config.json").write_text('{"size": 2}')
+    assert folder_fingerprint(model, cache) != before
 
 
 def test_an_alias_served_by_another_snapshot_stops_the_resume(fixture_bundle, tmp_path, capsys):

@@ -124,6 +124,59 @@ def test_repair_tail_keeps_complete_lines(tmp_path):
     assert repair_tail(path) == len(b"no newline at all") and path.read_bytes() == b""
 
 
+def test_resume_never_cuts_a_file_through_a_link(fixture_bundle, tmp_path, capsys):
+    """Rule: every file the run opens for writing or repair goes through fileio (O_NOFOLLOW, a
+    regular file of this account). A results file replaced by a link to a file outside the run
+    folder that ends without a newline is refused on resume, and that file is left whole."""
+    out = tmp_path / "runs"
+    assert run_cli(fixture_bundle, out) == 0
+    results = folder_of(out) / "results.jsonl"
+    victim = tmp_path / "victim.txt"
+    victim.write_bytes(results.read_bytes() + b"no newline at the end")
+    before = victim.read_bytes()
+    results.unlink()
+    results.symlink_to(victim)
+    assert run_cli(fixture_bundle, out) != 0
+    assert victim.read_bytes() == before
+    assert "link" in capsys.readouterr().err
+
+
+def test_a_fifo_run_lock_is_refused_at_once_naming_the_cause(fixture_bundle, tmp_path, capsys):
+    """Rule: every open of a lock or an input is non-blocking and type-checked (input_files), and
+    the message names the real cause. A FIFO put in place of run.lock never hangs score (it used to
+    wait for a writer forever), and run refuses it as not a regular file, not as another's file."""
+    import threading
+
+    from chexpercept.input_files import InputFileError
+    from chexpercept.metrics import score_path
+
+    out = tmp_path / "runs"
+    assert run_cli(fixture_bundle, out) == 0
+    lock = folder_of(out) / "run.lock"
+    lock.unlink(missing_ok=True)
+    os.mkfifo(lock)
+    outcome: list[BaseException | None] = []
+
+    def score() -> None:
+        try:
+            score_path(folder_of(out), bundle=fixture_bundle)
+            outcome.append(None)
+        except BaseException as e:  # handed to the test thread
+            outcome.append(e)
+
+    worker = threading.Thread(target=score, daemon=True)
+    worker.start()
+    worker.join(timeout=60)
+    if worker.is_alive():  # unblock the stuck open so the thread can end
+        fd = os.open(lock, os.O_WRONLY | os.O_NONBLOCK)
+        os.close(fd)
+        pytest.fail("score blocked on a FIFO run.lock")
+    assert isinstance(outcome[0], InputFileError) and "FIFO" in str(outcome[0])
+    assert run_cli(fixture_bundle, out) != 0
+    err = capsys.readouterr().err
+    assert "not a regular file" in err and "belongs to" not in err
+
+
 def test_duplicate_case_in_results_is_an_error(tmp_path):
     path = tmp_path / "results.jsonl"
     record = CaseResult(key_id="effusion_x", lesion="effusion", path="LF", oracle="none", turns=[])

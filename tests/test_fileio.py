@@ -30,8 +30,6 @@ _ALLOWED = {
         "copytree",
     ): "copies phantom files that fileio wrote (0600) into a private folder",
     ("metrics/report/plots.py", "savefig"): "matplotlib writes into an atomic_file object",
-    ("eval/runner/store.py", "open"): "repair_tail cuts a torn last line in place (r+b)",
-    ("builder/review/store.py", "open"): "the repair cuts a torn last line in place (r+b)",
 }
 
 

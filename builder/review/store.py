@@ -24,7 +24,7 @@ import time
 from pathlib import Path as FsPath
 from typing import Any
 
-from chexpercept.fileio import append_durable, open_private, private_dir
+from chexpercept.fileio import append_durable, cut_tail, open_private, private_dir
 from chexpercept.input_files import RESULTS, open_input, read_input
 from chexpercept.input_json import JsonInputError, loads
 
@@ -139,10 +139,7 @@ class DecisionStore:
         cut = data.rfind(b"\n") + 1
         fragment = data[cut:]
         append_durable(self.path.with_name(self.path.name + ".torn"), fragment + b"\n")
-        with open(self.path, "r+b") as f:
-            f.truncate(cut)
-            f.flush()
-            os.fsync(f.fileno())
+        cut_tail(self.path, limit=RESULTS, what="decisions file")  # never through a link
         self.repaired = fragment
 
     # ------------------------------------------------------------------------------- read / write

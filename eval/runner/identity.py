@@ -28,6 +28,7 @@ from pathlib import Path as FsPath
 from typing import Any
 
 from chexpercept.file_digest import DigestCache, files_digest
+from chexpercept.tree_walk import walk_files
 
 #: the toolkit's prompt version: raise it whenever a request the runner sends changes (the system
 #: message, a question template, an oracle text, the order of turns or images). The request snapshot
@@ -46,22 +47,22 @@ SKIPPED_PREFIX = "."
 
 def model_files(folder: str | os.PathLike[str]) -> list[str]:
     """The files of a local model folder that count (relative paths, sorted): every file, in
-    subfolders too (a processor in ``processor/``), links followed, except ``SKIPPED_NAMES`` and
+    subfolders too (a processor in ``processor/``), links followed, linked folders entered
+    (chexpercept/tree_walk.py), except ``SKIPPED_NAMES`` and
     names starting with a dot."""
-    root = FsPath(folder)
     out = []
-    for path in root.rglob("*"):
-        rel = path.relative_to(root)
-        if any(part.startswith(SKIPPED_PREFIX) for part in rel.parts) or rel.name in SKIPPED_NAMES:
+    for rel in walk_files(folder, skip_folder=lambda name: name.startswith(SKIPPED_PREFIX)):
+        name = rel.rsplit("/", 1)[-1]
+        if name.startswith(SKIPPED_PREFIX) or name in SKIPPED_NAMES:
             continue
-        if path.is_file():
-            out.append(rel.as_posix())
-    return sorted(out)
+        if os.path.isfile(os.path.join(folder, rel)):
+            out.append(rel)
+    return out
 
 
 def folder_fingerprint(folder: str | os.PathLike[str], cache: DigestCache | None = None) -> str:
     """A fingerprint of a local model folder (``sha256:`` + hex) over every file of ``model_files``
-    hashed whole (chexpercept/file_digest.py: a Hub blob by its name, any other file read once and
+    hashed whole (chexpercept/file_digest.py: every file, a Hub blob too, read once by its content and
     its digest cached by device, inode, size and times)."""
     return files_digest(folder, model_files(folder), cache)
 

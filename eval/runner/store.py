@@ -26,6 +26,7 @@ from chexpercept.eval.runner.interrupts import deferred, process_exists
 from chexpercept.eval.runner.provenance import now
 from chexpercept.fileio import (
     append_durable,
+    cut_tail,
     open_private,
     private_dir,
     replace_json_lines,
@@ -33,7 +34,7 @@ from chexpercept.fileio import (
     write_atomic,
 )
 from chexpercept.fileio import write_json_atomic as write_json_atomic
-from chexpercept.input_files import JSON_FILE, RESULTS, check_input_stat
+from chexpercept.input_files import JSON_FILE, RESULTS
 from chexpercept.input_json import JsonInputError, loads
 from chexpercept.input_json import read_json as read_json_file
 from chexpercept.results import (
@@ -182,37 +183,9 @@ class RunLock:
 
 # -------------------------------------------------------------------------------------- results
 def repair_tail(results: str | os.PathLike[str]) -> int:
-    """Cut off a torn last line left by a crash mid-append; returns the bytes removed."""
-    path = FsPath(results)
-    if not path.exists():
-        return 0
-    check_input_stat(path, path.stat(), RESULTS, what="results file")  # a FIFO or device is refused
-    with open(path, "r+b") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            size = f.seek(0, os.SEEK_END)
-            if size == 0:
-                return 0
-            f.seek(size - 1)
-            if f.read(1) == b"\n":
-                return 0
-            keep = 0
-            block = 1 << 16
-            pos = size
-            while pos > 0:
-                start = max(0, pos - block)
-                f.seek(start)
-                chunk = f.read(pos - start)
-                nl = chunk.rfind(b"\n")
-                if nl >= 0:
-                    keep = start + nl + 1
-                    break
-                pos = start
-            f.truncate(keep)
-            os.fsync(f.fileno())
-            return size - keep
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+    """Cut off a torn last line left by a crash mid-append; returns the bytes removed. Through
+    ``fileio.cut_tail``: never through a link, only a regular file of this account."""
+    return len(cut_tail(results, limit=RESULTS, what="results file"))
 
 
 def read_records(
