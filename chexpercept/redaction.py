@@ -11,6 +11,19 @@ signature or credential; ``api-version`` and the like stay as they are). ``redac
 (``http://***@host/v1?api-key=***``); ``redact_text`` does it to every URL inside a text (an error
 message, a command line); ``redact_json`` to every string of a JSON value (run.json).
 
+A value under a key that names a secret (``"x-api-key": ...``, ``"Authorization": ...``, ``"token"``,
+``"password"``...: ``secret_key``) is hidden whole wherever JSON is written or printed: ``redact_json``
+(run.json) and ``redact_field`` (one field, e.g. a line of a resume's settings diff) are the one rule.
+The run's identity still sees a changed secret: ``digest_secrets`` replaces such a value by
+``*** sha256:<16 hex>`` (``secret_digest``), which both functions keep; the value itself is never
+stored nor printed.
+
+The known secrets of a run (the API key read from the environment, a header value given in
+--request-extra) are registered at its start (``register_secret``, ``register_secrets_in``): every
+text ``redact_text`` returns has each occurrence of them masked, wherever it appears (an error body
+that echoes the key, a diff, a message), and the terminal escaper (chexpercept.escape) redacts all it
+prints.
+
 Every writer of a command line or of settings (run.json, ``RunMetadata.to_json``) and every message
 that quotes an endpoint goes through these functions. The secret itself belongs in an environment
 variable (``--api-key-env``), which nothing records.
@@ -18,7 +31,11 @@ variable (``--api-key-env``), which nothing records.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
+import threading
+from collections.abc import Iterable
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -90,6 +107,94 @@ def _secret_name(name: str) -> bool:
     return any(w in _SECRET_WORDS for w in words) or whole.endswith(_SECRET_ENDINGS)
 
 
+def secret_key(name: str) -> bool:
+    """Whether a JSON key, header, parameter or field called ``name`` holds a secret (``x-api-key``,
+    ``Authorization``, ``token``, ``client_secret``, ``password``...; not ``api_key_env``,
+    ``key_id``, ``max_tokens``)."""
+    return isinstance(name, str) and _secret_name(name)
+
+
+#: the known secret values of this run (``register_secret``), and one pattern matching any of them
+_KNOWN: set[str] = set()
+_KNOWN_PATTERN: re.Pattern[str] | None = None
+_KNOWN_LOCK = threading.Lock()
+#: shorter values are not registered (masking every "abc" in every text would hide words)
+MIN_SECRET_LENGTH = 6
+
+
+def register_secret(value: Any) -> None:
+    """Mask every later occurrence of ``value`` (a string of at least ``MIN_SECRET_LENGTH``
+    characters; others are ignored) in each text ``redact_text`` returns, for the rest of the
+    process: the run's API key, a header value given."""
+    global _KNOWN_PATTERN
+    if not isinstance(value, str) or len(value.strip()) < MIN_SECRET_LENGTH or value == MASK:
+        return
+    with _KNOWN_LOCK:
+        if value in _KNOWN:
+            return
+        _KNOWN.add(value)
+        ordered = sorted(_KNOWN, key=len, reverse=True)  # the longest first: no part of one left shown
+        _KNOWN_PATTERN = re.compile("|".join(re.escape(v) for v in ordered))
+
+
+def register_secrets_in(value: Any) -> None:
+    """``register_secret`` every string under a secret key (``secret_key``) of a JSON value
+    (``--request-extra``'s ``extra_headers``: ``{"x-api-key": "..."}``)."""
+    for secret in _values_under_secret_keys(value, False):
+        register_secret(secret)
+
+
+def _values_under_secret_keys(value: Any, under: bool) -> Iterable[str]:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _values_under_secret_keys(v, under or secret_key(k))
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _values_under_secret_keys(v, under)
+    elif under and isinstance(value, str):
+        yield value
+
+
+#: how ``secret_digest`` starts: a value in this form is a digest, never the secret itself
+DIGEST_PREFIX = MASK + " sha256:"
+
+
+def secret_digest(value: Any) -> str:
+    """``*** sha256:<16 hex>``: stands for a secret value in a run's identity, so that a changed
+    secret still counts as a change while the value is neither stored nor printed."""
+    if _is_digest(value):
+        return value
+    data = json.dumps(value, sort_keys=True, ensure_ascii=False, default=str).encode()
+    return DIGEST_PREFIX + hashlib.sha256(data).hexdigest()[:16]
+
+
+def _is_digest(value: Any) -> bool:
+    return (
+        isinstance(value, str) and value.startswith(DIGEST_PREFIX) and len(value) == len(DIGEST_PREFIX) + 16
+    )
+
+
+def digest_secrets(value: Any) -> Any:
+    """A copy of a JSON value with every value under a secret key (``secret_key``) replaced by its
+    ``secret_digest`` (None kept): what a run's identity (run.json ``settings``) holds."""
+    if isinstance(value, dict):
+        return {
+            k: (secret_digest(v) if v is not None else None) if secret_key(k) else digest_secrets(v)
+            for k, v in value.items()
+        }
+    if isinstance(value, (list, tuple)):
+        return [digest_secrets(v) for v in value]
+    return value
+
+
+def redact_field(name: Any, value: Any) -> Any:
+    """The value of field ``name`` as it may be written or printed: under a secret key (``secret_key``)
+    ``***`` (a ``secret_digest`` and None are kept), else ``redact_json(value)``."""
+    if secret_key(name):
+        return value if value is None or _is_digest(value) else MASK
+    return redact_json(value)
+
+
 def _redact_query(query: str) -> str:
     parts = []
     for part in query.split("&"):
@@ -150,7 +255,11 @@ def redact_text(text: str) -> str:
     ``name: value``, ``"name": "value"`` and ``'name': 'value'`` where the name holds a secret word
     (``api_key``, ``apikey``, ``X-Api-Key``, ``token``, ``secret``, ``password``, ``passwd``, ``pass``,
     ``pwd``, ``Authorization``, ...; not ``key_id``, ``max_tokens``, ``api_key_env``); and a credential
-    after ``Bearer`` or ``Basic`` anywhere."""
+    after ``Bearer`` or ``Basic`` anywhere; and every occurrence of a registered secret
+    (``register_secret``)."""
+    known = _KNOWN_PATTERN
+    if known is not None:
+        text = known.sub(MASK, text)
     low = text.lower()
     if not any(word in low for word in _MAYBE):  # substring scans in C: the usual text costs ~1 us
         return text
@@ -161,11 +270,12 @@ def redact_text(text: str) -> str:
 
 
 def redact_json(value: Any) -> Any:
-    """A copy of a JSON value with every string redacted (``redact_text``); keys are kept."""
+    """A copy of a JSON value with every value under a secret key hidden whole (``redact_field``) and
+    every other string redacted (``redact_text``); keys are kept."""
     if isinstance(value, str):
         return redact_text(value)
     if isinstance(value, dict):
-        return {k: redact_json(v) for k, v in value.items()}
+        return {k: redact_field(k, v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [redact_json(v) for v in value]
     return value

@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 from .escape import terminal
 from .input_files import InputFileError
 from .input_json import JsonInputError, read_json
-from .redaction import redact_json
+from .redaction import digest_secrets, redact_json
 
 #: the shapes of run.json's format fields: what the runner writes there, and nothing else is read
 #: (a tampered run.json would otherwise carry free text into reports and cards)
@@ -235,8 +235,9 @@ class RunMetadata(_Record):
         return cls._parse(data, source or "run.json")
 
     def to_json(self) -> dict[str, Any]:
-        """The dict the runner writes, with every secret a URL carries hidden (chexpercept.redaction:
-        the command line's and the backend settings' ``--base-url``); ``settings`` is kept as it is
-        (a resume compares it exactly; it holds no endpoint)."""
+        """The dict the runner writes, every field through ``chexpercept.redaction.redact_json``: a
+        secret a URL or a text carries hidden, a value under a secret key hidden whole; ``settings``
+        (compared exactly on a resume) through ``digest_secrets``: a value under a secret key held as
+        its digest (a changed secret is still a change), every other value as it is."""
         out = super().to_json()
-        return {k: v if k == "settings" else redact_json(v) for k, v in out.items()}
+        return {k: digest_secrets(v) if k == "settings" else redact_json(v) for k, v in out.items()}

@@ -126,3 +126,72 @@ def test_every_form_of_secret_is_hidden(text, shown):
 
     assert redact_text(text) == shown
     assert terminal(text) == shown and terminal_lines(text + "\n" + text) == shown + "\n" + shown
+
+
+def test_a_value_under_a_secret_key_is_in_no_file_and_no_message(
+    fixture_bundle, tmp_path, capsys, monkeypatch
+):
+    """Rule: a value under a key that names a secret (x-api-key, Authorization, token, password...) is
+    hidden whole wherever JSON is written or printed (run.json, a resume's settings diff), by
+    chexpercept.redaction.redact_field; the identity holds its digest, so a changed secret is still
+    refused as a change, without either value shown."""
+    from chexpercept.eval.runner.identity import settings_diff
+    from chexpercept.redaction import redact_json
+
+    old, new = "sk-proj-OLD111SECRET", "sk-proj-NEW000SECRET"
+    extra = {"extra_headers": {"x-api-key": old, "Authorization": "Bearer " + old, "x-trace": "t1"}}
+    with FakeServer() as server:
+        argv = run_argv(fixture_bundle, tmp_path, server.url, "--paths", "RF")
+        argv_old = [*argv, "--request-extra", json.dumps(extra)]
+        monkeypatch.setattr(sys, "argv", ["eval/run.py", *argv_old])
+        assert main(argv_old) == 0
+        info = json.loads((tmp_path / "local-vlm" / "oracle_implicit" / "run.json").read_text())
+        assert not any(s in everything_written(tmp_path) for s in (old, new))
+        fields = info["settings"]["backend_identity"]["request_fields"]["extra_headers"]
+        assert fields["x-trace"] == "t1" and fields["x-api-key"].startswith("*** sha256:")
+        extra["extra_headers"]["x-api-key"] = new
+        argv_new = [*argv, "--request-extra", json.dumps(extra)]
+        monkeypatch.setattr(sys, "argv", ["eval/run.py", *argv_new])
+        capsys.readouterr()
+        assert main(argv_new) != 0  # a changed secret is a changed identity
+    err = capsys.readouterr().err
+    assert "extra_headers.x-api-key" in err and old not in err and new not in err, err
+    assert not any(s in everything_written(tmp_path) for s in (old, new))
+    # the one function, without the run's registered secrets: whole values, every occurrence
+    diff = settings_diff({"h": {"api-key": "AAAAAAAA1"}}, {"h": {"api-key": "BBBBBBBB2"}})
+    assert diff == ["h.api-key: '***' -> '***'"]
+    assert redact_json({"token": ["x", "y"], "cookie": {"a": "b"}, "n": 1}) == {
+        "token": "***",
+        "cookie": "***",
+        "n": 1,
+    }
+
+
+def test_the_runs_api_key_is_masked_where_a_server_echoes_it(fixture_bundle, tmp_path, capsys, monkeypatch):
+    """Rule: the run's known secrets (the API key read from the environment, header values given) are
+    registered with chexpercept.redaction at start and masked in every text printed or written."""
+    secret = "sk-live-TOPSECRET987"
+    monkeypatch.setenv("OPENAI_API_KEY", secret)
+    body = {"error": {"message": f"Incorrect API key provided: {secret}.", "code": "invalid_api_key"}}
+    with FakeServer(failures=[{"status": 401, "body": body}] * 20) as server:
+        argv = run_argv(fixture_bundle, tmp_path, server.url, "--limit", "1")
+        monkeypatch.setattr(sys, "argv", ["eval/run.py", *argv])
+        assert main(argv) != 0
+    assert server.requests[0]["headers"]["Authorization"] == f"Bearer {secret}"  # still sent
+    err = capsys.readouterr().err
+    assert "Incorrect API key provided: ***" in err, err
+    assert secret not in err and secret not in everything_written(tmp_path)
+
+
+def test_a_key_given_as_the_api_key_env_name_is_refused_unshown(
+    fixture_bundle, tmp_path, capsys, monkeypatch
+):
+    """Rule: --api-key-env is an environment variable's name ([A-Za-z_][A-Za-z0-9_]*), checked by its
+    option (eval/backends/options.py env_var_name); anything else is refused without being quoted."""
+    pasted = "sk-proj-AbCdEfGh12345678"
+    argv = run_argv(fixture_bundle, tmp_path, "http://127.0.0.1:9/v1", "--api-key-env", pasted)
+    monkeypatch.setattr(sys, "argv", ["eval/run.py", *argv])
+    assert main(argv) != 0
+    err = capsys.readouterr().err
+    assert "--api-key-env must be the name of an environment variable" in err and "looks like a key" in err
+    assert pasted not in err and not any(tmp_path.rglob("run.json"))

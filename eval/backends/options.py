@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, TypeVar
@@ -31,6 +32,24 @@ def at_least(low: float) -> Check:
 
 def positive(v: float) -> str | None:
     return None if v > 0 else "must be positive"
+
+
+#: what an environment variable's name is made of
+ENV_VAR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def env_var_name(v: str) -> str | None:
+    """The check of an option that names an environment variable (``--api-key-env``): a name
+    (``[A-Za-z_][A-Za-z0-9_]*``), never a value; the problem does not quote what was given (it may be
+    a key pasted in by mistake)."""
+    if ENV_VAR_NAME.fullmatch(v):
+        return None
+    looks = " (what was given looks like a key itself)" if len(v) >= 16 or "-" in v else ""
+    return (
+        f"must be the name of an environment variable ([A-Za-z_][A-Za-z0-9_]*){looks}; the value "
+        "given is not shown: put the key in an environment variable (export OPENAI_API_KEY=...) "
+        "and give that variable's name"
+    )
 
 
 def json_object(text: str) -> dict[str, Any]:
@@ -57,6 +76,7 @@ def option(
     check: Check | None = None,
     answers: bool = True,
     switch: bool = False,
+    echo: bool = True,
 ) -> Any:
     """A field of a backend's ``Options``: one command-line option.
 
@@ -64,6 +84,7 @@ def option(
     (default ``--`` + the field name with dashes). check: a function naming what is wrong with a
     value that is not None. answers: False for an option that cannot change any answer (placement,
     scheduling). switch: a flag without a value (``store_true``; the field is a bool, default False).
+    echo: False for an option whose wrong value must not be quoted back (it may be a secret).
     """
     if switch:
         default = False
@@ -76,6 +97,7 @@ def option(
         "check": check,
         "answers": answers,
         "switch": switch,
+        "echo": echo,
     }
     mutable = isinstance(default, (dict, list))
     if mutable:
@@ -103,7 +125,8 @@ class BackendOptions:
                 continue
             problem = meta["check"](value) if meta.get("check") else None
             if problem:
-                raise ValueError(f"{self.flag(f.name)} {problem}, got {value!r}")
+                got = f", got {value!r}" if meta.get("echo", True) else ""
+                raise ValueError(f"{self.flag(f.name)} {problem}{got}")
             if meta.get("choices") and value not in meta["choices"]:
                 raise ValueError(
                     f"{self.flag(f.name)} must be one of {', '.join(map(str, meta['choices']))}, got {value!r}"

@@ -131,22 +131,28 @@ def context_of(plan: RunPlan, dist: Distributed) -> RunContext:
 
 
 def settings_of(plan: RunPlan, backend: Backend, context: RunContext, oracle: str) -> dict[str, Any]:
-    """The identity of one setting's run: everything that can change an answer (eval/runner/identity.py)."""
-    return {
-        "model_id": plan.model.model_id,
-        "weights": weights_identity(plan.load.model_id, plan.weights),
-        "backend": plan.model.backend,
-        "backend_identity": with_file_contents(backend.identity(context)),
-        "engine_versions": engine_versions(getattr(backend, "engine_packages", ())),
-        "oracle": oracle,
-        "parse_mode": plan.parse_mode,
-        "sampling": plan.sampling.as_dict(),
-        "seed": plan.seed,
-        "chat_template_kwargs": with_file_contents(plan.chat_kwargs),
-        "prompt_version": PROMPT_VERSION,
-        "bundle_fingerprint": plan.bundle.fingerprint(),
-        "bundle_images": plan.bundle.images_fingerprint(),
-    }
+    """The identity of one setting's run: everything that can change an answer (eval/runner/identity.py);
+    a value under a secret key (a header's key in --request-extra) is held as its digest
+    (chexpercept.redaction.digest_secrets): a changed secret is a change, the secret is not recorded."""
+    from chexpercept.redaction import digest_secrets
+
+    return digest_secrets(
+        {
+            "model_id": plan.model.model_id,
+            "weights": weights_identity(plan.load.model_id, plan.weights),
+            "backend": plan.model.backend,
+            "backend_identity": with_file_contents(backend.identity(context)),
+            "engine_versions": engine_versions(getattr(backend, "engine_packages", ())),
+            "oracle": oracle,
+            "parse_mode": plan.parse_mode,
+            "sampling": plan.sampling.as_dict(),
+            "seed": plan.seed,
+            "chat_template_kwargs": with_file_contents(plan.chat_kwargs),
+            "prompt_version": PROMPT_VERSION,
+            "bundle_fingerprint": plan.bundle.fingerprint(),
+            "bundle_images": plan.bundle.images_fingerprint(),
+        }
+    )
 
 
 def _shared_settings(

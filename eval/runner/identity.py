@@ -80,8 +80,10 @@ def weights_identity(model_id: str, weights: Mapping[str, Any] | None) -> dict[s
 
 def settings_diff(before: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
     """``key: old -> new`` for every setting that differs, nested objects compared key by key
-    (``backend.engine_args.dtype: 'bfloat16' -> 'float16'``)."""
+    (``backend.engine_args.dtype: 'bfloat16' -> 'float16'``); a value under a secret key is shown
+    as ``***`` or its digest, never itself (chexpercept.redaction.redact_field)."""
     from chexpercept.eval.registry import same_model_id
+    from chexpercept.redaction import redact_field
 
     out: list[str] = []
 
@@ -93,7 +95,8 @@ def settings_diff(before: Mapping[str, Any], now: Mapping[str, Any]) -> list[str
         if prefix == "model_id" and same_model_id(a, b):
             return  # the same folder however spelled
         if a != b:
-            out.append(f"{prefix}: {a!r} -> {b!r}")
+            key = prefix.rpartition(".")[2]
+            out.append(f"{prefix}: {redact_field(key, a)!r} -> {redact_field(key, b)!r}")
 
     walk("", before, now)
     return out

@@ -75,7 +75,14 @@ from chexpercept.eval.backends.openai.retries import (
     error_objects,
     read_wait_hint,
 )
-from chexpercept.eval.backends.options import BackendOptions, at_least, json_object, option, positive
+from chexpercept.eval.backends.options import (
+    BackendOptions,
+    at_least,
+    env_var_name,
+    json_object,
+    option,
+    positive,
+)
 from chexpercept.eval.backends.prefetch import ImagePrefetch
 from chexpercept.eval.backends.replies import ReplyShapeError, join_reasoning, merge_stream, read_chat_reply
 from chexpercept.eval.estimate.pricing import call_cost, price_for
@@ -93,7 +100,13 @@ from chexpercept.input_files import REPLY
 from chexpercept.input_json import JsonInputError, loads
 from chexpercept.peer import DUA_FLAG, PeerRefused, is_loopback_host, route
 from chexpercept.peer_http import images_session
-from chexpercept.redaction import has_secret, redact_text, redact_url
+from chexpercept.redaction import (
+    has_secret,
+    redact_text,
+    redact_url,
+    register_secret,
+    register_secrets_in,
+)
 from chexpercept.usage import count, usage_line
 
 RETRY_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
@@ -201,7 +214,11 @@ class OpenAIOptions(BackendOptions):
 
     base_url: str | None = option(help="endpoint, e.g. http://127.0.0.1:8000/v1 (vllm serve)", answers=False)
     api_key_env: str = option(
-        default="OPENAI_API_KEY", help="environment variable holding the API key", answers=False
+        default="OPENAI_API_KEY",
+        help="name of the environment variable holding the API key (never the key itself)",
+        check=env_var_name,
+        answers=False,
+        echo=False,
     )
     api_key_header: str = option(
         default="Authorization", help="'Authorization' (Bearer) or e.g. 'api-key' (Azure)", answers=False
@@ -294,6 +311,10 @@ class OpenAIBackend(BackendBase):
         #: set when a server asks for a wait longer than the policy takes (eval/backends/openai/retries.py)
         self.pause, self.notices = ServerPause(), WaitNotices()
         self.extra_body = dict(spec.api_extra) | dict(options.request_extra or {})
+        # this run's known secrets are masked in every text it prints or writes (chexpercept.redaction)
+        register_secret(self.api_key)
+        register_secret(parts.password)
+        register_secrets_in(self.extra_body)
         #: what a content-filter rejection is: the end of the run (stop) or a refusal (record)
         self.on_error = on_error
         self.root = ""
