@@ -7,7 +7,7 @@ import sys
 from typing import Any
 
 from chexpercept.cli_options import add_option, add_progress_option, progress_enabled
-from chexpercept.escape import terminal_lines
+from chexpercept.escape import terminal, terminal_lines
 from chexpercept.input_files import TEXT_FILE, read_input_text
 from chexpercept.vocab import LESIONS
 
@@ -143,7 +143,33 @@ def build_config(args: argparse.Namespace) -> GenerateConfig:
     unknown = sorted(set(values) - known)
     if unknown:
         raise SourceError(f"unknown option(s) in --config: {', '.join(unknown)}")
+    _check_types(values, args.config)
     return GenerateConfig(**values, progress=progress_enabled({"no_progress": no_progress}))
+
+
+def _check_types(values: dict, source: str | None) -> None:
+    """SourceError naming the option when a value (from --config: YAML may give "7" or [1] for a
+    number) is not of the type GenerateConfig declares for it (an int is never a bool)."""
+    import types
+    import typing
+
+    hints = typing.get_type_hints(GenerateConfig)
+    for key, value in values.items():
+        hint = hints[key]
+        union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+        allowed = typing.get_args(hint) if union else (hint,)
+        ok = any(
+            value is None
+            if t is type(None)
+            else isinstance(value, list) and all(isinstance(v, str) for v in value)
+            if typing.get_origin(t) is list
+            else isinstance(value, t) and not (t is int and isinstance(value, bool))
+            for t in allowed
+        )
+        if not ok:
+            names = " or ".join(getattr(t, "__name__", str(t)) for t in allowed)
+            where = f" in --config {source}" if source else ""
+            raise SourceError(f"{key.replace('_', '-')}{where} must be {names}, got {terminal(repr(value))}")
 
 
 def run(args: argparse.Namespace) -> int:

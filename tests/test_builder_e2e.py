@@ -458,3 +458,14 @@ def test_generate_options_from_a_yaml_config(tmp_path):
     config_file.write_text("per-cell: 1\nout: /tmp/x\nbogus: 1\n")
     with pytest.raises(Exception, match="bogus"):
         build_config(parser.parse_args(["--config", str(config_file)]))
+    # a value of another type is named with the option, never a TypeError later (final red team)
+    from chexpercept.builder.sources import SourceError
+
+    for text, said in (
+        ('seed: "7"', "seed in --config"),
+        ("seed: [1]", "seed in --config"),
+        ("per-cell: true", "per-cell"),
+    ):
+        config_file.write_text(f"out: /tmp/x\nper-cell: 1\n{text}\n")
+        with pytest.raises(SourceError, match=said):
+            build_config(parser.parse_args(["--config", str(config_file)]))
