@@ -66,7 +66,8 @@ VENV="$(cd "$VENV" && pwd)"
 # originals are left as they are
 MADE_IN="$(sed -n 's/^VIRTUAL_ENV="\(.*\)"$/\1/p' "$BASE/bin/activate" | head -n 1)"
 for OLD in "$BASE" ${MADE_IN:+"$MADE_IN"}; do
-  grep -rlI --null -F "$OLD" "$VENV/bin" | xargs -0 -r sed -i "s#$OLD/#$VENV/#g; s#\"$OLD\"#\"$VENV\"#g"
+  # grep finds nothing the second time when BASE was made where it lies (MADE_IN = BASE): not an error
+  { grep -rlI --null -F "$OLD" "$VENV/bin" || true; } | xargs -0 -r sed -i "s#$OLD/#$VENV/#g; s#\"$OLD\"#\"$VENV\"#g"
 done
 
 CONSTRAINTS="$(mktemp)"
