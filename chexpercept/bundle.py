@@ -490,7 +490,8 @@ def write_sha256sums(root: str | os.PathLike[str]) -> FsPath:
     """Write SHA256SUMS.txt over chexpercept.json and every image, as PhysioNet ships it."""
     root = FsPath(root)
     lines = []
-    files = [root / JSON_NAME, *sorted((root / IMAGES_DIR).rglob("*"))]
+    # the one walker of a tree (chexpercept.tree_walk): a linked case folder's images are listed too
+    files = [root / JSON_NAME, *(root / IMAGES_DIR / name for name in walk_files(root / IMAGES_DIR))]
     for path in files:
         if path.is_file():
             digest = _sha256(path)

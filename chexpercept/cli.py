@@ -15,6 +15,9 @@ import os
 import sys
 from collections.abc import Sequence
 
+from .errors import Refused
+from .escape import terminal
+
 _COMMAND_TABLES = (
     "chexpercept.commands",
     "chexpercept.builder.commands",
@@ -73,6 +76,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:  # a command without signal handling of its own (run has its own)
         print(f"chexpercept {name}: stopped by Ctrl-C", file=sys.stderr)
         return 130
+    except Refused as e:  # refused on purpose (another account's server or folder...): its one line
+        print(f"chexpercept {name}: {terminal(str(e))}", file=sys.stderr)
+        return 2
     except OSError as e:  # the system's (a full disk, a folder of another user): its real cause named
         if e.errno is None:
             raise

@@ -26,6 +26,12 @@ images (detection_qa/xray.png, contour_qa/...). Without credentials, `chexpercep
 writes a phantom bundle in the same format for testing software (never for comparing models)."""
 
 
+class Refused(Exception):
+    """The toolkit refused on purpose (data protection, publishing rules): the message says what was
+    refused, why, and what to do. Every command prints it as one line and exits with status 2
+    (``chexpercept.cli.main``, ``eval/run.py``), never as a traceback."""
+
+
 @dataclass(frozen=True)
 class Problem:
     """One thing wrong with a bundle: which case, which field or file, what.

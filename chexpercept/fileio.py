@@ -46,6 +46,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path as FsPath
 from typing import IO, TYPE_CHECKING, Any
 
+from .errors import Refused
+
 if TYPE_CHECKING:
     from .input_files import Limit
 
@@ -56,7 +58,7 @@ DIR_MODE = 0o700
 OTHERS = stat.S_IRWXG | stat.S_IRWXO
 
 
-class PrivacyError(PermissionError):
+class PrivacyError(Refused, PermissionError):
     """An output folder is readable by other accounts and this account cannot make it private."""
 
 

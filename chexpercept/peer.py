@@ -38,11 +38,12 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from . import tcp_table
+from .errors import Refused
 
 DUA_FLAG = "--dua-compliant-endpoint"
 
 
-class PeerRefused(Exception):
+class PeerRefused(Refused):
     """A connection reached a peer the rule refuses (another account's socket, a non-loopback
     address for a loopback endpoint); the message says which and what to do."""
 

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import weakref
 from typing import Any
@@ -33,7 +34,8 @@ HUB_VOUCH = (
 def images_session(r: Route, **kwargs: Any) -> Any:
     """An ``aiohttp.ClientSession`` for the endpoint of ``r`` (keyword arguments go to the session):
     no pool limit of its own, environment proxies only when ``r`` is declared, and each new
-    connection's peer checked when ``r`` checks peers. Call inside the event loop that uses it."""
+    connection's peer checked when ``r`` checks peers (on a worker thread: the event loop goes on
+    with the requests in flight). Call inside the event loop that uses it."""
     import aiohttp
 
     connector = _checked_connector(r) if r.checks_peer else aiohttp.TCPConnector(limit=0)
@@ -58,7 +60,10 @@ def _checked_connector(r: Route) -> Any:
             try:
                 if transport is None:
                     raise PeerRefused(f"the connection to {r.url} closed before it could be checked")
-                check_peer(r, transport.get_extra_info("peername"), transport.get_extra_info("sockname"))
+                # reading /proc/net/tcp{,6} takes 50-100 ms on a loaded machine: off the event loop,
+                # so that the requests already in flight go on meanwhile
+                peer, ours = transport.get_extra_info("peername"), transport.get_extra_info("sockname")
+                await asyncio.to_thread(check_peer, r, peer, ours)
             except BaseException:
                 conn.close()  # never returned to the pool
                 raise

@@ -42,6 +42,24 @@ def count(value: Any) -> int | None:
     return None
 
 
+#: parts of one call that cannot exceed their whole: (part, whole)
+PARTS: tuple[tuple[str, str], ...] = (
+    ("cached_input_tokens", "input_tokens"),
+    ("thinking_tokens", "output_tokens"),
+)
+
+
+def call_usage(figures: Mapping[str, int | None]) -> dict[str, int | None]:
+    """One call's token counts as recorded: each read with ``count``; a part larger than its
+    whole (``PARTS``: cached input over the input, thinking over the output) is a report that
+    contradicts itself, so both are unknown (None) rather than a negative uncached input or cost."""
+    usage = {k: count(v) for k, v in figures.items()}
+    for part, whole in PARTS:
+        if usage.get(part) is not None and usage.get(whole) is not None and usage[part] > usage[whole]:  # type: ignore[operator]
+            usage[part] = usage[whole] = None
+    return usage
+
+
 def _number(value: Any) -> float | int | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None

@@ -434,6 +434,25 @@ def test_a_file_named_by_an_option_counts_by_its_content(tmp_path):
     assert identity() != before
 
 
+def test_a_relative_path_in_the_options_counts_by_its_content_too(tmp_path, monkeypatch):
+    """Final red team: a chat template or tokenizer given relative to the working directory (as the
+    engine opens it) counts by its content, as an absolute one does; words that name no file stay."""
+    from chexpercept.eval.runner.identity import with_file_contents
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "templates").mkdir()
+    (tmp_path / "templates" / "chat.jinja").write_text("{{ messages }}")
+    (tmp_path / "tok").mkdir()
+    (tmp_path / "tok" / "tokenizer_config.json").write_text("{}")
+    args = {"chat_template": "templates/chat.jinja", "tokenizer": "tok", "dtype": "bfloat16"}
+    before = with_file_contents({"engine_args": args})["engine_args"]
+    assert before["chat_template"]["path"] == "templates/chat.jinja"
+    assert before["tokenizer"]["content"] and before["dtype"] == "bfloat16"
+    (tmp_path / "templates" / "chat.jinja").write_text("{{ messages | reverse }}")
+    after = with_file_contents({"engine_args": args})["engine_args"]
+    assert after["chat_template"] != before["chat_template"] and after["tokenizer"] == before["tokenizer"]
+
+
 def test_a_bad_field_of_run_json_is_named_on_resume(fixture_bundle, tmp_path, capsys):
     """run.json's fields are read typed on resume as by score (RunMetadata): a hand-edited
     ``"resumed": 5`` is one line naming the file and the field, not a traceback."""

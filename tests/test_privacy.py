@@ -131,6 +131,29 @@ def test_score_output_file_is_private(shared, fixture_bundle):
     assert stat.S_IMODE(os.stat(out).st_mode) == 0o600
 
 
+def test_score_output_into_a_folder_of_another_account_is_one_line(
+    shared, other_account, fixture_bundle, capsys
+):
+    """Final red team: ``score --output`` into a folder another account owns is refused with one
+    line naming the folder and its owner (chexpercept.errors.Refused), not a traceback."""
+    import pwd
+
+    runs = shared / "runs"
+    args = ["--data-dir", str(fixture_bundle), "--model", "baseline:prior", "--limit", "1"]
+    assert run_main([*args, "--output-dir", str(runs), "--no-score", "--no-progress"]) == 0
+    theirs = shared / "theirs"
+    theirs.mkdir(mode=0o700)
+    uid = pwd.getpwnam(other_account).pw_uid
+    os.chown(theirs, uid, uid)
+    capsys.readouterr()
+    assert cli(["score", str(runs / "baseline-prior"), "--output", str(theirs / "scores.json")]) == 2
+    err = capsys.readouterr().err
+    last = err.splitlines()[-1]  # after score's notes on the settings
+    assert last.startswith("chexpercept score: ") and "Traceback" not in err, err
+    assert str(theirs) in last and other_account in last
+    assert not (theirs / "scores.json").exists()
+
+
 def test_an_old_readable_run_folder_is_tightened_on_resume(shared, fixture_bundle):
     runs = shared / "runs"
     args = [

@@ -89,6 +89,30 @@ def test_a_model_without_a_price_has_an_unknown_cost_not_0_usd(fixture_bundle, t
     assert call_cost("my-local-model", 10, 0, 10) is None and call_cost("gpt-5.4", 10, None, 10) is None
 
 
+def test_a_usage_that_contradicts_itself_is_unknown_not_a_negative_cost(fixture_bundle, tmp_path, capsys):
+    """Cached input over the prompt (or reasoning over the completion) cannot be: both figures are
+    unknown, never a negative uncached input priced into a negative cost."""
+    impossible = {
+        "prompt_tokens": 100,
+        "completion_tokens": 10,
+        "total_tokens": 110,
+        "prompt_tokens_details": {"cached_tokens": 5000},
+        "completion_tokens_details": {"reasoning_tokens": 50},
+    }
+    with FakeServer(usage=lambda body: impossible) as server:
+        assert run(fixture_bundle, tmp_path, server) == 0
+    out = capsys.readouterr().out
+    records = list(iter_results(tmp_path / "gpt-5.4" / "oracle_implicit" / "results.jsonl"))
+    for turn in (t for r in records for t in r.turns):
+        assert turn.usage["total_tokens"] == 110  # what does not contradict anything is kept
+        assert turn.usage["input_tokens"] is None and turn.usage["cached_input_tokens"] is None
+        assert turn.usage["output_tokens"] is None and turn.usage["thinking_tokens"] is None
+        assert turn.usage["cost_usd"] is None
+    assert all(r.usage["cost_usd"] is None for r in records)
+    assert "$-" not in out and "-$" not in out
+    assert call_cost("gpt-5.4", 100, 5000, 10) is None and call_cost("gpt-5.4", 100, -1, 10) is None
+
+
 def test_sums_are_unknown_when_any_part_is():
     assert total([3, 4]).value == 7 and total([3, None]).value is None
     assert total([3, None, 2]).text() == "at least 5 (1 of 3 calls unreported)"
@@ -125,3 +149,19 @@ def test_a_temperature_left_to_the_server_is_not_published_as_0(fixture_bundle, 
     (path,) = (tmp_path / "staged" / ".eval_results").glob("*.yaml")
     notes = [e["notes"] for e in yaml.safe_load(path.read_text())]
     assert notes and all("sampled (temperature server default, top_p 1.0)" in n for n in notes), notes
+
+
+def test_inspect_usage_goes_through_the_same_rule():
+    """The Inspect harness records a provider's usage by the same rule (chexpercept.usage.call_usage)."""
+    from types import SimpleNamespace
+
+    from chexpercept.eval.harnesses.inspect_ai.messages import usage
+
+    said = dict(input_tokens=10, input_tokens_cache_write=None, output_tokens=5, total_tokens=15)
+    fine = usage(SimpleNamespace(**said, input_tokens_cache_read=90, reasoning_tokens=None, total_cost=None))
+    assert (
+        fine["input_tokens"] == 100 and fine["cached_input_tokens"] == 90 and fine["thinking_tokens"] is None
+    )
+    bad = usage(SimpleNamespace(**said, input_tokens_cache_read=-3, reasoning_tokens=9, total_cost=0.5))
+    assert bad["cached_input_tokens"] is None and bad["input_tokens"] is None  # a negative count: unknown
+    assert bad["thinking_tokens"] is None and bad["output_tokens"] is None and bad["cost_usd"] == 0.5

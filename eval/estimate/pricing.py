@@ -47,6 +47,8 @@ def call_cost(
     price = price_for(model_id)
     if price is None or input_tokens is None or cached_tokens is None or output_tokens is None:
         return None
+    if not 0 <= cached_tokens <= input_tokens or output_tokens < 0:  # a report that contradicts itself
+        return None
     p_in, p_cached, p_out = price
     return ((input_tokens - cached_tokens) * p_in + cached_tokens * p_cached + output_tokens * p_out) / 1e6
 

@@ -25,7 +25,7 @@ from pathlib import Path as FsPath
 from typing import Any
 
 from chexpercept.case import Case
-from chexpercept.errors import BundleValidationError, ReleaseNotFoundError
+from chexpercept.errors import BundleValidationError, Refused, ReleaseNotFoundError
 from chexpercept.escape import terminal
 from chexpercept.eval.engine import EngineStats, admission_order, run_conversations
 from chexpercept.eval.protocol import Backend, BackendError, RunContext
@@ -70,6 +70,7 @@ from chexpercept.run_metadata import BundleInfo, RunMetadata, SamplingInfo
 EXIT_UNFINISHED = 3
 #: errors that are the input's or the setting's (one line naming them), not bugs
 EXPECTED_ERRORS = (
+    Refused,
     ValueError,
     PermissionError,
     FileNotFoundError,

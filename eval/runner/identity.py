@@ -136,8 +136,8 @@ MODEL_FOLDER_MARKERS = (
 
 def with_file_contents(value: Any, cache: DigestCache | None = None) -> Any:
     """``value`` (a backend's identity, the chat template variables) with every string that names a
-    local file or folder (absolute or ``~/``: a tokenizer, a chat template file, an adapter given in
-    --engine-args) replaced by ``{"path": ..., "content": fingerprint}``: the content counts, not
+    local file or folder (absolute, ``~/`` or relative to the working directory, as the engine opens
+    it: a tokenizer, a chat template file, an adapter given in --engine-args) replaced by ``{"path": ..., "content": fingerprint}``: the content counts, not
     the name alone (a file whole through the digest cache; a folder by ``folder_fingerprint`` when
     it is a model, tokenizer, processor or adapter folder (``MODEL_FOLDER_MARKERS``), so that a
     cache folder such as vLLM's ``download_dir`` is never read whole)."""
@@ -155,7 +155,8 @@ def _contents(value: Any, cache: DigestCache) -> Any:
         return {k: _contents(v, cache) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [_contents(v, cache) for v in value]
-    if isinstance(value, str) and value.startswith(("/", "~/")) and "\n" not in value and len(value) < 4096:
+    if isinstance(value, str) and value and "\n" not in value and "\x00" not in value and len(value) < 4096:
+        # absolute, ~/ or relative to the working directory, as the engine itself would open it
         path = FsPath(os.path.expanduser(value))
         if path.is_dir() and any((path / name).is_file() for name in MODEL_FOLDER_MARKERS):
             return {"path": value, "content": folder_fingerprint(path, cache)}

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path as FsPath
 from typing import Any
 
+from chexpercept.errors import Refused
 from chexpercept.fileio import private_dir, write_new
 from chexpercept.input_files import TEXT_FILE, read_input
 
@@ -66,7 +67,7 @@ _MAX_DECIMALS = 6
 STAGER_FOLDERS = frozenset({"models", "tables", ".eval_results"})
 
 
-class PushRefused(ValueError):
+class PushRefused(Refused, ValueError):
     """What is about to be uploaded is not what the stager wrote, or not what its schema allows."""
 
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
+from chexpercept.errors import Refused
 from chexpercept.escape import terminal
 
 #: the marker ``push_results.scrub`` puts where a run.json held a local path
@@ -65,7 +66,7 @@ SHAPE_RULE = (
 DEFAULT_HUB = "https://huggingface.co"
 
 
-class NameRefused(ValueError):
+class NameRefused(Refused, ValueError):
     """A string that would be published is not a name an upload may carry; the message says which,
     why, and how to name it instead."""
 

@@ -107,7 +107,7 @@ from chexpercept.redaction import (
     register_secret,
     register_secrets_in,
 )
-from chexpercept.usage import count, usage_line
+from chexpercept.usage import call_usage, usage_line
 
 RETRY_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
 #: encoded images kept for the later turns of live conversations, at most (a 1024x1024 PNG X-ray is
@@ -158,20 +158,22 @@ def check_endpoint(base_url: str, *, dua_compliant: bool) -> None:
 
 def read_usage(usage: Any) -> dict[str, int | None]:
     """OpenAI usage fields -> input/cached/output/thinking/total tokens (spec 3.10); a figure the
-    reply does not give (no ``usage`` object, no ``prompt_tokens_details``...) is None, never 0
-    (chexpercept.usage)."""
+    reply does not give (no ``usage`` object, no ``prompt_tokens_details``...), or that contradicts
+    another (cached over the prompt: ``chexpercept.usage.call_usage``), is None, never 0."""
     usage = usage if isinstance(usage, dict) else {}
     prompt_details = usage.get("prompt_tokens_details")
     completion_details = usage.get("completion_tokens_details")
     prompt_details = prompt_details if isinstance(prompt_details, dict) else {}
     completion_details = completion_details if isinstance(completion_details, dict) else {}
-    return {
-        "input_tokens": count(usage.get("prompt_tokens")),
-        "cached_input_tokens": count(prompt_details.get("cached_tokens")),
-        "output_tokens": count(usage.get("completion_tokens")),
-        "thinking_tokens": count(completion_details.get("reasoning_tokens")),
-        "total_tokens": count(usage.get("total_tokens")),
-    }
+    return call_usage(
+        {
+            "input_tokens": usage.get("prompt_tokens"),
+            "cached_input_tokens": prompt_details.get("cached_tokens"),
+            "output_tokens": usage.get("completion_tokens"),
+            "thinking_tokens": completion_details.get("reasoning_tokens"),
+            "total_tokens": usage.get("total_tokens"),
+        }
+    )
 
 
 class _Retryable(Exception):

@@ -19,6 +19,7 @@ from typing import Any
 
 from chexpercept.eval.backends.replies import join_reasoning
 from chexpercept.eval.protocol import Message, Request, Response
+from chexpercept.usage import call_usage, count
 
 
 def chat_messages(request: Request) -> list[Any]:
@@ -78,17 +79,20 @@ def usage(u: Any) -> dict[str, Any]:
     report is None, and no usage at all is an empty dict."""
     if u is None:
         return {}
-    cached = u.input_tokens_cache_read
-    written = u.input_tokens_cache_write
-    return {
-        # Inspect counts cache reads and writes apart from input_tokens; ours is the whole prompt
-        "input_tokens": u.input_tokens + (cached or 0) + (written or 0),
-        "cached_input_tokens": cached,
-        "output_tokens": u.output_tokens,
-        "thinking_tokens": u.reasoning_tokens,
-        "total_tokens": u.total_tokens,
-        "cost_usd": u.total_cost,
-    }
+    cached, written = u.input_tokens_cache_read, u.input_tokens_cache_write
+    # Inspect counts cache reads and writes apart from input_tokens; ours is the whole prompt (unknown
+    # when a part it gives is not a count)
+    parts = [count(u.input_tokens), *(count(p) for p in (cached, written) if p is not None)]
+    tokens = call_usage(
+        {
+            "input_tokens": None if None in parts else sum(parts),  # type: ignore[arg-type]
+            "cached_input_tokens": cached,
+            "output_tokens": u.output_tokens,
+            "thinking_tokens": u.reasoning_tokens,
+            "total_tokens": u.total_tokens,
+        }
+    )
+    return {**tokens, "cost_usd": u.total_cost}
 
 
 def readable(history: Sequence[Message]) -> list[Any]:

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from chexpercept.errors import Refused
 from chexpercept.peer import PeerRefused, Route, check_peer, environment_proxy, is_loopback_host, route
 
 #: the task parameter that declares the endpoint DUA-compliant
@@ -53,7 +54,7 @@ AGREEMENT = (
 )
 
 
-class DataUseRefused(PermissionError):
+class DataUseRefused(Refused, PermissionError):
     """The run would send or keep the images where the data use agreement does not allow it."""
 
 
@@ -169,8 +170,11 @@ def _checking_hook(r: Route) -> Any:
         stream = info.get("return_value")
         if stream is None:
             return
-        try:
-            check_peer(r, stream.get_extra_info("server_addr"), stream.get_extra_info("client_addr"))
+        try:  # reading /proc/net/tcp{,6} off the event loop (Inspect's other samples go on)
+            import anyio
+
+            peer, ours = stream.get_extra_info("server_addr"), stream.get_extra_info("client_addr")
+            await anyio.to_thread.run_sync(check_peer, r, peer, ours)
         except BaseException:
             await stream.aclose()
             raise
