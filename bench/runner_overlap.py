@@ -419,10 +419,20 @@ def summarize_vllm(part: dict[str, Any]) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------ API
-def _delay(raw: bytes, median: float) -> float:
-    """The server's delay for a request body: lognormal (sigma 1), at most 12x the median, drawn
-    from the body's length and its last 4 KiB (the same request gets the same delay in every run)."""
-    digest = hashlib.blake2b(len(raw).to_bytes(8, "big") + raw[-4096:], digest_size=8).digest()
+def _delay(body: dict[str, Any], median: float) -> float:
+    """The server's delay for a request: lognormal (sigma 1), at most 12x the median, drawn from
+    the conversation's texts and image count (the same request gets the same delay in every run and
+    every mode, whether its images come with their pixels or by id)."""
+    shape = [
+        (
+            m["role"],
+            m["content"]
+            if isinstance(m["content"], str)
+            else [p.get("text", p["type"]) for p in m["content"]],
+        )
+        for m in body["messages"]
+    ]
+    digest = hashlib.blake2b(json.dumps(shape).encode(), digest_size=8).digest()
     u1 = (int.from_bytes(digest[:4], "big") + 1) / (2**32 + 1)
     u2 = (int.from_bytes(digest[4:], "big") + 1) / (2**32 + 1)
     gauss = math.sqrt(-2 * math.log(u1)) * math.cos(2 * math.pi * u2)
@@ -430,10 +440,15 @@ def _delay(raw: bytes, median: float) -> float:
 
 
 def _serve(port_out: Any, median: float) -> None:
-    """The loopback server (another process): each POST answered after its delay, in parallel; the
-    delay rides back in ``system_fingerprint`` (the backend records it per turn)."""
+    """The loopback server (another process), as vLLM's OpenAI-compatible server answers: ``GET
+    /v1/models`` says vLLM, images sent with a ``uuid`` are kept and may then be named by it alone
+    (an unknown one is refused with vLLM's words); each POST answered after its delay, in parallel;
+    the delay rides back in ``system_fingerprint`` (the backend records it per turn)."""
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    held: set[str] = set()
+    lock = threading.Lock()
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -441,22 +456,40 @@ def _serve(port_out: Any, median: float) -> None:
         def log_message(self, *args: Any) -> None:
             pass
 
-        def do_POST(self) -> None:
-            raw = self.rfile.read(int(self.headers["Content-Length"]))
-            delay = _delay(raw, median)
-            time.sleep(delay)
-            reply = {
-                "model": "gpt-5.4",
-                "system_fingerprint": f"delay={delay:.6f}",
-                "choices": [{"message": {"content": f"Answer: {1 + len(raw) % 2}"}, "finish_reason": "stop"}],
-                "usage": {"prompt_tokens": 100, "completion_tokens": 10, "total_tokens": 110},
-            }
+        def _send(self, status: int, reply: dict[str, Any]) -> None:
             data = json.dumps(reply).encode()
-            self.send_response(200)
+            self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
+
+        def do_GET(self) -> None:
+            self._send(200, {"object": "list", "data": [{"id": "gpt-5.4", "owned_by": "vllm"}]})
+
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            parts = [p for m in body["messages"] if isinstance(m["content"], list) for p in m["content"]]
+            images = [p for p in parts if p["type"] == "image_url"]
+            with lock:
+                if any(p["image_url"] is None and p.get("uuid") not in held for p in images):
+                    self._send(
+                        400,
+                        {"error": {"message": "Cache miss for image at index 0 but data is not provided."}},
+                    )
+                    return
+                held.update(p["uuid"] for p in images if p.get("uuid"))
+            delay = _delay(body, median)
+            time.sleep(delay)
+            reply = {
+                "model": "gpt-5.4",
+                "system_fingerprint": f"delay={delay:.6f}",
+                "choices": [
+                    {"message": {"content": f"Answer: {1 + len(images) % 2}"}, "finish_reason": "stop"}
+                ],
+                "usage": {"prompt_tokens": 100, "completion_tokens": 10, "total_tokens": 110},
+            }
+            self._send(200, reply)
 
     class Server(ThreadingHTTPServer):
         daemon_threads = True
@@ -466,6 +499,10 @@ def _serve(port_out: Any, median: float) -> None:
     port_out.put(httpd.server_address[1])
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     threading.Event().wait()
+
+
+#: the openai backend's modes: images by id (the server is vLLM) and every image's pixels every turn
+API_MODES = {"by id": "auto", "pixels": "off"}
 
 
 def api_part(args: argparse.Namespace, work: Path) -> dict[str, Any]:
@@ -489,50 +526,53 @@ def api_part(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         server = context.Process(target=_serve, args=(ports, median), daemon=True)
         server.start()
         url = f"http://127.0.0.1:{ports.get(timeout=30)}/v1"
-        entries = []
+        entries: dict[str, list[dict[str, Any]]] = {mode: [] for mode in API_MODES}
         try:
             for _ in range(args.repeat):
-                backend = OpenAIBackend(
-                    spec, sampling=Sampling(1.0, 1.0, 8192, False), base_url=url, concurrency=concurrency,
-                    retry=RetryPolicy(max_retries=2, base_delay=0.05),
-                )  # fmt: skip
-                backend.setup(RunContext(root=bundle.root, cases=cases))
-                results: list[Any] = []
-                load_before = os.getloadavg()[0]
-                cpu0, t0 = time.process_time(), time.perf_counter()
-                run_conversations(
-                    admission_order(cases),
-                    backend,
-                    oracle="implicit",
-                    batch_size=live,
-                    on_finished=results.extend,
-                )
-                wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-                schedule = backend.schedule()
-                backend.close()
-                chains = [
-                    sum(float(t.usage["system_fingerprint"].split("=", 1)[1]) for t in r.turns)
-                    for r in results
-                ]
-                requests = sum(len(r.turns) for r in results)
-                floor = max(max(chains), sum(chains) / concurrency)
-                entry = {
-                    "span_seconds": schedule["span_seconds"],
-                    "wall_seconds": round(wall, 3),
-                    "floor_seconds": round(floor, 3),
-                    "over_floor": round(schedule["span_seconds"] / floor, 3),
-                    "mean_in_flight": schedule["mean_in_flight"],
-                    "client_ms_per_request": round(1000 * cpu / requests, 2),
-                    "requests": requests,
-                    "load_average": round((load_before + os.getloadavg()[0]) / 2, 1),
-                }
-                entries.append(entry)
-                print(f"api median {median}: {json.dumps(entry)}", file=sys.stderr, flush=True)
+                for mode, image_ids in API_MODES.items():  # alternated, round by round
+                    backend = OpenAIBackend(
+                        spec, sampling=Sampling(1.0, 1.0, 8192, False), base_url=url, concurrency=concurrency,
+                        retry=RetryPolicy(max_retries=2, base_delay=0.05), image_ids=image_ids,
+                    )  # fmt: skip
+                    entry = _api_timing(backend, bundle, cases, live, concurrency)
+                    entries[mode].append(entry)
+                    print(f"api median {median} {mode}: {json.dumps(entry)}", file=sys.stderr, flush=True)
         finally:
             server.kill()
             server.join()
         out["medians"][str(median)] = entries
     return out
+
+
+def _api_timing(backend: Any, bundle: Any, cases: list[Any], live: int, concurrency: int) -> dict[str, Any]:
+    """One run of ``cases`` through ``backend``: span against the floor of the server's own
+    delays, in-flight count, client CPU and bytes per request."""
+    backend.setup(RunContext(root=bundle.root, cases=cases))
+    results: list[Any] = []
+    load_before = os.getloadavg()[0]
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    run_conversations(
+        admission_order(cases), backend, oracle="implicit", batch_size=live, on_finished=results.extend
+    )
+    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    schedule, described = backend.schedule(), backend.describe()
+    backend.close()
+    chains = [sum(float(t.usage["system_fingerprint"].split("=", 1)[1]) for t in r.turns) for r in results]
+    requests = sum(len(r.turns) for r in results)
+    floor = max(max(chains), sum(chains) / concurrency)
+    return {
+        "span_seconds": schedule["span_seconds"],
+        "wall_seconds": round(wall, 3),
+        "floor_seconds": round(floor, 3),
+        "over_floor": round(schedule["span_seconds"] / floor, 3),
+        "mean_in_flight": schedule["mean_in_flight"],
+        "client_ms_per_request": round(1000 * cpu / requests, 2),
+        "mib_per_request": round(described["request_bytes_sent"] / requests / (1 << 20), 3),
+        "resent_after_a_cache_miss": described["image_ids"]["requests_resent_after_a_cache_miss"],
+        "answers": sorted((r.key_id, [t.response for t in r.turns]) for r in results),
+        "requests": requests,
+        "load_average": round((load_before + os.getloadavg()[0]) / 2, 1),
+    }
 
 
 # ------------------------------------------------------------------------------------ report
@@ -575,20 +615,26 @@ def markdown(report: dict[str, Any], command: str) -> str:
     if api:
         lines += [
             "",
-            f"**openai backend** against a loopback server in another process ({api['cases']} cases, 1024x1024 "
-            f"PNGs as data URLs, --concurrency {api['concurrency']}, {api['live']} live; delays lognormal, sigma 1, "
-            "at most 12x the median; floor from the server's own delays). Medians of the timings:",
+            f"**openai backend** against a loopback server in another process that answers as vLLM's does "
+            f"(`GET /v1/models` says vLLM; images kept by their ids) ({api['cases']} cases, 1024x1024 PNGs as "
+            f"data URLs, --concurrency {api['concurrency']}, {api['live']} live; delays lognormal, sigma 1, at most "
+            "12x the median, drawn from the conversation; floor from the server's own delays). Modes alternated "
+            "round by round; medians of the timings:",
             "",
-            "| median delay | span | floor | span / floor | mean in flight | client CPU per request | load |",
-            "| --- | --- | --- | --- | --- | --- | --- |",
+            "| median delay | mode | span | floor | span / floor | mean in flight | client CPU per request | MiB per request | load | same answers |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         ]
-        for median, entries in api["medians"].items():
-            m = {k: statistics.median(e[k] for e in entries) for k in entries[0] if k != "requests"}
-            lines.append(
-                f"| {float(median) * 1000:g} ms | {m['span_seconds']:.2f} s | {m['floor_seconds']:.2f} s | "
-                f"{m['over_floor']:.2f}x | {m['mean_in_flight']:.1f} of {api['concurrency']} | "
-                f"{m['client_ms_per_request']:.2f} ms | {m['load_average']} |"
-            )
+        for median, modes in api["medians"].items():
+            reference = modes[next(iter(modes))][0]["answers"]
+            for mode, entries in modes.items():
+                keys = [k for k in entries[0] if k not in ("requests", "answers")]
+                m = {k: statistics.median(e[k] for e in entries) for k in keys}
+                same = all(e["answers"] == reference for e in entries)
+                lines.append(
+                    f"| {float(median) * 1000:g} ms | {mode} | {m['span_seconds']:.2f} s | {m['floor_seconds']:.2f} s | "
+                    f"{m['over_floor']:.2f}x | {m['mean_in_flight']:.1f} of {api['concurrency']} | "
+                    f"{m['client_ms_per_request']:.2f} ms | {m['mib_per_request']:.2f} | {m['load_average']} | {same} |"
+                )
     return "\n".join(lines) + "\n"
 
 

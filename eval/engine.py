@@ -80,7 +80,8 @@ def _test_delay() -> float:
 
 def route_length(case: Case) -> tuple[int, int]:
     """(turns, images) of a case's route: how long its conversation is, before any answer."""
-    return len(case.turns), sum(len(t.images) for t in case.turns)
+    turns = case.turns
+    return len(turns), sum(len(t.images) for t in turns)
 
 
 def admission_order(cases: Iterable[Case]) -> list[Case]:

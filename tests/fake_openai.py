@@ -82,14 +82,25 @@ class RealisticUsage:
         }
 
 
+#: vLLM's refusal of an image named by id that it does not hold
+CACHE_MISS = "Cache miss for image at index 0 but data is not provided."
+
+
 class FakeServer:
     """Answers chat completions; ``failures`` is a list of what to do to the next requests first:
     an HTTP status (sent with ``Retry-After: 0``), ``"sleep"`` (answer after a second), or a dict
     with ``status``, ``headers`` and ``body`` (an error reply), ``message`` (a 200 reply with that
     message, and ``finish_reason``) or ``raw`` (these bytes as the body of a 200 reply, or of ``status``, announced as
-    ``content_length`` bytes). ``times`` holds when each request arrived."""
+    ``content_length`` bytes). ``times`` holds when each request arrived.
 
-    def __init__(self, failures=(), delay=0.0, usage=None, reply=None):
+    ``vllm=True``: it says it is vLLM (``GET /v1/models``: ``owned_by: "vllm"``) and keeps the images
+    it was sent with a ``uuid`` as vLLM's processor cache does: a part that names an id alone is
+    answered as if it carried that image; an id it does not hold is refused with vLLM's words
+    ("Cache miss for image at index N but data is not provided."). ``forget()`` empties that cache.
+    ``requests`` keeps each body as sent; replies are computed from the body with every image
+    resolved."""
+
+    def __init__(self, failures=(), delay=0.0, usage=None, reply=None, vllm=False):
         self.failures = list(failures)
         #: None: every reply is "Answer: 1"; a callable: the reply's text for a request body
         #: (e.g. ``scripted_reply``: the same answer for the same conversation, whoever sends it)
@@ -105,18 +116,37 @@ class FakeServer:
         self.in_flight = 0
         self.max_in_flight = 0
         self.lock = threading.Lock()
+        self.vllm = vllm
+        #: uuid -> image URL (vllm=True)
+        self.held: dict[str, str] = {}
         server = self
 
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *args):
                 pass
 
+            def do_GET(self):
+                if not self.path.endswith("/models"):
+                    self.send_error(404)
+                    return
+                owner = "vllm" if server.vllm else "organization-owner"
+                data = json.dumps({"object": "list", "data": [{"id": "m", "owned_by": owner}]}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
             def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                sent = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 with server.lock:
-                    server.requests.append({"path": self.path, "headers": dict(self.headers), "body": body})
+                    server.requests.append({"path": self.path, "headers": dict(self.headers), "body": sent})
                     server.times.append(time.monotonic())
                     action = server.failures.pop(0) if server.failures else "ok"
+                    body = server.resolve(sent) if server.vllm else sent
+                    if body is None:
+                        action = {"status": 400, "body": {"error": {"message": CACHE_MISS, "code": 400}}}
+                        body = sent
                     server.in_flight += 1
                     server.max_in_flight = max(server.max_in_flight, server.in_flight)
                 try:
@@ -197,6 +227,33 @@ class FakeServer:
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def resolve(self, body):
+        """``body`` with each image named by id replaced by the image it names (None: an id not
+        held); images sent with an id are held from now on (called under ``lock``)."""
+        messages = []
+        for m in body["messages"]:
+            content = m["content"]
+            if isinstance(content, list):
+                parts = []
+                for p in content:
+                    if p.get("type") == "image_url":
+                        uuid, url = p.get("uuid"), (p.get("image_url") or {}).get("url")
+                        if url is None:
+                            if uuid not in self.held:
+                                return None
+                            url = self.held[uuid]
+                        elif uuid is not None:
+                            self.held[uuid] = url
+                        p = {"type": "image_url", "image_url": {"url": url}}
+                    parts.append(p)
+                content = parts
+            messages.append({**m, "content": content})
+        return {**body, "messages": messages}
+
+    def forget(self):
+        with self.lock:
+            self.held.clear()
 
     def __enter__(self):
         self.thread.start()

