@@ -654,6 +654,8 @@ class OpenAIBackend(BackendBase):
             raise _Retryable(f"{type(e).__name__}: {redact_text(str(e))}") from e
         self._reached = True
         text = raw.decode("utf-8", "replace")
+        if 200 <= status < 300:
+            return _reply_object(text, headers.get("Content-Type") or "", self.shown_url)
         detail = terminal(text[:500])  # the server's words, shown on one line and inert on a terminal
         if is_cache_miss(status, text):  # an image sent by id that the server no longer holds
             raise _CacheMiss(f"HTTP {status}: {detail}")
@@ -671,9 +673,7 @@ class OpenAIBackend(BackendBase):
             raise _Filtered(f"HTTP {status}: {detail}")
         if status in RUN_LEVEL_STATUS:
             raise _RunLevel(f"HTTP {status} from {self.shown_url}: {detail}")
-        if not 200 <= status < 300:
-            raise BackendError(f"HTTP {status} from {self.shown_url}: {detail}")
-        return _reply_object(text, headers.get("Content-Type") or "", self.shown_url)
+        raise BackendError(f"HTTP {status} from {self.shown_url}: {detail}")
 
     def _response(self, where: str, reply: dict[str, Any], *, attempts: int, seconds: float) -> Response:
         try:
