@@ -14,6 +14,7 @@ import shutil
 import urllib.parse
 from pathlib import Path
 
+import numpy
 import pytest
 from fake_hub import FakeHub
 from huggingface_hub import constants
@@ -418,6 +419,10 @@ def test_identifiers_are_found_in_every_form_and_scores_are_not(entries, case):
         case["subject"],
         case["dicom_id"].replace("-", ""),
         case["dicom_id"].split("-")[1],
+        # a study or subject id as a number in another base (a --name label can carry one)
+        f"model-{int(case['study'][1:]):x}",
+        "v-" + numpy.base_repr(int(case["subject"].lstrip("p")), 36).lower(),
+        numpy.base_repr(int(case["study"][1:]), 32).lower() + "-vlm",
     ):
         assert ids.find(text) is not None, text
     for text in (

@@ -46,6 +46,11 @@ _DIGIT_RUN = re.compile(r"\d+(?:[-_ /]\d+)*")
 _BASE64_RUN = re.compile(r"[A-Za-z0-9+/_-]{8,}={0,2}")
 _HEX_RUN = re.compile(r"(?:[0-9A-Fa-f]{2}[ :-]?){6,}")
 _DEPTH = 2
+#: a word that may be a number written in another base (a study id 50000720 is bc614e in base 16,
+#: tsud0 in base 36): letters and digits, at least one letter
+_NUMBER_WORD = re.compile(r"(?<![0-9A-Za-z])(?=[0-9]*[A-Za-z])[0-9A-Za-z]{3,16}(?![0-9A-Za-z])")
+#: the bases such a word is read in (Python's alphabets: 0-9 then a-z)
+_NUMBER_BASES = (16, 32, 36)
 
 
 def fold(text: str) -> str:
@@ -163,6 +168,21 @@ class Identifiers:
             hit = self._scan(candidate)
             if hit is not None:
                 return Found(hit[0], hit[1], encoding)
+        return self._number_in_another_base(text)
+
+    def _number_in_another_base(self, text: str) -> Found | None:
+        """A study or subject id written as a number in base 16, 32 or 36 (50000720 as ``2faf3d0``
+        or ``tsud0``): each word of letters and digits read in each base, matched whole (a part of a
+        long number would match some id by chance)."""
+        for m in _NUMBER_WORD.finditer(text):
+            for base in _NUMBER_BASES:
+                try:
+                    value = str(int(m.group(0), base))
+                except ValueError:  # not a numeral of that base
+                    continue
+                hit = self._digits.get(value)
+                if hit is not None:
+                    return Found(hit[0], hit[1], f"a number in base {base}")
         return None
 
     def find_number(self, number: float) -> Found | None:
@@ -221,7 +241,8 @@ def for_runs(
 # ------------------------------------------------------------------------------------ encodings
 def decodings(text: str, depth: int = _DEPTH) -> Iterator[tuple[str, str]]:
     """``("text", text)`` then every decoding worth a look: percent-encoding, HTML entities,
-    backslash escapes, hex runs, base64 and base64url runs (each alignment), nested ``depth`` deep."""
+    backslash escapes, hex runs, base64 and base64url runs (each alignment), nested ``depth`` deep.
+    (A study or subject id written as a number in another base is ``Identifiers.find``'s.)"""
     yield "text", text
     if depth <= 0:
         return
