@@ -46,8 +46,8 @@ _DIGIT_RUN = re.compile(r"\d+(?:[-_ /]\d+)*")
 _BASE64_RUN = re.compile(r"[A-Za-z0-9+/_-]{8,}={0,2}")
 _HEX_RUN = re.compile(r"(?:[0-9A-Fa-f]{2}[ :-]?){6,}")
 _DEPTH = 2
-#: a word that may be a number written in another base (a study id 50000720 is bc614e in base 16,
-#: tsud0 in base 36): letters and digits, at least one letter
+#: a word that may be a number written in another base (a study id 50000720 is 2faf350 in base 16,
+#: trosw in base 36): letters and digits, at least one letter
 _NUMBER_WORD = re.compile(r"(?<![0-9A-Za-z])(?=[0-9]*[A-Za-z])[0-9A-Za-z]{3,16}(?![0-9A-Za-z])")
 #: the bases such a word is read in (Python's alphabets: 0-9 then a-z)
 _NUMBER_BASES = (16, 32, 36)
@@ -171,8 +171,8 @@ class Identifiers:
         return self._number_in_another_base(text)
 
     def _number_in_another_base(self, text: str) -> Found | None:
-        """A study or subject id written as a number in base 16, 32 or 36 (50000720 as ``2faf3d0``
-        or ``tsud0``): each word of letters and digits read in each base, matched whole (a part of a
+        """A study or subject id written as a number in base 16, 32 or 36 (50000720 as ``2faf350``
+        or ``trosw``): each word of letters and digits read in each base, matched whole (a part of a
         long number would match some id by chance)."""
         for m in _NUMBER_WORD.finditer(text):
             for base in _NUMBER_BASES:
