@@ -15,7 +15,7 @@ A value under a key that names a secret (``"x-api-key": ...``, ``"Authorization"
 ``"password"``...: ``secret_key``) is hidden whole wherever JSON is written or printed: ``redact_json``
 (run.json) and ``redact_field`` (one field, e.g. a line of a resume's settings diff) are the one rule.
 The run's identity still sees a changed secret: ``digest_secrets`` replaces such a value by
-``*** sha256:<16 hex>`` (``secret_digest``), which both functions keep; the value itself is never
+``*** pbkdf2:<16 hex>`` (``secret_digest``), which both functions keep; the value itself is never
 stored nor printed.
 
 The known secrets of a run (the API key read from the environment, a header value given in
@@ -31,6 +31,7 @@ variable (``--api-key-env``), which nothing records.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -156,21 +157,36 @@ def _values_under_secret_keys(value: Any, under: bool) -> Iterable[str]:
 
 
 #: how ``secret_digest`` starts: a value in this form is a digest, never the secret itself
-DIGEST_PREFIX = MASK + " sha256:"
+DIGEST_PREFIX = MASK + " pbkdf2:"
+#: what earlier versions wrote (a plain SHA-256): still recognised as a digest, never digested again
+_OLD_DIGEST_PREFIX = MASK + " sha256:"
+#: PBKDF2-HMAC-SHA256 iterations: about 0.1 s per secret here, so that a short secret cannot be
+#: found again from its digest by trying candidates (run.json is private, but it may be shared)
+DIGEST_ITERATIONS = 200_000
+_DIGEST_SALT = b"chexpercept secret digest v2"
 
 
 def secret_digest(value: Any) -> str:
-    """``*** sha256:<16 hex>``: stands for a secret value in a run's identity, so that a changed
-    secret still counts as a change while the value is neither stored nor printed."""
+    """``*** pbkdf2:<16 hex>``: stands for a secret value in a run's identity, so that a changed
+    secret still counts as a change while the value is neither stored nor printed. A slow key
+    derivation (``DIGEST_ITERATIONS`` rounds of PBKDF2-HMAC-SHA256), not a plain hash: the same
+    value always gives the same digest (a resume compares them), and trying candidate values
+    against it costs as much per candidate."""
     if _is_digest(value):
         return value
-    data = json.dumps(value, sort_keys=True, ensure_ascii=False, default=str).encode()
-    return DIGEST_PREFIX + hashlib.sha256(data).hexdigest()[:16]
+    return DIGEST_PREFIX + _slow_digest(json.dumps(value, sort_keys=True, ensure_ascii=False, default=str))
+
+
+@functools.lru_cache(maxsize=64)
+def _slow_digest(data: str) -> str:
+    return hashlib.pbkdf2_hmac("sha256", data.encode(), _DIGEST_SALT, DIGEST_ITERATIONS).hex()[:16]
 
 
 def _is_digest(value: Any) -> bool:
     return (
-        isinstance(value, str) and value.startswith(DIGEST_PREFIX) and len(value) == len(DIGEST_PREFIX) + 16
+        isinstance(value, str)
+        and value.startswith((DIGEST_PREFIX, _OLD_DIGEST_PREFIX))
+        and len(value) == len(DIGEST_PREFIX) + 16
     )
 
 

@@ -148,7 +148,7 @@ def test_a_value_under_a_secret_key_is_in_no_file_and_no_message(
         info = json.loads((tmp_path / "local-vlm" / "oracle_implicit" / "run.json").read_text())
         assert not any(s in everything_written(tmp_path) for s in (old, new))
         fields = info["settings"]["backend_identity"]["request_fields"]["extra_headers"]
-        assert fields["x-trace"] == "t1" and fields["x-api-key"].startswith("*** sha256:")
+        assert fields["x-trace"] == "t1" and fields["x-api-key"].startswith("*** pbkdf2:")
         extra["extra_headers"]["x-api-key"] = new
         argv_new = [*argv, "--request-extra", json.dumps(extra)]
         monkeypatch.setattr(sys, "argv", ["eval/run.py", *argv_new])
@@ -195,3 +195,21 @@ def test_a_key_given_as_the_api_key_env_name_is_refused_unshown(
     err = capsys.readouterr().err
     assert "--api-key-env must be the name of an environment variable" in err and "looks like a key" in err
     assert pasted not in err and not any(tmp_path.rglob("run.json"))
+
+
+def test_a_secret_digest_is_stable_and_slow_to_try_candidates_against():
+    """Final red team: run.json held a plain SHA-256 of each secret, so a short one was found again by
+    hashing candidates. The digest is now a slow derivation: the same value gives the same digest
+    (a resume compares them), no fast hash of the value gives it, and each try costs the rounds."""
+    import hashlib
+    import json
+
+    from chexpercept.redaction import DIGEST_ITERATIONS, secret_digest
+
+    digest = secret_digest("hunter2")
+    assert digest == secret_digest("hunter2") != secret_digest("hunter3")
+    assert secret_digest(digest) == digest  # a digest is kept as it is
+    tail = digest.rsplit(":", 1)[1]
+    for data in (b"hunter2", json.dumps("hunter2").encode()):
+        assert tail not in (hashlib.sha256(data).hexdigest()[:16], hashlib.sha512(data).hexdigest()[:16])
+    assert DIGEST_ITERATIONS >= 100_000
