@@ -15,6 +15,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from .cli_options import CommandParser
 from .errors import Refused
 from .escape import terminal
 
@@ -68,7 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C while the command's libraries load: one line, not a traceback
         print(f"chexpercept {name}: stopped by Ctrl-C while starting; nothing was done", file=sys.stderr)
         return 130
-    parser = argparse.ArgumentParser(prog=f"chexpercept {name}", description=help_)
+    parser = CommandParser(prog=f"chexpercept {name}", description=help_)
     module.configure(parser)
     args = parser.parse_args(rest)
     try:

@@ -127,3 +127,25 @@ def add_parse_mode_option(parser: Any, *, help: str, **kwargs: Any) -> None:
     add_option(
         parser, "--parse-mode", "--mode", choices=PARSE_MODES, default="reference", help=help, **kwargs
     )
+
+
+class CommandParser(argparse.ArgumentParser):
+    """The parser of every command (``chexpercept <command>``, ``eval/run.py``): an option is
+    spelled whole (``--max-token`` is not taken for ``--max-tokens``: an abbreviation that means
+    one option today may mean another when an option is added), and a mistake is two lines, what
+    is wrong and where to read more, with the nearest options for an unknown one (not the whole
+    usage, which for ``run`` is a page)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> Any:  # argparse's hook; it must not return
+        import difflib
+        import re
+
+        unknown = re.findall(r"(?:unrecognized arguments|ambiguous option): (\S+)", message)
+        spelled = [s for a in self._actions for s in a.option_strings if s.startswith("--")]
+        near = difflib.get_close_matches(unknown[0].split("=", 1)[0], spelled, n=3) if unknown else []
+        hint = f" (did you mean {' or '.join(near)}?)" if near else ""
+        self.exit(2, f"{self.prog}: error: {message}{hint}\nRun '{self.prog} --help' for its options.\n")

@@ -42,7 +42,7 @@ if __name__ == "__main__":
 try:
     from chexpercept.answers import PARSE_MODES
     from chexpercept.bundle import IMAGE_CHECKS
-    from chexpercept.cli_options import add_progress_option
+    from chexpercept.cli_options import CommandParser, add_progress_option
     from chexpercept.escape import terminal_lines
     from chexpercept.eval.backends import BACKENDS, backend_class
     from chexpercept.eval.backends.options import json_object
@@ -211,7 +211,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="eval/run.py", description=__doc__.split("\n\n")[0])
+    parser = CommandParser(prog="eval/run.py", description=__doc__.split("\n\n")[0])
     configure(parser)
     return run(parser.parse_args(argv))
 

@@ -167,3 +167,23 @@ def test_every_refusal_ends_a_command_with_one_line(refusal, monkeypatch, capsys
     err = capsys.readouterr().err
     assert err.startswith("chexpercept score: refused: port 8000") and err.count("\n") == 1, err
     assert "\x1b" not in err and "mallory" in err
+
+
+@pytest.mark.parametrize("command", sorted(all_commands()))
+def test_a_mistyped_or_shortened_option_is_two_lines_with_the_nearest(command, capsys):
+    """New user: ``--max-token`` was taken for ``--max-tokens`` (an abbreviation), and a mistyped
+    option printed the whole usage (a page for ``run``). Every command refuses both in two lines."""
+    with pytest.raises(SystemExit) as e:
+        cli([command, "--outptu-dir", "x"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and len(err.strip().splitlines()) == 2, err
+    assert "usage:" not in err and f"Run 'chexpercept {command} --help'" in err
+
+
+def test_an_abbreviated_option_is_refused_on_run_too(capsys):
+    from chexpercept.eval.run import main as run_main
+
+    with pytest.raises(SystemExit):
+        run_main(["--data-dir", "x", "--model", "baseline:random", "--max-token", "3"])
+    err = capsys.readouterr().err
+    assert "unrecognized arguments: --max-token" in err and "did you mean --max-tokens" in err
