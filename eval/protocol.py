@@ -71,13 +71,18 @@ class Request:
     def openai_messages(self, image_url: Callable[[str], str]) -> list[dict[str, Any]]:
         """OpenAI-style chat messages (vLLM's LLM.chat and /chat/completions take the same shape):
         system text; user text then its images, each as ``image_url(relative path)``; assistant text."""
+        return self.messages_with(lambda p: {"type": "image_url", "image_url": {"url": image_url(p)}})
+
+    def messages_with(self, image_part: Callable[[str], dict[str, Any]]) -> list[dict[str, Any]]:
+        """``openai_messages`` with each image's whole content part as ``image_part(relative path)``
+        gives it (an image by id, decoded pixels...)."""
         messages: list[dict[str, Any]] = []
         for m in self.messages:
             if m.role == "system":
                 messages.append({"role": "system", "content": m.text})
                 continue
             content: list[dict[str, Any]] = [{"type": "text", "text": m.text}]
-            content += [{"type": "image_url", "image_url": {"url": image_url(p)}} for p in m.images]
+            content += [image_part(p) for p in m.images]
             messages.append({"role": m.role, "content": content})
         return messages
 

@@ -444,14 +444,7 @@ class OpenAIBackend(BackendBase):
                 carried.append(relative)
             return image
 
-        messages = []
-        for message in request.openai_messages(lambda relative: relative):
-            content = message["content"]
-            if isinstance(content, list):
-                content = [
-                    part(p["image_url"]["url"]) if p.get("type") == "image_url" else p for p in content
-                ]
-            messages.append({**message, "content": content})
+        messages = request.messages_with(part)
         self.ids.count(by_id=len(request.images) - len(slots), with_pixels=len(slots))
         pieces = _IMAGE_SLOT_JSON.split(json.dumps(self._payload(messages)).encode("utf-8"))
         # split keeps each slot's number between the text pieces: text, number, text, number, ...

@@ -549,15 +549,7 @@ class VLLMBackend(BackendBase):
                 return {"type": "image_url", "image_url": {"url": self.image_url(relative)}, "uuid": uuid}
             return {"type": "image_pil", "image_pil": image, "uuid": uuid}
 
-        messages = []
-        for message in request.openai_messages(lambda relative: relative):
-            content = message["content"]
-            if isinstance(content, list):
-                content = [
-                    part(p["image_url"]["url"]) if p.get("type") == "image_url" else p for p in content
-                ]
-            messages.append({**message, "content": content})
-        return messages, carried, by_id
+        return request.messages_with(part), carried, by_id
 
     def _chat_kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"use_tqdm": False}
