@@ -465,7 +465,10 @@ def _serve(port_out: Any, median: float) -> None:
             self.wfile.write(data)
 
         def do_GET(self) -> None:
-            self._send(200, {"object": "list", "data": [{"id": "gpt-5.4", "owned_by": "vllm"}]})
+            if self.path == "/version":
+                self._send(200, {"version": "0.32.0"})
+            else:
+                self._send(200, {"object": "list", "data": [{"id": "gpt-5.4", "owned_by": "vllm"}]})
 
         def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))

@@ -11,6 +11,7 @@ One call's usage (``TurnResult.usage``) holds each figure as the server reported
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,17 +29,27 @@ FIGURES: tuple[str, ...] = (
 UNREPORTED = "unreported_calls"
 
 
+#: the most tokens one call can be said to have used (a trillion: far beyond any context window);
+#: a larger count is not one
+MAX_COUNT = 10**12
+_ASCII_DIGITS = re.compile(r"[0-9]{1,13}")
+
+
 def count(value: Any) -> int | None:
-    """A token count as a server reports it: a whole number >= 0 (an integral float or a string of
-    digits too); None for anything else (missing, null, negative, fractional, not a number)."""
+    """A token count as a server reports it: a whole number from 0 to ``MAX_COUNT`` (an integral
+    float or a string of ASCII digits too); None for anything else (missing, null, negative,
+    fractional, too large, not a number, digits of other scripts such as ``"²"``)."""
     if isinstance(value, bool):
         return None
-    if isinstance(value, int):
-        return value if value >= 0 else None
     if isinstance(value, float):
-        return int(value) if math.isfinite(value) and value >= 0 and value.is_integer() else None
-    if isinstance(value, str) and value.strip().isdigit():
-        return int(value.strip())
+        value = (
+            int(value) if math.isfinite(value) and value.is_integer() and abs(value) <= MAX_COUNT else None
+        )
+    elif isinstance(value, str):
+        text = value.strip()
+        value = int(text) if _ASCII_DIGITS.fullmatch(text) else None
+    if isinstance(value, int):
+        return value if 0 <= value <= MAX_COUNT else None
     return None
 
 
@@ -52,11 +63,15 @@ PARTS: tuple[tuple[str, str], ...] = (
 def call_usage(figures: Mapping[str, int | None]) -> dict[str, int | None]:
     """One call's token counts as recorded: each read with ``count``; a part larger than its
     whole (``PARTS``: cached input over the input, thinking over the output) is a report that
-    contradicts itself, so both are unknown (None) rather than a negative uncached input or cost."""
+    contradicts itself, so both are unknown (None) rather than a negative uncached input or cost;
+    so is a total under the input and output together."""
     usage = {k: count(v) for k, v in figures.items()}
     for part, whole in PARTS:
         if usage.get(part) is not None and usage.get(whole) is not None and usage[part] > usage[whole]:  # type: ignore[operator]
             usage[part] = usage[whole] = None
+    said = [usage.get("input_tokens"), usage.get("output_tokens"), usage.get("total_tokens")]
+    if None not in said and said[2] < said[0] + said[1]:  # type: ignore[operator]
+        usage["total_tokens"] = None  # a total under its parts: which of them is wrong is not known
     return usage
 
 

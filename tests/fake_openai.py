@@ -82,6 +82,16 @@ class RealisticUsage:
         }
 
 
+def _named_by_id(body):
+    """Whether a request names an image by its id alone (no pixels)."""
+    return any(
+        p.get("type") == "image_url" and p.get("image_url") is None
+        for m in body["messages"]
+        if isinstance(m["content"], list)
+        for p in m["content"]
+    )
+
+
 #: vLLM's refusal of an image named by id that it does not hold
 CACHE_MISS = "Cache miss for image at index 0 but data is not provided."
 
@@ -100,7 +110,7 @@ class FakeServer:
     ``requests`` keeps each body as sent; replies are computed from the body with every image
     resolved."""
 
-    def __init__(self, failures=(), delay=0.0, usage=None, reply=None, vllm=False):
+    def __init__(self, failures=(), delay=0.0, usage=None, reply=None, vllm=False, vllm_version="0.32.0"):
         self.failures = list(failures)
         #: None: every reply is "Answer: 1"; a callable: the reply's text for a request body
         #: (e.g. ``scripted_reply``: the same answer for the same conversation, whoever sends it)
@@ -117,6 +127,12 @@ class FakeServer:
         self.max_in_flight = 0
         self.lock = threading.Lock()
         self.vllm = vllm
+        #: what GET /version says (vllm=True); None: no /version
+        self.vllm_version = vllm_version
+        #: GET /models's reply sent in two pieces, a moment apart (as behind a proxy)
+        self.split_models = False
+        #: image parts without pixels refused as vLLM before 0.11 refuses them (a 400 naming image_url)
+        self.refuse_ids = False
         #: uuid -> image URL (vllm=True)
         self.held: dict[str, str] = {}
         server = self
@@ -126,15 +142,24 @@ class FakeServer:
                 pass
 
             def do_GET(self):
-                if not self.path.endswith("/models"):
+                if self.path.endswith("/models"):
+                    owner = "vllm" if server.vllm else "organization-owner"
+                    reply = {"object": "list", "data": [{"id": "m", "owned_by": owner}]}
+                elif self.path == "/version" and server.vllm and server.vllm_version:
+                    reply = {"version": server.vllm_version}
+                else:
                     self.send_error(404)
                     return
-                owner = "vllm" if server.vllm else "organization-owner"
-                data = json.dumps({"object": "list", "data": [{"id": "m", "owned_by": owner}]}).encode()
+                data = json.dumps(reply).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
+                if server.split_models:
+                    self.wfile.write(data[:10])
+                    self.wfile.flush()
+                    time.sleep(0.2)
+                    data = data[10:]
                 self.wfile.write(data)
 
             def do_POST(self):
@@ -144,7 +169,11 @@ class FakeServer:
                     server.times.append(time.monotonic())
                     action = server.failures.pop(0) if server.failures else "ok"
                     body = server.resolve(sent) if server.vllm else sent
-                    if body is None:
+                    if server.refuse_ids and _named_by_id(sent):
+                        message = "1 validation error: messages.1.content.1.image_url: Input should be a valid dictionary"
+                        action = {"status": 400, "body": {"error": {"message": message, "code": 400}}}
+                        body = sent
+                    elif body is None:
                         action = {"status": 400, "body": {"error": {"message": CACHE_MISS, "code": 400}}}
                         body = sent
                     server.in_flight += 1

@@ -444,10 +444,13 @@ def test_a_relative_path_in_the_options_counts_by_its_content_too(tmp_path, monk
     (tmp_path / "templates" / "chat.jinja").write_text("{{ messages }}")
     (tmp_path / "tok").mkdir()
     (tmp_path / "tok" / "tokenizer_config.json").write_text("{}")
-    args = {"chat_template": "templates/chat.jinja", "tokenizer": "tok", "dtype": "bfloat16"}
+    (tmp_path / "medium").write_text("a file that happens to be called as a value is")
+    args = {"chat_template": "templates/chat.jinja", "tokenizer": "./tok", "dtype": "bfloat16"}
+    args["reasoning_effort"] = "medium"  # red team: a word, not a path, whatever the folder holds
     before = with_file_contents({"engine_args": args})["engine_args"]
     assert before["chat_template"]["path"] == "templates/chat.jinja"
     assert before["tokenizer"]["content"] and before["dtype"] == "bfloat16"
+    assert before["reasoning_effort"] == "medium"
     (tmp_path / "templates" / "chat.jinja").write_text("{{ messages | reverse }}")
     after = with_file_contents({"engine_args": args})["engine_args"]
     assert after["chat_template"] != before["chat_template"] and after["tokenizer"] == before["tokenizer"]

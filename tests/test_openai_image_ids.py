@@ -10,7 +10,7 @@ import json
 from fake_openai import FakeServer, backend_for, conversation_of, run_cases, scripted_reply
 
 from chexpercept.bundle import read_bundle
-from chexpercept.eval.backends.openai.image_ids import ImageIds, is_cache_miss, served_by_vllm
+from chexpercept.eval.backends.openai.image_ids import ImageIds, is_cache_miss, refuses_ids, why_not_vllm
 from chexpercept.eval.run import main
 from chexpercept.results import iter_results
 
@@ -129,12 +129,76 @@ def test_ids_are_unguessable_outside_the_run_and_stable_within_it():
 
 
 def test_what_counts_as_vllm_and_as_a_cache_miss():
-    assert served_by_vllm(b'{"data": [{"id": "m", "owned_by": "vllm"}]}')
-    assert not served_by_vllm(b'{"data": [{"id": "gpt", "owned_by": "openai"}]}')
-    assert not served_by_vllm(b"not json") and not served_by_vllm(b'{"data": "vllm"}')
-    assert not served_by_vllm(b'{"data": [{"owned_by": "vllm"}]}' + b" " * (1 << 20))
+    vllm = b'{"data": [{"id": "m", "owned_by": "vllm"}]}'
+    assert why_not_vllm(vllm, b'{"version": "0.32.0"}') is None
+    assert why_not_vllm(vllm, b'{"version": "0.11.1rc2.dev3+gabc"}') is None
+    assert "0.11 or later" in why_not_vllm(vllm, b'{"version": "0.10.2"}')
+    assert "no version" in why_not_vllm(vllm, b"") and "no version" in why_not_vllm(vllm, b'{"version": 11}')
+    assert "does not say vLLM" in why_not_vllm(b'{"data": [{"id": "gpt", "owned_by": "openai"}]}', b"")
+    assert why_not_vllm(b"not json", b"") and why_not_vllm(b'{"data": "vllm"}', b"")
+    assert why_not_vllm(vllm + b" " * (1 << 20), b'{"version": "0.32.0"}')  # over the limit read
     assert is_cache_miss(
         400, '{"error": {"message": "Cache miss for image at index 1 but data is not provided."}}'
     )
     assert is_cache_miss(500, "Multi-modal items ['x'] are not in the receiver (P1) cache and no data")
     assert not is_cache_miss(200, "Cache miss for image") and not is_cache_miss(400, "bad request")
+    assert refuses_ids(400, "messages.1.content.1.image_url: Input should be a valid dictionary")
+    assert not refuses_ids(400, "This model's maximum context length is 8192 tokens")
+    assert not refuses_ids(500, "image_url") and not refuses_ids(
+        400, "Cache miss for image at index 0 (uuid)"
+    )
+
+
+def test_a_vllm_that_takes_no_image_by_id_gets_pixels(fixture_bundle):
+    """Red team: a vLLM older than 0.11 says ``owned_by: vllm`` too, and refuses an image part
+    without pixels: auto asks /version, and sends it no id (saying why in run.json)."""
+    bundle = read_bundle(fixture_bundle, paths=["RR"], lesions=["effusion"])
+    _, plain_records, _ = run(bundle)
+    old, records, info = run(bundle, vllm=True, vllm_version="0.10.1")
+    assert answers(records) == answers(plain_records)
+    assert all("uuid" not in p and p["image_url"] for p in image_parts(old))
+    assert not info["image_ids"]["used"] and "0.10.1" in info["image_ids"]["off_because"]
+
+
+def test_a_server_that_refuses_ids_anyway_gets_pixels_from_then_on(fixture_bundle, capsys):
+    """``--image-ids on`` (or a fork that says it is a recent vLLM) against a server that refuses a
+    part without pixels: that request again with pixels, no id for the rest of the run, one note."""
+    bundle = read_bundle(fixture_bundle, paths=["RR"], lesions=["effusion"])
+    plain, plain_records, _ = run(bundle)
+    with FakeServer(reply=scripted_reply, vllm=True) as server:
+        server.refuse_ids = True
+        backend = backend_for(server, image_ids="on")
+        try:
+            records = run_cases(backend, bundle)
+            info = backend.describe()["image_ids"]
+        finally:
+            backend.close()
+    assert answers(records) == answers(plain_records)
+    assert all(t.error is None for r in records for t in r.turns)
+    assert "the server refused an image by id" in info["off_because"]
+    refusals = sum(1 for r in server.requests if any(p["image_url"] is None for p in image_parts_of(r)))
+    assert refusals == 1 and len(server.requests) == len(plain.requests) + 1
+    assert capsys.readouterr().err.count("note: the server refused an image by id") == 1
+
+
+def test_the_servers_answer_is_read_whole(fixture_bundle):
+    """Red team: /models in two pieces (behind a proxy) was read as its first piece alone."""
+    bundle = read_bundle(fixture_bundle, paths=["RR"], lesions=["effusion"])
+    with FakeServer(reply=scripted_reply, vllm=True) as server:
+        server.split_models = True
+        backend = backend_for(server)
+        try:
+            run_cases(backend, bundle)
+            assert backend.describe()["image_ids"]["used"]
+        finally:
+            backend.close()
+
+
+def image_parts_of(request: dict) -> list[dict]:
+    return [
+        p
+        for m in request["body"]["messages"]
+        if isinstance(m["content"], list)
+        for p in m["content"]
+        if p["type"] == "image_url"
+    ]

@@ -165,3 +165,15 @@ def test_inspect_usage_goes_through_the_same_rule():
     bad = usage(SimpleNamespace(**said, input_tokens_cache_read=-3, reasoning_tokens=9, total_cost=0.5))
     assert bad["cached_input_tokens"] is None and bad["input_tokens"] is None  # a negative count: unknown
     assert bad["thinking_tokens"] is None and bad["output_tokens"] is None and bad["cost_usd"] == 0.5
+
+
+def test_a_count_is_ascii_digits_within_reason_or_unknown():
+    """Red team: ``"²"`` passed ``str.isdigit`` and ``int()`` then raised, ending the run; 5,000
+    digits did too (Python's limit), and ``1e300`` tokens priced a call at $1e294."""
+    from chexpercept.usage import MAX_COUNT, call_usage, count
+
+    for bad in ("²", "٣", "1" * 5000, 1e300, float("nan"), -1, "1e3", " ", MAX_COUNT + 1, True):
+        assert count(bad) is None, bad
+    assert count(" 42 ") == 42 and count(7.0) == 7 and count(MAX_COUNT) == MAX_COUNT
+    usage = call_usage({"input_tokens": 100, "output_tokens": 10, "total_tokens": 50})
+    assert usage == {"input_tokens": 100, "output_tokens": 10, "total_tokens": None}

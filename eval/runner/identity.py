@@ -137,7 +137,8 @@ MODEL_FOLDER_MARKERS = (
 def with_file_contents(value: Any, cache: DigestCache | None = None) -> Any:
     """``value`` (a backend's identity, the chat template variables) with every string that names a
     local file or folder (absolute, ``~/`` or relative to the working directory, as the engine opens
-    it: a tokenizer, a chat template file, an adapter given in --engine-args) replaced by ``{"path": ..., "content": fingerprint}``: the content counts, not
+    it, and spelled as a path: ``_names_a_path``; a tokenizer, a chat template file, an adapter
+    given in --engine-args) replaced by ``{"path": ..., "content": fingerprint}``: the content counts, not
     the name alone (a file whole through the digest cache; a folder by ``folder_fingerprint`` when
     it is a model, tokenizer, processor or adapter folder (``MODEL_FOLDER_MARKERS``), so that a
     cache folder such as vLLM's ``download_dir`` is never read whole)."""
@@ -150,13 +151,25 @@ def with_file_contents(value: Any, cache: DigestCache | None = None) -> Any:
             cache.save()
 
 
+#: the endings of the files an option names by a bare name (a chat template, a tokenizer's files)
+PATH_SUFFIXES = (".jinja", ".jinja2", ".json", ".model", ".tiktoken", ".txt", ".safetensors", ".bin")
+
+
+def _names_a_path(value: str) -> bool:
+    """Whether an option's string is spelled as a path (absolute, ``~/``, with a ``/``, or a file
+    name with a file's ending), rather than a word such as ``medium`` or ``auto`` that a file in the
+    working directory may happen to be called."""
+    if not value or len(value) >= 4096 or "\n" in value or "\x00" in value:
+        return False
+    return "/" in value or value.startswith("~") or value.lower().endswith(PATH_SUFFIXES)
+
+
 def _contents(value: Any, cache: DigestCache) -> Any:
     if isinstance(value, Mapping):
         return {k: _contents(v, cache) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [_contents(v, cache) for v in value]
-    if isinstance(value, str) and value and "\n" not in value and "\x00" not in value and len(value) < 4096:
-        # absolute, ~/ or relative to the working directory, as the engine itself would open it
+    if isinstance(value, str) and _names_a_path(value):
         path = FsPath(os.path.expanduser(value))
         if path.is_dir() and any((path / name).is_file() for name in MODEL_FOLDER_MARKERS):
             return {"path": value, "content": folder_fingerprint(path, cache)}

@@ -68,10 +68,12 @@ from chexpercept.containment import ContainmentError, Tree, read_image
 from chexpercept.escape import terminal
 from chexpercept.eval.backends.occupancy import InFlightClock, WorkLedger, ratio, schedule_record
 from chexpercept.eval.backends.openai.image_ids import (
+    ASK_SECONDS,
     MODELS_REPLY_LIMIT,
     ImageIds,
     is_cache_miss,
-    served_by_vllm,
+    refuses_ids,
+    why_not_vllm,
 )
 from chexpercept.eval.backends.openai.inflight import OK, OTHER, THROTTLED, AdaptiveLimit
 from chexpercept.eval.backends.openai.retries import (
@@ -195,8 +197,13 @@ class _Filtered(Exception):
     """The service rejected the request with a content filter: its verdict on the content."""
 
 
-class _CacheMiss(Exception):
-    """The server no longer holds an image the request named by id (eval/backends/openai/image_ids.py)."""
+class _Resend(Exception):
+    """The request named images by id and must go again with their pixels: the server no longer
+    holds one (a cache miss), or it ``refused`` the form (eval/backends/openai/image_ids.py)."""
+
+    def __init__(self, message: str, *, refused: bool = False):
+        super().__init__(message)
+        self.refused = refused
 
 
 class _RunLevel(Exception):
@@ -421,11 +428,11 @@ class OpenAIBackend(BackendBase):
         ids are on (``ids``). Raises ContainmentError or OSError for an image that cannot be sent."""
         return self._body(request, resend=False)[0]
 
-    def _body(self, request: Request, *, resend: bool) -> tuple[bytes, list[str]]:
-        """(the body, the images whose pixels it carries with their ids); ``resend``: every image
-        with its pixels."""
+    def _body(self, request: Request, *, resend: bool) -> tuple[bytes, list[str], bool]:
+        """(the body, the images whose pixels it carries with their ids, whether it names any image
+        by id alone); ``resend``: every image with its pixels."""
         if any("\x00" in m.text for m in request.messages):  # no room for the slots: the plain way
-            return json.dumps(self.build_payload(request)).encode("utf-8"), []
+            return json.dumps(self.build_payload(request)).encode("utf-8"), [], False
         held = {} if resend else self.ids.held(request.images)
         slots: list[tuple[bytes, ...]] = []
         carried: list[str] = []
@@ -451,7 +458,7 @@ class OpenAIBackend(BackendBase):
         body: list[bytes] = []
         for i, piece in enumerate(pieces):
             body.extend(slots[int(piece)] if i % 2 else (piece,))
-        return b"".join(body), carried
+        return b"".join(body), carried, bool(held)
 
     def _headers(self) -> dict[str, str]:
         headers = {"Content-Type": "application/json"}
@@ -500,58 +507,73 @@ class OpenAIBackend(BackendBase):
         try:
             if self.ids.on is None:  # ids auto: ask the server once, whoever comes first
                 if self._asked_server is None:
-                    self._asked_server = asyncio.ensure_future(self._served_by_vllm())
-                self.ids.on = await asyncio.shield(self._asked_server)
+                    self._asked_server = asyncio.ensure_future(self._ask_server())
+                why_not = await asyncio.shield(self._asked_server)
+                if self.ids.on is None:
+                    self.ids.decided(why_not)
             answer = await self._send(request, resend=False)
-            if isinstance(answer, _CacheMiss):  # the server let an image go: once more with pixels
-                self.ids.missed(request.images)
+            if isinstance(answer, _Resend):  # once more, every image with its pixels
+                if answer.refused:
+                    self.ids.refused(str(answer))
+                else:
+                    self.ids.missed(request.images)
                 answer = await self._send(request, resend=True)
-            if isinstance(answer, _CacheMiss):
-                answer = _failed(f"the server held no copy of an image sent with its pixels: {answer}")
+            if isinstance(answer, _Resend):
+                answer = _failed(f"the server refused a request that carried every image's pixels: {answer}")
         except BackendError as e:
             answer = e
         except Exception as e:  # a bug here must end the run with its cause, not hang it
             answer = BackendError(f"{request.key_id} ({request.task}): {type(e).__name__}: {e}")
         self._done.put((request, answer))
 
-    async def _send(self, request: Request, *, resend: bool) -> Response | _CacheMiss:
+    async def _send(self, request: Request, *, resend: bool) -> Response | _Resend:
         """The request's body built on a worker thread, then sent (``_one``); the images whose pixels
         it carried are held by the server once it is answered."""
         loop = asyncio.get_running_loop()
         try:
-            body, carried = await loop.run_in_executor(
+            body, carried, by_id = await loop.run_in_executor(
                 self._builders, lambda: self._body(request, resend=resend)
             )
         except (ContainmentError, OSError) as e:  # an image changed after validation: this case only
             return _failed(f"image not sent: {e}")
         try:
-            answer = await self._one(request, body)
-        except _CacheMiss as e:
+            answer = await self._one(request, body, by_id=by_id)
+        except _Resend as e:
             return e
         if answer.error is None:
             self.ids.answered(carried)
         return answer
 
-    async def _served_by_vllm(self) -> bool:
-        """Whether the endpoint is a vLLM server (its ``GET /models``; eval/backends/openai/image_ids.py).
-        Anything but a clear yes is no: ids are then never sent."""
+    async def _ask_server(self) -> str | None:
+        """Why this endpoint is sent no image by id, or None: its ``GET /models`` and ``GET /version``
+        (eval/backends/openai/image_ids.py). No clear answer within ``ASK_SECONDS`` is a no."""
         assert self._loop is not None
         parts = urlsplit(self.url)
-        url = urlunsplit(parts._replace(path=parts.path.rsplit("/chat/completions", 1)[0] + "/models"))
+        base = parts.path.rsplit("/chat/completions", 1)[0]
+        root = base[: -len("/v1")] if base.endswith("/v1") else base
+        session = await self._loop.session()
+
+        async def read(path: str) -> bytes:
+            url = urlunsplit(parts._replace(path=path))
+            async with session.get(url, headers=self._headers(), allow_redirects=False) as reply:
+                if reply.status != 200:
+                    return b""
+                data = b""
+                while len(data) <= MODELS_REPLY_LIMIT and (chunk := await reply.content.read(1 << 16)):
+                    data += chunk
+                return data
+
+        async def both() -> str | None:
+            return why_not_vllm(await read(base + "/models"), await read(root + "/version"))
+
         try:
-            session = await self._loop.session()
+            return await asyncio.wait_for(both(), ASK_SECONDS)
+        except asyncio.TimeoutError:
+            return f"the server did not say what it is within {ASK_SECONDS:g} s"
+        except Exception as e:  # refused, unreachable: the requests themselves say so
+            return f"the server could not be asked what it is ({type(e).__name__})"
 
-            async def ask() -> bytes:
-                async with session.get(url, headers=self._headers(), allow_redirects=False) as reply:
-                    if reply.status != 200:
-                        return b""
-                    return await reply.content.read(MODELS_REPLY_LIMIT + 1)
-
-            return served_by_vllm(await asyncio.wait_for(ask(), min(self.timeout, 30.0)))
-        except Exception:  # refused, unreachable, slow: the requests themselves say so
-            return False
-
-    async def _one(self, request: Request, body: bytes) -> Response:
+    async def _one(self, request: Request, body: bytes, *, by_id: bool = False) -> Response:
         where = f"{request.key_id} ({request.task})"
         attempt, waited = 0, 0.0
         while True:
@@ -562,7 +584,7 @@ class OpenAIBackend(BackendBase):
             self.clock.change(+1)
             outcome, error, reply = OTHER, None, None
             try:
-                reply = await self._post(body)
+                reply = await self._post(body, by_id=by_id)
                 outcome = OK
             except _Retryable as e:
                 outcome, error = (THROTTLED if e.status == 429 else OTHER), e
@@ -623,8 +645,9 @@ class OpenAIBackend(BackendBase):
                 raise BackendError(f"the reply of {self.url} is over the limit of {REPLY.describe()}")
             return reply.status, reply.headers, data
 
-    async def _post(self, body: bytes) -> dict[str, Any]:
-        """One attempt, within its deadline (``--timeout`` from sending to the reply's last byte)."""
+    async def _post(self, body: bytes, *, by_id: bool = False) -> dict[str, Any]:
+        """One attempt, within its deadline (``--timeout`` from sending to the reply's last byte);
+        ``by_id``: the body names images by id (a refusal of that form is ``_Resend``)."""
         import aiohttp
 
         try:
@@ -651,7 +674,9 @@ class OpenAIBackend(BackendBase):
             return _reply_object(text, headers.get("Content-Type") or "", self.shown_url)
         detail = terminal(text[:500])  # the server's words, shown on one line and inert on a terminal
         if is_cache_miss(status, text):  # an image sent by id that the server no longer holds
-            raise _CacheMiss(f"HTTP {status}: {detail}")
+            raise _Resend(f"HTTP {status}: {detail}")
+        if by_id and refuses_ids(status, text):  # not the vLLM it says it is
+            raise _Resend(f"HTTP {status}: {detail}", refused=True)
         if 300 <= status < 400:
             location = headers.get("Location")
             raise _RunLevel(

@@ -22,24 +22,37 @@ the pixels sent with it: the image keeps it while its conversation is live, and 
 it must be sent again (after a cache miss), so that an id never stands for two versions of a file.
 No other client of the server can guess an id (and so cannot put other pixels in the cache under
 it), and nothing is hashed. Whether the server is vLLM is read once from ``GET /v1/models``
-(``owned_by: "vllm"``); ``--image-ids on`` skips that question, ``off`` never sends an id.
+(``owned_by: "vllm"``) and ``GET /version`` (at least ``MIN_VLLM``, the first vLLM that takes an
+image by its id alone); ``--image-ids on`` skips that question, ``off`` never sends an id. A server
+that refuses a part without its pixels all the same (a 400 or 422 about ``image_url`` or ``uuid``: a
+proxy or a fork that calls itself vLLM) gets the request again with every image's pixels, and no id
+for the rest of the run, with one note saying so. A server that takes such a part without error but
+does not use the image it names cannot be told from vLLM by a client: ``--image-ids off`` for those.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import secrets
+import sys
 import threading
 from collections.abc import Iterable
 from typing import Any
+
+from chexpercept.escape import terminal
 
 #: --image-ids: ask the server (auto), always, never
 MODES = ("auto", "on", "off")
 #: what vLLM answers when a request names by id an image it does not hold (the frontend's
 #: processor cache, or the engine's after the two drifted apart)
 CACHE_MISS_MARKERS = ("Cache miss for image", "not in the receiver (P1) cache")
-#: bytes of the /models reply read at most (a list of model cards)
+#: bytes of the /models and /version replies read at most
 MODELS_REPLY_LIMIT = 1 << 20
+#: seconds the question may take before the run goes on without ids
+ASK_SECONDS = 10.0
+#: the first vLLM whose OpenAI-compatible server takes an image part by its uuid alone
+MIN_VLLM = (0, 11)
 
 
 def is_cache_miss(status: int, text: str) -> bool:
@@ -47,18 +60,40 @@ def is_cache_miss(status: int, text: str) -> bool:
     return status >= 400 and any(marker in text for marker in CACHE_MISS_MARKERS)
 
 
-def served_by_vllm(models_reply: bytes) -> bool:
-    """Whether a ``GET /v1/models`` reply lists a model that vLLM serves (``owned_by: "vllm"``)."""
-    if len(models_reply) > MODELS_REPLY_LIMIT:
-        return False
-    try:
-        listing = json.loads(models_reply)
-    except ValueError:
-        return False
-    data = listing.get("data") if isinstance(listing, dict) else None
-    return isinstance(data, list) and any(
-        isinstance(card, dict) and card.get("owned_by") == "vllm" for card in data
+def refuses_ids(status: int, text: str) -> bool:
+    """Whether an error reply to a request that named images by id refuses the form itself (a
+    server that is not the vLLM it says it is, or one older than ``MIN_VLLM``)."""
+    return (
+        status in (400, 422) and ("image_url" in text or "uuid" in text) and not is_cache_miss(status, text)
     )
+
+
+def _json(reply: bytes) -> Any:
+    if len(reply) > MODELS_REPLY_LIMIT:
+        return None
+    try:
+        return json.loads(reply)
+    except ValueError:
+        return None
+
+
+def why_not_vllm(models_reply: bytes, version_reply: bytes) -> str | None:
+    """Why a server whose ``GET /v1/models`` and ``GET /version`` gave these replies is not sent
+    ids (not vLLM, or a vLLM older than ``MIN_VLLM``); None when it is."""
+    listing = _json(models_reply)
+    data = listing.get("data") if isinstance(listing, dict) else None
+    if not (
+        isinstance(data, list) and any(isinstance(c, dict) and c.get("owned_by") == "vllm" for c in data)
+    ):
+        return "the server's /models does not say vLLM"
+    answer = _json(version_reply)
+    version = answer.get("version") if isinstance(answer, dict) else None
+    m = re.match(r"(\d+)\.(\d+)", version) if isinstance(version, str) else None
+    if m is None:
+        return "the server says vLLM but gives no version at /version"
+    if (int(m.group(1)), int(m.group(2))) < MIN_VLLM:
+        return f"vLLM {terminal(version)[:40]} takes no image by id (vLLM {MIN_VLLM[0]}.{MIN_VLLM[1]} or later does)"
+    return None
 
 
 class ImageIds:
@@ -71,6 +106,8 @@ class ImageIds:
         self.mode = mode
         #: None until the server was asked (auto); then whether ids are sent
         self.on: bool | None = None if mode == "auto" else mode == "on"
+        #: why ids are not sent (auto: what the server said; a server that refused them)
+        self.off_because: str | None = "--image-ids off" if mode == "off" else None
         self._lock = threading.Lock()
         self._ids: dict[str, str] = {}
         self._held: set[str] = set()
@@ -116,6 +153,24 @@ class ImageIds:
                 self._ids.pop(relative, None)
             self.resent += 1
 
+    def decided(self, why_not: str | None) -> None:
+        """The server was asked (auto): ids are on unless ``why_not``."""
+        self.on, self.off_because = why_not is None, why_not
+
+    def refused(self, reason: str) -> None:
+        """The server refused an image part without its pixels: no id for the rest of the run (a
+        note on stderr, once)."""
+        with self._lock:
+            if not self.on:
+                return
+            self.on, self.off_because = False, f"the server refused an image by id ({reason})"
+            self.resent += 1
+        print(
+            f"note: {self.off_because}; every image goes with its pixels from now on "
+            "(--image-ids off says so from the start)",
+            file=sys.stderr,
+        )
+
     def release(self, prefixes: tuple[str, ...]) -> None:
         """Forget the images of ended conversations (paths starting with one of ``prefixes``)."""
         with self._lock:
@@ -126,7 +181,8 @@ class ImageIds:
         """run.json's ``image_ids`` (what was sent how)."""
         return {
             "mode": self.mode,
-            "used": bool(self.on),
+            "used": self.parts_by_id > 0 or bool(self.on),
+            "off_because": self.off_because,
             "image_parts_by_id": self.parts_by_id,
             "image_parts_with_pixels": self.parts_with_pixels,
             "requests_resent_after_a_cache_miss": self.resent,
