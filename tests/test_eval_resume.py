@@ -444,3 +444,23 @@ def test_score_says_when_it_read_fewer_results_than_the_run_recorded(fixture_bun
 
     with pytest.raises(PartialNumbers, match="these numbers are partial .*nothing was published"):
         stage(tmp_path / "baseline-random", tmp_path / "staging", bootstrap=0, bundle=fixture_bundle)
+
+
+def test_a_resume_with_another_selection_says_the_folder_mixes_them(fixture_bundle, tmp_path, capsys):
+    """New user: a rerun with other --lesions into the same folder kept both selections' cases and
+    scored them together without a word. It still keeps them (nothing is lost), and says so; a
+    larger selection that holds every finished case says nothing."""
+    from chexpercept.eval.run import main
+
+    base = ["--data-dir", str(fixture_bundle), "--model", "baseline:random", "--output-dir", str(tmp_path)]
+    base += ["--no-progress", "--no-score", "--oracle", "none"]
+    assert main([*base, "--lesions", "effusion", "--limit", "2"]) == 0
+    capsys.readouterr()
+    assert main([*base, "--lesions", "effusion", "--limit", "4"]) == 0  # more of the same: silent
+    assert "outside this command's selection" not in capsys.readouterr().err
+    results = tmp_path / "baseline-random" / "oracle_none" / "results.jsonl"
+    n = len(list(iter_results(results)))
+    assert main([*base, "--lesions", "edema", "--limit", "2"]) == 0
+    err = capsys.readouterr().err
+    assert f"note: {n} of the {n} finished case(s)" in err and "--run-name" in err, err
+    assert len(list(iter_results(results))) == n + 2

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import secrets
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path as FsPath
 from typing import Any
@@ -329,6 +329,7 @@ def _prepare_folder(plan: RunPlan, run: OracleRun) -> FolderOutcome:
         size = folder.results.stat().st_size if folder.results.exists() else 0
         kept = read_records(folder.results, identity)
         finished = tuple(sorted(kept))
+        _note_other_selection(folder.path, finished, plan)
         failures = read_failures(folder.failures)
         check_identity(folder.failures, ((i + 1, f.key_id, f.run) for i, f in enumerate(failures)), identity)
         info = replace(run.header, settings=run.settings, finished=None)
@@ -353,6 +354,21 @@ def _prepare_folder(plan: RunPlan, run: OracleRun) -> FolderOutcome:
     except BaseException:
         folder.lock.release()
         raise
+
+
+def _note_other_selection(folder: FsPath, finished: Sequence[str], plan: RunPlan) -> None:
+    """One line when the folder holds finished cases that this command did not select (a resume
+    with other --lesions/--paths/--per-cell/--limit): they stay, and the folder's scores cover them
+    too (a larger selection that holds them all says nothing)."""
+    selected = {case.key_id for case in plan.cases}
+    outside = [k for k in finished if k not in selected]
+    if outside:
+        print(
+            f"note: {len(outside)} of the {len(finished)} finished case(s) in {folder} are outside this "
+            f"command's selection (an earlier run with other --lesions/--paths/--per-cell/--limit); they are "
+            "kept and its scores cover them too: use another --run-name or --output-dir to keep selections apart",
+            file=sys.stderr,
+        )
 
 
 def _note_session_changes(folder: FsPath, previous: dict[str, Any], session: dict[str, Any]) -> None:
