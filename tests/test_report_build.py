@@ -164,6 +164,9 @@ def test_html_report_links_everything_and_keeps_images_out(report, workspace):
     _, bundle = workspace
     page = report.index_html.read_text()
     assert "Phantom data." in page
+    # and every markdown file of numbers says so too (new user: it was in the HTML page only)
+    for md in ("tables.md", "leaderboard.md", "tables/table2.md"):
+        assert "**Phantom data.**" in (report.out / md).read_text(), md
     for fig in (
         "figures/plot_stage_accuracy.png",
         "figures/plot_lesion_heatmap.png",

@@ -321,13 +321,16 @@ def _write_tables(
     intervals: bool,
     title: str,
     hub: HubBoard | None = None,
+    banner: str = "",
 ) -> _Tables:
+    """The tables and the leaderboard as markdown and CSV; ``banner`` (the phantom-data warning)
+    heads every markdown file, as the HTML page's banners head the page."""
     files: list[FsPath] = []
     private_dir(out / "tables")
     blocks = []
     for tid in TABLE_IDS:
         md = render_table(tid, reports, fmt="markdown", intervals=intervals, mark_no_variation=intervals)
-        files.append(_write(out / "tables" / f"table{tid}.md", md))
+        files.append(_write(out / "tables" / f"table{tid}.md", banner + md))
         files.append(
             _write(
                 out / "tables" / f"table{tid}.csv",
@@ -337,10 +340,12 @@ def _write_tables(
         blocks.append(md)
     ci_note = legend(intervals, marked=intervals and zero_width(reports))
     mark = markdown_line(reports)  # also before each table: a reader may jump to one
-    tables_md = _write(out / "tables.md", f"# {title}: tables\n\n{mark}{ci_note}\n\n" + "\n".join(blocks))
+    tables_md = _write(
+        out / "tables.md", f"# {title}: tables\n\n{banner}{mark}{ci_note}\n\n" + "\n".join(blocks)
+    )
     files.append(tables_md)
     board = leaderboard_rows(reports)
-    leaderboard_md = _write(out / "leaderboard.md", _board_markdown(board, hub))
+    leaderboard_md = _write(out / "leaderboard.md", banner + _board_markdown(board, hub))
     files += [leaderboard_md, write_leaderboard_csv(out / "leaderboard.csv", board)]
     if hub is not None:
         files.append(_write(out / "hub_leaderboard.csv", hub_leaderboard_csv(hub.entries)))
@@ -495,6 +500,13 @@ def _page_sections(
     return sections
 
 
+def _synthetic(folders: Sequence[RunFolder], bundle: Bundle | None) -> bool:
+    """Whether these runs were made on a phantom bundle (the bundle says so, or a run.json does)."""
+    return bool(bundle is not None and bundle.synthetic) or any(
+        bool(rf.meta.bundle.synthetic) if rf.meta.bundle else False for rf in folders
+    )
+
+
 def _banners(
     folders: Sequence[RunFolder],
     bundle: Bundle | None,
@@ -503,10 +515,7 @@ def _banners(
     warnings: Sequence[AnswerWarning],
 ) -> list[str]:
     banners = []
-    synthetic = (bundle is not None and bundle.synthetic) or any(
-        rf.meta.bundle.synthetic if rf.meta.bundle else None for rf in folders
-    )
-    if synthetic:
+    if _synthetic(folders, bundle):
         banners.append(PHANTOM_BANNER)
     if embed_images:
         banners.append(EMBEDDED_BANNER)
@@ -585,7 +594,10 @@ def _write_into(
     clock.lap("intervals")
 
     # --- the paper's tables and the leaderboard
-    tables = _write_tables(out, reports, intervals=intervals, title=title, hub=hub_leaderboard)
+    phantom = PHANTOM_BANNER + "\n\n" if _synthetic(folders, bundle_obj) else ""
+    tables = _write_tables(
+        out, reports, intervals=intervals, title=title, hub=hub_leaderboard, banner=phantom
+    )
     files += tables.files
     comparisons = _write_comparisons(out, reports, tables.board, title=title)
     files += comparisons.files
