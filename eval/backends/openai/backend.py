@@ -73,6 +73,7 @@ from chexpercept.eval.backends.openai.image_ids import (
     ImageIds,
     is_cache_miss,
     refuses_ids,
+    says_vllm,
     why_not_vllm,
 )
 from chexpercept.eval.backends.openai.inflight import OK, OTHER, THROTTLED, AdaptiveLimit
@@ -564,7 +565,8 @@ class OpenAIBackend(BackendBase):
                 return data
 
         async def both() -> str | None:
-            return why_not_vllm(await read(base + "/models"), await read(root + "/version"))
+            models = await read(base + "/models")  # /version is asked of a vLLM only
+            return why_not_vllm(models, await read(root + "/version") if says_vllm(models) else b"")
 
         try:
             return await asyncio.wait_for(both(), ASK_SECONDS)

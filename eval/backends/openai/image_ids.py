@@ -32,7 +32,6 @@ does not use the image it names cannot be told from vLLM by a client: ``--image-
 
 from __future__ import annotations
 
-import json
 import re
 import secrets
 import sys
@@ -41,6 +40,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from chexpercept.escape import terminal
+from chexpercept.input_json import JsonInputError, loads
 
 #: --image-ids: ask the server (auto), always, never
 MODES = ("auto", "on", "off")
@@ -68,25 +68,29 @@ def refuses_ids(status: int, text: str) -> bool:
     )
 
 
-def _json(reply: bytes) -> Any:
+def _json(reply: bytes, source: str) -> Any:
+    """The reply's JSON (bounded in size and depth: chexpercept.input_json), None if it is not."""
     if len(reply) > MODELS_REPLY_LIMIT:
         return None
     try:
-        return json.loads(reply)
-    except ValueError:
+        return loads(reply, source=source)
+    except JsonInputError:
         return None
+
+
+def says_vllm(models_reply: bytes) -> bool:
+    """Whether a ``GET /v1/models`` reply lists a model that vLLM serves (``owned_by: "vllm"``)."""
+    listing = _json(models_reply, "the server's /models")
+    data = listing.get("data") if isinstance(listing, dict) else None
+    return isinstance(data, list) and any(isinstance(c, dict) and c.get("owned_by") == "vllm" for c in data)
 
 
 def why_not_vllm(models_reply: bytes, version_reply: bytes) -> str | None:
     """Why a server whose ``GET /v1/models`` and ``GET /version`` gave these replies is not sent
     ids (not vLLM, or a vLLM older than ``MIN_VLLM``); None when it is."""
-    listing = _json(models_reply)
-    data = listing.get("data") if isinstance(listing, dict) else None
-    if not (
-        isinstance(data, list) and any(isinstance(c, dict) and c.get("owned_by") == "vllm" for c in data)
-    ):
+    if not says_vllm(models_reply):
         return "the server's /models does not say vLLM"
-    answer = _json(version_reply)
+    answer = _json(version_reply, "the server's /version")
     version = answer.get("version") if isinstance(answer, dict) else None
     m = re.match(r"(\d+)\.(\d+)", version) if isinstance(version, str) else None
     if m is None:
