@@ -16,25 +16,22 @@ from chexpercept.results import iter_results
 
 
 def image_parts(server: FakeServer) -> list[dict]:
-    return [
-        p
-        for r in server.requests
-        for m in r["body"]["messages"]
-        if isinstance(m["content"], list)
-        for p in m["content"]
-        if p["type"] == "image_url"
-    ]
+    return [p for r in server.requests for p in image_parts_of(r)]
 
 
 def answers(records) -> dict[str, list[str]]:
     return {r.key_id: [t.response for t in r.turns] for r in records}
 
 
-def run(bundle, **server_options):
+def run(bundle, *, prepare=None, image_ids="auto", batch_size=8, **server_options):
+    """(the server, the records, the backend's run.json record) of ``bundle`` through the openai
+    backend against a fake server; ``prepare(server)`` sets the server up before the first request."""
     with FakeServer(reply=scripted_reply, **server_options) as server:
-        backend = backend_for(server)
+        if prepare is not None:
+            prepare(server)
+        backend = backend_for(server, image_ids=image_ids)
         try:
-            records = run_cases(backend, bundle, batch_size=8)
+            records = run_cases(backend, bundle, batch_size=batch_size)
             described = backend.describe()
         finally:
             backend.close()
@@ -69,22 +66,20 @@ def test_a_vllm_server_gets_each_image_once_and_the_same_conversations(fixture_b
 def test_an_image_the_server_let_go_is_sent_again_with_its_pixels(fixture_bundle):
     bundle = read_bundle(fixture_bundle, paths=["RR"], lesions=["effusion"])
     plain, plain_records, _ = run(bundle)
-    with FakeServer(reply=scripted_reply, vllm=True) as server:
-        backend = backend_for(server)
-        forgets = iter(range(1, 1000))
+    forgets = iter(range(1, 1000))
+
+    def forgetful(server):
         original = server.resolve
 
-        def forgetful(body):  # the cache emptied every third request (a restart, an eviction)
+        def resolve(body):  # the cache emptied every third request (a restart, an eviction)
             if next(forgets) % 3 == 0:
                 server.held.clear()
             return original(body)
 
-        server.resolve = forgetful
-        try:
-            records = run_cases(backend, bundle)
-            info = backend.describe()["image_ids"]
-        finally:
-            backend.close()
+        server.resolve = resolve
+
+    server, records, described = run(bundle, prepare=forgetful, batch_size=64, vllm=True)
+    info = described["image_ids"]
     assert answers(records) == answers(plain_records)
     assert all(t.error is None for r in records for t in r.turns)
     assert info["requests_resent_after_a_cache_miss"] > 0
@@ -165,14 +160,12 @@ def test_a_server_that_refuses_ids_anyway_gets_pixels_from_then_on(fixture_bundl
     part without pixels: that request again with pixels, no id for the rest of the run, one note."""
     bundle = read_bundle(fixture_bundle, paths=["RR"], lesions=["effusion"])
     plain, plain_records, _ = run(bundle)
-    with FakeServer(reply=scripted_reply, vllm=True) as server:
+
+    def refusing(server):
         server.refuse_ids = True
-        backend = backend_for(server, image_ids="on")
-        try:
-            records = run_cases(backend, bundle)
-            info = backend.describe()["image_ids"]
-        finally:
-            backend.close()
+
+    server, records, described = run(bundle, prepare=refusing, image_ids="on", batch_size=64, vllm=True)
+    info = described["image_ids"]
     assert answers(records) == answers(plain_records)
     assert all(t.error is None for r in records for t in r.turns)
     assert "the server refused an image by id" in info["off_because"]
@@ -184,14 +177,12 @@ def test_a_server_that_refuses_ids_anyway_gets_pixels_from_then_on(fixture_bundl
 def test_the_servers_answer_is_read_whole(fixture_bundle):
     """Red team: /models in two pieces (behind a proxy) was read as its first piece alone."""
     bundle = read_bundle(fixture_bundle, paths=["RR"], lesions=["effusion"])
-    with FakeServer(reply=scripted_reply, vllm=True) as server:
+
+    def split(server):
         server.split_models = True
-        backend = backend_for(server)
-        try:
-            run_cases(backend, bundle)
-            assert backend.describe()["image_ids"]["used"]
-        finally:
-            backend.close()
+
+    _, _, described = run(bundle, prepare=split, batch_size=64, vllm=True)
+    assert described["image_ids"]["used"]
 
 
 def image_parts_of(request: dict) -> list[dict]:
