@@ -35,6 +35,7 @@ from PIL import Image
 from tqdm.auto import tqdm
 
 from chexpercept.fileio import atomic_file, private_dir, write_atomic
+from chexpercept.stdio import whole_lines
 from chexpercept.vocab import LESIONS
 
 from .phantom import PhantomAnatomy, draw_study
@@ -237,7 +238,9 @@ def synthesize_sources(
             results.append(_draw_one(job))
             bar.update()
     else:
-        with ProcessPoolExecutor(max_workers=num_proc, mp_context=get_context("spawn")) as pool:
+        with ProcessPoolExecutor(
+            max_workers=num_proc, mp_context=get_context("spawn"), initializer=whole_lines
+        ) as pool:
             for res in pool.map(_draw_one, jobs, chunksize=4):
                 results.append(res)
                 bar.update()

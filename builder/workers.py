@@ -10,6 +10,8 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from multiprocessing import get_context
 
+from chexpercept.stdio import whole_lines
+
 from .case_builder import CaseBuilder, Outcome, Settings
 from .case_selection import Queued
 from .sources import SourceError
@@ -19,6 +21,7 @@ _BUILDER: CaseBuilder | None = None
 
 def _init_worker(settings: Settings) -> None:
     global _BUILDER
+    whole_lines()  # the workers share the command's stderr (chexpercept/stdio.py)
     _BUILDER = CaseBuilder(settings)
 
 

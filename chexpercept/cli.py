@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from .cli_options import CommandParser
 from .errors import Refused
 from .escape import terminal
+from .stdio import whole_lines
 
 _COMMAND_TABLES = (
     "chexpercept.commands",
@@ -49,6 +50,7 @@ def _usage(commands: dict[str, tuple[str, str]]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    whole_lines()  # under accelerate launch, several processes write to one stderr (chexpercept/stdio.py)
     argv = list(sys.argv[1:] if argv is None else argv)
     commands = all_commands()
     if not argv or argv[0] in ("-h", "--help", "help"):

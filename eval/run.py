@@ -28,13 +28,16 @@ if (
     sys.path.pop(0)
 
 if __name__ == "__main__":
+    from chexpercept.stdio import whole_lines
+
+    whole_lines()  # every process of an accelerate run writes to one stderr: a line must not be split
 
     def _stopped_while_starting(signum: int, _frame: object) -> None:
         """Ctrl-C before the run has taken its folder (imports take seconds; under accelerate launch
         the terminal's Ctrl-C reaches every process): one line, nothing was written."""
         rank = os.environ.get("RANK")
         who = f"process {rank}: " if rank is not None and os.environ.get("WORLD_SIZE", "1") != "1" else ""
-        sys.stderr.write(f"chexpercept run: {who}stopped by SIGINT while starting; nothing was written\n")
+        os.write(2, f"chexpercept run: {who}stopped by SIGINT while starting; nothing was written\n".encode())
         os._exit(128 + signum)
 
     signal.signal(signal.SIGINT, _stopped_while_starting)  # stop_on_signals takes over once the run starts
@@ -189,8 +192,11 @@ def run(args: argparse.Namespace) -> int:
     dist = Distributed()
     try:
         with stop_on_signals() as children:
-            plan, backend = build_plan(args, dist)
-            return execute(plan, backend, dist, children)
+            try:
+                plan, backend = build_plan(args, dist)
+                return execute(plan, backend, dist, children)
+            finally:
+                dist.close()  # inside the block: after a stop signal, its grace still bounds this
     except RunInterrupted as e:
         print(
             f"chexpercept run: stopped by {e.name} before any case ran; nothing was written", file=sys.stderr
@@ -207,7 +213,6 @@ def run(args: argparse.Namespace) -> int:
         return 2
     finally:
         signal.signal(signal.SIGINT, signal.default_int_handler)  # the start-up handler's time is over
-        dist.close()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

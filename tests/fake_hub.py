@@ -23,9 +23,11 @@ import hashlib
 import json
 import threading
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlparse
+
+from local_http import LocalServer
 
 
 def sha1(data: bytes) -> str:
@@ -83,7 +85,7 @@ class FakeHub:
         self.leaderboards: dict[str, list[dict[str, Any]]] = {}
         self.leaderboard_queries: list[dict[str, list[str]]] = []
         self.lock = threading.Lock()
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        self.server = LocalServer(("127.0.0.1", 0), _handler(self))
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 

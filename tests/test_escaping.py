@@ -24,6 +24,7 @@ from chexpercept.testing import write_fixture_bundle
 sys.path.insert(0, str(Path(__file__).parent))
 from fake_hub import FakeHub
 from fake_openai import FakeServer
+from local_http import LocalServer
 
 EVIL = "edema_s1\x1b]0;title\x07\x1b[2J\nOK: 0 problems, bundle verified"
 SHOWN = "edema_s1\\x1b]0;title\\x07\\x1b[2J\\nOK: 0 problems, bundle verified"
@@ -260,7 +261,7 @@ def test_a_hub_error_body_and_endpoint_password_are_shown_escaped_and_redacted(t
         def log_message(self, *args):
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server = LocalServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         monkeypatch.setenv("HF_ENDPOINT", f"http://alice:s3cretpw@127.0.0.1:{server.server_address[1]}")

@@ -86,6 +86,29 @@ def test_a_stop_signal_saves_what_is_finished_and_a_rerun_completes_it(fixture_b
     assert answers(folder) == answers(tmp_path / "whole" / "m" / "oracle_implicit")
 
 
+def test_a_signal_while_cases_are_appended_counts_them_in_the_end_line(
+    fixture_bundle, tmp_path, monkeypatch, capsys
+):
+    """A stop signal that arrives while finished cases are being written waits until they are on disk
+    and counted: the end line's "N finished in this session" is what the file holds (the count was
+    skipped before, and under accelerate a process whose only cases were those said nothing)."""
+    from chexpercept.eval.runner import store
+
+    real = store.append_durable
+
+    def append_then_signal(path, payload):
+        os.kill(os.getpid(), signal.SIGTERM)  # handled at once, deferred to the end of the append
+        real(path, payload)
+
+    monkeypatch.setattr(store, "append_durable", append_then_signal)
+    args = start_args(fixture_bundle, tmp_path)
+    assert main([*args, "--model", "baseline:random", "--batch-size", "3"]) == 128 + signal.SIGTERM
+    (line,) = [x for x in capsys.readouterr().err.splitlines() if x.startswith("chexpercept run:")]
+    saved = answers(tmp_path / "m" / "oracle_implicit")
+    assert len(saved) == 3 and "stopped by SIGTERM. 3 of 21 selected cases are saved" in line
+    assert "(3 finished in this session)" in line, line
+
+
 def start_args(bundle: Path, out: Path) -> list[str]:
     return [
         "--data-dir",
@@ -170,6 +193,27 @@ def test_a_stuck_shutdown_is_cut_short_and_a_second_signal_ends_it_at_once(tmp_p
         assert (
             not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text().split()[2]
         )
+
+
+def test_a_run_called_in_process_and_stopped_by_a_signal_leaves_its_caller_alive():
+    """The grace period ends with the shutdown: a caller (a notebook, a test) that ran a run in-process
+    and saw it stop by a signal lives on after ``grace`` (the watchdog killed it before)."""
+    code = textwrap.dedent(
+        """
+        import os, signal, time
+        from chexpercept.eval.runner.interrupts import RunInterrupted, stop_on_signals
+        with stop_on_signals(grace=0.3):
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(5)
+            except RunInterrupted:
+                pass
+        time.sleep(1.0)
+        print("alive")
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout == "alive\n", proc.stderr[-2000:]
 
 
 SHIELDED = textwrap.dedent(

@@ -12,7 +12,7 @@ import socket
 import subprocess
 import sys
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
@@ -27,6 +27,7 @@ from chexpercept.peer import environment_proxy, is_loopback_host
 sys.path.insert(0, str(Path(__file__).parent))
 from fake_hub import FakeHub, FakeModel
 from fake_openai import FakeServer, backend_for, run_cases
+from local_http import LocalServer
 from other_account import http_server, other_account, run_as
 
 
@@ -68,7 +69,7 @@ class FakeProxy:
 
             do_GET = do_POST = do_HEAD = do_CONNECT = _any
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd = LocalServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
 

@@ -38,7 +38,7 @@ from chexpercept.eval.runner.identity import (
     weights_identity,
     with_file_contents,
 )
-from chexpercept.eval.runner.interrupts import ChildProcesses, RunInterrupted
+from chexpercept.eval.runner.interrupts import ChildProcesses, RunInterrupted, deferred
 from chexpercept.eval.runner.outcome import READ_ONLY, Session, end_of, os_error_text, say_end
 from chexpercept.eval.runner.plan import RunPlan
 from chexpercept.eval.runner.provenance import git_commit, now, versions
@@ -599,15 +599,17 @@ def _converse(
             served.check(r.key_id, (t.usage for t in r.turns))
         for r in results:
             r.run = identity
-        folder.append(results)
-        session.finished_now += len(results)
+        with deferred():  # a stop signal waits until the cases are saved and counted (what the end line says)
+            folder.append(results)
+            session.finished_now += len(results)
         progress.refresh()
 
     def on_failed(failures: list[CaseFailure]) -> None:
         for f in failures:
             f.run = identity
-        folder.append_failures(failures)
-        session.failed_now += len(failures)
+        with deferred():
+            folder.append_failures(failures)
+            session.failed_now += len(failures)
         for f in failures:
             print(f"warning: {f.key_id} ({f.task}) left unfinished: {terminal(f.error)}", file=sys.stderr)
 

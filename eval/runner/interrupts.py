@@ -11,7 +11,9 @@ main process then wait for it forever (vllm-project/vllm#39854). Inside ``stop_o
 * a signal that arrives while a finished case is being appended (``deferred``) waits until the
   append is complete, so no line is torn;
 * if the shutdown takes longer than ``grace`` seconds, or a second signal comes, every process the
-  run started (vLLM's engine core and workers included) is killed and the process exits at once.
+  run started (vLLM's engine core and workers included) is killed and the process exits at once;
+  the shutdown is over when the ``stop_on_signals`` block ends, and a caller that ran the run
+  in-process (a notebook, a test) lives on.
 
 Child processes are told apart from those that were there before the run (``ChildProcesses``), so a
 run started from a test or a notebook never kills processes it did not start.
@@ -175,9 +177,11 @@ def _force_exit(signum: int, why: str) -> None:
     os._exit(128 + signum)
 
 
-def _watchdog(signum: int, grace: float) -> None:
-    time.sleep(grace)
-    _force_exit(signum, f"did not shut down within {grace:g} s of {signal.Signals(signum).name}")
+def _watchdog(signum: int, grace: float, shut_down: threading.Event) -> None:
+    """Kill the run ``grace`` seconds after a signal unless its ``stop_on_signals`` block has ended by
+    then (a run called in-process, from a notebook or a test, returns and the process lives on)."""
+    if not shut_down.wait(grace):
+        _force_exit(signum, f"did not shut down within {grace:g} s of {signal.Signals(signum).name}")
 
 
 @contextlib.contextmanager
@@ -189,12 +193,13 @@ def stop_on_signals(grace: float = DEFAULT_GRACE) -> Iterator[ChildProcesses]:
         return
     _state.signum, _state.pending, _state.deferring = None, None, 0
     _state.children = ChildProcesses()
+    shut_down = threading.Event()
 
     def handler(signum: int, _frame: object) -> None:
         if _state.signum is not None:  # a second signal: no more waiting
             _force_exit(signum, f"{signal.Signals(signum).name} again")
         _state.signum = signum
-        threading.Thread(target=_watchdog, args=(signum, grace), daemon=True).start()
+        threading.Thread(target=_watchdog, args=(signum, grace, shut_down), daemon=True).start()
         if _state.deferring:
             _state.pending = signum
             return
@@ -204,6 +209,7 @@ def stop_on_signals(grace: float = DEFAULT_GRACE) -> Iterator[ChildProcesses]:
     try:
         yield _state.children
     finally:
+        shut_down.set()
         for s, old in previous.items():
             signal.signal(s, old)
         _state.children = None
