@@ -19,11 +19,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path as FsPath
 from typing import Any
 
-from tqdm.auto import tqdm
-
 import chexpercept
 from chexpercept.fileio import write_atomic
 from chexpercept.input_json import read_json
+from chexpercept.progress import progress_bar
 from chexpercept.vocab import Path
 
 from .case_builder import Outcome, Settings
@@ -215,7 +214,7 @@ def _run_rounds(
     """Process candidates round by round until every cell has N successes or no candidates left."""
     next_index = {cell: 0 for cell in cells}
     ok: dict[Cell, list[Outcome]] = {cell: [] for cell in cells}
-    bar = tqdm(
+    bar = progress_bar(
         total=sum(min(config.per_cell, len(q)) for q in cells.values()),
         desc="generate",
         unit="case",

@@ -32,9 +32,9 @@ from pathlib import Path as FsPath
 
 import numpy as np
 from PIL import Image
-from tqdm.auto import tqdm
 
 from chexpercept.fileio import atomic_file, private_dir, write_atomic
+from chexpercept.progress import progress_bar
 from chexpercept.stdio import whole_lines
 from chexpercept.vocab import LESIONS
 
@@ -231,7 +231,7 @@ def synthesize_sources(
     root = private_dir(out_dir)
     specs = study_specs(per_cell, seed, lesions)
     jobs = [(s, str(root), seed, anatomy_format, with_cxas) for s in specs]
-    bar = tqdm(total=len(jobs), desc="synth-sources", unit="image", disable=not progress)
+    bar = progress_bar(total=len(jobs), desc="synth-sources", unit="image", disable=not progress)
     results = []
     if num_proc <= 1:
         for job in jobs:

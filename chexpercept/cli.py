@@ -16,9 +16,9 @@ import sys
 from collections.abc import Sequence
 
 from .cli_options import CommandParser
+from .entry_point import program_started, start_program, stop_name
 from .errors import Refused
 from .escape import terminal
-from .stdio import whole_lines
 
 _COMMAND_TABLES = (
     "chexpercept.commands",
@@ -50,7 +50,8 @@ def _usage(commands: dict[str, tuple[str, str]]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    whole_lines()  # under accelerate launch, several processes write to one stderr (chexpercept/stdio.py)
+    if argv is None:  # the program itself (not a caller's main(argv)): chexpercept/entry_point.py
+        start_program(f"chexpercept {sys.argv[1]}" if len(sys.argv) > 1 else "chexpercept")
     argv = list(sys.argv[1:] if argv is None else argv)
     commands = all_commands()
     if not argv or argv[0] in ("-h", "--help", "help"):
@@ -66,19 +67,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"chexpercept: unknown command {name!r}\n\n{_usage(commands)}", file=sys.stderr)
         return 2
     module_name, help_ = commands[name]
-    try:
+    try:  # the command's libraries load, its options are declared (imports too)
         module = importlib.import_module(module_name)
-    except KeyboardInterrupt:  # Ctrl-C while the command's libraries load: one line, not a traceback
-        print(f"chexpercept {name}: stopped by Ctrl-C while starting; nothing was done", file=sys.stderr)
-        return 130
-    parser = CommandParser(prog=f"chexpercept {name}", description=help_)
-    module.configure(parser)
+        parser = CommandParser(prog=f"chexpercept {name}", description=help_)
+        module.configure(parser)
+    except KeyboardInterrupt as e:  # Ctrl-C while starting, in-process: one line, not a traceback
+        how, status = stop_name(e)
+        print(f"chexpercept {name}: stopped by {how} while starting; nothing was done", file=sys.stderr)
+        return status
     args = parser.parse_args(rest)
+    program_started()  # the program: SIGTERM and SIGHUP now end the command as Ctrl-C does
     try:
         return int(module.run(args) or 0)
-    except KeyboardInterrupt:  # a command without signal handling of its own (run has its own)
-        print(f"chexpercept {name}: stopped by Ctrl-C", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:  # a command without signal handling of its own (run has its own)
+        how, status = stop_name(e)
+        print(f"chexpercept {name}: stopped by {how}", file=sys.stderr)
+        return status
     except Refused as e:  # refused on purpose (another account's server or folder...): its one line
         print(f"chexpercept {name}: {terminal(str(e))}", file=sys.stderr)
         return 2

@@ -397,7 +397,20 @@ def _busy_text(error: OSError, where: str, reason: str, folder: str, then: str) 
     )
 
 
+def _reader_gone(error: OSError, where: str, reason: str, folder: str, then: str) -> OsErrorText:
+    """EPIPE: the output went to a pipe whose reader has ended (``| head``, a pager quit, a log
+    collector gone); the files the command writes are not concerned."""
+    named = f" to {where}" if error.filename not in (None, "") else ""
+    return OsErrorText(
+        f"the program reading this command's output{named} stopped reading ({reason}: a pipe such as "
+        "'| head' or a closed pager), before everything was printed",
+        f"the files the command wrote are not concerned; send the output to a file (> out.txt) or to a "
+        f"reader that reads it all, {then}",
+    )
+
+
 _EXPLAIN = {
+    errno.EPIPE: _reader_gone,
     errno.ENOSPC: _no_space,
     errno.EROFS: _read_only,
     errno.EACCES: _denied,

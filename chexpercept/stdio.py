@@ -1,4 +1,6 @@
-"""Each line a process of the toolkit prints reaches stdout or stderr in one write.
+"""The standard streams of a process of the toolkit: each line in one write, descriptors 0-2 held.
+
+Each line a process of the toolkit prints reaches stdout or stderr in one write.
 
 CPython's ``sys.stderr`` has no buffer (its text layer writes straight through to the file
 descriptor), so ``print(text, file=sys.stderr)`` makes two writes, the text and then its newline.
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import sys
 
 
@@ -25,3 +28,37 @@ def whole_lines() -> None:
         if type(stream) is io.TextIOWrapper:
             with contextlib.suppress(ValueError, io.UnsupportedOperation):  # closed, or detached
                 stream.reconfigure(line_buffering=True, write_through=False)
+
+
+#: the file descriptors of standard input, output and error
+STANDARD_FDS = (0, 1, 2)
+
+
+def hold_standard_fds() -> None:
+    """Open ``/dev/null`` on each of descriptors 0, 1 and 2 that is closed (``cmd >&- 2>&-``, a daemon
+    that closed them), and give ``sys.stdout``/``sys.stderr`` a writer where the interpreter left
+    None. Otherwise the next file the process opens takes the lowest free descriptor, and a line
+    meant for stderr (a library's warning, a last-moment ``os.write(2, ...)``) would be written into
+    it: a run's results file, say. Open descriptors are left as they are."""
+    for fd in STANDARD_FDS:
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)
+            if null != fd:  # a lower descriptor was free too: it is taken next round in any case
+                os.dup2(null, fd)
+                os.close(null)
+    if sys.stdout is None:
+        sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115 - the process's own stream
+    if sys.stderr is None:
+        sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
+
+
+def write_now(line: str) -> None:
+    """``line`` (and a newline) to stderr's descriptor in one write, from a signal handler or just
+    before ``os._exit``: no buffer in between, nothing raised (a closed or full stderr loses it)."""
+    try:
+        fd = sys.stderr.fileno() if sys.stderr is not None else 2
+        os.write(fd, (line + "\n").encode(errors="replace"))
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        pass

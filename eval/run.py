@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path as FsPath
@@ -28,24 +27,15 @@ if (
     sys.path.pop(0)
 
 if __name__ == "__main__":
-    from chexpercept.stdio import whole_lines
+    from chexpercept.entry_point import start_program
 
-    whole_lines()  # every process of an accelerate run writes to one stderr: a line must not be split
-
-    def _stopped_while_starting(signum: int, _frame: object) -> None:
-        """Ctrl-C before the run has taken its folder (imports take seconds; under accelerate launch
-        the terminal's Ctrl-C reaches every process): one line, nothing was written."""
-        rank = os.environ.get("RANK")
-        who = f"process {rank}: " if rank is not None and os.environ.get("WORLD_SIZE", "1") != "1" else ""
-        os.write(2, f"chexpercept run: {who}stopped by SIGINT while starting; nothing was written\n".encode())
-        os._exit(128 + signum)
-
-    signal.signal(signal.SIGINT, _stopped_while_starting)  # stop_on_signals takes over once the run starts
+    start_program("chexpercept run")  # before the imports (seconds): streams, and a stop says one line
 
 try:
     from chexpercept.answers import PARSE_MODES
     from chexpercept.bundle import IMAGE_CHECKS
     from chexpercept.cli_options import CommandParser, add_progress_option
+    from chexpercept.entry_point import Stopped, program_started
     from chexpercept.escape import terminal_lines
     from chexpercept.eval.backends import BACKENDS, backend_class
     from chexpercept.eval.backends.options import json_object
@@ -190,17 +180,21 @@ def run(args: argparse.Namespace) -> int:
         print(f"chexpercept run: error: {' and '.join(missing)} required", file=sys.stderr)
         return 2
     dist = Distributed()
+    status: int | None = None  # the run's own status, once it has one
     try:
         with stop_on_signals() as children:
             try:
                 plan, backend = build_plan(args, dist)
-                return execute(plan, backend, dist, children)
+                status = execute(plan, backend, dist, children)
             finally:
                 dist.close()  # inside the block: after a stop signal, its grace still bounds this
-    except RunInterrupted as e:
-        print(
-            f"chexpercept run: stopped by {e.name} before any case ran; nothing was written", file=sys.stderr
-        )
+        return status
+    except (RunInterrupted, Stopped) as e:  # execute says how a run ended; this is before or after it
+        if status is None:
+            said = "before any case ran; nothing was written"
+        else:
+            said = "while its processes were closing; the run itself had ended (see above)"
+        print(f"chexpercept run: stopped by {e.name} {said}", file=sys.stderr)
         return e.exit_status
     except (*EXPECTED_ERRORS, OSError) as e:
         if isinstance(e, OSError) and e.errno is not None:  # the system's: its real cause named
@@ -211,14 +205,14 @@ def run(args: argparse.Namespace) -> int:
         else:
             raise
         return 2
-    finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # the start-up handler's time is over
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = CommandParser(prog="eval/run.py", description=__doc__.split("\n\n")[0])
     configure(parser)
-    return run(parser.parse_args(argv))
+    args = parser.parse_args(argv)
+    program_started()  # run as a script: a stop signal is now the run's to handle
+    return run(args)
 
 
 if __name__ == "__main__":

@@ -22,11 +22,11 @@ from pathlib import Path as FsPath
 
 import numpy as np
 from PIL import Image
-from tqdm.auto import tqdm
 
 from chexpercept.containment import output_path
 from chexpercept.escape import csv_cell
 from chexpercept.fileio import private_dir, write_atomic
+from chexpercept.progress import progress_bar
 from chexpercept.vocab import LESIONS
 from chexpercept.vocab import Path as CasePath
 
@@ -257,7 +257,7 @@ def _items(
     CXR image or lesion mask cannot be read."""
     items: list[ReviewItem] = []
     errors: list[tuple[str, str]] = []
-    bar = tqdm(
+    bar = progress_bar(
         total=len(queued), desc="review: preparing", unit="case", disable=not progress, file=sys.stderr
     )
     for q in queued:

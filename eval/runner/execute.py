@@ -54,6 +54,7 @@ from chexpercept.eval.runner.store import (
 from chexpercept.eval.runner.work_queue import WorkQueue, queue_path, remove_queues
 from chexpercept.fileio import private_dir, write_json_atomic
 from chexpercept.input_files import RESULTS, open_input
+from chexpercept.progress import progress_bar
 from chexpercept.results import (
     CaseFailure,
     CaseResult,
@@ -277,7 +278,7 @@ def _take_folders(plan: RunPlan, runs: list[OracleRun], dist: Distributed) -> in
         return failed[0].status if failed else 2
     if not any(o.ok for o in outcomes):  # every setting was complete (checked read-only)
         if dist.is_main and plan.score:
-            print_scores(plan)  # once, for every setting
+            return print_scores(plan)  # once, for every setting
         return 0
     return None
 
@@ -458,9 +459,10 @@ def _run_all(
         return end_of(error, run.session, run.folder.path, main=dist.is_main, expected=EXPECTED_ERRORS)
     finally:
         backend.close()
+    status = max(statuses, default=0)
     if dist.is_main and plan.score:
-        print_scores(plan)
-    return max(statuses, default=0)
+        status = print_scores(plan) or status
+    return status
 
 
 def set_up(backend: Backend, context: RunContext, plan: RunPlan) -> None:
@@ -684,11 +686,22 @@ def _sign_off(
     return 0
 
 
-def print_scores(plan: RunPlan) -> None:
-    """The model's Table 2 from every run of its folder (metrics' ``print_model_scores``)."""
+def print_scores(plan: RunPlan) -> int:
+    """The model's Table 2 from every run of its folder (metrics' ``print_model_scores``), printed
+    once every case is saved; returns 0, or 128 + a stop signal that cut the printing short (said in
+    one line: the cases are saved, a rerun prints the table)."""
     from chexpercept.metrics.api import print_model_scores
 
-    print_model_scores(plan.model_folder(), plan.display_name, plan.parse_mode)
+    try:
+        print_model_scores(plan.model_folder(), plan.display_name, plan.parse_mode)
+    except RunInterrupted as e:
+        print(
+            f"chexpercept run: stopped by {e.name} while printing the scores; every selected case is "
+            f"saved in {terminal(str(plan.model_folder()))}: rerun the same command to print them",
+            file=sys.stderr,
+        )
+        return e.exit_status
+    return 0
 
 
 # ------------------------------------------------------------------------------------ reporting
@@ -701,9 +714,7 @@ class Progress:
         #: size of the results file before any process of this run appended to it
         self.offset = offset
         if enabled:
-            from tqdm.auto import tqdm
-
-            self.bar = tqdm(total=total, unit="case", desc="cases", dynamic_ncols=True)
+            self.bar = progress_bar(total=total, unit="case", desc="cases", dynamic_ncols=True)
 
     def refresh(self) -> None:
         if self.bar is None or not self.results.exists():

@@ -41,12 +41,10 @@ import threading
 import time
 from collections.abc import Iterator
 
+from chexpercept.entry_point import catch_signals, restore_signals
 from chexpercept.startup import PARENT_VARIABLE
+from chexpercept.stdio import write_now
 
-#: signals that stop a run
-STOP_SIGNALS: tuple[int, ...] = tuple(
-    s for s in (getattr(signal, n, None) for n in ("SIGTERM", "SIGINT", "SIGHUP")) if s is not None
-)
 #: signals a terminal sends to its whole foreground process group, which only the main process takes
 TERMINAL_SIGNALS: tuple[int, ...] = tuple(
     s for s in (getattr(signal, n, None) for n in ("SIGINT", "SIGHUP")) if s is not None
@@ -173,7 +171,7 @@ def _force_exit(signum: int, why: str) -> None:
     children = _state.children
     stopped = children.stop(timeout=1.0) if children is not None else []
     note = f"; stopped {len(stopped)} process(es) it started" if stopped else ""
-    os.write(2, f"chexpercept run: {why}{note}; exiting now (finished cases are saved)\n".encode())
+    write_now(f"chexpercept run: {why}{note}; exiting now (finished cases are saved)")
     os._exit(128 + signum)
 
 
@@ -187,7 +185,8 @@ def _watchdog(signum: int, grace: float, shut_down: threading.Event) -> None:
 @contextlib.contextmanager
 def stop_on_signals(grace: float = DEFAULT_GRACE) -> Iterator[ChildProcesses]:
     """Within the block, a stop signal raises RunInterrupted (see the module docstring); yields the
-    run's ChildProcesses. Outside the main thread it changes nothing."""
+    run's ChildProcesses. Outside the main thread it changes nothing; a stop signal that is ignored
+    (``nohup``, ``trap '' TERM``) stays ignored; the handlers found are given back at the end."""
     if threading.current_thread() is not threading.main_thread():
         yield ChildProcesses()
         return
@@ -205,13 +204,12 @@ def stop_on_signals(grace: float = DEFAULT_GRACE) -> Iterator[ChildProcesses]:
             return
         raise RunInterrupted(signum)
 
-    previous = {s: signal.signal(s, handler) for s in STOP_SIGNALS}
+    previous = catch_signals(handler)  # a signal the user ignored (nohup) stays ignored
     try:
         yield _state.children
     finally:
         shut_down.set()
-        for s, old in previous.items():
-            signal.signal(s, old)
+        restore_signals(previous)
         _state.children = None
         sys.stderr.flush()
 

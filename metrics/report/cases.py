@@ -22,13 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path as FsPath
 from typing import Any
 
-from tqdm.auto import tqdm
-
 from chexpercept.bundle import Bundle
 from chexpercept.case import Case
 from chexpercept.containment import Tree, image_file, output_path
 from chexpercept.fileio import copy_file, private_dir, write_atomic
 from chexpercept.input_files import IMAGE
+from chexpercept.progress import progress_bar
 from chexpercept.results import CaseResult
 from chexpercept.vocab import LESIONS, PATHS, STAGE_NAMES, TASK_STAGE
 
@@ -210,7 +209,9 @@ def write_viewer_data(
 
     index_cases = []
     fail: dict[str, list[int | None]] = {r.run_id: [] for r in runs}
-    for key, lesion, path in tqdm(ordered, desc="case viewer", unit="case", disable=None, leave=False):
+    for key, lesion, path in progress_bar(
+        ordered, desc="case viewer", unit="case", disable=None, leave=False
+    ):
         recs = {r.run_id: r.records.get(key) for r in runs}
         judged = {r.run_id: r.scored.get(key) if r.scored is not None else None for r in runs}
         first = next(rec for rec in recs.values() if rec is not None)

@@ -1,0 +1,224 @@
+"""The rules every program of the toolkit keeps from its first line (chexpercept/entry_point.py,
+chexpercept/stdio.py, chexpercept/progress.py): a signal the user ignored stays ignored, every stop
+says one line (while starting, while the scores print), a program whose standard streams are closed
+never writes into its own files, a run called in-process leaves its caller's process as it found it,
+and progress in a log is whole lines. Each member is a real program or a real run."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from waiting import wait_until
+
+from chexpercept.eval.run import main
+from chexpercept.progress import progress_bar
+from chexpercept.results import iter_results
+
+ROOT = Path(__file__).resolve().parents[1]
+PROGRAMS = {
+    "eval/run.py": [sys.executable, str(ROOT / "eval" / "run.py")],
+    "chexpercept run": [sys.executable, "-m", "chexpercept.cli", "run"],
+}
+
+
+def run_argv(program: str, bundle: Path, out: Path, *extra: str) -> list[str]:
+    return [
+        *PROGRAMS[program],
+        *("--data-dir", str(bundle), "--output-dir", str(out), "--run-name", "m", "--no-score"),
+        *("--model", "baseline:random", "--batch-size", "2", *extra),
+    ]
+
+
+def launch(argv: list[str], *, delay: str = "0", preexec=None, **kwargs) -> subprocess.Popen:
+    env = {**os.environ, "CHEXPERCEPT_TEST_STEP_DELAY": delay}
+    return subprocess.Popen(argv, text=True, env=env, preexec_fn=preexec, **kwargs)
+
+
+def signal_mask(pid: int, field: str) -> int:
+    """``SigCgt`` (signals with a handler) or ``SigIgn`` of a process, from /proc."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1], 16)
+    raise AssertionError(f"no {field} for {pid}")
+
+
+def has(mask: int, signum: int) -> bool:
+    return bool(mask >> (signum - 1) & 1)
+
+
+def saved(out: Path) -> list:
+    return list(iter_results(out / "m" / "oracle_implicit" / "results.jsonl"))
+
+
+@pytest.mark.parametrize(
+    ("program", "signum"), [("eval/run.py", signal.SIGHUP), ("chexpercept run", signal.SIGTERM)]
+)
+def test_a_signal_the_user_ignored_stays_ignored(fixture_bundle, tmp_path, program, signum):
+    """``nohup`` (SIGHUP ignored) and ``trap '' TERM``: the run inherits the choice and finishes;
+    it stopped at 129 and 143 before."""
+
+    def ignore():
+        signal.signal(signum, signal.SIG_IGN)
+
+    argv = run_argv(program, fixture_bundle, tmp_path, "--no-progress")
+    proc = launch(argv, delay="0.05", preexec=ignore, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    results = tmp_path / "m" / "oracle_implicit" / "results.jsonl"
+    assert wait_until(lambda: results.exists() and results.read_bytes().count(b"\n") >= 2, timeout=120)
+    assert has(signal_mask(proc.pid, "SigIgn"), signum)
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=180)
+    assert proc.returncode == 0, err[-3000:]
+    assert len(saved(tmp_path)) == 21 and "stopped" not in err
+
+
+@pytest.mark.parametrize(
+    ("program", "signum"),
+    [("eval/run.py", signal.SIGTERM), ("eval/run.py", signal.SIGHUP), ("chexpercept run", signal.SIGINT)],
+)
+def test_a_stop_while_a_program_starts_says_one_line(fixture_bundle, tmp_path, program, signum):
+    """A stop signal as soon as the program has its handlers (its imports take seconds more) ends it
+    with one line and 128 + the signal; SIGTERM and SIGHUP killed it without a word before, and a
+    Ctrl-C while ``chexpercept run`` declared its options ended in a traceback."""
+    proc = launch(run_argv(program, fixture_bundle, tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    # Python itself takes SIGINT from its first line; SIGTERM's handler is the program's first step
+    assert wait_until(
+        lambda: has(signal_mask(proc.pid, "SigCgt"), signal.SIGTERM), timeout=60, interval=0.002
+    )
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=60)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert proc.returncode == 128 + signum, err[-3000:]
+    assert len(lines) == 1 and "Traceback" not in err, err[-3000:]
+    name = signal.Signals(signum).name
+    assert lines[0].startswith("chexpercept run: stopped by " + name), lines
+    assert "nothing was" in lines[0] and not saved_any(tmp_path), lines
+
+
+def saved_any(out: Path) -> bool:
+    return (out / "m" / "oracle_implicit" / "results.jsonl").exists() and bool(saved(out))
+
+
+def test_a_program_with_its_standard_streams_closed_never_writes_into_its_files(fixture_bundle, tmp_path):
+    """``eval/run.py ... >&- 2>&-`` and two Ctrl-Cs: the results file took descriptor 2, and the
+    "SIGINT again" line went into it (a rerun then refused the folder). Descriptors 0-2 are now held
+    on /dev/null where they are closed, so every saved line is a case and the rerun completes."""
+
+    def close_streams():
+        os.close(1)
+        os.close(2)
+
+    argv = run_argv("eval/run.py", fixture_bundle, tmp_path, "--no-progress")
+    proc = launch(argv, delay="0.3", preexec=close_streams)
+    results = tmp_path / "m" / "oracle_implicit" / "results.jsonl"
+    assert wait_until(lambda: results.exists() and results.read_bytes().count(b"\n") >= 2, timeout=120)
+    assert Path(f"/proc/{proc.pid}/fd/2").resolve() == Path(os.devnull)
+    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 128 + signal.SIGINT
+    assert all(line.startswith(b"{") for line in results.read_bytes().splitlines())
+    assert main(run_argv("eval/run.py", fixture_bundle, tmp_path, "--no-progress")[2:]) == 0
+    assert len(saved(tmp_path)) == 21
+
+
+def test_a_signal_while_the_scores_print_says_the_run_is_complete(
+    fixture_bundle, tmp_path, monkeypatch, capsys
+):
+    """Every case saved, then SIGTERM while Table 2 prints: the run said "before any case ran;
+    nothing was written" before."""
+    from chexpercept.metrics import api
+
+    def scores_then_signal(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(api, "print_model_scores", scores_then_signal)
+    argv = run_argv("eval/run.py", fixture_bundle, tmp_path, "--no-progress")[2:]
+    argv.remove("--no-score")
+    assert main(argv) == 128 + signal.SIGTERM
+    (line,) = [x for x in capsys.readouterr().err.splitlines() if x.startswith("chexpercept run:")]
+    assert "stopped by SIGTERM while printing the scores; every selected case is saved" in line, line
+    assert len(saved(tmp_path)) == 21
+
+
+def test_a_run_called_in_process_gives_its_caller_its_handlers_back(fixture_bundle, tmp_path, monkeypatch):
+    """A caller's own handlers for SIGINT, SIGTERM and SIGHUP are in place after a run stopped by a
+    signal (SIGINT was left as Python's default before)."""
+    from chexpercept.eval.runner import store
+
+    real = store.append_durable
+
+    def append_then_signal(path, payload):
+        if not sent:
+            sent.append(os.kill(os.getpid(), signal.SIGTERM))
+        real(path, payload)
+
+    sent: list[None] = []
+
+    def mine(signum, frame):
+        raise AssertionError("not expected")
+
+    monkeypatch.setattr(store, "append_durable", append_then_signal)
+    stops = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    before = {s: signal.signal(s, mine) for s in stops}
+    try:
+        assert main(run_argv("eval/run.py", fixture_bundle, tmp_path, "--no-progress")[2:]) == 143
+        assert {s: signal.getsignal(s) for s in stops} == dict.fromkeys(stops, mine)
+    finally:
+        for s, old in before.items():
+            signal.signal(s, old)
+
+
+def test_a_run_called_from_another_thread_returns_its_status(fixture_bundle, tmp_path):
+    """Signals are the main thread's: a run from a worker thread runs without them and returns 0 (it
+    raised "signal only works in main thread" after the run before)."""
+    status: list[object] = []
+
+    def call():
+        try:
+            status.append(main(run_argv("eval/run.py", fixture_bundle, tmp_path, "--no-progress")[2:]))
+        except BaseException as e:
+            status.append(e)
+
+    worker = threading.Thread(target=call)
+    worker.start()
+    worker.join(timeout=300)
+    assert status == [0] and len(saved(tmp_path)) == 21
+
+
+def test_progress_in_a_log_is_whole_lines(fixture_bundle, tmp_path):
+    """A bar redraws its line with \\r and leaves it open: in a log another process's line was glued
+    to it. Into a pipe, a run's progress is lines of their own (the last one at 21/21)."""
+    log = io.StringIO()
+    bar = progress_bar(total=3, desc="cases", unit="case", file=log)
+    for _ in range(3):
+        bar.update()
+    bar.close()
+    assert "\r" not in log.getvalue() and log.getvalue().endswith("\n")
+    assert "3/3" in log.getvalue().splitlines()[-1]
+    proc = launch(
+        run_argv("eval/run.py", fixture_bundle, tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    _, err = proc.communicate(timeout=180)
+    assert proc.returncode == 0 and "\r" not in err, err[-2000:]
+    assert any(line.startswith("cases: 100%") and "21/21" in line for line in err.splitlines()), err
+
+
+def test_output_to_a_reader_that_stopped_reading_is_named_as_such(fixture_bundle, tmp_path):
+    """``eval/run.py ... | head``: the reader ends before the scores are printed. One line that names
+    the pipe's reader (it named the output folder before), no traceback, the cases untouched."""
+    argv = run_argv("eval/run.py", fixture_bundle, tmp_path, "--no-progress")
+    assert main(argv[2:]) == 0
+    argv.remove("--no-score")
+    proc = launch(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # the reader is gone before the first line
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 2
+    (line,) = [x for x in err.splitlines() if x.startswith("chexpercept run:")]
+    assert "the program reading this command's output stopped reading" in line, err
+    assert "Traceback" not in err and "Exception ignored" not in err and len(saved(tmp_path)) == 21
