@@ -14,7 +14,7 @@ import os
 import sys
 from typing import Any
 
-PROGRESS_HELP = "no progress bar (by default a progress bar goes to stderr)"
+PROGRESS_HELP = "no progress display (by default a bar on stderr; whole lines every 30 s where stderr is a log)"
 DATA_DIR_HELP = "folder of the release bundle (chexpercept.json + chexpercept/<key_id>/...)"
 
 
