@@ -14,7 +14,9 @@ import os
 import sys
 from typing import Any
 
-PROGRESS_HELP = "no progress display (by default a bar on stderr; whole lines every 30 s where stderr is a log)"
+PROGRESS_HELP = (
+    "no progress display (by default a bar on stderr; whole lines every 30 s where stderr is a log)"
+)
 DATA_DIR_HELP = "folder of the release bundle (chexpercept.json + chexpercept/<key_id>/...)"
 
 

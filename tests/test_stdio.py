@@ -66,7 +66,10 @@ PROBE = "import sys; print('streams', sys.stdout.line_buffering, sys.stderr.line
 def test_the_commands_a_launcher_starts_write_whole_lines():
     """``chexpercept`` and eval/run.py run as a script (the two forms accelerate launches) set both
     streams to whole lines before anything is printed."""
-    cli = "import sys; sys.argv = ['chexpercept', '--version']\nfrom chexpercept.cli import main; main(); " + PROBE
+    cli = (
+        "import sys; sys.argv = ['chexpercept', '--version']\nfrom chexpercept.cli import main; main(); "
+        + PROBE
+    )
     script = (
         "import runpy, sys; sys.argv = ['eval/run.py', '--help']\n"
         "try:\n    runpy.run_path('eval/run.py', run_name='__main__')\nexcept SystemExit:\n    pass\n" + PROBE
