@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 
 from .cli_options import CommandParser
-from .entry_point import program_started, start_program, stop_name
+from .entry_point import program_started, run_program, start_program, stop_name
 from .errors import Refused
 from .escape import terminal
 
@@ -50,9 +50,15 @@ def _usage(commands: dict[str, tuple[str, str]]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    if argv is None:  # the program itself (not a caller's main(argv)): chexpercept/entry_point.py
+    """The ``chexpercept`` command (``argv`` None: this process's arguments, as the program) or, given
+    ``argv``, one command called in-process, which changes nothing of the caller's process."""
+    if argv is None:  # the program itself: chexpercept/entry_point.py
         start_program(f"chexpercept {sys.argv[1]}" if len(sys.argv) > 1 else "chexpercept")
-    argv = list(sys.argv[1:] if argv is None else argv)
+        return run_program(lambda: _command(sys.argv[1:]))
+    return _command(list(argv))
+
+
+def _command(argv: list[str]) -> int:
     commands = all_commands()
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(_usage(commands))

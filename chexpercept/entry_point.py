@@ -22,21 +22,30 @@ The rules, held here for every program and every run:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import socket
+import sys
 import threading
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, NoReturn
 
-from .stdio import hold_standard_fds, whole_lines, write_now
+from .progress import is_terminal
+from .stdio import hold_standard_fds, to_devnull, whole_lines, write_now
 
 __all__ = [
     "STOP_SIGNALS",
     "Stopped",
     "catch_signals",
+    "exit_now",
+    "is_program",
+    "launched_as",
     "program_started",
     "restore_signals",
+    "run_program",
     "start_program",
+    "stop_at_once_while",
     "stop_name",
 ]
 
@@ -96,36 +105,132 @@ def restore_signals(previous: dict[int, Any]) -> None:
 class _Program:
     #: the command's name for its one line, set by start_program
     command: str | None = None
+    #: the stop signal the command took (after program_started), if any
+    stopped: int | None = None
+    #: the processes the command starts (eval/runner/interrupts.py: ChildProcesses), from
+    #: program_started on
+    children: Any = None
 
 
-def _who() -> str:
+def is_program() -> bool:
+    """True in a program of the toolkit (``start_program`` was called), False in a caller's process
+    (a notebook, a test, another tool): that one is never ended from here."""
+    return _Program.command is not None
+
+
+def launched_as() -> str:
     """``process N: `` in a process of a multi-process launch, else nothing."""
     rank = os.environ.get("RANK")
     return f"process {rank}: " if rank is not None and os.environ.get("WORLD_SIZE", "1") != "1" else ""
 
 
+def exit_now(signum: int, why: str, children: Any = None, *, saved: str = "") -> NoReturn:
+    """End the program at once: one line ``<why>[; stopping N process(es) it started]; exiting
+    now<saved>``, then every process it started (``children``, a ChildProcesses) stopped (SIGTERM,
+    SIGKILL after 1 s), exit status 128 + ``signum``. For a second stop signal or a shutdown that
+    hangs. After the line, this process's stdout and stderr go to /dev/null: its other threads
+    (a worker pool's, seeing its workers die) say nothing more."""
+    pids = children.started() if children is not None else []
+    note = f"; stopping {len(pids)} process(es) it started" if pids else ""
+    write_now(f"{why}{note}; exiting now{saved}")
+    to_devnull(1, 2)
+    if children is not None:
+        children.stop(timeout=1.0)
+    os._exit(128 + signum)
+
+
 def _stopped_while_starting(signum: int, _frame: object) -> None:
     name = signal.Signals(signum).name
-    write_now(f"{_Program.command}: {_who()}stopped by {name} while starting; nothing was done")
+    write_now(f"{_Program.command}: {launched_as()}stopped by {name} while starting; nothing was done")
     os._exit(128 + signum)
 
 
 def _raise_stopped(signum: int, _frame: object) -> None:
+    if _Program.stopped is not None:  # a second signal: the shutdown is not waited for
+        exit_now(
+            signum,
+            f"{_Program.command}: {launched_as()}{signal.Signals(signum).name} again",
+            _Program.children,
+        )
+    _Program.stopped = signum
     raise Stopped(signum)
 
 
 def start_program(command: str) -> None:
     """First thing a program does (``command``: its name in messages, ``chexpercept run``): hold
     descriptors 0-2, write whole lines, and end on a stop signal with one line until
-    ``program_started``."""
+    ``program_started``. Where stderr is a log, not a terminal, the Hugging Face libraries' own bars
+    are off (``HF_HUB_DISABLE_PROGRESS_BARS``, unless set), as the toolkit's are lines
+    (chexpercept/progress.py)."""
     hold_standard_fds()
     whole_lines()
     _Program.command = command
     catch_signals(_stopped_while_starting)
+    if not is_terminal(sys.stderr):
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 
 def program_started() -> None:
     """The command's own work begins (its options are read): from now on a stop signal not ignored
-    raises ``Stopped`` in the main thread. Does nothing where ``start_program`` was not called."""
+    raises ``Stopped`` in the main thread, and a second one ends the program at once with the
+    processes it started. Does nothing where ``start_program`` was not called."""
     if _Program.command is not None:
+        from chexpercept.eval.runner.interrupts import ChildProcesses
+
+        _Program.children = ChildProcesses()
         catch_signals(_raise_stopped)
+
+
+def run_program(main: Callable[[], int]) -> int:
+    """``main()``'s exit status, in a program; a reader of its output that went away (``| head``,
+    ``--help | true``) anywhere in it is one line, not a traceback (exit status 2), and standard
+    output is put on /dev/null so that the interpreter's last flush does not fail again."""
+    try:
+        return main()
+    except BrokenPipeError as e:
+        from .os_errors import explain_os_error
+
+        to_devnull(1)
+        write_now(explain_os_error(e).line(_Program.command or "chexpercept"))
+        return 2
+
+
+@contextlib.contextmanager
+def stop_at_once_while(what: str) -> Iterator[None]:
+    """A block that waits inside a C call that may last (a run's processes waiting for each other to
+    connect): Python runs its signal handlers only between bytecodes, so a stop signal would wait
+    for the call to end (days). In a program's main thread, a stop signal inside the block ends the
+    process at once with one line (``stopped by SIGTERM while <what>; nothing was written``), read
+    from the interpreter's wake-up descriptor on a thread of its own. Elsewhere it changes nothing."""
+    if not is_program() or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    reader, writer = socket.socketpair()
+    writer.setblocking(False)
+    previous = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+
+    def watch() -> None:
+        while True:
+            try:
+                data = reader.recv(1)
+            except OSError:
+                return
+            if not data:
+                return
+            signum = data[0]
+            if signum in STOP_SIGNALS and signal.getsignal(signum) is not signal.SIG_IGN:
+                name = signal.Signals(signum).name
+                write_now(
+                    f"{_Program.command}: {launched_as()}stopped by {name} while {what}; nothing was written"
+                )
+                os._exit(128 + signum)
+
+    watcher = threading.Thread(target=watch, name="chexpercept-stop-at-once", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        signal.set_wakeup_fd(previous)
+        writer.close()
+        watcher.join(timeout=1.0)
+        reader.close()

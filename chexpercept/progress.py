@@ -13,7 +13,7 @@ import sys
 from collections.abc import Iterable
 from typing import IO, Any
 
-__all__ = ["LOG_INTERVAL", "progress_bar"]
+__all__ = ["LOG_INTERVAL", "is_terminal", "progress_bar"]
 
 #: seconds between two lines of progress in a log
 LOG_INTERVAL = 30.0
@@ -38,7 +38,8 @@ class _LogLines:
         return False
 
 
-def _is_terminal(stream: Any) -> bool:
+def is_terminal(stream: Any) -> bool:
+    """True where ``stream`` is a terminal (False for a pipe, a file, a closed or odd stream)."""
     try:
         return bool(stream.isatty())
     except (AttributeError, ValueError, OSError):
@@ -52,7 +53,7 @@ def progress_bar(iterable: Iterable[Any] | None = None, **options: Any) -> Any:
     from tqdm.auto import tqdm
 
     stream = options.pop("file", None) or sys.stderr
-    if not _is_terminal(stream):
+    if not is_terminal(stream):
         options.update(file=_LogLines(stream), mininterval=LOG_INTERVAL, dynamic_ncols=False, ncols=100)
     else:
         options["file"] = stream

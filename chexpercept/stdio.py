@@ -62,3 +62,14 @@ def write_now(line: str) -> None:
         os.write(fd, (line + "\n").encode(errors="replace"))
     except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
         pass
+
+
+def to_devnull(*fds: int) -> None:
+    """Point the process's descriptors ``fds`` (1, 2) at /dev/null: after a program's last line, or
+    once the reader of its output has gone away, so that nothing more fails or speaks."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        for fd in fds:
+            os.dup2(null, fd)
+    finally:
+        os.close(null)

@@ -35,7 +35,7 @@ try:
     from chexpercept.answers import PARSE_MODES
     from chexpercept.bundle import IMAGE_CHECKS
     from chexpercept.cli_options import CommandParser, add_progress_option
-    from chexpercept.entry_point import Stopped, program_started
+    from chexpercept.entry_point import Stopped, launched_as, program_started, run_program
     from chexpercept.escape import terminal_lines
     from chexpercept.eval.backends import BACKENDS, backend_class
     from chexpercept.eval.backends.options import json_object
@@ -179,22 +179,24 @@ def run(args: argparse.Namespace) -> int:
     if missing:
         print(f"chexpercept run: error: {' and '.join(missing)} required", file=sys.stderr)
         return 2
-    dist = Distributed()
+    dist: Distributed | None = None
     status: int | None = None  # the run's own status, once it has one
     try:
         with stop_on_signals() as children:
             try:
+                dist = Distributed()  # under accelerate: imports torch, waits for the other processes
                 plan, backend = build_plan(args, dist)
                 status = execute(plan, backend, dist, children)
             finally:
-                dist.close()  # inside the block: after a stop signal, its grace still bounds this
+                if dist is not None:
+                    dist.close()  # inside the block: after a stop signal, its grace still bounds this
         return status
     except (RunInterrupted, Stopped) as e:  # execute says how a run ended; this is before or after it
         if status is None:
             said = "before any case ran; nothing was written"
         else:
             said = "while its processes were closing; the run itself had ended (see above)"
-        print(f"chexpercept run: stopped by {e.name} {said}", file=sys.stderr)
+        print(f"chexpercept run: {launched_as()}stopped by {e.name} {said}", file=sys.stderr)
         return e.exit_status
     except (*EXPECTED_ERRORS, OSError) as e:
         if isinstance(e, OSError) and e.errno is not None:  # the system's: its real cause named
@@ -216,4 +218,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_program(main))

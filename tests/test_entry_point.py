@@ -9,15 +9,20 @@ from __future__ import annotations
 import io
 import os
 import signal
+import socket
 import subprocess
 import sys
+import textwrap
 import threading
+import time
 from pathlib import Path
 
 import pytest
 from waiting import wait_until
 
+from chexpercept import tcp_table
 from chexpercept.eval.run import main
+from chexpercept.eval.runner.interrupts import _alive, descendants
 from chexpercept.progress import progress_bar
 from chexpercept.results import iter_results
 
@@ -222,3 +227,112 @@ def test_output_to_a_reader_that_stopped_reading_is_named_as_such(fixture_bundle
     (line,) = [x for x in err.splitlines() if x.startswith("chexpercept run:")]
     assert "the program reading this command's output stopped reading" in line, err
     assert "Traceback" not in err and "Exception ignored" not in err and len(saved(tmp_path)) == 21
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("moment", ["while torch loads", "while waiting for the other process"])
+def test_a_stop_while_a_process_waits_for_its_peers_says_one_line(fixture_bundle, tmp_path, moment):
+    """Process 0 of a 2-process run whose other process never comes: SIGTERM while the run imports
+    torch gave a traceback, and while it waited for its peer (a C call, up to 7 days) it was not
+    taken at all. Now one line each time and 143, at once."""
+    port = free_port()
+    env = {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2"}
+    env |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "CHEXPERCEPT_COORDINATION_TIMEOUT": "300"}
+    argv = run_argv("eval/run.py", fixture_bundle, tmp_path, "--no-progress")
+    proc = subprocess.Popen(
+        argv, text=True, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    if moment == "while torch loads":
+        ready = lambda: has(signal_mask(proc.pid, "SigCgt"), signal.SIGTERM) and "torch" in maps(proc.pid)  # noqa: E731
+    else:
+        ready = lambda: any(s.state == tcp_table.LISTEN for s in tcp_table.sockets(port=port))  # noqa: E731
+    assert wait_until(ready, timeout=120, interval=0.01), proc.communicate(timeout=5)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    lines = [line for line in err.splitlines() if line.startswith("chexpercept run:")]  # accelerate warns
+    assert proc.returncode == 143 and len(lines) == 1 and "Traceback" not in err, err[-3000:]
+    assert "stopped by SIGTERM" in lines[0], lines
+    assert "nothing was written" in lines[0], lines
+
+
+def maps(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return ""
+
+
+def test_a_second_signal_ends_a_command_whose_shutdown_hangs(tmp_path):
+    """``chexpercept synth --num-proc 2`` and SIGTERM twice: the second interrupted the pool's
+    shutdown and the command then waited for its workers forever. A second stop signal now ends a
+    program at once with the processes it started."""
+    argv = [
+        *PROGRAMS["chexpercept run"][:-1],
+        "synth",
+        "--output-dir",
+        str(tmp_path / "b"),
+        "--per-cell",
+        "3",
+    ]
+    proc = launch([*argv, "--num-proc", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert wait_until(lambda: len(descendants(proc.pid)) >= 2, timeout=120, interval=0.02)
+    started = descendants(proc.pid)
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err[-3000:]
+    (line,) = [x for x in err.splitlines() if x.startswith("chexpercept synth:")]
+    assert "Traceback" not in err and "SIGTERM again" in line and line.endswith("exiting now"), err[-3000:]
+    assert wait_until(lambda: not [p for p in started if _alive(p)], timeout=30), started
+
+
+def test_a_second_signal_never_ends_an_in_process_caller():
+    """A notebook's interrupt pressed twice: the run's second-signal path ended the caller's process
+    (os._exit). In a caller's process it now kills what the run started and unwinds the run; a case
+    being appended still ends whole."""
+    code = textwrap.dedent(
+        """
+        import os, signal, time
+        from chexpercept.eval.runner.interrupts import RunInterrupted, deferred, stop_on_signals
+        with stop_on_signals(grace=0.3):
+            try:
+                with deferred():
+                    os.kill(os.getpid(), signal.SIGINT)
+                    os.kill(os.getpid(), signal.SIGINT)
+                    time.sleep(0.2)
+                    print("append ended")
+            except RunInterrupted:
+                pass
+        time.sleep(1.0)
+        print("alive")
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout == "append ended\nalive\n", proc.stderr[-2000:]
+    assert "SIGINT again" in proc.stderr and "ending the run" in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["--version"], ["run", "--list-models"]])
+def test_help_to_a_reader_that_went_away_is_one_line(argv):
+    """``chexpercept --help | true`` printed a BrokenPipeError traceback."""
+    proc = launch([*PROGRAMS["chexpercept run"][:-1], *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=60) == 2 and "Traceback" not in err and "Exception ignored" not in err, err
+    (line,) = err.splitlines()
+    assert "stopped reading" in line, line
+
+
+def test_the_hugging_face_bars_are_off_in_a_log(tmp_path):
+    """``chexpercept make-tiny-model 2> log`` logged transformers' "Writing model shards" bar with
+    ``\\r``; in a program whose stderr is a log, the Hugging Face libraries' bars are off."""
+    argv = [*PROGRAMS["chexpercept run"][:-1], "make-tiny-model", "--output-dir", str(tmp_path / "m")]
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_DISABLE_PROGRESS_BARS"}
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0 and "\r" not in proc.stderr, proc.stderr[-2000:]

@@ -159,6 +159,8 @@ def test_a_signal_stops_a_transformers_run(fixture_bundle, tiny_model, tmp_path)
 STUCK = textwrap.dedent(
     """
     import subprocess, sys, time
+    from chexpercept.entry_point import start_program
+    start_program("chexpercept run")  # a program: a caller's process is never ended from inside
     from chexpercept.eval.runner.interrupts import RunInterrupted, stop_on_signals
     with stop_on_signals(grace=float(sys.argv[1])):
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
@@ -188,7 +190,7 @@ def test_a_stuck_shutdown_is_cut_short_and_a_second_signal_ends_it_at_once(tmp_p
         _, err = proc.communicate(timeout=30)
         assert time.monotonic() - sent < 5 and proc.returncode == 128 + signal.SIGINT
         assert ("SIGINT again" if second else "did not shut down within 1 s") in err
-        assert "stopped 1 process(es) it started" in err
+        assert "stopping 1 process(es) it started" in err
         time.sleep(0.2)
         assert (
             not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text().split()[2]

@@ -16,6 +16,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from chexpercept.entry_point import stop_at_once_while
 from chexpercept.escape import terminal
 from chexpercept.input_files import TEXT_FILE, read_input_text
 
@@ -130,7 +131,9 @@ class Distributed:
 
             # the processes meet only at the start (while the main process fetches weights or counts
             # tokens, which may take long); the work itself is shared through files (work_queue.py)
-            self.state = PartialState(cpu=True, timeout=datetime.timedelta(seconds=coordination_timeout()))
+            wait = datetime.timedelta(seconds=coordination_timeout())
+            with stop_at_once_while("waiting for the run's other processes to start"):  # a C wait
+                self.state = PartialState(cpu=True, timeout=wait)
             self.index = self.state.process_index
             self.count = self.state.num_processes
             self.local_index = self.state.local_process_index

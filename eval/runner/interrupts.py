@@ -11,9 +11,9 @@ main process then wait for it forever (vllm-project/vllm#39854). Inside ``stop_o
 * a signal that arrives while a finished case is being appended (``deferred``) waits until the
   append is complete, so no line is torn;
 * if the shutdown takes longer than ``grace`` seconds, or a second signal comes, every process the
-  run started (vLLM's engine core and workers included) is killed and the process exits at once;
-  the shutdown is over when the ``stop_on_signals`` block ends, and a caller that ran the run
-  in-process (a notebook, a test) lives on.
+  run started (vLLM's engine core and workers included) is killed and a program exits at once; a
+  caller that ran the run in-process (a notebook, a test) is never ended: the run unwinds and
+  returns (the shutdown is over when the ``stop_on_signals`` block ends).
 
 Child processes are told apart from those that were there before the run (``ChildProcesses``), so a
 run started from a test or a notebook never kills processes it did not start.
@@ -41,7 +41,7 @@ import threading
 import time
 from collections.abc import Iterator
 
-from chexpercept.entry_point import catch_signals, restore_signals
+from chexpercept.entry_point import catch_signals, exit_now, is_program, restore_signals
 from chexpercept.startup import PARENT_VARIABLE
 from chexpercept.stdio import write_now
 
@@ -168,11 +168,15 @@ def deferred() -> Iterator[None]:
 
 
 def _force_exit(signum: int, why: str) -> None:
+    """A second signal, or a shutdown past its grace: in a program, everything the run started is
+    killed and the process exits at once (``entry_point.exit_now``). In a caller's process (a
+    notebook, a test) the processes the run started are killed but the caller is never ended: the
+    run goes on unwinding (its main thread may be stuck in the engine; killing it frees it)."""
     children = _state.children
+    if is_program():
+        exit_now(signum, f"chexpercept run: {why}", children, saved=" (finished cases are saved)")
     stopped = children.stop(timeout=1.0) if children is not None else []
-    note = f"; stopped {len(stopped)} process(es) it started" if stopped else ""
-    write_now(f"chexpercept run: {why}{note}; exiting now (finished cases are saved)")
-    os._exit(128 + signum)
+    write_now(f"chexpercept run: {why}; stopped {len(stopped)} process(es) it started; ending the run")
 
 
 def _watchdog(signum: int, grace: float, shut_down: threading.Event) -> None:
@@ -196,7 +200,11 @@ def stop_on_signals(grace: float = DEFAULT_GRACE) -> Iterator[ChildProcesses]:
 
     def handler(signum: int, _frame: object) -> None:
         if _state.signum is not None:  # a second signal: no more waiting
-            _force_exit(signum, f"{signal.Signals(signum).name} again")
+            _force_exit(signum, f"{signal.Signals(signum).name} again")  # a program ends here
+            if _state.deferring:  # in-process: the append being written still ends whole
+                _state.pending = signum
+                return
+            raise RunInterrupted(signum)
         _state.signum = signum
         threading.Thread(target=_watchdog, args=(signum, grace, shut_down), daemon=True).start()
         if _state.deferring:
