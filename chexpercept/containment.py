@@ -35,7 +35,6 @@ problem of a bundle before raising.
 
 from __future__ import annotations
 
-import base64
 import functools
 import io
 import os
@@ -296,9 +295,17 @@ class ImageBytes:
     def mime(self) -> str:
         return ALLOWED_IMAGE_FORMATS[self.format]
 
+    def base64(self) -> bytes:
+        """The image's bytes in standard base64 (RFC 4648, padded), as ASCII bytes: 4/3 of the size.
+        pybase64's SIMD encoder gives the very bytes of ``base64.b64encode`` at about 3.5x its speed
+        (0.7 vs 2.6 ms for a 720 KB radiograph here: bench/runner_overlap.py --api)."""
+        import pybase64
+
+        return pybase64.b64encode(self.data)
+
     def data_url(self) -> str:
         """``data:<mime>;base64,...`` as OpenAI-compatible APIs take an image."""
-        return f"data:{self.mime};base64," + base64.b64encode(self.data).decode("ascii")
+        return f"data:{self.mime};base64," + self.base64().decode("ascii")
 
 
 def _checked(path: FsPath, head: bytes, what: str) -> str:

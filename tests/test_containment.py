@@ -23,6 +23,7 @@ from PIL import Image
 from chexpercept.bundle import read_bundle
 from chexpercept.containment import (
     ContainmentError,
+    ImageBytes,
     Tree,
     check_name,
     image_data_url,
@@ -212,6 +213,22 @@ def _outside(tmp_path):
     out.mkdir(exist_ok=True)
     (out / "credentials.txt").write_bytes(SECRET)
     return out
+
+
+def test_an_image_is_sent_as_exactly_the_base64_of_its_bytes(tmp_path):
+    """The fast encoder gives RFC 4648 base64, padded, the very bytes of the standard library's, for
+    every length modulo 3 and a radiograph-sized file."""
+    import random
+
+    rng = random.Random(0)
+    png = _png_bytes()
+    for tail in (0, 1, 2, 3, 57, 58, 59, 1 << 20):
+        data = png + rng.randbytes(tail)
+        image = ImageBytes(tmp_path / "x.png", data, "PNG")
+        assert image.base64() == base64.b64encode(data)
+        assert image.data_url() == "data:image/png;base64," + base64.b64encode(data).decode("ascii")
+    (tmp_path / "ok.png").write_bytes(png)
+    assert image_data_url(tmp_path, "ok.png") == "data:image/png;base64," + base64.b64encode(png).decode()
 
 
 @pytest.mark.parametrize("check_images", ["none", "exists", "basic", "full"])

@@ -49,7 +49,6 @@ proxy from the environment, and each new connection must reach a loopback socket
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import json
 import os
@@ -399,7 +398,7 @@ class OpenAIBackend(BackendBase):
         body splices in without copying the image once more: contained in the bundle, a PNG or
         JPEG, its MIME type from its bytes (chexpercept.containment); base64 needs no escaping."""
         image = read_image(self._tree or self.root, relative)
-        return f'"data:{image.mime};base64,'.encode("ascii"), base64.b64encode(image.data), b'"'
+        return f'"data:{image.mime};base64,'.encode("ascii"), image.base64(), b'"'
 
     def data_url(self, relative: str) -> str:
         """The image as a ``data:`` URL (encoded once while its conversation is live)."""
