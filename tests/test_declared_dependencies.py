@@ -1,0 +1,219 @@
+"""What our code imports is what pyproject.toml declares.
+
+Class (found when a core install ran the openai backend: every request failed on ``import aiohttp``,
+which only the inspect extra had brought in, through s3fs): a third-party import that no install
+declares. Rules, each a test:
+
+1. every third-party package imported anywhere in chexpercept/, eval/, builder/, metrics/ and
+   chexpercept_dataset.py is declared in pyproject.toml (the core dependencies or an extra), or is a
+   declared requirement of a package that is (``PROVIDED_BY``), or is installed by a script of ours
+   (``BY_SCRIPT``);
+2. what a core install promises (``pip install -e .``: a run with the openai or a baseline backend,
+   scored) imports only core dependencies, on every path our import graph can take from the run
+   program and those backends, except imports inside a ``try`` that goes on without them, and the
+   imports of features that need more (``FEATURE_IMPORTS``, each with its reason; an entry that no
+   longer occurs fails too).
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import importlib.metadata
+import re
+import sys
+from pathlib import Path as FsPath
+
+import tomllib
+from packaging.requirements import Requirement
+
+ROOT = FsPath(__file__).resolve().parents[1]
+#: folder -> the name it is installed as (pyproject's package mapping)
+PACKAGES = {
+    "chexpercept": "chexpercept",
+    "builder": "chexpercept.builder",
+    "metrics": "chexpercept.metrics",
+    "eval": "chexpercept.eval",
+}
+OURS = {"chexpercept", "chexpercept_dataset", "__future__"}
+
+#: import name -> distribution, for packages this environment may not hold (the engines' own environments)
+IMPORT_NAMES = {
+    "PIL": "pillow",
+    "skimage": "scikit-image",
+    "yaml": "pyyaml",
+    "lmms_eval": "lmms-eval",
+    "inspect_ai": "inspect-ai",
+}
+#: distribution -> the declared distribution that requires it (checked against its metadata where installed)
+PROVIDED_BY = {
+    "psutil": "vllm",  # eval/backends/vllm/placement.py, inside the vllm backend
+    "httpx": "inspect-ai",  # eval/harnesses/inspect_ai/rules.py
+    "anyio": "inspect-ai",
+    "safetensors": "transformers",  # eval/tiny_model.py (make-tiny-model, hf extra)
+    "tokenizers": "transformers",
+    "pyyaml": "datasets",  # a core dependency's own requirement
+}
+#: distribution -> the script of ours that installs it (its pins clash with ours: its own environment)
+BY_SCRIPT = {"lmms-eval": "scripts/setup_lmms_eval.sh"}
+#: where a core install goes: the run program, the backends that need no extra, scoring
+CORE_ENTRIES = (
+    "chexpercept.eval.run",
+    "chexpercept.eval.backends.openai.backend",
+    "chexpercept.eval.backends.baselines",
+    "chexpercept.metrics.model_scores",
+)
+#: (our module, distribution) -> why a core install does without it there
+FEATURE_IMPORTS = {
+    (
+        "chexpercept.eval.runner.distributed",
+        "accelerate",
+    ): "only under `accelerate launch` with more than one process",
+    ("chexpercept.eval.estimate.local_tokens", "transformers"): "estimate for a local model (its processor)",
+    ("chexpercept.registration", "evaluate"): "evaluate.load's registration, when evaluate is installed",
+}
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _declared() -> tuple[set[str], dict[str, set[str]]]:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    core = {_norm(Requirement(r).name) for r in project["dependencies"]}
+    extras = {k: {_norm(Requirement(r).name) for r in v} for k, v in project["optional-dependencies"].items()}
+    return core, extras
+
+
+@functools.cache
+def _installed() -> dict[str, list[str]]:
+    return importlib.metadata.packages_distributions()
+
+
+@functools.cache
+def _distribution(import_name: str) -> str:
+    found = _installed().get(import_name)
+    if found:
+        return _norm(found[0])
+    return _norm(IMPORT_NAMES.get(import_name, import_name))
+
+
+def _modules() -> dict[str, FsPath]:
+    out = {"chexpercept_dataset": ROOT / "chexpercept_dataset.py"}
+    for folder, installed in PACKAGES.items():
+        for f in sorted((ROOT / folder).rglob("*.py")):
+            parts = list(f.relative_to(ROOT / folder).with_suffix("").parts)
+            out[".".join([installed, *(parts[:-1] if parts[-1] == "__init__" else parts)])] = f
+    return out
+
+
+def _goes_on_without(handler: ast.ExceptHandler) -> bool:
+    names = {ast.unparse(handler.type)} if handler.type is not None else {"BaseException"}
+    if isinstance(handler.type, ast.Tuple):
+        names = {ast.unparse(e) for e in handler.type.elts}
+    return bool(names & {"ImportError", "ModuleNotFoundError", "Exception", "BaseException"})
+
+
+def _imports(module: str, path: FsPath) -> list[tuple[str, bool]]:
+    """(absolute name imported, whether a ``try`` around it goes on without it) for every import of
+    ``module``, at any depth (a function's imports run when it is called)."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    out: list[tuple[str, bool]] = []
+
+    def visit(node: ast.AST, optional: bool) -> None:
+        if isinstance(node, ast.Try):
+            guarded = optional or any(_goes_on_without(h) for h in node.handlers)
+            for child in node.body:
+                visit(child, guarded)
+            for child in [*node.handlers, *node.orelse, *node.finalbody]:
+                visit(child, optional)
+            return
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for child in node.orelse:
+                visit(child, optional)
+            return
+        if isinstance(node, ast.Import):
+            out.extend((a.name, optional) for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                target = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                target = node.module or ""
+            out.append((target, optional))
+            out.extend((f"{target}.{a.name}", optional) for a in node.names)
+        for child in ast.iter_child_nodes(node):
+            visit(child, optional)
+
+    visit(ast.parse(path.read_text(encoding="utf-8")), False)
+    return out
+
+
+def _third_party(name: str) -> str | None:
+    top = name.split(".")[0]
+    if not top or top in sys.stdlib_module_names or top in OURS:
+        return None
+    return top
+
+
+def test_every_imported_package_is_declared():
+    core, extras = _declared()
+    anywhere = core.union(*extras.values())
+    missing = {}
+    for module, path in _modules().items():
+        for name, _ in _imports(module, path):
+            top = _third_party(name)
+            if top is None:
+                continue
+            dist = _distribution(top)
+            if dist in anywhere or dist in BY_SCRIPT:
+                continue
+            provider = PROVIDED_BY.get(dist)
+            if provider is not None and provider in anywhere:
+                continue
+            missing.setdefault(dist, set()).add(module)
+    assert not missing, f"imported but declared nowhere in pyproject.toml: {missing}"
+
+
+def test_the_tables_name_what_is_true():
+    core, extras = _declared()
+    anywhere = core.union(*extras.values())
+    for dist, provider in PROVIDED_BY.items():
+        assert provider in anywhere, provider
+        try:
+            requires = importlib.metadata.requires(provider) or []
+        except importlib.metadata.PackageNotFoundError:
+            continue  # not in this environment (vllm: its own); its metadata is checked where it is
+        assert dist in {_norm(Requirement(r).name) for r in requires if "extra ==" not in r}, (provider, dist)
+    for dist, script in BY_SCRIPT.items():
+        assert dist in (ROOT / script).read_text(), (dist, script)
+
+
+def test_a_core_install_runs_the_openai_and_baseline_backends_and_scores():
+    core, _ = _declared()
+    modules = _modules()
+    seen: set[str] = set()
+    todo = list(CORE_ENTRIES)
+    outside: dict[tuple[str, str], bool] = {}
+    while todo:
+        module = todo.pop()
+        if module in seen:
+            continue
+        seen.add(module)
+        for name, optional in _imports(module, modules[module]):
+            parts = name.split(".")
+            todo.extend(m for m in (".".join(parts[:i]) for i in range(1, len(parts) + 1)) if m in modules)
+            top = _third_party(name)
+            if top is not None and not optional and _distribution(top) not in core:
+                outside[(module, _distribution(top))] = True
+    assert all(entry in seen for entry in CORE_ENTRIES)
+    unexplained = sorted(set(outside) - set(FEATURE_IMPORTS))
+    assert not unexplained, (
+        f"a core install (pip install -e .) reaches these imports of packages that are not core dependencies: "
+        f"{unexplained}; declare the package in [project] dependencies, or import it where a try goes on "
+        "without it, or name the feature in FEATURE_IMPORTS"
+    )
+    stale = sorted(set(FEATURE_IMPORTS) - set(outside))
+    assert not stale, f"FEATURE_IMPORTS entries that no longer occur: {stale}"
+    # the class's first member: the openai backend's HTTP client
+    assert "aiohttp" in core and "pybase64" in core
