@@ -8,11 +8,12 @@ declares. Rules, each a test:
    chexpercept_dataset.py is declared in pyproject.toml (the core dependencies or an extra), or is a
    declared requirement of a package that is (``PROVIDED_BY``), or is installed by a script of ours
    (``BY_SCRIPT``);
-2. what a core install promises (``pip install -e .``: a run with the openai or a baseline backend,
-   scored) imports only core dependencies, on every path our import graph can take from the run
-   program and those backends, except imports inside a ``try`` that goes on without them, and the
-   imports of features that need more (``FEATURE_IMPORTS``, each with its reason; an entry that no
-   longer occurs fails too).
+2. each install imports only what it declares: the core (``pip install -e .``: a run with the openai
+   or a baseline backend, scored) only core dependencies, and an extra (``[vllm]``, ``[hf]``,
+   ``[report]``) the core's and its own (with what they require), on every path our import graph can
+   take from the entries of ``INSTALLS``, except imports inside a ``try`` that goes on without them
+   and the imports of features that need more (``FEATURE_IMPORTS``, each with its reason; an entry
+   that no longer occurs fails too).
 """
 
 from __future__ import annotations
@@ -45,24 +46,37 @@ IMPORT_NAMES = {
     "lmms_eval": "lmms-eval",
     "inspect_ai": "inspect-ai",
 }
-#: distribution -> the declared distribution that requires it (checked against its metadata where installed)
+#: a declared distribution -> what it requires that we import too (checked against its metadata where
+#: installed: vllm in its own environment, the rest here)
 PROVIDED_BY = {
-    "psutil": "vllm",  # eval/backends/vllm/placement.py, inside the vllm backend
-    "httpx": "inspect-ai",  # eval/harnesses/inspect_ai/rules.py
-    "anyio": "inspect-ai",
-    "safetensors": "transformers",  # eval/tiny_model.py (make-tiny-model, hf extra)
-    "tokenizers": "transformers",
-    "pyyaml": "datasets",  # a core dependency's own requirement
+    "vllm": {"psutil", "torch", "transformers"},  # eval/backends/vllm/placement.py
+    "inspect-ai": {"httpx", "anyio"},  # eval/harnesses/inspect_ai/rules.py
+    "transformers": {"safetensors", "tokenizers"},  # eval/tiny_model.py (make-tiny-model, hf extra)
+    "datasets": {"pyyaml"},  # a core dependency's own requirement
 }
 #: distribution -> the script of ours that installs it (its pins clash with ours: its own environment)
 BY_SCRIPT = {"lmms-eval": "scripts/setup_lmms_eval.sh"}
-#: where a core install goes: the run program, the backends that need no extra, scoring
-CORE_ENTRIES = (
-    "chexpercept.eval.run",
-    "chexpercept.eval.backends.openai.backend",
-    "chexpercept.eval.backends.baselines",
-    "chexpercept.metrics.model_scores",
-)
+#: an install (the core, or the core with an extra) -> where it goes: the run program with the backends
+#: it serves, scoring, reports
+INSTALLS = {
+    "": (
+        "chexpercept.eval.run",
+        "chexpercept.eval.backends.openai.backend",
+        "chexpercept.eval.backends.baselines",
+        "chexpercept.metrics.model_scores",
+    ),
+    "vllm": (
+        "chexpercept.eval.run",
+        "chexpercept.eval.backends.vllm.backend",
+        "chexpercept.metrics.report.command",
+    ),
+    "hf": (
+        "chexpercept.eval.run",
+        "chexpercept.eval.backends.transformers.backend",
+        "chexpercept.eval.cmd_make_tiny_model",
+    ),
+    "report": ("chexpercept.metrics.report.command", "chexpercept.metrics.cmd_score"),
+}
 #: (our module, distribution) -> why a core install does without it there
 FEATURE_IMPORTS = {
     (
@@ -168,8 +182,7 @@ def test_every_imported_package_is_declared():
             dist = _distribution(top)
             if dist in anywhere or dist in BY_SCRIPT:
                 continue
-            provider = PROVIDED_BY.get(dist)
-            if provider is not None and provider in anywhere:
+            if any(dist in provides and provider in anywhere for provider, provides in PROVIDED_BY.items()):
                 continue
             missing.setdefault(dist, set()).add(module)
     assert not missing, f"imported but declared nowhere in pyproject.toml: {missing}"
@@ -178,23 +191,24 @@ def test_every_imported_package_is_declared():
 def test_the_tables_name_what_is_true():
     core, extras = _declared()
     anywhere = core.union(*extras.values())
-    for dist, provider in PROVIDED_BY.items():
+    for provider, provides in PROVIDED_BY.items():
         assert provider in anywhere, provider
         try:
             requires = importlib.metadata.requires(provider) or []
         except importlib.metadata.PackageNotFoundError:
-            continue  # not in this environment (vllm: its own); its metadata is checked where it is
-        assert dist in {_norm(Requirement(r).name) for r in requires if "extra ==" not in r}, (provider, dist)
+            continue  # not in this environment (vllm: its own)
+        assert provides <= {_norm(Requirement(r).name) for r in requires if "extra ==" not in r}, provider
     for dist, script in BY_SCRIPT.items():
         assert dist in (ROOT / script).read_text(), (dist, script)
 
 
-def test_a_core_install_runs_the_openai_and_baseline_backends_and_scores():
-    core, _ = _declared()
+def _outside(entries: tuple[str, ...], allowed: set[str]) -> set[tuple[str, str]]:
+    """(our module, distribution) of every import reachable from ``entries`` through our import graph
+    (any depth) that is not in ``allowed`` and not inside a ``try`` that goes on without it."""
     modules = _modules()
     seen: set[str] = set()
-    todo = list(CORE_ENTRIES)
-    outside: dict[tuple[str, str], bool] = {}
+    todo = list(entries)
+    outside: set[tuple[str, str]] = set()
     while todo:
         module = todo.pop()
         if module in seen:
@@ -204,16 +218,31 @@ def test_a_core_install_runs_the_openai_and_baseline_backends_and_scores():
             parts = name.split(".")
             todo.extend(m for m in (".".join(parts[:i]) for i in range(1, len(parts) + 1)) if m in modules)
             top = _third_party(name)
-            if top is not None and not optional and _distribution(top) not in core:
-                outside[(module, _distribution(top))] = True
-    assert all(entry in seen for entry in CORE_ENTRIES)
-    unexplained = sorted(set(outside) - set(FEATURE_IMPORTS))
-    assert not unexplained, (
-        f"a core install (pip install -e .) reaches these imports of packages that are not core dependencies: "
-        f"{unexplained}; declare the package in [project] dependencies, or import it where a try goes on "
-        "without it, or name the feature in FEATURE_IMPORTS"
-    )
-    stale = sorted(set(FEATURE_IMPORTS) - set(outside))
+            if top is not None and not optional and _distribution(top) not in allowed:
+                outside.add((module, _distribution(top)))
+    assert all(entry in seen for entry in entries)
+    return outside
+
+
+def test_each_install_imports_only_what_it_declares():
+    """A core install runs the openai and baseline backends and scores; each extra adds its backend or
+    command and nothing it does not bring."""
+    core, extras = _declared()
+    everywhere: set[tuple[str, str]] = set()
+    for extra, entries in INSTALLS.items():
+        allowed = set(core)
+        for name in [extra] if extra else []:
+            allowed |= extras[name]
+        allowed |= {d for provider, provides in PROVIDED_BY.items() if provider in allowed for d in provides}
+        outside = _outside(entries, allowed)
+        everywhere |= outside
+        unexplained = sorted(outside - set(FEATURE_IMPORTS))
+        assert not unexplained, (
+            f"pip install -e .{f'[{extra}]' if extra else ''} reaches imports of packages it does not install: "
+            f"{unexplained}; declare the package there, or import it where a try goes on without it, or name "
+            "the feature in FEATURE_IMPORTS"
+        )
+    stale = sorted(set(FEATURE_IMPORTS) - everywhere)
     assert not stale, f"FEATURE_IMPORTS entries that no longer occur: {stale}"
     # the class's first member: the openai backend's HTTP client
     assert "aiohttp" in core and "pybase64" in core
