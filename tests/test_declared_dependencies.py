@@ -27,15 +27,9 @@ from pathlib import Path as FsPath
 
 import tomllib
 from packaging.requirements import Requirement
+from test_import_graph import PACKAGES  # folder -> the name it is installed as
 
 ROOT = FsPath(__file__).resolve().parents[1]
-#: folder -> the name it is installed as (pyproject's package mapping)
-PACKAGES = {
-    "chexpercept": "chexpercept",
-    "builder": "chexpercept.builder",
-    "metrics": "chexpercept.metrics",
-    "eval": "chexpercept.eval",
-}
 OURS = {"chexpercept", "chexpercept_dataset", "__future__"}
 
 #: import name -> distribution, for packages this environment may not hold (the engines' own environments)
