@@ -19,6 +19,7 @@ from .cli_options import CommandParser
 from .entry_point import program_started, run_program, start_program, stop_name
 from .errors import Refused
 from .escape import terminal
+from .extras import install_hint
 
 _COMMAND_TABLES = (
     "chexpercept.commands",
@@ -81,6 +82,8 @@ def _command(argv: list[str]) -> int:
         how, status = stop_name(e)
         print(f"chexpercept {name}: stopped by {how} while starting; nothing was done", file=sys.stderr)
         return status
+    except ModuleNotFoundError as e:  # a package this install lacks: which extra brings it
+        return _missing(name, e)
     args = parser.parse_args(rest)
     program_started()  # the program: SIGTERM and SIGHUP now end the command as Ctrl-C does
     try:
@@ -92,6 +95,8 @@ def _command(argv: list[str]) -> int:
     except Refused as e:  # refused on purpose (another account's server or folder...): its one line
         print(f"chexpercept {name}: {terminal(str(e))}", file=sys.stderr)
         return 2
+    except ModuleNotFoundError as e:  # a package this install lacks: which extra brings it
+        return _missing(name, e)
     except OSError as e:  # the system's (a full disk, a folder of another user): its real cause named
         if e.errno is None:
             raise
@@ -100,6 +105,16 @@ def _command(argv: list[str]) -> int:
         folder, option = output_option(parser, args)
         print(explain_os_error(e, folder, option=option).line(f"chexpercept {name}"), file=sys.stderr)
         return 2
+
+
+def _missing(name: str, error: ModuleNotFoundError) -> int:
+    """``chexpercept NAME: this needs PKG, which this install does not have: pip install ...`` (status
+    2); a module that no extra brings is a bug and keeps its traceback."""
+    hint = install_hint(error)
+    if hint is None:
+        raise error
+    print(f"chexpercept {name}: {hint}", file=sys.stderr)
+    return 2
 
 
 #: the destinations of the options a command writes its output with, folder first

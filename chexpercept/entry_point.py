@@ -184,7 +184,8 @@ def program_started() -> None:
 def run_program(main: Callable[[], int]) -> int:
     """``main()``'s exit status, in a program; a reader of its output that went away (``| head``,
     ``--help | true``) anywhere in it is one line, not a traceback (exit status 2), and standard
-    output is put on /dev/null so that the interpreter's last flush does not fail again."""
+    output is put on /dev/null so that the interpreter's last flush does not fail again. A package
+    that this install lacks is one line naming the extra that brings it (``chexpercept.extras``)."""
     try:
         return main()
     except BrokenPipeError as e:
@@ -192,6 +193,14 @@ def run_program(main: Callable[[], int]) -> int:
 
         to_devnull(1)
         write_now(explain_os_error(e).line(_Program.command or "chexpercept"))
+        return 2
+    except ModuleNotFoundError as e:  # a package this install lacks (chexpercept.extras); else a bug
+        from .extras import install_hint
+
+        hint = install_hint(e)
+        if hint is None:
+            raise
+        print(f"{_Program.command or 'chexpercept'}: {hint}", file=sys.stderr)
         return 2
 
 

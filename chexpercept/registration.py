@@ -217,7 +217,7 @@ def register_when_imported() -> None:
     """Register now with each of datasets and evaluate that is imported, else as soon as it is
     (without importing either here); the same for guarding huggingface_hub's HTTP client."""
     for name, after in _AFTER.items():
-        if name in sys.modules:
+        if sys.modules.get(name) is not None:  # None: imports of it are halted (not installed, as it were)
             after()
         else:
             _HOOK.waiting.add(name)

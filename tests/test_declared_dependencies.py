@@ -7,7 +7,7 @@ declares. Rules, each a test:
 1. every third-party package imported anywhere in chexpercept/, eval/, builder/, metrics/ and
    chexpercept_dataset.py is declared in pyproject.toml (the core dependencies or an extra), or is a
    declared requirement of a package that is (``PROVIDED_BY``), or is installed by a script of ours
-   (``BY_SCRIPT``);
+   (``BY_SCRIPT``; chexpercept/extras.py holds that table and the import names that differ);
 2. each install imports only what it declares: the core (``pip install -e .``: a run with the openai
    or a baseline backend, scored) only core dependencies, and an extra (``[vllm]``, ``[hf]``,
    ``[report]``) the core's and its own (with what they require), on every path our import graph can
@@ -21,7 +21,6 @@ from __future__ import annotations
 import ast
 import functools
 import importlib.metadata
-import re
 import sys
 from pathlib import Path as FsPath
 
@@ -29,31 +28,24 @@ import tomllib
 from packaging.requirements import Requirement
 from test_import_graph import PACKAGES  # folder -> the name it is installed as
 
+from chexpercept.extras import BY_SCRIPT, distribution_of, normalized
+
 ROOT = FsPath(__file__).resolve().parents[1]
 OURS = {"chexpercept", "chexpercept_dataset", "__future__"}
 
-#: import name -> distribution, for packages this environment may not hold (the engines' own environments)
-IMPORT_NAMES = {
-    "PIL": "pillow",
-    "skimage": "scikit-image",
-    "yaml": "pyyaml",
-    "lmms_eval": "lmms-eval",
-    "inspect_ai": "inspect-ai",
-}
 #: a declared distribution -> what it requires that we import too (checked against its metadata where
 #: installed: vllm in its own environment, the rest here)
 PROVIDED_BY = {
     "vllm": {"psutil", "torch", "transformers"},  # eval/backends/vllm/placement.py
     "inspect-ai": {"httpx", "anyio"},  # eval/harnesses/inspect_ai/rules.py
     "transformers": {"safetensors", "tokenizers"},  # eval/tiny_model.py (make-tiny-model, hf extra)
-    "datasets": {"pyyaml"},  # a core dependency's own requirement
+    "datasets": {"pyyaml", "packaging"},  # a core dependency's own requirements (chexpercept/extras.py)
 }
-#: distribution -> the script of ours that installs it (its pins clash with ours: its own environment)
-BY_SCRIPT = {"lmms-eval": "scripts/setup_lmms_eval.sh"}
 #: an install (the core, or the core with an extra) -> where it goes: the run program with the backends
 #: it serves, scoring, reports
 INSTALLS = {
     "": (
+        "chexpercept.cli",
         "chexpercept.eval.run",
         "chexpercept.eval.backends.openai.backend",
         "chexpercept.eval.backends.baselines",
@@ -82,14 +74,12 @@ FEATURE_IMPORTS = {
 }
 
 
-def _norm(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
 def _declared() -> tuple[set[str], dict[str, set[str]]]:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    core = {_norm(Requirement(r).name) for r in project["dependencies"]}
-    extras = {k: {_norm(Requirement(r).name) for r in v} for k, v in project["optional-dependencies"].items()}
+    core = {normalized(Requirement(r).name) for r in project["dependencies"]}
+    extras = {
+        k: {normalized(Requirement(r).name) for r in v} for k, v in project["optional-dependencies"].items()
+    }
     return core, extras
 
 
@@ -100,10 +90,10 @@ def _installed() -> dict[str, list[str]]:
 
 @functools.cache
 def _distribution(import_name: str) -> str:
+    """What this environment says the import comes from, else chexpercept.extras' table (the engines'
+    own packages are not installed here)."""
     found = _installed().get(import_name)
-    if found:
-        return _norm(found[0])
-    return _norm(IMPORT_NAMES.get(import_name, import_name))
+    return normalized(found[0]) if found else distribution_of(import_name)
 
 
 def _modules() -> dict[str, FsPath]:
@@ -191,9 +181,11 @@ def test_the_tables_name_what_is_true():
             requires = importlib.metadata.requires(provider) or []
         except importlib.metadata.PackageNotFoundError:
             continue  # not in this environment (vllm: its own)
-        assert provides <= {_norm(Requirement(r).name) for r in requires if "extra ==" not in r}, provider
+        assert provides <= {normalized(Requirement(r).name) for r in requires if "extra ==" not in r}, (
+            provider
+        )
     for dist, script in BY_SCRIPT.items():
-        assert dist in (ROOT / script).read_text(), (dist, script)
+        assert dist in (ROOT / script.removeprefix("bash ")).read_text(), (dist, script)
 
 
 def _outside(entries: tuple[str, ...], allowed: set[str]) -> set[tuple[str, str]]:

@@ -197,6 +197,39 @@ def test_a_key_given_as_the_api_key_env_name_is_refused_unshown(
     assert pasted not in err and not any(tmp_path.rglob("run.json"))
 
 
+def test_an_api_key_variable_named_but_not_set_is_refused_before_any_request(
+    fixture_bundle, tmp_path, capsys, monkeypatch
+):
+    """New user on a bad day: --api-key-env MY_KEY with MY_KEY unset ran with no key at all (a real
+    API answers 401 later; a server that takes any key, or none, answered). Rule: a variable named on
+    purpose must be set and non-empty (eval/backends/openai/backend.py); only the default
+    OPENAI_API_KEY may be unset (a local vllm serve needs no key)."""
+    monkeypatch.delenv("CHEX_TEST_KEY", raising=False)
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with FakeServer() as server:
+        for value in (None, ""):
+            if value is not None:
+                monkeypatch.setenv("CHEX_TEST_KEY", value)
+            argv = run_argv(fixture_bundle, tmp_path / "named", server.url, "--api-key-env", "CHEX_TEST_KEY")
+            monkeypatch.setattr(sys, "argv", ["eval/run.py", *argv])
+            assert main(argv) != 0
+            err = capsys.readouterr().err
+            assert "the environment variable CHEX_TEST_KEY that --api-key-env names is not set" in err, err
+            assert not server.requests and not any((tmp_path / "named").rglob("results.jsonl"))
+        monkeypatch.setenv("CHEX_TEST_KEY", "sk-test-1234567890")
+        argv = run_argv(
+            fixture_bundle, tmp_path / "set", server.url, "--api-key-env", "CHEX_TEST_KEY", "--limit", "1"
+        )
+        assert main(argv) == 0
+        assert server.requests[-1]["headers"]["Authorization"] == "Bearer sk-test-1234567890"
+        count = len(server.requests)
+        argv = run_argv(
+            fixture_bundle, tmp_path / "default", server.url, "--limit", "1"
+        )  # OPENAI_API_KEY unset
+        assert main(argv) == 0
+        assert len(server.requests) > count and "Authorization" not in server.requests[-1]["headers"]
+
+
 def test_a_secret_digest_is_stable_and_slow_to_try_candidates_against():
     """Final red team: run.json held a plain SHA-256 of each secret, so a short one was found again by
     hashing candidates. The digest is now a slow derivation: the same value gives the same digest

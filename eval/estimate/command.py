@@ -97,7 +97,10 @@ def _counter(
         counter.check(sample())
         return counter
     except ImportError as e:
-        raise ValueError(f"counting a local model's tokens needs transformers ({e})") from e
+        from chexpercept.extras import needs
+
+        missing = needs((e.name or "").split(".")[0]) if isinstance(e, ModuleNotFoundError) else None
+        raise ValueError(f"counting a local model's tokens: {missing or f'needs transformers ({e})'}") from e
     except OSError as e:
         raise ValueError(
             f"cannot load the processor of {spec.model_id!r} to count its tokens: {str(e).rstrip('.')}. Estimates of "

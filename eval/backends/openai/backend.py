@@ -228,13 +228,18 @@ def _is_content_filter(body: str) -> bool:
     return False
 
 
+#: the variable the API key is read from when --api-key-env is not given (unset: no key, as a local
+#: ``vllm serve`` wants); a variable named on purpose must be set
+DEFAULT_KEY_ENV = "OPENAI_API_KEY"
+
+
 @dataclass(frozen=True)
 class OpenAIOptions(BackendOptions):
     """The openai backend's options (``chexpercept run --help``, group "openai backend")."""
 
     base_url: str | None = option(help="endpoint, e.g. http://127.0.0.1:8000/v1 (vllm serve)", answers=False)
     api_key_env: str = option(
-        default="OPENAI_API_KEY",
+        default=DEFAULT_KEY_ENV,
         help="name of the environment variable holding the API key (never the key itself)",
         check=env_var_name,
         answers=False,
@@ -329,6 +334,12 @@ class OpenAIBackend(BackendBase):
         #: the endpoint as messages and run.json show it (chexpercept.redaction: no secret)
         self.shown_url, self.shown_base_url = redact_url(self.url), redact_url(base_url)
         self.api_key = api_key if api_key is not None else os.environ.get(options.api_key_env)
+        if api_key is None and not self.api_key and options.api_key_env != DEFAULT_KEY_ENV:
+            raise ValueError(
+                f"the environment variable {options.api_key_env} that --api-key-env names is not set in this "
+                "process (or is empty), so no key would be sent; export it, or leave --api-key-env out for a "
+                "server that needs no key"
+            )
         self.api_key_header = options.api_key_header
         self.concurrency = options.concurrency
         self.timeout = options.timeout
