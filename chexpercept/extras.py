@@ -65,8 +65,17 @@ def _extras() -> dict[str, tuple[str, ...]]:
 
 def install_hint(error: ModuleNotFoundError) -> str | None:
     """One line for a module that is missing because this install lacks an extra: the package, and
-    how to install it; None when no extra and no script of ours brings it (a bug: keep the traceback)."""
-    return needs((error.name or "").split(".")[0])
+    how to install it; None when no extra and no script of ours brings it, or when the package is
+    there and only a part of it is missing (``torch._C``: a broken build, not a missing extra): keep
+    the traceback."""
+    import importlib.util
+
+    top = (error.name or "").split(".")[0]
+    try:
+        present = bool(top) and importlib.util.find_spec(top) is not None
+    except (ImportError, ValueError):  # a parent that fails to import, a module without a spec
+        present = True
+    return None if present else needs(top)
 
 
 def needs(import_name: str) -> str | None:

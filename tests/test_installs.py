@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from chexpercept.extras import needs
+from chexpercept.extras import install_hint, needs
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fake_openai import FakeServer
@@ -79,6 +79,19 @@ def test_the_hint_names_the_lightest_extra_and_none_for_what_no_extra_brings():
     assert "scripts/setup_lmms_eval.sh" in needs("lmms_eval")
     assert needs("numpy") is None  # core: its absence is a broken install, not a missing extra
     assert needs("no_such_module") is None and needs("") is None
+    # an error names the hint only when the package is really absent: a part missing from an installed
+    # package (a broken build) keeps its traceback
+    assert install_hint(ModuleNotFoundError("x", name="torch._C")) is None  # torch is installed here
+    assert install_hint(ModuleNotFoundError("x", name="evaluate")) is None
+    assert "chexpercept[api]" in install_hint(ModuleNotFoundError("x", name="tiktoken.core")) or _installed(
+        "tiktoken"
+    )
+
+
+def _installed(name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None
 
 
 def test_a_core_install_runs_an_api_model_and_a_baseline_and_scores(fixture_bundle, tmp_path):
