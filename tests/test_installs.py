@@ -83,9 +83,8 @@ def test_the_hint_names_the_lightest_extra_and_none_for_what_no_extra_brings():
     # package (a broken build) keeps its traceback
     assert install_hint(ModuleNotFoundError("x", name="torch._C")) is None  # torch is installed here
     assert install_hint(ModuleNotFoundError("x", name="evaluate")) is None
-    assert "chexpercept[api]" in install_hint(ModuleNotFoundError("x", name="tiktoken.core")) or _installed(
-        "tiktoken"
-    )
+    if not _installed("sam3"):  # Meta's sam3 lives in .venv-sam3 only
+        assert "chexpercept[sam3-meta]" in install_hint(ModuleNotFoundError("x", name="sam3.model_builder"))
 
 
 def _installed(name: str) -> bool:
