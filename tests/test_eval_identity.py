@@ -497,3 +497,35 @@ def test_one_model_folder_holds_one_models_settings(fixture_bundle, tmp_path, ca
     assert cli(["score", str(tmp_path / "exp1")]) != 0
     err = capsys.readouterr().err
     assert "made by different models or settings" in err and "model_id" in err, err
+
+
+def test_a_folder_that_saved_nothing_binds_no_settings(fixture_bundle, tmp_path, capsys):
+    """Red team: a run that stopped before its first case (here: an endpoint never reached; in the
+    report: a backend whose package was missing) left run.json with its settings, and the rerun after
+    the fix was refused for "other settings" although nothing had been saved. Rule: only a folder that
+    holds a saved line (results, failures, quarantine) binds a later run (RunStore.holds_records); a
+    sibling oracle folder that saved nothing is not compared either."""
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
+    extra = ["--backend", "openai", "--limit", "2", "--oracle", "none", "implicit"]
+    assert _run(fixture_bundle, tmp_path, "gpt-5.4", *extra, "--base-url", dead, "--max-tokens", "100") == 2
+    folder = tmp_path / "gpt-5.4" / "oracle_none"
+    assert (folder / "run.json").is_file() and not RunStore(folder).holds_records()
+    capsys.readouterr()
+    with FakeServer() as server:
+        assert _run(fixture_bundle, tmp_path, "gpt-5.4", *extra, "--base-url", server.url) == 0
+        assert server.requests
+    err = capsys.readouterr().err
+    assert "other settings" not in err, err
+    info = json.loads((folder / "run.json").read_text())
+    assert info["finished"] and info["settings"]["backend_identity"] != {}
+    # once a line is saved, the settings bind again: the same change is refused
+    with FakeServer() as server:
+        assert (
+            _run(fixture_bundle, tmp_path, "gpt-5.4", *extra, "--base-url", server.url, "--max-tokens", "100")
+            == 2
+        )
+    _refused(capsys)

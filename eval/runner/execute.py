@@ -289,8 +289,8 @@ def _check_setting_folders(folder: RunStore, settings: dict[str, Any]) -> None:
     the folder's settings are scored together, so they must share one identity but the oracle."""
     siblings = {}
     for other in sorted(folder.path.parent.glob("oracle_*/run.json")):
-        if other.parent == folder.path:
-            continue
+        if other.parent == folder.path or not RunStore(other.parent).holds_records():
+            continue  # a setting that saved nothing is scored with nothing
         previous = read_json(other)
         if isinstance(previous, dict) and isinstance(previous.get("settings"), dict):
             siblings[other.parent.name] = previous["settings"]

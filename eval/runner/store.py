@@ -277,9 +277,22 @@ class RunStore:
     def append_failures(self, failures: Iterable[CaseFailure]) -> None:
         append_results(self.failures, failures)
 
+    def holds_records(self) -> bool:
+        """Whether any line was ever saved here (results, failures or quarantined lines): only then do
+        the settings in run.json bind a later run. A run that stopped before its first case (a package
+        missing, an engine that would not start, an endpoint never reached) saved nothing that other
+        settings could contradict."""
+        return any(
+            p.exists() and p.stat().st_size > 0 for p in (self.results, self.failures, self.quarantine)
+        )
+
     def check_settings(self, settings: Mapping[str, Any]) -> dict[str, Any] | None:
         """The previous run.json if this folder may be resumed with ``settings`` (the run's identity,
-        eval/runner/identity.py), else StoreError naming every difference."""
+        eval/runner/identity.py), else StoreError naming every difference. A folder that holds no
+        saved line starts afresh whatever its run.json says (None): nothing in it was made under
+        other settings."""
+        if not self.holds_records():
+            return None
         previous = read_json(self.run_json)
         if previous is None:
             if self.results.exists() and self.results.stat().st_size > 0:
