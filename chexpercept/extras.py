@@ -4,8 +4,8 @@ The core install (``pip install -e .``) loads, validates, generates phantom data
 models and baselines; the extras add the rest (pyproject.toml: ``[hf]`` torch and transformers,
 ``[vllm]``, ``[report]`` matplotlib and evaluate, ``[api]`` tiktoken, ``[sam3]``, ``[sam3-meta]``,
 ``[inspect]``). A command that reaches a package its install lacks ends with one line naming the
-package and the extras that bring it (read from this package's own metadata, so it cannot drift from
-pyproject.toml), not a traceback: ``chexpercept.cli`` and ``chexpercept.entry_point.run_program``
+package and the extras that bring it (read from the checkout's pyproject.toml, else the installed
+metadata, so it cannot drift from what the code needs), not a traceback: ``chexpercept.cli`` and ``chexpercept.entry_point.run_program``
 call :func:`install_hint`. A module that no extra declares is a bug, and keeps its traceback.
 tests/test_declared_dependencies.py holds the tables below to the code's imports.
 """
@@ -37,42 +37,76 @@ def distribution_of(import_name: str) -> str:
     return normalized(IMPORT_NAMES.get(import_name, import_name))
 
 
+#: extras that need an environment of their own (their pins clash with the others'), by their script
+EXTRA_SCRIPTS = {"sam3-meta": "bash scripts/setup_sam3_meta.sh"}
+
+
 @functools.cache
-def _extras() -> dict[str, tuple[str, ...]]:
-    """distribution -> the extras of this package that bring it, in ``EXTRA_ORDER``; empty when this
-    package is not installed."""
+def _requirements() -> tuple[frozenset[str], dict[str, tuple[str, ...]]]:
+    """(the core dependencies, distribution -> the extras that bring it in ``EXTRA_ORDER``), from the
+    checkout's pyproject.toml when this package runs from one (an editable install whose metadata may
+    predate a ``git pull``), else from the installed metadata; empty when neither is there."""
     from packaging.requirements import Requirement
 
-    try:
-        metadata = importlib.metadata.metadata("chexpercept")
-    except importlib.metadata.PackageNotFoundError:
-        return {}
-    extras = [e for e in metadata.get_all("Provides-Extra") or [] if e not in NOT_FEATURES]
+    core: set[str] = set()
     found: dict[str, list[str]] = {}
-    for line in metadata.get_all("Requires-Dist") or []:
-        requirement = Requirement(line)
-        if requirement.marker is None:
-            continue  # a core dependency
-        for extra in extras:
-            if requirement.marker.evaluate({"extra": extra}):
-                found.setdefault(normalized(requirement.name), []).append(extra)
+    project = _checkout_project()
+    if project is not None:
+        core = {normalized(Requirement(r).name) for r in project.get("dependencies", [])}
+        for extra, lines in (project.get("optional-dependencies") or {}).items():
+            if extra not in NOT_FEATURES:
+                for line in lines:
+                    found.setdefault(normalized(Requirement(line).name), []).append(extra)
+    else:
+        try:
+            metadata = importlib.metadata.metadata("chexpercept")
+        except importlib.metadata.PackageNotFoundError:
+            return frozenset(), {}
+        extras = [e for e in metadata.get_all("Provides-Extra") or [] if e not in NOT_FEATURES]
+        for line in metadata.get_all("Requires-Dist") or []:
+            requirement = Requirement(line)
+            if requirement.marker is None:
+                core.add(normalized(requirement.name))
+                continue
+            for extra in extras:
+                if requirement.marker.evaluate({"extra": extra}):
+                    found.setdefault(normalized(requirement.name), []).append(extra)
 
     def rank(extra: str) -> tuple[int, str]:
         return (EXTRA_ORDER.index(extra) if extra in EXTRA_ORDER else len(EXTRA_ORDER), extra)
 
-    return {dist: tuple(sorted(names, key=rank)) for dist, names in found.items()}
+    return frozenset(core), {dist: tuple(sorted(set(names), key=rank)) for dist, names in found.items()}
+
+
+def _checkout_project() -> dict | None:
+    """pyproject.toml's [project] table when this package is imported from a checkout of its own."""
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "pyproject.toml"
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10: the installed metadata
+        return None
+    try:
+        project = tomllib.loads(path.read_text(encoding="utf-8")).get("project") or {}
+    except (OSError, ValueError):
+        return None
+    return project if project.get("name") == "chexpercept" else None
 
 
 def install_hint(error: ModuleNotFoundError) -> str | None:
-    """One line for a module that is missing because this install lacks an extra: the package, and
-    how to install it; None when no extra and no script of ours brings it, or when the package is
-    there and only a part of it is missing (``torch._C``: a broken build, not a missing extra): keep
-    the traceback."""
+    """One line for a module that is missing because this install lacks it: the package, and how to
+    install it (an extra, a script, or a reinstall for a core dependency). None, keeping the
+    traceback, when the name is not the package's own spelling (``import Torch``: a typo), when the
+    package is there and only a part of it is missing (``torch._C``: a broken build), or when no
+    install of ours brings it (a bug)."""
     import importlib.util
 
     top = (error.name or "").split(".")[0]
+    if not top or (top not in IMPORT_NAMES and top != top.lower()):
+        return None
     try:
-        present = bool(top) and importlib.util.find_spec(top) is not None
+        present = importlib.util.find_spec(top) is not None
     except (ImportError, ValueError):  # a parent that fails to import, a module without a spec
         present = True
     return None if present else needs(top)
@@ -80,17 +114,31 @@ def install_hint(error: ModuleNotFoundError) -> str | None:
 
 def needs(import_name: str) -> str | None:
     """``this needs PKG, which this install does not have: pip install 'chexpercept[EXTRA]' ...`` for a
-    top-level import name, or None when no extra of ours and no script brings it."""
+    top-level import name (the extra, a script, or a reinstall for a core dependency), or None when
+    no install of ours brings it."""
     if not import_name:
         return None
     dist = distribution_of(import_name)
     if dist in BY_SCRIPT:
         return f"this needs {dist}, which lives in an environment of its own: {BY_SCRIPT[dist]}"
-    extras = _extras().get(dist)
-    if not extras:
+    core, extras = _requirements()
+    if dist in core:
+        return (
+            f"this needs {dist}, a dependency of every install of chexpercept, which is missing here: "
+            "install the package again (in a clone: pip install -e ., adding the extras you use, e.g. "
+            "'.[hf]'; pyproject.toml may have gained it since the last install)"
+        )
+    names = extras.get(dist)
+    if not names:
         return None
-    also = f" (also in {', '.join(f'[{e}]' for e in extras[1:])})" if len(extras) > 1 else ""
+    first = names[0]
+    if first in EXTRA_SCRIPTS:
+        return (
+            f"this needs {dist}, which lives in an environment of its own: {EXTRA_SCRIPTS[first]} "
+            f"(pip install 'chexpercept[{first}]' there)"
+        )
+    also = f" (also in {', '.join(f'[{e}]' for e in names[1:])})" if len(names) > 1 else ""
     return (
-        f"this needs {dist}, which this install does not have: pip install 'chexpercept[{extras[0]}]' "
-        f"(in a clone: pip install -e '.[{extras[0]}]'){also}"
+        f"this needs {dist}, which this install does not have: pip install 'chexpercept[{first}]' "
+        f"(in a clone: pip install -e '.[{first}]'){also}"
     )

@@ -77,7 +77,13 @@ def test_the_hint_names_the_lightest_extra_and_none_for_what_no_extra_brings():
     assert "pip install 'chexpercept[api]'" in needs("tiktoken")
     assert "pip install 'chexpercept[inspect]'" in needs("inspect_ai")
     assert "scripts/setup_lmms_eval.sh" in needs("lmms_eval")
-    assert needs("numpy") is None  # core: its absence is a broken install, not a missing extra
+    # a core dependency missing: a broken or stale install (pyproject.toml gained it since): reinstall
+    assert "a dependency of every install of chexpercept, which is missing here" in needs("numpy")
+    assert "a dependency of every install" in needs("aiohttp")
+    # packages of the extra that needs an environment of its own: its script
+    assert "bash scripts/setup_sam3_meta.sh" in needs("sam3")
+    # a name in another spelling than the package's is a typo, not a missing extra
+    assert install_hint(ModuleNotFoundError("x", name="Torch")) is None
     assert needs("no_such_module") is None and needs("") is None
     # an error names the hint only when the package is really absent: a part missing from an installed
     # package (a broken build) keeps its traceback
@@ -126,10 +132,20 @@ def test_a_command_that_needs_an_extra_says_which_in_one_line(tmp_path):
     assert "now works" not in proc.stdout and "pip install 'chexpercept[report]'" in proc.stdout, proc.stdout
 
 
-def test_a_module_that_no_extra_brings_keeps_its_traceback(tmp_path):
-    """A core package missing is a broken install or a bug: the traceback stays, nothing is disguised."""
+def test_a_missing_core_dependency_says_reinstall_and_an_unknown_module_keeps_its_traceback(tmp_path):
+    """A core package missing is a broken or stale install: one line saying to install again. A module
+    that no install of ours brings is a bug: the traceback stays, nothing is disguised."""
     proc = core("synth", "--output-dir", str(tmp_path / "bundle"), "--per-cell", "1", blocked=("numpy",))
-    assert proc.returncode != 0 and "Traceback" in proc.stderr and "ModuleNotFoundError" in proc.stderr
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert (
+        proc.stderr.strip().splitlines()[-1].startswith("chexpercept synth: this needs numpy, a dependency")
+    )
+    from chexpercept.cli import _missing
+
+    with pytest.raises(ModuleNotFoundError):
+        _missing("synth", ModuleNotFoundError("No module named 'no_such_module'", name="no_such_module"))
+    with pytest.raises(ModuleNotFoundError):
+        _missing("synth", ModuleNotFoundError("No module named 'Torch'", name="Torch"))
 
 
 @pytest.mark.parametrize("blocked", [("transformers",), EXTRAS_ONLY])

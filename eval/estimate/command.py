@@ -97,9 +97,9 @@ def _counter(
         counter.check(sample())
         return counter
     except ImportError as e:
-        from chexpercept.extras import needs
+        from chexpercept.extras import install_hint
 
-        missing = needs((e.name or "").split(".")[0]) if isinstance(e, ModuleNotFoundError) else None
+        missing = install_hint(e) if isinstance(e, ModuleNotFoundError) else None
         raise ValueError(f"counting a local model's tokens: {missing or f'needs transformers ({e})'}") from e
     except OSError as e:
         raise ValueError(
