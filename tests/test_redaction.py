@@ -201,33 +201,44 @@ def test_an_api_key_variable_named_but_not_set_is_refused_before_any_request(
     fixture_bundle, tmp_path, capsys, monkeypatch
 ):
     """New user on a bad day: --api-key-env MY_KEY with MY_KEY unset ran with no key at all (a real
-    API answers 401 later; a server that takes any key, or none, answered). Rule: a variable named on
-    purpose must be set and non-empty (eval/backends/openai/backend.py); only the default
-    OPENAI_API_KEY may be unset (a local vllm serve needs no key)."""
+    API answers 401 later; a server that takes any key, or none, answered). Rule, one place
+    (eval/backends/openai/backend.py: api_key_from_env): a variable named on purpose (OPENAI_API_KEY
+    too) must hold a usable key: unset, blank, or with a control character (a pasted line break) is
+    refused before any request, the key never shown; only OPENAI_API_KEY when not named may be unset
+    or blank (no key: a local vllm serve needs none)."""
     monkeypatch.delenv("CHEX_TEST_KEY", raising=False)
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     with FakeServer() as server:
-        for value in (None, ""):
+        for name, value, what in (
+            ("CHEX_TEST_KEY", None, "is not set"),
+            ("CHEX_TEST_KEY", "", "is blank"),
+            ("CHEX_TEST_KEY", "   ", "is blank"),
+            ("CHEX_TEST_KEY", "sk-line\nbreak-123456", "holds a control character"),
+            ("OPENAI_API_KEY", None, "is not set"),
+        ):
             if value is not None:
-                monkeypatch.setenv("CHEX_TEST_KEY", value)
-            argv = run_argv(fixture_bundle, tmp_path / "named", server.url, "--api-key-env", "CHEX_TEST_KEY")
+                monkeypatch.setenv(name, value)
+            argv = run_argv(fixture_bundle, tmp_path / "named", server.url, "--api-key-env", name)
             monkeypatch.setattr(sys, "argv", ["eval/run.py", *argv])
             assert main(argv) != 0
             err = capsys.readouterr().err
-            assert "the environment variable CHEX_TEST_KEY that --api-key-env names is not set" in err, err
+            assert f"the environment variable {name} that --api-key-env names {what}" in err, err
+            assert "sk-line" not in err and "break-123456" not in err  # the value is not shown
             assert not server.requests and not any((tmp_path / "named").rglob("results.jsonl"))
+            monkeypatch.delenv(name, raising=False)
         monkeypatch.setenv("CHEX_TEST_KEY", "sk-test-1234567890")
         argv = run_argv(
             fixture_bundle, tmp_path / "set", server.url, "--api-key-env", "CHEX_TEST_KEY", "--limit", "1"
         )
         assert main(argv) == 0
         assert server.requests[-1]["headers"]["Authorization"] == "Bearer sk-test-1234567890"
-        count = len(server.requests)
-        argv = run_argv(
-            fixture_bundle, tmp_path / "default", server.url, "--limit", "1"
-        )  # OPENAI_API_KEY unset
-        assert main(argv) == 0
-        assert len(server.requests) > count and "Authorization" not in server.requests[-1]["headers"]
+        for blank in (None, "  "):  # OPENAI_API_KEY not named: unset or blank is no key
+            if blank is not None:
+                monkeypatch.setenv("OPENAI_API_KEY", blank)
+            count = len(server.requests)
+            argv = run_argv(fixture_bundle, tmp_path / f"default{blank is None}", server.url, "--limit", "1")
+            assert main(argv) == 0
+            assert len(server.requests) > count and "Authorization" not in server.requests[-1]["headers"]
 
 
 def test_a_secret_digest_is_stable_and_slow_to_try_candidates_against():

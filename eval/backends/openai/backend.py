@@ -233,14 +233,33 @@ def _is_content_filter(body: str) -> bool:
 DEFAULT_KEY_ENV = "OPENAI_API_KEY"
 
 
+def api_key_from_env(name: str | None) -> str | None:
+    """The API key in environment variable ``name`` (``--api-key-env``), or in OPENAI_API_KEY when no
+    name is given (unset or blank there: no key, as a local ``vllm serve`` wants). A variable named on
+    purpose must hold a key: unset, blank, or holding a control character (a pasted line break, which
+    no HTTP header can carry) is refused before anything is sent; the key itself is never shown."""
+    value = os.environ.get(name or DEFAULT_KEY_ENV)
+    if value is not None and value.strip() and not any(c < " " or c == "\x7f" for c in value):
+        return value
+    if name is None and not (value or "").strip():
+        return None  # the default variable, unset or blank: no key
+    what = "is not set" if value is None else "is blank" if not value.strip() else "holds a control character"
+    raise ValueError(
+        f"the environment variable {name or DEFAULT_KEY_ENV}{' that --api-key-env names' if name else ''} "
+        f"{what} in this process, so no usable key could be sent; export the key in it"
+        + (", or leave --api-key-env out for a server that needs no key" if name else "")
+    )
+
+
 @dataclass(frozen=True)
 class OpenAIOptions(BackendOptions):
     """The openai backend's options (``chexpercept run --help``, group "openai backend")."""
 
     base_url: str | None = option(help="endpoint, e.g. http://127.0.0.1:8000/v1 (vllm serve)", answers=False)
-    api_key_env: str = option(
-        default=DEFAULT_KEY_ENV,
-        help="name of the environment variable holding the API key (never the key itself)",
+    api_key_env: str | None = option(
+        default=None,
+        help=f"name of the environment variable holding the API key (never the key itself); a variable "
+        f"named here must be set. Default: {DEFAULT_KEY_ENV}, if set (a local vllm serve needs no key)",
         check=env_var_name,
         answers=False,
         echo=False,
@@ -333,13 +352,7 @@ class OpenAIBackend(BackendBase):
         self.url = urlunsplit(parts._replace(path=parts.path.rstrip("/") + "/chat/completions"))
         #: the endpoint as messages and run.json show it (chexpercept.redaction: no secret)
         self.shown_url, self.shown_base_url = redact_url(self.url), redact_url(base_url)
-        self.api_key = api_key if api_key is not None else os.environ.get(options.api_key_env)
-        if api_key is None and not self.api_key and options.api_key_env != DEFAULT_KEY_ENV:
-            raise ValueError(
-                f"the environment variable {options.api_key_env} that --api-key-env names is not set in this "
-                "process (or is empty), so no key would be sent; export it, or leave --api-key-env out for a "
-                "server that needs no key"
-            )
+        self.api_key = api_key if api_key is not None else api_key_from_env(options.api_key_env)
         self.api_key_header = options.api_key_header
         self.concurrency = options.concurrency
         self.timeout = options.timeout
