@@ -112,6 +112,12 @@ def install_hint(error: ModuleNotFoundError) -> str | None:
     return None if present else needs(top)
 
 
+def install_command(import_name: str) -> str | None:
+    """``pip install 'chexpercept[EXTRA]'`` for the lightest extra that brings a package, else None."""
+    names = _requirements()[1].get(distribution_of(import_name))
+    return f"pip install 'chexpercept[{names[0]}]'" if names else None
+
+
 def needs(import_name: str) -> str | None:
     """``this needs PKG, which this install does not have: pip install 'chexpercept[EXTRA]' ...`` for a
     top-level import name (the extra, a script, or a reinstall for a core dependency), or None when

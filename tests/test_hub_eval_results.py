@@ -118,8 +118,8 @@ def test_model_repo_push_refuses_synthetic_runs_unless_allowed(runs, hub, capsys
 @pytest.mark.parametrize(
     "extra, message",
     [
-        (["--private"], "--private only apply to --repo"),
-        (["--bootstrap", "10"], "--bootstrap only apply to --repo"),
+        (["--private"], "--private apply only to --repo"),
+        (["--bootstrap", "10"], "--bootstrap apply only to --repo"),
         (["--benchmark", "nobenchmark"], "--benchmark must be ORG/NAME"),
     ],
 )
@@ -321,8 +321,8 @@ def test_the_pull_request_text_is_checked_too(staged, fixture_bundle, hub):
 @pytest.mark.parametrize(
     "extra, message",
     [
-        (["--benchmark", BENCH], "--benchmark only apply to --model-repo"),
-        (["--allow-synthetic"], "--allow-synthetic only apply to --model-repo"),
+        (["--benchmark", BENCH], "--benchmark apply only to --model-repo"),
+        (["--allow-synthetic"], "--allow-synthetic apply only to --model-repo"),
         (["--bootstrap", "-1"], "--bootstrap must be 0 or more"),
     ],
 )

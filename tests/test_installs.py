@@ -154,3 +154,27 @@ def test_estimate_for_a_local_model_names_the_extra(fixture_bundle, tiny_model, 
     proc = core(*argv, blocked=blocked)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert "pip install 'chexpercept[hf]'" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_estimate_says_how_to_count_exactly_and_asks_for_transformers_before_the_hub(fixture_bundle):
+    """Red team: an API model's estimate without tiktoken was approximate without saying how to count
+    exactly; a Hub model's estimate on a core install asked to download its processor first, and
+    only then said transformers was missing."""
+    proc = core(
+        "estimate",
+        "--data-dir",
+        str(fixture_bundle),
+        "--model",
+        "gpt-5.4",
+        "--per-cell",
+        "1",
+        blocked=(*EXTRAS_ONLY, "tiktoken"),
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (
+        "approx. 4 characters per token; exact counts with tiktoken: pip install 'chexpercept[api]'"
+        in proc.stdout
+    )
+    proc = core("estimate", "--data-dir", str(fixture_bundle), "--model", "medgemma-1.5-4b")
+    assert proc.returncode == 2 and "download-model" not in proc.stderr, proc.stderr[-2000:]
+    assert "pip install 'chexpercept[hf]'" in proc.stderr, proc.stderr[-2000:]

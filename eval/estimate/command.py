@@ -84,6 +84,10 @@ def _counter(
     if spec.backend == "openai":
         return ApiCounter(root, rules_for(spec.model_id), answer_tokens=answer_tokens)
     try:
+        import importlib.util
+
+        if importlib.util.find_spec("transformers") is None:  # before a download it would not use
+            raise ModuleNotFoundError("No module named 'transformers'", name="transformers")
         from chexpercept.eval.estimate.local_tokens import ProcessorCounter
         from chexpercept.eval.weights import HubError, resolve_weights
 

@@ -111,6 +111,15 @@ def text_tokenizer() -> tuple[Callable[[str], int], str, bool]:
         import tiktoken
 
         encoding = tiktoken.get_encoding("o200k_base")
+    except ModuleNotFoundError:
+        from chexpercept.extras import install_command
+
+        approx = _Approximate()
+        return (
+            approx,
+            f"{approx.name}; exact counts with tiktoken: {install_command('tiktoken') or 'install tiktoken'}",
+            False,
+        )
     except Exception:
         approx = _Approximate()
         return approx, approx.name, False

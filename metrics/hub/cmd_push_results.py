@@ -116,7 +116,7 @@ def _misused(args: argparse.Namespace) -> str | None:
             ("--name", bool(args.name)),
         )
         given = [f for f, v in options if v]
-        return f"{', '.join(given)} only apply to --repo" if given else None
+        return f"{', '.join(given)} apply only to --repo" if given else None
     given = [
         f
         for f, v in (
@@ -127,7 +127,7 @@ def _misused(args: argparse.Namespace) -> str | None:
         if v
     ]
     if given:
-        return f"{', '.join(given)} only apply to --model-repo"
+        return f"{', '.join(given)} apply only to --model-repo"
     if args.bootstrap is not None and args.bootstrap < 0:
         return "--bootstrap must be 0 or more"
     return None
