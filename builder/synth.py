@@ -22,7 +22,7 @@ from chexpercept.fileio import write_atomic
 from chexpercept.input_json import read_json
 from chexpercept.vocab import LESIONS
 
-from .config import GenerateConfig
+from .config import GenerateConfig, parse_lesions
 from .export import WORK_DIR
 from .pipeline import generate
 from .summary import GenerationSummary
@@ -69,8 +69,10 @@ def synthesize_run(
     overwrite: bool = False,
     progress: bool = False,
 ) -> GenerationSummary:
-    """Write a phantom release bundle to ``out_dir`` and return the run's summary."""
+    """Write a phantom release bundle to ``out_dir`` and return the run's summary. The lesions are
+    checked before anything is drawn (SourceError names an unknown one)."""
     out = FsPath(out_dir)
+    parse_lesions(lesions)  # raises for an unknown lesion; the draw keeps the order given
     sources = phantom_sources(
         out, per_cell=per_cell, seed=seed, lesions=lesions, num_proc=num_proc, progress=progress
     )

@@ -178,3 +178,11 @@ def test_estimate_says_how_to_count_exactly_and_asks_for_transformers_before_the
     proc = core("estimate", "--data-dir", str(fixture_bundle), "--model", "medgemma-1.5-4b")
     assert proc.returncode == 2 and "download-model" not in proc.stderr, proc.stderr[-2000:]
     assert "pip install 'chexpercept[hf]'" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_synth_refuses_an_unknown_lesion_before_drawing_anything(tmp_path):
+    """Red team: `synth --lesions nodule` drew 35 phantom source files before naming the lesion."""
+    from chexpercept.cli import main
+
+    assert main(["synth", "--output-dir", str(tmp_path / "out"), "--per-cell", "1", "--lesions", "nodule"]) == 2
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").rglob("*"))
