@@ -184,5 +184,7 @@ def test_synth_refuses_an_unknown_lesion_before_drawing_anything(tmp_path):
     """Red team: `synth --lesions nodule` drew 35 phantom source files before naming the lesion."""
     from chexpercept.cli import main
 
-    assert main(["synth", "--output-dir", str(tmp_path / "out"), "--per-cell", "1", "--lesions", "nodule"]) == 2
+    assert (
+        main(["synth", "--output-dir", str(tmp_path / "out"), "--per-cell", "1", "--lesions", "nodule"]) == 2
+    )
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").rglob("*"))
