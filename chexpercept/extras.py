@@ -87,9 +87,11 @@ def _checkout_project() -> dict | None:
         import tomllib
     except ModuleNotFoundError:  # Python 3.10: the installed metadata
         return None
+    from .input_files import TEXT_FILE, read_input_text
+
     try:
-        project = tomllib.loads(path.read_text(encoding="utf-8")).get("project") or {}
-    except (OSError, ValueError):
+        project = tomllib.loads(read_input_text(path, TEXT_FILE, what="pyproject.toml")).get("project") or {}
+    except (OSError, ValueError):  # none there (an installed wheel), unreadable, not TOML
         return None
     return project if project.get("name") == "chexpercept" else None
 

@@ -141,6 +141,7 @@ def test_one_model_folder_however_spelled(tmp_path, monkeypatch):
     store.path.mkdir(parents=True)
     settings = {"model_id": "models/vlm", "backend": "vllm"}
     (store.path / "run.json").write_text(json.dumps({"settings": settings}))
+    (store.path / "results.jsonl").write_text("{}\n")  # a saved line: the settings bind
     assert store.check_settings({**settings, "model_id": absolute}) is not None
     from chexpercept.eval.runner.store import StoreError
 
