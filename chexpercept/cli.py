@@ -19,7 +19,7 @@ from .cli_options import CommandParser
 from .entry_point import program_started, run_program, start_program, stop_name
 from .errors import Refused
 from .escape import terminal
-from .extras import install_hint
+from .extras import say_missing
 
 _COMMAND_TABLES = (
     "chexpercept.commands",
@@ -83,7 +83,7 @@ def _command(argv: list[str]) -> int:
         print(f"chexpercept {name}: stopped by {how} while starting; nothing was done", file=sys.stderr)
         return status
     except ModuleNotFoundError as e:  # a package this install lacks: which extra brings it
-        return _missing(name, e)
+        return say_missing(f"chexpercept {name}", e)
     args = parser.parse_args(rest)
     program_started()  # the program: SIGTERM and SIGHUP now end the command as Ctrl-C does
     try:
@@ -96,7 +96,7 @@ def _command(argv: list[str]) -> int:
         print(f"chexpercept {name}: {terminal(str(e))}", file=sys.stderr)
         return 2
     except ModuleNotFoundError as e:  # a package this install lacks: which extra brings it
-        return _missing(name, e)
+        return say_missing(f"chexpercept {name}", e)
     except OSError as e:  # the system's (a full disk, a folder of another user): its real cause named
         if e.errno is None:
             raise
@@ -105,16 +105,6 @@ def _command(argv: list[str]) -> int:
         folder, option = output_option(parser, args)
         print(explain_os_error(e, folder, option=option).line(f"chexpercept {name}"), file=sys.stderr)
         return 2
-
-
-def _missing(name: str, error: ModuleNotFoundError) -> int:
-    """``chexpercept NAME: this needs PKG, which this install does not have: pip install ...`` (status
-    2); a module that no extra brings is a bug and keeps its traceback."""
-    hint = install_hint(error)
-    if hint is None:
-        raise error
-    print(f"chexpercept {name}: {hint}", file=sys.stderr)
-    return 2
 
 
 #: the destinations of the options a command writes its output with, folder first

@@ -195,13 +195,9 @@ def run_program(main: Callable[[], int]) -> int:
         write_now(explain_os_error(e).line(_Program.command or "chexpercept"))
         return 2
     except ModuleNotFoundError as e:  # a package this install lacks (chexpercept.extras); else a bug
-        from .extras import install_hint
+        from .extras import say_missing
 
-        hint = install_hint(e)
-        if hint is None:
-            raise
-        print(f"{_Program.command or 'chexpercept'}: {hint}", file=sys.stderr)
-        return 2
+        return say_missing(_Program.command or "chexpercept", e)
 
 
 @contextlib.contextmanager

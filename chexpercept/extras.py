@@ -114,6 +114,19 @@ def install_hint(error: ModuleNotFoundError) -> str | None:
     return None if present else needs(top)
 
 
+def say_missing(command: str, error: ModuleNotFoundError) -> int:
+    """``COMMAND: this needs PKG, ...`` on stderr and exit status 2, for every program (``chexpercept
+    X`` and ``eval/run.py``); ``error`` raised again when no install of ours brings the module (a
+    bug keeps its traceback)."""
+    import sys
+
+    hint = install_hint(error)
+    if hint is None:
+        raise error
+    print(f"{command}: {hint}", file=sys.stderr)
+    return 2
+
+
 def install_command(import_name: str) -> str | None:
     """``pip install 'chexpercept[EXTRA]'`` for the lightest extra that brings a package, else None."""
     names = _requirements()[1].get(distribution_of(import_name))
@@ -147,6 +160,6 @@ def needs(import_name: str) -> str | None:
         )
     also = f" (also in {', '.join(f'[{e}]' for e in names[1:])})" if len(names) > 1 else ""
     return (
-        f"this needs {dist}, which this install does not have: pip install 'chexpercept[{first}]' "
+        f"this needs {dist}, which this install does not have: {install_command(import_name)} "
         f"(in a clone: pip install -e '.[{first}]'){also}"
     )

@@ -140,12 +140,15 @@ def test_a_missing_core_dependency_says_reinstall_and_an_unknown_module_keeps_it
     assert (
         proc.stderr.strip().splitlines()[-1].startswith("chexpercept synth: this needs numpy, a dependency")
     )
-    from chexpercept.cli import _missing
+    from chexpercept.extras import say_missing
 
     with pytest.raises(ModuleNotFoundError):
-        _missing("synth", ModuleNotFoundError("No module named 'no_such_module'", name="no_such_module"))
+        say_missing(
+            "chexpercept synth",
+            ModuleNotFoundError("No module named 'no_such_module'", name="no_such_module"),
+        )
     with pytest.raises(ModuleNotFoundError):
-        _missing("synth", ModuleNotFoundError("No module named 'Torch'", name="Torch"))
+        say_missing("chexpercept synth", ModuleNotFoundError("No module named 'Torch'", name="Torch"))
 
 
 @pytest.mark.parametrize("blocked", [("transformers",), EXTRAS_ONLY])
