@@ -145,10 +145,24 @@ def start_run(bundle: Path, model: Path, out: Path, *extra: str) -> subprocess.P
     that it can be interrupted part-way."""
     argv = run_argv(bundle, model)
     argv += [*COMMON, "--output-dir", str(out), "--run-name", "m", "--batch-size", "4", "--no-score", *extra]
-    env = {**os.environ, "CHEXPERCEPT_TEST_STEP_DELAY": "0.5"}
+    env = {**os.environ, "CHEXPERCEPT_TEST_STEP_DELAY": "0.25"}
     return subprocess.Popen(
-        argv, env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        argv,
+        env=env,
+        start_new_session=True,
+        preexec_fn=as_a_terminal_starts_it,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
+
+
+def as_a_terminal_starts_it() -> None:
+    """Ctrl-C and Ctrl-\\ at their defaults in the child, as a shell in the foreground leaves them: a
+    suite started in the background (``pytest ... &``) ignores both, its children inherit that, and the
+    runner rightly keeps a signal the user ignored (nohup) ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
 
 
 def wait_for_results(results: Path, n: int, proc: subprocess.Popen) -> None:
@@ -184,17 +198,30 @@ def end_line(err: str) -> str:
     return lines[0]
 
 
-def test_sigterm_then_kill_9_then_rerun_equals_an_uninterrupted_run(
+def test_every_way_a_run_is_stopped_then_a_rerun_equals_an_uninterrupted_run(
     gemma_runs, phantom_bundle, models, tmp_path
 ):
-    """SIGTERM (SLURM, timeout, docker stop) to the main process only: within seconds the run saves
-    what is finished, stops the engine and every process it started, and releases its lock. Then a
-    kill -9 of the main process alone mid-run: the engine's processes go with it. Then a rerun
-    completes exactly what is left."""
+    """One run folder through the four ways a run is stopped, each in a command of its own (slowed down
+    so that it can be stopped part-way), then a rerun that completes exactly what is left and equals an
+    uninterrupted run. (One chain: each engine start costs about 30 s on 2 cores.)
+
+    1. SIGTERM (SLURM, timeout, docker stop) to the main process only: within seconds the run saves
+       what is finished, stops the engine and every process it started, and releases its lock.
+    2. Ctrl-C reaches the whole process group, the engine core included: the run still ends within
+       seconds with nothing left behind (vllm-project/vllm#39854 hangs there).
+    3. kill -9 of the main process alone, the out-of-memory killer's way: nothing can be saved but
+       what is on disk, and no engine process is left holding its memory (vllm-project/vllm#55510).
+    4. The engine core dies under a run (out of memory, a crash; EngineDeadError): one line, not a
+       traceback."""
     folder = tmp_path / "m" / "oracle_implicit"
     results = folder / "results.jsonl"
+
+    def saved() -> int:
+        return results.read_text().count("\n") if results.exists() else 0
+
+    # 1. SIGTERM to the main process only
     proc = start_run(phantom_bundle, models["gemma3"], tmp_path)
-    wait_for_results(results, 2, proc)
+    wait_for_results(results, 1, proc)
     processes = tree(proc.pid)
     assert len(processes) > 1  # vLLM's engine core runs in a process of its own
     sent = time.monotonic()
@@ -206,36 +233,12 @@ def test_sigterm_then_kill_9_then_rerun_equals_an_uninterrupted_run(
     assert "stopped by SIGTERM" in line and "selected cases are saved" in line
     assert wait_until(lambda: alive(processes) == []), "processes left behind by SIGTERM"
     assert not (folder / "run.lock").exists()
-    after_term = results.read_text().count("\n")
-    # kill -9 of the main process alone, the out-of-memory killer's way: nothing can be saved but
-    # what is on disk, and no engine process is left holding its memory (vllm-project/vllm#55510)
+    # 2. Ctrl-C to the process group: the engine's processes (core, workers) hold it blocked
+    # (multiprocessing's resource tracker ignores it), so only the main process takes it, and none of
+    # them stops on its own before the main process stops them in order
     proc = start_run(phantom_bundle, models["gemma3"], tmp_path)
-    wait_for_results(results, after_term + 1, proc)
+    wait_for_results(results, saved() + 1, proc)
     processes = tree(proc.pid)
-    proc.kill()
-    proc.communicate()
-    assert wait_until(lambda: alive(processes) == []), "engine processes outlived a killed main process"
-    done_before = results.read_text().count("\n")
-    n_cases = len(answers(gemma_runs["implicit"]))
-    assert 3 <= done_before < n_cases
-    resumed = run(phantom_bundle, models["gemma3"], tmp_path, "--batch-size", "4")
-    assert answers(resumed) == answers(gemma_runs["implicit"])
-    info = run_info(resumed)
-    assert info["last_session"]["cases"] == n_cases - done_before and len(info["resumed"]) == 2
-
-
-def test_ctrl_c_then_a_dead_engine_then_rerun(gemma_runs, phantom_bundle, models, tmp_path):
-    """Ctrl-C reaches the whole process group, the engine core included: the run still ends within
-    seconds with nothing left behind (vllm-project/vllm#39854 hangs there). Then the engine core dies
-    under a run (EngineDeadError): one line, not a traceback. Then a rerun completes the run."""
-    folder = tmp_path / "m" / "oracle_implicit"
-    results = folder / "results.jsonl"
-    proc = start_run(phantom_bundle, models["gemma3"], tmp_path)
-    wait_for_results(results, 1, proc)
-    processes = tree(proc.pid)
-    # the engine's processes (core, workers) hold Ctrl-C blocked (multiprocessing's resource tracker
-    # ignores it): only the main process takes it, so none of them stops on its own before the main
-    # process stops them in order
     assert len(processes) > 1 and not any(takes(p, signal.SIGINT) for p in processes[1:])
     assert takes(proc.pid, signal.SIGINT)
     sent = time.monotonic()
@@ -244,10 +247,17 @@ def test_ctrl_c_then_a_dead_engine_then_rerun(gemma_runs, phantom_bundle, models
     assert time.monotonic() - sent < 60 and proc.returncode == 128 + signal.SIGINT
     assert "stopped by SIGINT" in end_line(err)
     assert wait_until(lambda: alive(processes) == []), "processes left behind by Ctrl-C"
-    # the engine core dies mid-run (out of memory, a crash): the main process says so in one line
-    saved = results.read_text().count("\n")
+    assert not (folder / "run.lock").exists()
+    # 3. kill -9 of the main process alone
     proc = start_run(phantom_bundle, models["gemma3"], tmp_path)
-    wait_for_results(results, saved + 1, proc)
+    wait_for_results(results, saved() + 1, proc)
+    processes = tree(proc.pid)
+    proc.kill()
+    proc.communicate()
+    assert wait_until(lambda: alive(processes) == []), "engine processes outlived a killed main process"
+    # 4. the engine core dies mid-run: the main process says so in one line
+    proc = start_run(phantom_bundle, models["gemma3"], tmp_path)
+    wait_for_results(results, saved() + 1, proc)
     engine = [
         p
         for p in tree(proc.pid)[1:]
@@ -263,8 +273,14 @@ def test_ctrl_c_then_a_dead_engine_then_rerun(gemma_runs, phantom_bundle, models
     line = end_line(err)
     assert "vLLM's engine stopped" in line and "selected cases are saved" in line and "resume" in line
     assert wait_until(lambda: alive(processes) == [])
+    # the rerun completes exactly what is left
+    done_before = saved()
+    n_cases = len(answers(gemma_runs["implicit"]))
+    assert 4 <= done_before < n_cases
     resumed = run(phantom_bundle, models["gemma3"], tmp_path, "--batch-size", "4")
     assert answers(resumed) == answers(gemma_runs["implicit"])
+    info = run_info(resumed)
+    assert info["last_session"]["cases"] == n_cases - done_before and len(info["resumed"]) == 4
 
 
 def test_a_conversation_the_engine_cannot_take_is_named_first_and_fails_alone(
