@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import base64
 import json
+import threading
+import time
 
 import pytest
 from fake_openai import FakeServer, backend_for, run_cases
@@ -166,3 +168,37 @@ def test_cli_run_against_a_local_server(fixture_bundle, tmp_path):
     assert "Authorization" not in server.requests[0]["headers"]
     info = json.loads((folder / "run.json").read_text())
     assert info["sampling"]["greedy"] is True and info["backend_settings"]["base_url"] == server.url
+
+
+def test_a_request_whose_image_is_still_being_encoded_holds_up_no_other(fixture_bundle):
+    """The event loop never waits for an image (bodies are built on worker threads): while one
+    conversation's images are still being read and encoded (held here until the other conversation
+    is answered), the other one is sent and answered."""
+    bundle = read_bundle(fixture_bundle, paths=["RR"])
+    slow, quick = bundle.cases[0], bundle.cases[1]
+    slow_images = {i for t in slow.turns for i in t.images}
+    assert slow_images and not slow_images & {i for t in quick.turns for i in t.images}
+    answered_while_held: list[str] = []
+    quick_answered = threading.Event()
+    with FakeServer() as server:
+        backend = backend_for(server)
+        backend.setup(RunContext(root=bundle.root, cases=bundle.cases))
+        encode = backend.images.prepare
+
+        def held_back(relative: str):
+            if relative in slow_images:
+                quick_answered.wait(20)
+            return encode(relative)
+
+        backend.images.prepare = held_back
+
+        def finished(records):
+            if not quick_answered.is_set():
+                answered_while_held.extend(r.key_id for r in records)
+            if any(r.key_id == quick.key_id for r in records):
+                quick_answered.set()
+
+        started = time.monotonic()
+        run_conversations([slow, quick], backend, oracle="implicit", batch_size=2, on_finished=finished)
+        backend.close()
+    assert answered_while_held == [quick.key_id] and time.monotonic() - started < 15
