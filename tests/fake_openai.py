@@ -165,9 +165,12 @@ class FakeServer:
                 self.wfile.write(data)
 
             def do_POST(self):
-                sent = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                raw = self.rfile.read(int(self.headers["Content-Length"]))
+                sent = json.loads(raw)
                 with server.lock:
-                    server.requests.append({"path": self.path, "headers": dict(self.headers), "body": sent})
+                    server.requests.append(
+                        {"path": self.path, "headers": dict(self.headers), "body": sent, "raw": raw}
+                    )
                     server.times.append(time.monotonic())
                     action = server.failures.pop(0) if server.failures else "ok"
                     body = server.resolve(sent) if server.vllm else sent

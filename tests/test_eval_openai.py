@@ -29,6 +29,10 @@ def test_payload_retries_and_usage(fixture_bundle):
         (record,) = run_cases(backend, bundle)
     assert backend.retries == 3
     assert len(server.requests) == 9 + 3  # 9 turns, 3 retried
+    # each body went out whole, in its pieces (a retry sends them all again), as JSON that the
+    # server parsed, and run.json's byte count is what the server read
+    assert sum(len(r["raw"]) for r in server.requests) == backend.bytes_sent
+    assert server.requests[0]["raw"] == server.requests[3]["raw"]
     first = server.requests[0]
     assert first["path"] == "/v1/chat/completions"
     assert first["headers"]["Authorization"] == "Bearer secret"

@@ -23,7 +23,8 @@ checked and encoded once, as a JSON string, on worker threads ahead of need, and
 conversation's later turns within a memory budget (eval/backends/prefetch.py); a request's body is
 the JSON of its short fields with those strings spliced in (the bytes ``json.dumps`` would give,
 without scanning megabytes of base64 again on every turn), built on a thread of its own, so neither
-the engine's thread nor the event loop waits for it.
+the engine's thread nor the event loop waits for it, and sent in those pieces, never joined into one
+more copy of the whole (``pieces_payload``).
 
 What a reply can be, and what becomes of it:
 
@@ -50,6 +51,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import queue
@@ -450,13 +452,14 @@ class OpenAIBackend(BackendBase):
         """``json.dumps(build_payload(request))`` as bytes, each image's encoded data URL spliced in
         (encoded once per image: ``images``); an image the server holds goes by its id alone when
         ids are on (``ids``). Raises ContainmentError or OSError for an image that cannot be sent."""
-        return self._body(request, resend=False)[0]
+        return b"".join(self._body(request, resend=False)[0])
 
-    def _body(self, request: Request, *, resend: bool) -> tuple[bytes, list[str], bool]:
-        """(the body, the images whose pixels it carries with their ids, whether it names any image
-        by id alone); ``resend``: every image with its pixels."""
+    def _body(self, request: Request, *, resend: bool) -> tuple[tuple[bytes, ...], list[str], bool]:
+        """(the body in pieces, to be sent one after the other without joining them, the images
+        whose pixels it carries with their ids, whether it names any image by id alone);
+        ``resend``: every image with its pixels."""
         if any("\x00" in m.text for m in request.messages):  # no room for the slots: the plain way
-            return json.dumps(self.build_payload(request)).encode("utf-8"), [], False
+            return (json.dumps(self.build_payload(request)).encode("utf-8"),), [], False
         held = {} if resend else self.ids.held(request.images)
         slots: list[tuple[bytes, ...]] = []
         carried: list[str] = []
@@ -482,7 +485,7 @@ class OpenAIBackend(BackendBase):
         body: list[bytes] = []
         for i, piece in enumerate(pieces):
             body.extend(slots[int(piece)] if i % 2 else (piece,))
-        return b"".join(body), carried, bool(held)
+        return tuple(body), carried, bool(held)
 
     def _headers(self) -> dict[str, str]:
         headers = {"Content-Type": "application/json"}
@@ -598,7 +601,7 @@ class OpenAIBackend(BackendBase):
         except Exception as e:  # refused, unreachable: the requests themselves say so
             return f"the server could not be asked what it is ({type(e).__name__})"
 
-    async def _one(self, request: Request, body: bytes, *, by_id: bool = False) -> Response:
+    async def _one(self, request: Request, body: tuple[bytes, ...], *, by_id: bool = False) -> Response:
         where = f"{request.key_id} ({request.task})"
         attempt, waited = 0, 0.0
         while True:
@@ -653,12 +656,13 @@ class OpenAIBackend(BackendBase):
             return _failed(str(error))
 
     # ------------------------------------------------------------------ HTTP
-    async def _exchange(self, body: bytes) -> tuple[int, Any, bytes]:
-        """(status, headers, body bytes) of one POST; redirects are not followed."""
+    async def _exchange(self, body: tuple[bytes, ...]) -> tuple[int, Any, bytes]:
+        """(status, headers, body bytes) of one POST of ``body``'s pieces; redirects are not followed."""
         assert self._loop is not None
-        self.bytes_sent += len(body)
+        data = pieces_payload(body)
+        self.bytes_sent += data.size
         session = await self._loop.session()
-        async with session.post(self.url, data=body, headers=self._headers(), allow_redirects=False) as reply:
+        async with session.post(self.url, data=data, headers=self._headers(), allow_redirects=False) as reply:
             data = await reply.content.read(REPLY.max_bytes + 1)  # bounded: a reply is never read past it
             while (
                 data
@@ -670,7 +674,7 @@ class OpenAIBackend(BackendBase):
                 raise BackendError(f"the reply of {self.url} is over the limit of {REPLY.describe()}")
             return reply.status, reply.headers, data
 
-    async def _post(self, body: bytes, *, by_id: bool = False) -> dict[str, Any]:
+    async def _post(self, body: tuple[bytes, ...], *, by_id: bool = False) -> dict[str, Any]:
         """One attempt, within its deadline (``--timeout`` from sending to the reply's last byte);
         ``by_id``: the body names images by id (a refusal of that form is ``_Resend``)."""
         import aiohttp
@@ -808,6 +812,45 @@ class OpenAIBackend(BackendBase):
         if builders is not None:
             builders.shutdown(wait=False, cancel_futures=True)
         self.images.close()
+
+
+@functools.cache
+def _pieces_class() -> type:
+    from aiohttp.payload import Payload
+
+    class Pieces(Payload):
+        """A request body sent as its pieces, one write each: no copy of the whole is made (aiohttp
+        joins the headers with the first write only, and on Python < 3.12.9 joins whatever is
+        written at once). Its length is known (Content-Length); it can be sent again (retries)."""
+
+        _autoclose = True
+
+        def __init__(self, pieces: tuple[bytes, ...]) -> None:
+            super().__init__(pieces, content_type="application/json")
+            self._size = sum(map(len, pieces))
+
+        def decode(self, encoding: str = "utf-8", errors: str = "strict") -> str:
+            return b"".join(self._value).decode(encoding, errors)
+
+        async def write(self, writer: Any) -> None:
+            for piece in self._value:
+                await writer.write(piece)
+
+        async def write_with_length(self, writer: Any, content_length: int | None) -> None:
+            if content_length is None or content_length >= self._size:
+                await self.write(writer)
+            else:
+                await writer.write(b"".join(self._value)[:content_length])
+
+        async def as_bytes(self, encoding: str = "utf-8", errors: str = "strict") -> bytes:
+            return b"".join(self._value)
+
+    return Pieces
+
+
+def pieces_payload(pieces: tuple[bytes, ...]) -> Any:
+    """An aiohttp payload that sends ``pieces`` one after the other (``Content-Length``: their sum)."""
+    return _pieces_class()(pieces)
 
 
 def _failed(message: str) -> Response:
