@@ -165,9 +165,14 @@ def as_a_terminal_starts_it() -> None:
     signal.signal(signal.SIGQUIT, signal.SIG_DFL)
 
 
+def saved_lines(results: Path) -> int:
+    """Lines in a run's results.jsonl so far (0 before it exists)."""
+    return results.read_text().count("\n") if results.exists() else 0
+
+
 def wait_for_results(results: Path, n: int, proc: subprocess.Popen) -> None:
     deadline = time.monotonic() + TIMEOUT
-    while not (results.exists() and results.read_text().count("\n") >= n):
+    while saved_lines(results) < n:
         assert proc.poll() is None, proc.communicate()[1][-4000:]
         assert time.monotonic() < deadline, "no results before the deadline"
         time.sleep(0.2)
@@ -216,9 +221,6 @@ def test_every_way_a_run_is_stopped_then_a_rerun_equals_an_uninterrupted_run(
     folder = tmp_path / "m" / "oracle_implicit"
     results = folder / "results.jsonl"
 
-    def saved() -> int:
-        return results.read_text().count("\n") if results.exists() else 0
-
     # 1. SIGTERM to the main process only
     proc = start_run(phantom_bundle, models["gemma3"], tmp_path)
     wait_for_results(results, 1, proc)
@@ -237,7 +239,7 @@ def test_every_way_a_run_is_stopped_then_a_rerun_equals_an_uninterrupted_run(
     # (multiprocessing's resource tracker ignores it), so only the main process takes it, and none of
     # them stops on its own before the main process stops them in order
     proc = start_run(phantom_bundle, models["gemma3"], tmp_path)
-    wait_for_results(results, saved() + 1, proc)
+    wait_for_results(results, saved_lines(results) + 1, proc)
     processes = tree(proc.pid)
     assert len(processes) > 1 and not any(takes(p, signal.SIGINT) for p in processes[1:])
     assert takes(proc.pid, signal.SIGINT)
@@ -250,14 +252,14 @@ def test_every_way_a_run_is_stopped_then_a_rerun_equals_an_uninterrupted_run(
     assert not (folder / "run.lock").exists()
     # 3. kill -9 of the main process alone
     proc = start_run(phantom_bundle, models["gemma3"], tmp_path)
-    wait_for_results(results, saved() + 1, proc)
+    wait_for_results(results, saved_lines(results) + 1, proc)
     processes = tree(proc.pid)
     proc.kill()
     proc.communicate()
     assert wait_until(lambda: alive(processes) == []), "engine processes outlived a killed main process"
     # 4. the engine core dies mid-run: the main process says so in one line
     proc = start_run(phantom_bundle, models["gemma3"], tmp_path)
-    wait_for_results(results, saved() + 1, proc)
+    wait_for_results(results, saved_lines(results) + 1, proc)
     engine = [
         p
         for p in tree(proc.pid)[1:]
@@ -274,7 +276,7 @@ def test_every_way_a_run_is_stopped_then_a_rerun_equals_an_uninterrupted_run(
     assert "vLLM's engine stopped" in line and "selected cases are saved" in line and "resume" in line
     assert wait_until(lambda: alive(processes) == [])
     # the rerun completes exactly what is left
-    done_before = saved()
+    done_before = saved_lines(results)
     n_cases = len(answers(gemma_runs["implicit"]))
     assert 4 <= done_before < n_cases
     resumed = run(phantom_bundle, models["gemma3"], tmp_path, "--batch-size", "4")

@@ -659,10 +659,12 @@ class OpenAIBackend(BackendBase):
     async def _exchange(self, body: tuple[bytes, ...]) -> tuple[int, Any, bytes]:
         """(status, headers, body bytes) of one POST of ``body``'s pieces; redirects are not followed."""
         assert self._loop is not None
-        data = pieces_payload(body)
-        self.bytes_sent += data.size
+        payload = pieces_payload(body)
+        self.bytes_sent += payload.size
         session = await self._loop.session()
-        async with session.post(self.url, data=data, headers=self._headers(), allow_redirects=False) as reply:
+        async with session.post(
+            self.url, data=payload, headers=self._headers(), allow_redirects=False
+        ) as reply:
             data = await reply.content.read(REPLY.max_bytes + 1)  # bounded: a reply is never read past it
             while (
                 data
