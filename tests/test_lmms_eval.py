@@ -18,6 +18,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from vllm_settings import ENGINE_ARGS
 
 pytestmark = pytest.mark.lmms_eval
 pytest.importorskip("lmms_eval", reason="lmms-eval is not installed here: bash scripts/setup_lmms_eval.sh")
@@ -179,11 +180,12 @@ def shared_engine(phantom_bundle, tiny_model):
     bundle = read_bundle(phantom_bundle)
     spec = resolve(str(tiny_model), backend="vllm")
     context = RunContext(root=bundle.root, cases=bundle.cases)
-    engine_args = VLLMBackend(spec, sampling=GREEDY).build_engine_args(context)
+    engine_args = VLLMBackend(spec, sampling=GREEDY, engine_args=ENGINE_ARGS).build_engine_args(context)
     lm = lmms_models.get_model("vllm").create_from_arg_string(
         model_args(engine_args, max_new_tokens=MAX_TOKENS)
     )
-    ours = VLLMBackend(spec, sampling=GREEDY, llm_class=lambda **_: lm.client)
+    assert str(lm.client.model_config.dtype) == "torch.float32"  # tests/vllm_settings.py
+    ours = VLLMBackend(spec, sampling=GREEDY, engine_args=ENGINE_ARGS, llm_class=lambda **_: lm.client)
     ours.setup(context)
     yield SimpleNamespace(lm=lm, ours=ours, spec=spec, cases=bundle.cases, engine_args=engine_args)
     ours.close()

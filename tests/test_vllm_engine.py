@@ -23,6 +23,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from vllm_settings import ENGINE_ARGS
 from waiting import wait_until
 
 pytestmark = pytest.mark.vllm
@@ -34,7 +35,7 @@ from chexpercept.results import iter_results, read_failures  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN_SCRIPT = ROOT / "eval" / "run.py"
-COMMON = ["--backend", "vllm", "--max-tokens", "8", "--no-progress"]
+COMMON = ["--backend", "vllm", "--max-tokens", "8", "--no-progress", "--engine-args", json.dumps(ENGINE_ARGS)]
 TRANSFORMERS = ["--backend", "transformers", "--max-tokens", "8", "--no-progress", "--no-score"]
 TIMEOUT = 900
 
@@ -108,6 +109,7 @@ def test_every_oracle_setting_end_to_end(gemma_runs, phantom_bundle, models):
         assert settings["engine_args"]["enforce_eager"] is True
         assert settings["platform_defaults"]["kv_cache_memory_bytes"] > 0
         assert settings["engine_args"]["enable_prefix_caching"] is True
+        assert settings["engine_args"]["dtype"] == "float32"  # tests/vllm_settings.py
         # later turns re-send the history: vLLM's prefix cache serves part of every prompt
         cache = settings["prefix_cache"]
         assert cache["prompt_tokens"] > 0 and 0.3 < cache["hit_rate"] < 1
@@ -304,7 +306,8 @@ def test_a_conversation_the_engine_cannot_take_is_named_first_and_fails_alone(
     )
     # a limit that the largest prompts exceed whatever the answers, and the short routes keep
     limit = sizes.largest.worst - 40
-    engine_args = ["--engine-args", json.dumps({"max_model_len": limit})]
+    # after COMMON's --engine-args, so these are the ones taken
+    engine_args = ["--engine-args", json.dumps({**ENGINE_ARGS, "max_model_len": limit})]
     argv = [
         *run_argv(phantom_bundle, models["gemma3"]),
         *COMMON,
@@ -420,6 +423,7 @@ def test_openai_backend_against_vllm_serve_equals_the_vllm_backend(
     # for the version of "vllm" and stops; the server module it runs starts the same server
     serve = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(models["gemma3"])]
     serve += ["--host", "127.0.0.1", "--port", str(port), "--enforce-eager", "--seed", "0"]
+    serve += ["--dtype", ENGINE_ARGS["dtype"]]
     serve += ["--kv-cache-memory-bytes", str(1 << 30)]
     log = (tmp_path / "serve.log").open("w")
     proc = subprocess.Popen(serve, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

