@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 
 import pytest
 
@@ -23,6 +24,36 @@ def pytest_configure(config: pytest.Config) -> None:
     for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_EVALUATE_OFFLINE", "TRANSFORMERS_OFFLINE"):
         os.environ[var] = "1"
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    start_children_as_a_terminal_would()
+
+
+#: stop signals that a suite's launcher may leave ignored: ``nohup`` (hangup), a background job of a
+#: non-interactive shell (Ctrl-C, Ctrl-\\), ``trap '' TERM``
+STOP_SIGNALS = (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM)
+#: those the suite was started with ignored, for its worker processes (xdist), which start without it
+LAUNCH_IGNORED = "CHEXPERCEPT_TEST_LAUNCH_IGNORED"
+
+
+def _still_ignored(signum: int, frame: object) -> None:
+    """The suite's own process goes on ignoring what its launcher had it ignore."""
+
+
+def start_children_as_a_terminal_would() -> None:
+    """Every process a test starts gets the stop signals at their defaults, as a shell in the
+    foreground leaves them, however the suite itself was started.
+
+    An ignored signal is inherited across ``exec``, and the runner rightly keeps a signal its user
+    ignored ignored (``chexpercept.entry_point``), so under ``nohup pytest`` a test that sends a
+    hangup would find its program deaf to it. A handler is not inherited across ``exec``: the suite's
+    process (and its xdist workers, told through ``LAUNCH_IGNORED``) replaces each ignored stop
+    signal with a handler that does nothing, so it still ignores them and its children do not. A
+    test that wants a signal ignored in its child sets that in the child (``preexec_fn``)."""
+    ignored = {int(s) for s in STOP_SIGNALS if signal.getsignal(s) is signal.SIG_IGN}
+    ignored |= {int(s) for s in os.environ.get(LAUNCH_IGNORED, "").split(",") if s}
+    if ignored:
+        os.environ[LAUNCH_IGNORED] = ",".join(map(str, sorted(ignored)))
+    for signum in ignored:
+        signal.signal(signum, _still_ignored)
 
 
 @pytest.fixture(scope="session")

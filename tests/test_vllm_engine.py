@@ -152,19 +152,10 @@ def start_run(bundle: Path, model: Path, out: Path, *extra: str) -> subprocess.P
         argv,
         env=env,
         start_new_session=True,
-        preexec_fn=as_a_terminal_starts_it,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
-
-
-def as_a_terminal_starts_it() -> None:
-    """Ctrl-C and Ctrl-\\ at their defaults in the child, as a shell in the foreground leaves them: a
-    suite started in the background (``pytest ... &``) ignores both, its children inherit that, and the
-    runner rightly keeps a signal the user ignored (nohup) ignored."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
 
 
 def saved_lines(results: Path) -> int:
