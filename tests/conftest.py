@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
+from typing import Any
 
 import pytest
 
@@ -24,36 +26,52 @@ def pytest_configure(config: pytest.Config) -> None:
     for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_EVALUATE_OFFLINE", "TRANSFORMERS_OFFLINE"):
         os.environ[var] = "1"
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    start_children_as_a_terminal_would()
+    start_children_as_a_terminal_would(config)
 
 
 #: stop signals that a suite's launcher may leave ignored: ``nohup`` (hangup), a background job of a
 #: non-interactive shell (Ctrl-C, Ctrl-\\), ``trap '' TERM``
 STOP_SIGNALS = (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM)
-#: those the suite was started with ignored, for its worker processes (xdist), which start without it
-LAUNCH_IGNORED = "CHEXPERCEPT_TEST_LAUNCH_IGNORED"
+#: key of xdist's ``workerinput``: the stop signals the suite was started with ignored (its workers
+#: start without them ignored, from a process that holds handlers instead)
+LAUNCH_IGNORED = "chexpercept_launch_ignored"
+_LAUNCH_IGNORED_KEY = pytest.StashKey[list]()
 
 
 def _still_ignored(signum: int, frame: object) -> None:
-    """The suite's own process goes on ignoring what its launcher had it ignore."""
+    """The suite's own processes go on ignoring what its launcher had them ignore."""
 
 
-def start_children_as_a_terminal_would() -> None:
-    """Every process a test starts gets the stop signals at their defaults, as a shell in the
+def start_children_as_a_terminal_would(config: pytest.Config) -> None:
+    """Every program a test starts gets the stop signals at their defaults, as a shell in the
     foreground leaves them, however the suite itself was started.
 
     An ignored signal is inherited across ``exec``, and the runner rightly keeps a signal its user
     ignored ignored (``chexpercept.entry_point``), so under ``nohup pytest`` a test that sends a
     hangup would find its program deaf to it. A handler is not inherited across ``exec``: the suite's
-    process (and its xdist workers, told through ``LAUNCH_IGNORED``) replaces each ignored stop
-    signal with a handler that does nothing, so it still ignores them and its children do not. A
-    test that wants a signal ignored in its child sets that in the child (``preexec_fn``)."""
-    ignored = {int(s) for s in STOP_SIGNALS if signal.getsignal(s) is signal.SIG_IGN}
-    ignored |= {int(s) for s in os.environ.get(LAUNCH_IGNORED, "").split(",") if s}
-    if ignored:
-        os.environ[LAUNCH_IGNORED] = ",".join(map(str, sorted(ignored)))
+    process and its xdist workers (told through ``workerinput``) replace each stop signal the
+    launcher left ignored with a handler that does nothing. They still ignore it; the programs the
+    tests start do not (a test that wants a signal ignored in its child sets that in the child, with
+    ``preexec_fn``). The price: a real hangup now reaches those programs, so a suite meant to outlive
+    its terminal is started with ``setsid`` (docs/testing.md). Children made by ``fork`` alone
+    (multiprocessing) keep the do-nothing handler."""
+    if threading.current_thread() is not threading.main_thread():  # xdist < 3.6 configures workers
+        return  # off the main thread, where no handler can be set
+    worker = getattr(config, "workerinput", None)
+    if worker is not None:
+        ignored = set(worker.get(LAUNCH_IGNORED, ()))
+    else:
+        ignored = {int(s) for s in STOP_SIGNALS if signal.getsignal(s) is signal.SIG_IGN}
+        config.stash[_LAUNCH_IGNORED_KEY] = sorted(ignored)
     for signum in ignored:
         signal.signal(signum, _still_ignored)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """xdist (``node``: its WorkerController): each worker learns which stop signals the suite was
+    started with ignored."""
+    node.workerinput[LAUNCH_IGNORED] = node.config.stash.get(_LAUNCH_IGNORED_KEY, [])
 
 
 @pytest.fixture(scope="session")

@@ -6,8 +6,9 @@ at a time against 64, a rerun of what an interrupted run left, two processes, ``
 lmms-eval's waves. vLLM runs a float32 checkpoint in bfloat16 unless told otherwise, and its CPU
 kernels are not batch-invariant: in bfloat16 the tiny random models' near-equal logits give another
 greedy token in another batch (qwen2.5-vl: one case of 63 differed between batch sizes in 3 of 6
-comparisons; float32: 0 of 12, both architectures; measured 2026-12-03). In float32 two batches
-differ only where two logits tie to float32 rounding, which these models do not hit.
+comparisons; in float32 none did, in 6 comparisons for each architecture; measured 2026-12-03). In
+float32 two batches still differ in their rounding, but far less than two of these models' top
+logits usually do.
 """
 
 ENGINE_ARGS: dict[str, str] = {"dtype": "float32"}
