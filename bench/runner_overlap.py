@@ -524,6 +524,7 @@ def api_part(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     concurrency, live = 16, 128
     out: dict[str, Any] = {"cases": len(cases), "concurrency": concurrency, "live": live, "medians": {}}
     context = multiprocessing.get_context("fork")
+    bodies = _bare_bodies(bundle, cases)
     for median in args.api_medians:
         ports = context.Queue()
         server = context.Process(target=_serve, args=(ports, median), daemon=True)
@@ -540,11 +541,77 @@ def api_part(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                     entry = _api_timing(backend, bundle, cases, live, concurrency)
                     entries[mode].append(entry)
                     print(f"api median {median} {mode}: {json.dumps(entry)}", file=sys.stderr, flush=True)
+                bare = _bare_aiohttp_timing(url, bodies, concurrency)
+                out.setdefault("bare_aiohttp", {}).setdefault(str(median), []).append(bare)
+                print(f"api median {median} bare aiohttp: {json.dumps(bare)}", file=sys.stderr, flush=True)
         finally:
             server.kill()
             server.join()
         out["medians"][str(median)] = entries
     return out
+
+
+def _bare_bodies(bundle: Any, cases: list[Any]) -> list[bytes]:
+    """The floor of an HTTP client's work: one body per turn of every case, built before any timing,
+    with each image of the case as a data URL on its first turn only (as by id) and a fixed 2 KB
+    question; as JSON that the loopback server takes."""
+    import pybase64
+
+    encoded: dict[str, str] = {}
+    bodies = []
+    for case in cases:
+        sent: set[str] = set()
+        for turn in case.turns:
+            content: list[dict[str, Any]] = [{"type": "text", "text": "Is there a lesion? " * 100}]
+            for image in turn.images:
+                if image in sent:
+                    continue
+                sent.add(image)
+                if image not in encoded:
+                    data = pybase64.b64encode((Path(bundle.root) / image).read_bytes()).decode("ascii")
+                    encoded[image] = "data:image/png;base64," + data
+                content.append({"type": "image_url", "image_url": {"url": encoded[image]}})
+            message = {"role": "user", "content": content}
+            bodies.append(
+                json.dumps({"model": "gpt-5.4", "messages": [message], "max_completion_tokens": 8}).encode()
+            )
+    return bodies
+
+
+def _bare_aiohttp_timing(url: str, bodies: list[bytes], concurrency: int) -> dict[str, Any]:
+    """``bodies`` POSTed with a bare aiohttp session (``concurrency`` in flight, each reply read and
+    parsed) on this thread: its CPU per request, the part of ours that aiohttp alone costs."""
+    import asyncio
+
+    import aiohttp
+
+    async def send_all() -> None:
+        limit = asyncio.Semaphore(concurrency)
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+
+            async def one(body: bytes) -> None:
+                async with (
+                    limit,
+                    session.post(
+                        url + "/chat/completions", data=body, headers={"Content-Type": "application/json"}
+                    ) as reply,
+                ):
+                    data = await reply.read()
+                    if reply.status != 200:
+                        raise RuntimeError(f"bare aiohttp: HTTP {reply.status}: {data[:200]!r}")
+                    json.loads(data)
+
+            await asyncio.gather(*(one(b) for b in bodies))
+
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    asyncio.run(send_all())
+    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    return {
+        "wall_seconds": round(wall, 3),
+        "client_ms_per_request": round(1000 * cpu / len(bodies), 2),
+        "mib_per_request": round(sum(map(len, bodies)) / len(bodies) / (1 << 20), 3),
+        "requests": len(bodies),
+    }
 
 
 def _api_timing(backend: Any, bundle: Any, cases: list[Any], live: int, concurrency: int) -> dict[str, Any]:
@@ -636,8 +703,17 @@ def markdown(report: dict[str, Any], command: str) -> str:
                 lines.append(
                     f"| {float(median) * 1000:g} ms | {mode} | {m['span_seconds']:.2f} s | {m['floor_seconds']:.2f} s | "
                     f"{m['over_floor']:.2f}x | {m['mean_in_flight']:.1f} of {api['concurrency']} | "
-                    f"{m['client_ms_per_request']:.2f} ms | {m['mib_per_request']:.2f} | {m['load_average']} | {same} |"
+                    f"{m['client_ms_per_request']:.2f} ms | {m['mib_per_request']:.2f} | {m['load_average']:.1f} | {same} |"
                 )
+        for median, entries in (api.get("bare_aiohttp") or {}).items():
+            cpu = [e["client_ms_per_request"] for e in entries]
+            lines.append(
+                f"\nBare aiohttp at {float(median) * 1000:g} ms (the floor of an HTTP client's work: the same "
+                f"server, {entries[0]['requests']} bodies built beforehand, each case's images once, "
+                f"{entries[0]['mib_per_request']:.2f} MiB per request; one round after each round of the modes): "
+                f"{min(cpu):.2f} to {max(cpu):.2f} ms of client CPU per request, wall time "
+                f"{min(e['wall_seconds'] for e in entries):.2f} to {max(e['wall_seconds'] for e in entries):.2f} s."
+            )
     return "\n".join(lines) + "\n"
 
 
