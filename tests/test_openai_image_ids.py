@@ -11,6 +11,8 @@ from fake_openai import FakeServer, backend_for, conversation_of, run_cases, scr
 
 from chexpercept.bundle import read_bundle
 from chexpercept.eval.backends.openai.image_ids import ImageIds, is_cache_miss, refuses_ids, why_not_vllm
+from chexpercept.eval.conversation import Conversation
+from chexpercept.eval.protocol import RunContext
 from chexpercept.eval.run import main
 from chexpercept.results import iter_results
 
@@ -85,6 +87,28 @@ def test_an_image_the_server_let_go_is_sent_again_with_its_pixels(fixture_bundle
     assert info["requests_resent_after_a_cache_miss"] > 0
     # each refused request was sent once more, with its pixels
     assert len(server.requests) == len(plain.requests) + info["requests_resent_after_a_cache_miss"]
+
+
+def test_an_image_the_server_holds_is_not_kept_encoded(fixture_bundle):
+    """By id, the client lets go of an image's encoding once the server holds it (later turns name
+    it by id; a miss encodes it again): memory for the requests in flight, not for every live
+    conversation. With pixels on every turn it is kept for the conversation's next turns."""
+    bundle = read_bundle(fixture_bundle, paths=["RR"], lesions=["effusion"])
+    case = bundle.cases[0]
+    held = {}
+    for mode, server_options in (("auto", {"vllm": True}), ("off", {})):
+        with FakeServer(reply=scripted_reply, **server_options) as server:
+            backend = backend_for(server, image_ids=mode)
+            try:
+                backend.setup(RunContext(root=bundle.root, cases=[case]))
+                request = Conversation(case, oracle="implicit").pending
+                backend.submit([request])
+                ((_, answer),) = backend.completed()
+                assert answer.error is None and request.images
+                held[mode] = backend.images.held_bytes
+            finally:
+                backend.close()
+    assert held["auto"] == 0 < held["off"]
 
 
 def test_image_ids_off_and_on_are_the_users_to_choose(fixture_bundle, tmp_path):

@@ -374,7 +374,8 @@ class OpenAIBackend(BackendBase):
         self.root = ""
         self._tree: Tree | None = None
         #: each image's data URL as a JSON string, encoded ahead of need and kept while its
-        #: conversation is live (within IMAGE_BUDGET)
+        #: conversation may send its pixels again (within IMAGE_BUDGET): until its conversation ends,
+        #: or, by id, until the server holds it
         self.images = ImagePrefetch(
             self._encoded,
             lambda pieces: sum(map(len, pieces)),
@@ -503,7 +504,9 @@ class OpenAIBackend(BackendBase):
         if self._loop is None:
             self._loop = _LoopThread(self.route)
             self._builders = ThreadPoolExecutor(BODY_WORKERS, thread_name_prefix="chexpercept-body")
-        self.images.want(i for r in requests for i in r.images)
+        images = [i for r in requests for i in r.images]
+        held = self.ids.held(images)  # sent by id alone: nothing to encode
+        self.images.want(i for i in images if i not in held)
         for request in requests:
             self._outstanding += 1
             self._loop.start(self._answer(request))
@@ -569,6 +572,8 @@ class OpenAIBackend(BackendBase):
             return e
         if answer.error is None:
             self.ids.answered(carried)
+            # the server holds them now: later turns name them by id, and a miss encodes them again
+            self.images.drop(carried)
         return answer
 
     async def _ask_server(self) -> str | None:
