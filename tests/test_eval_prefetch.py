@@ -58,6 +58,13 @@ def test_images_are_prepared_once_ahead_of_need_within_the_budget():
         pool.want(["bad.png"])
         with pytest.raises(OSError, match="not a PNG or JPEG"):
             pool.get("bad.png")
+        # images named are let go (an API's images that its server now holds); a name not held is no error
+        pool.get("chexpercept/gone/img.png", keep=True)
+        held_before = pool.held_bytes
+        pool.drop(["chexpercept/gone/img.png", "never/wanted.png"])
+        assert pool.held_bytes == held_before - 100
+        pool.get("chexpercept/gone/img.png")
+        assert prepared.count("chexpercept/gone/img.png") == 2
         # an ended conversation's images are let go (asked for again, it is prepared again)
         pool.release(["chexpercept/kept/"])
         pool.get("chexpercept/kept/img.png")

@@ -136,8 +136,11 @@ class ImagePrefetch(Generic[T]):
         return value
 
     def drop(self, relatives: Iterable[str]) -> None:
-        """Let go of these images (prepared or wanted)."""
-        self._forget(lambda relative, wanted=set(relatives): relative in wanted)
+        """Let go of these images (prepared or wanted). Called once per answered request: the held
+        images are looked up by name, not scanned."""
+        names = set(relatives)
+        if names:
+            self._forget(names.__contains__, among=names)
 
     def release(self, prefixes: Iterable[str]) -> None:
         """Let go of every image whose path starts with one of ``prefixes`` (ended conversations)."""
@@ -145,9 +148,12 @@ class ImagePrefetch(Generic[T]):
         if starts:
             self._forget(lambda relative: relative.startswith(starts))
 
-    def _forget(self, match: Callable[[str], bool]) -> None:
+    def _forget(self, match: Callable[[str], bool], among: Iterable[str] | None = None) -> None:
+        """Let go of the images that ``match``, held (``among`` them, else all) or wanted."""
         with self._cond:
-            for relative in [r for r in self._held if match(r)]:
+            for relative in [
+                r for r in (self._held if among is None else among) if r in self._held and match(r)
+            ]:
                 self.held_bytes -= self._held.pop(relative).size
             for queue in (self._needed, self._hints):
                 kept = [r for r in queue if not match(r)]
