@@ -35,7 +35,7 @@ from PIL import Image
 
 from chexpercept.fileio import atomic_file, private_dir, write_atomic
 from chexpercept.progress import progress_bar
-from chexpercept.stdio import whole_lines
+from chexpercept.stdio import guard_standard_streams
 from chexpercept.vocab import LESIONS
 
 from .phantom import PhantomAnatomy, draw_study
@@ -239,7 +239,7 @@ def synthesize_sources(
             bar.update()
     else:
         with ProcessPoolExecutor(
-            max_workers=num_proc, mp_context=get_context("spawn"), initializer=whole_lines
+            max_workers=num_proc, mp_context=get_context("spawn"), initializer=guard_standard_streams
         ) as pool:
             for res in pool.map(_draw_one, jobs, chunksize=4):
                 results.append(res)

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from multiprocessing import get_context
 
-from chexpercept.stdio import whole_lines
+from chexpercept.stdio import guard_standard_streams
 
 from .case_builder import CaseBuilder, Outcome, Settings
 from .case_selection import Queued
@@ -21,7 +21,7 @@ _BUILDER: CaseBuilder | None = None
 
 def _init_worker(settings: Settings) -> None:
     global _BUILDER
-    whole_lines()  # the workers share the command's stderr (chexpercept/stdio.py)
+    guard_standard_streams()  # the workers share the command's stderr (chexpercept/stdio.py)
     _BUILDER = CaseBuilder(settings)
 
 

@@ -16,8 +16,9 @@ The rules, held here for every program and every run:
   (``Stopped``, a ``KeyboardInterrupt``), so ``finally`` blocks and worker pools shut down and the
   command says how it ended; ``chexpercept run`` then takes them over with its own handling
   (eval/runner/interrupts.py).
-* **Standard streams**: descriptors 0-2 held open and each line written at once
-  (chexpercept/stdio.py).
+* **Standard streams**: descriptors 0-2 held open and each line written at once; standard output
+  that cannot be written (its reader went away, its disk is full) is one line and exit status 2,
+  wherever it fails, the interpreter's last flush included (chexpercept/stdio.py: ``OutputLost``).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
 from .progress import is_terminal
-from .stdio import hold_standard_fds, to_devnull, whole_lines, write_now
+from .stdio import OutputLost, guard_standard_streams, hold_standard_fds, to_devnull, write_now
 
 __all__ = [
     "STOP_SIGNALS",
@@ -163,7 +164,7 @@ def start_program(command: str) -> None:
     are off (``HF_HUB_DISABLE_PROGRESS_BARS``, unless set), as the toolkit's are lines
     (chexpercept/progress.py)."""
     hold_standard_fds()
-    whole_lines()
+    guard_standard_streams()
     _Program.command = command
     catch_signals(_stopped_while_starting)
     if not is_terminal(sys.stderr):
@@ -182,22 +183,37 @@ def program_started() -> None:
 
 
 def run_program(main: Callable[[], int]) -> int:
-    """``main()``'s exit status, in a program; a reader of its output that went away (``| head``,
-    ``--help | true``) anywhere in it is one line, not a traceback (exit status 2), and standard
-    output is put on /dev/null so that the interpreter's last flush does not fail again. A package
-    that this install lacks is one line naming the extra that brings it (``chexpercept.extras``)."""
+    """``main()``'s exit status, in a program. Standard output is flushed here, not left to the
+    interpreter's exit (where a failure is "Exception ignored" and status 120): standard output
+    that could not be written anywhere in the command (``| head``, ``--help | true``, a full disk)
+    is one line naming its cause, exit status 2 (``OutputLost``). A package that this install
+    lacks is one line naming the extra that brings it (``chexpercept.extras``)."""
     try:
-        return main()
-    except BrokenPipeError as e:
-        from .os_errors import explain_os_error
-
-        to_devnull(1)
-        write_now(explain_os_error(e).line(_Program.command or "chexpercept"))
+        return _flushed(main)
+    except OutputLost as e:
+        write_now(e.line(_Program.command or "chexpercept"))
         return 2
     except ModuleNotFoundError as e:  # a package this install lacks (chexpercept.extras); else a bug
         from .extras import say_missing
 
         return say_missing(_Program.command or "chexpercept", e)
+
+
+def _flushed(main: Callable[[], int]) -> int:
+    """``main()``, then standard output flushed (after ``sys.exit`` too: ``--help``)."""
+    try:
+        status = main()
+    except SystemExit:
+        _flush_stdout()
+        raise
+    _flush_stdout()
+    return status
+
+
+def _flush_stdout() -> None:
+    if sys.stdout is not None:
+        with contextlib.suppress(ValueError):  # closed by the command: nothing is held
+            sys.stdout.flush()
 
 
 @contextlib.contextmanager

@@ -398,14 +398,12 @@ def _busy_text(error: OSError, where: str, reason: str, folder: str, then: str) 
 
 
 def _reader_gone(error: OSError, where: str, reason: str, folder: str, then: str) -> OsErrorText:
-    """EPIPE: the output went to a pipe whose reader has ended (``| head``, a pager quit, a log
-    collector gone); the files the command writes are not concerned."""
-    named = f" to {where}" if error.filename not in (None, "") else ""
+    """EPIPE on a file or connection a command wrote to: the program or server at its other end
+    closed it. (Standard output's own reader going away, ``| head``, is ``chexpercept.stdio.OutputLost``.)"""
+    named = where if error.filename not in (None, "") else "a pipe or connection this command was writing to"
     return OsErrorText(
-        f"the program reading this command's output{named} stopped reading ({reason}: a pipe such as "
-        "'| head' or a closed pager), before everything was printed",
-        f"the files the command wrote are not concerned; send the output to a file (> out.txt) or to a "
-        f"reader that reads it all, {then}",
+        f"the program reading {named} closed its end ({reason}) before everything was written",
+        f"check that the program or server at the other end is still running, {then}",
     )
 
 

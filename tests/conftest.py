@@ -26,6 +26,9 @@ def pytest_configure(config: pytest.Config) -> None:
     for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_EVALUATE_OFFLINE", "TRANSFORMERS_OFFLINE"):
         os.environ[var] = "1"
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # Python's own stdout is buffered in a user's shell; CI and IDEs often set PYTHONUNBUFFERED,
+    # which hid that a program's last flush to a reader that went away ended in status 120.
+    os.environ.pop("PYTHONUNBUFFERED", None)
     start_children_as_a_terminal_would(config)
 
 

@@ -1,7 +1,8 @@
 """The rules every program of the toolkit keeps from its first line (chexpercept/entry_point.py,
 chexpercept/stdio.py, chexpercept/progress.py): a signal the user ignored stays ignored, every stop
 says one line (while starting, while the scores print), a program whose standard streams are closed
-never writes into its own files, a run called in-process leaves its caller's process as it found it,
+never writes into its own files (tests/test_standard_streams.py: streams that cannot be
+written), a run called in-process leaves its caller's process as it found it,
 and progress in a log is whole lines. Each member is a real program or a real run."""
 
 from __future__ import annotations
@@ -214,21 +215,6 @@ def test_progress_in_a_log_is_whole_lines(fixture_bundle, tmp_path):
     assert any(line.startswith("cases: 100%") and "21/21" in line for line in err.splitlines()), err
 
 
-def test_output_to_a_reader_that_stopped_reading_is_named_as_such(fixture_bundle, tmp_path):
-    """``eval/run.py ... | head``: the reader ends before the scores are printed. One line that names
-    the pipe's reader (it named the output folder before), no traceback, the cases untouched."""
-    argv = run_argv("eval/run.py", fixture_bundle, tmp_path, "--no-progress")
-    assert main(argv[2:]) == 0
-    argv.remove("--no-score")
-    proc = launch(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    proc.stdout.close()  # the reader is gone before the first line
-    err = proc.stderr.read()
-    assert proc.wait(timeout=120) == 2
-    (line,) = [x for x in err.splitlines() if x.startswith("chexpercept run:")]
-    assert "the program reading this command's output stopped reading" in line, err
-    assert "Traceback" not in err and "Exception ignored" not in err and len(saved(tmp_path)) == 21
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -316,17 +302,6 @@ def test_a_second_signal_never_ends_an_in_process_caller():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout == "append ended\nalive\n", proc.stderr[-2000:]
     assert "SIGINT again" in proc.stderr and "ending the run" in proc.stderr, proc.stderr
-
-
-@pytest.mark.parametrize("argv", [["--help"], ["--version"], ["run", "--list-models"]])
-def test_help_to_a_reader_that_went_away_is_one_line(argv):
-    """``chexpercept --help | true`` printed a BrokenPipeError traceback."""
-    proc = launch([*PROGRAMS["chexpercept run"][:-1], *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    proc.stdout.close()
-    err = proc.stderr.read()
-    assert proc.wait(timeout=60) == 2 and "Traceback" not in err and "Exception ignored" not in err, err
-    (line,) = err.splitlines()
-    assert "stopped reading" in line, line
 
 
 def test_the_hugging_face_bars_are_off_in_a_log(tmp_path):

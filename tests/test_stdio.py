@@ -18,8 +18,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 WRITER = """
 import sys
-from chexpercept.stdio import whole_lines
-whole_lines()
+from chexpercept.stdio import guard_standard_streams
+guard_standard_streams()
 for i in range(1500):
     print("x" * 300 + f" line {i} of process {sys.argv[1]}", file=sys.stderr)
     print("y" * 300 + f" line {i} of process {sys.argv[1]}")
@@ -28,7 +28,7 @@ for i in range(1500):
 
 def test_lines_of_processes_writing_to_one_pipe_arrive_whole():
     """Three processes print 1,500 long lines each to a shared stderr pipe and a shared stdout pipe:
-    every line arrives whole (without whole_lines about one stderr line in ten was split)."""
+    every line arrives whole (without it about one stderr line in ten was split)."""
     err_r, err_w = os.pipe()
     out_r, out_w = os.pipe()
     procs = [
