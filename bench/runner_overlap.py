@@ -505,7 +505,7 @@ def _serve(port_out: Any, median: float) -> None:
 
 
 #: the openai backend's modes: images by id (the server is vLLM) and every image's pixels every turn
-API_MODES = {"by id": "auto", "pixels": "off"}
+API_MODES = {"by id": ("auto", "data"), "pixels": ("off", "data"), "by id, file URLs": ("auto", "file")}
 
 
 def api_part(args: argparse.Namespace, work: Path) -> dict[str, Any]:
@@ -533,10 +533,11 @@ def api_part(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         entries: dict[str, list[dict[str, Any]]] = {mode: [] for mode in API_MODES}
         try:
             for _ in range(args.repeat):
-                for mode, image_ids in API_MODES.items():  # alternated, round by round
+                for mode, (image_ids, image_urls) in API_MODES.items():  # alternated, round by round
                     backend = OpenAIBackend(
                         spec, sampling=Sampling(1.0, 1.0, 8192, False), base_url=url, concurrency=concurrency,
                         retry=RetryPolicy(max_retries=2, base_delay=0.05), image_ids=image_ids,
+                        image_urls=image_urls,
                     )  # fmt: skip
                     entry = _api_timing(backend, bundle, cases, live, concurrency)
                     entries[mode].append(entry)

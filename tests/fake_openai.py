@@ -110,10 +110,25 @@ class FakeServer:
     answered as if it carried that image; an id it does not hold is refused with vLLM's words
     ("Cache miss for image at index N but data is not provided."). ``forget()`` empties that cache.
     ``requests`` keeps each body as sent; replies are computed from the body with every image
-    resolved."""
+    resolved.
 
-    def __init__(self, failures=(), delay=0.0, usage=None, reply=None, vllm=False, vllm_version="0.32.0"):
+    ``local_media``: a folder whose images the server reads itself when a request names them by a
+    ``file://`` URL, as ``vllm serve --allowed-local-media-path`` does (the reply is computed as if
+    the image had come as its data URL); without it such a request is refused with vLLM's words (a
+    500), and a file outside it too (a 400)."""
+
+    def __init__(
+        self,
+        failures=(),
+        delay=0.0,
+        usage=None,
+        reply=None,
+        vllm=False,
+        vllm_version="0.32.0",
+        local_media=None,
+    ):
         self.failures = list(failures)
+        self.local_media = local_media
         #: None: every reply is "Answer: 1"; a callable: the reply's text for a request body
         #: (e.g. ``scripted_reply``: the same answer for the same conversation, whoever sends it)
         self.reply = reply
@@ -173,8 +188,12 @@ class FakeServer:
                     )
                     server.times.append(time.monotonic())
                     action = server.failures.pop(0) if server.failures else "ok"
-                    body = server.resolve(sent) if server.vllm else sent
-                    if server.refuse_ids and _named_by_id(sent):
+                    body, refused = server.read_files(sent)
+                    if refused is None and server.vllm:
+                        body = server.resolve(body)
+                    if refused is not None:
+                        action, body = refused, sent
+                    elif server.refuse_ids and _named_by_id(sent):
                         message = "1 validation error: messages.1.content.1.image_url: Input should be a valid dictionary"
                         action = {"status": 400, "body": {"error": {"message": message, "code": 400}}}
                         body = sent
@@ -284,6 +303,41 @@ class FakeServer:
                 content = parts
             messages.append({**m, "content": content})
         return {**body, "messages": messages}
+
+    def read_files(self, body):
+        """(``body`` with each ``file://`` image URL read as the server reads it, as its data URL;
+        the refusal vLLM sends instead, or None)."""
+        from pathlib import Path
+        from urllib.parse import unquote, urlsplit
+
+        from chexpercept.containment import image_data_url
+
+        messages = []
+        for m in body["messages"]:
+            content = m["content"]
+            if isinstance(content, list):
+                parts = []
+                for p in content:
+                    url = (p.get("image_url") or {}).get("url") if p.get("type") == "image_url" else None
+                    if url is not None and url.startswith("file:"):
+                        if self.local_media is None:
+                            message = "Cannot load local files without `--allowed-local-media-path`."
+                            return body, {"status": 500, "body": {"error": {"message": message, "code": 500}}}
+                        path, allowed = (
+                            Path(unquote(urlsplit(url).path)).resolve(),
+                            Path(self.local_media).resolve(),
+                        )
+                        if allowed not in path.parents:
+                            message = "The file path <path> must be a subpath of `--allowed-local-media-path <path>`."
+                            return body, {"status": 400, "body": {"error": {"message": message, "code": 400}}}
+                        p = {
+                            **p,
+                            "image_url": {"url": image_data_url(allowed, str(path.relative_to(allowed)))},
+                        }
+                    parts.append(p)
+                content = parts
+            messages.append({**m, "content": content})
+        return {**body, "messages": messages}, None
 
     def forget(self):
         with self.lock:

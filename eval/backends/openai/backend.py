@@ -65,7 +65,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from chexpercept.containment import ContainmentError, Tree, read_image
+from chexpercept.containment import ContainmentError, Tree, image_file, read_image
 from chexpercept.escape import terminal
 from chexpercept.eval.backends.occupancy import InFlightClock, WorkLedger, ratio, schedule_record
 from chexpercept.eval.backends.openai.image_ids import (
@@ -209,12 +209,24 @@ class _Resend(Exception):
 
 
 class _RunLevel(Exception):
-    """An error that every request of the run would meet (authentication, a wrong URL)."""
+    """An error that every request of the run would meet (authentication, a wrong URL); ``advice``:
+    what to check, when the message does not say it."""
+
+    def __init__(self, message: str, advice: str = "check --base-url, the model id and the API key"):
+        super().__init__(message)
+        self.advice = advice
 
 
 #: error codes of requests rejected for their content: Azure OpenAI's content filter, OpenAI's
 #: usage-policy check ("invalid_prompt": the prompt was flagged)
 CONTENT_FILTER_CODES = frozenset({"content_filter", "ResponsibleAIPolicyViolation", "invalid_prompt"})
+
+
+def refuses_files(status: int, text: str) -> bool:
+    """Whether an error reply says that the server reads no file:// URL, or none in the bundle
+    (vLLM: "Cannot load local files without `--allowed-local-media-path`", a 500; "The file path ...
+    must be a subpath of `--allowed-local-media-path ...`", a 400)."""
+    return status >= 400 and "--allowed-local-media-path" in text
 
 
 def _is_content_filter(body: str) -> bool:
@@ -251,6 +263,10 @@ def api_key_from_env(name: str | None) -> str | None:
         f"{what} in this process, so no usable key could be sent; export the key in it"
         + (", or leave --api-key-env out for a server that needs no key" if name else "")
     )
+
+
+#: --image-urls: how an image's pixels travel (base64 in the request, or the server reads the file)
+IMAGE_URLS = ("data", "file")
 
 
 @dataclass(frozen=True)
@@ -302,6 +318,15 @@ class OpenAIOptions(BackendOptions):
         "multimodal uuids; a later turn then carries only its new images): auto (when /models says "
         "the server is vLLM), on, off (default auto)",
     )
+    image_urls: str = option(
+        default="data",
+        choices=IMAGE_URLS,
+        answers=False,
+        help="how an image's pixels are sent: data (data: URLs, base64 in the request; default) or "
+        "file (file:// URLs of the bundle's files, read by the server itself: a vllm serve on this "
+        "machine started with --allowed-local-media-path at or above the bundle folder; the client "
+        "then sends no pixels)",
+    )
     dua_compliant_endpoint: bool = option(
         switch=True,
         answers=False,
@@ -339,6 +364,12 @@ class OpenAIBackend(BackendBase):
         if has_secret(base_url):
             print(f"note: {SECRET_IN_URL}", file=sys.stderr)
         check_endpoint(base_url, dua_compliant=options.dua_compliant_endpoint)
+        if options.image_urls == "file" and not is_loopback_host(urlsplit(base_url).hostname or ""):
+            raise ValueError(
+                f"--image-urls file needs a server on this machine that reads the bundle's files "
+                f"itself, at a loopback --base-url (e.g. http://127.0.0.1:8000/v1); {redact_url(base_url)} "
+                "is not one: use --image-urls data"
+            )
         #: proxies and peers as chexpercept.peer decides (checked for each new connection)
         self.route = route(
             base_url,
@@ -420,20 +451,24 @@ class OpenAIBackend(BackendBase):
         self._tree = Tree(context.root)  # the release's real path, resolved once for every image
 
     # ------------------------------------------------------------------ payload
-    def _encoded(self, relative: str) -> tuple[bytes, bytes, bytes]:
-        """The image's data URL as a JSON string, in three pieces (opening, base64, closing) that a
-        body splices in without copying the image once more: contained in the bundle, a PNG or
-        JPEG, its MIME type from its bytes (chexpercept.containment); base64 needs no escaping."""
+    def _encoded(self, relative: str) -> tuple[bytes, ...]:
+        """The image's URL as a JSON string, in pieces that a body splices in without copying the
+        image once more: contained in the bundle, a PNG or JPEG (chexpercept.containment). A data
+        URL is three pieces (opening, base64, closing; its MIME type from the image's bytes, base64
+        needs no escaping); a file URL (``--image-urls file``) is one."""
+        if self.options.image_urls == "file":  # the server reads the file: its URL alone
+            return (json.dumps(image_file(self._tree or self.root, relative).as_uri()).encode("ascii"),)
         image = read_image(self._tree or self.root, relative)
         return f'"data:{image.mime};base64,'.encode("ascii"), image.base64(), b'"'
 
-    def data_url(self, relative: str) -> str:
-        """The image as a ``data:`` URL (encoded once while its conversation is live)."""
+    def image_url(self, relative: str) -> str:
+        """The image's URL as it is sent: a ``data:`` URL (encoded once while its conversation is
+        live) or, with ``--image-urls file``, a ``file://`` URL."""
         return b"".join(self.images.get(relative, keep=True))[1:-1].decode("ascii")
 
     def build_payload(self, request: Request) -> dict[str, Any]:
         """The request's JSON body as an object (``build_body`` gives its bytes)."""
-        return self._payload(request.openai_messages(self.data_url))
+        return self._payload(request.openai_messages(self.image_url))
 
     def _payload(self, messages: list[dict[str, Any]]) -> dict[str, Any]:
         s = self._sampling
@@ -647,9 +682,9 @@ class OpenAIBackend(BackendBase):
                 self.retries += 1
                 continue
             if isinstance(error, _RunLevel):
+                advice = f" ({error.advice})" if error.advice else ""
                 raise BackendError(
-                    f"{where}: {error}. Every request would fail the same way (check --base-url, the model "
-                    "id and the API key)"
+                    f"{where}: {error}. Every request would fail the same way{advice}"
                 ) from error
             if isinstance(error, _Filtered):
                 if self.on_error == "stop":
@@ -713,6 +748,13 @@ class OpenAIBackend(BackendBase):
             raise _Resend(f"HTTP {status}: {detail}")
         if by_id and refuses_ids(status, text):  # not the vLLM it says it is
             raise _Resend(f"HTTP {status}: {detail}", refused=True)
+        if self.options.image_urls == "file" and refuses_files(status, text):
+            raise _RunLevel(
+                f"HTTP {status} from {self.shown_url}: {detail}. With --image-urls file the server reads "
+                f"the bundle's files itself: start it with --allowed-local-media-path {terminal(self.root)} "
+                "(or a folder above it), or rerun with --image-urls data",
+                advice="",
+            )
         if 300 <= status < 400:
             location = headers.get("Location")
             raise _RunLevel(
@@ -807,6 +849,7 @@ class OpenAIBackend(BackendBase):
             "price_per_1m_tokens": price_for(self.spec.model_id),
             "served_models": dict(self.served),
             "image_ids": self.ids.record(),
+            "image_urls": self.options.image_urls,
             "request_bytes_sent": self.bytes_sent,
             "schedule": self.schedule(),
         }
