@@ -54,7 +54,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """The ``chexpercept`` command (``argv`` None: this process's arguments, as the program) or, given
     ``argv``, one command called in-process, which changes nothing of the caller's process."""
     if argv is None:  # the program itself: chexpercept/entry_point.py
-        start_program(f"chexpercept {sys.argv[1]}" if len(sys.argv) > 1 else "chexpercept")
+        named = len(sys.argv) > 1 and not sys.argv[1].startswith("-")  # a command, not --help
+        start_program(f"chexpercept {sys.argv[1]}" if named else "chexpercept")
         return run_program(lambda: _command(sys.argv[1:]))
     return _command(list(argv))
 

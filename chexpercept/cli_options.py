@@ -107,8 +107,8 @@ def data_dir_of(args: argparse.Namespace, parser_name: str = "chexpercept") -> s
 
 def write_output(path: str | os.PathLike[str] | None, text: str) -> None:
     """``--output FILE``: write ``text`` there (creating its folder) and say so on stderr; without
-    a path, print it on stdout."""
-    if path is None:
+    a path, or ``-``, print it on stdout."""
+    if path is None or os.fspath(path) == "-":
         sys.stdout.write(text)
         return
     from .fileio import write_atomic

@@ -16,9 +16,9 @@ The rules, held here for every program and every run:
   (``Stopped``, a ``KeyboardInterrupt``), so ``finally`` blocks and worker pools shut down and the
   command says how it ended; ``chexpercept run`` then takes them over with its own handling
   (eval/runner/interrupts.py).
-* **Standard streams**: descriptors 0-2 held open and each line written at once; standard output
-  that cannot be written (its reader went away, its disk is full) is one line and exit status 2,
-  wherever it fails, the interpreter's last flush included (chexpercept/stdio.py: ``OutputLost``).
+* **Standard streams**: descriptors 0-2 held open and each line written at once; a stream that
+  cannot be written (its reader went away, its disk is full) does not end the command, and standard
+  output's loss is one line and exit status 2 at its end (chexpercept/stdio.py, ``run_program``).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
 from .progress import is_terminal
-from .stdio import OutputLost, guard_standard_streams, hold_standard_fds, to_devnull, write_now
+from .stdio import guard_standard_streams, hold_standard_fds, output_lost, to_devnull, write_now
 
 __all__ = [
     "STOP_SIGNALS",
@@ -184,36 +184,36 @@ def program_started() -> None:
 
 def run_program(main: Callable[[], int]) -> int:
     """``main()``'s exit status, in a program. Standard output is flushed here, not left to the
-    interpreter's exit (where a failure is "Exception ignored" and status 120): standard output
-    that could not be written anywhere in the command (``| head``, ``--help | true``, a full disk)
-    is one line naming its cause, exit status 2 (``OutputLost``). A package that this install
+    interpreter's exit: where it could not be written (``| head``, ``--help | true``, a full disk),
+    the command went on to its end all the same (chexpercept/stdio.py) and a command that would
+    have ended well ends with one line naming the cause, exit status 2 (``sys.exit(0)`` included:
+    ``--help``); one that failed keeps its own status and message. A package that this install
     lacks is one line naming the extra that brings it (``chexpercept.extras``)."""
     try:
-        return _flushed(main)
-    except OutputLost as e:
-        write_now(e.line(_Program.command or "chexpercept"))
-        return 2
+        try:
+            status = main()
+        except SystemExit as e:
+            if _lost_output(ended_well=e.code in (None, 0)):
+                return 2
+            raise
     except ModuleNotFoundError as e:  # a package this install lacks (chexpercept.extras); else a bug
         from .extras import say_missing
 
+        _lost_output(ended_well=False)
         return say_missing(_Program.command or "chexpercept", e)
+    return 2 if _lost_output(ended_well=status == 0) else status
 
 
-def _flushed(main: Callable[[], int]) -> int:
-    """``main()``, then standard output flushed (after ``sys.exit`` too: ``--help``)."""
-    try:
-        status = main()
-    except SystemExit:
-        _flush_stdout()
-        raise
-    _flush_stdout()
-    return status
-
-
-def _flush_stdout() -> None:
+def _lost_output(*, ended_well: bool) -> bool:
+    """Flush standard output; whether it was lost in a command that ``ended_well`` (then said)."""
     if sys.stdout is not None:
         with contextlib.suppress(ValueError):  # closed by the command: nothing is held
             sys.stdout.flush()
+    loss = output_lost()
+    if loss is None or not ended_well:
+        return False
+    write_now(loss.line(_Program.command or "chexpercept"))
+    return True
 
 
 @contextlib.contextmanager

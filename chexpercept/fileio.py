@@ -269,8 +269,20 @@ def atomic_file(path: str | os.PathLike[str], mode: str = "wb", **open_args: Any
 
 def write_atomic(path: str | os.PathLike[str], data: bytes | str, *, encoding: str = "utf-8") -> FsPath:
     """Replace ``path`` whole with ``data`` (text is encoded with ``encoding``); private (0600), on
-    disk when this returns. Returns ``path``."""
+    disk when this returns. Returns ``path``.
+
+    A ``path`` that is not a file of a file system (a device such as ``/dev/null`` or ``/dev/full``,
+    a pipe such as ``/dev/stdout`` or ``>(wc -c)``, a FIFO) is written to, never replaced: a command's
+    ``--output /dev/null`` run as root replaced the system's /dev/null with a file."""
     payload = data.encode(encoding) if isinstance(data, str) else data
+    try:
+        kind = os.stat(path).st_mode
+    except OSError:  # missing (created), or refused: atomic_file names the cause
+        kind = stat.S_IFREG
+    if not (stat.S_ISREG(kind) or stat.S_ISDIR(kind)):
+        with open(path, "wb") as f:
+            f.write(payload)
+        return FsPath(path)
     with atomic_file(path, "wb") as f:
         f.write(payload)
     return FsPath(path)

@@ -37,8 +37,9 @@ class OsErrorText:
     advice: str
 
     def line(self, prog: str) -> str:
-        """``<prog>: error: <what>. <advice>.``"""
-        return f"{prog}: error: {self.what.rstrip('.')}. {self.advice.rstrip('.')}."
+        """``<prog>: error: <what>. <Advice>.``"""
+        advice = self.advice.rstrip(".")
+        return f"{prog}: error: {self.what.rstrip('.')}. {advice[:1].upper()}{advice[1:]}."
 
 
 def explain_os_error(
@@ -399,7 +400,7 @@ def _busy_text(error: OSError, where: str, reason: str, folder: str, then: str) 
 
 def _reader_gone(error: OSError, where: str, reason: str, folder: str, then: str) -> OsErrorText:
     """EPIPE on a file or connection a command wrote to: the program or server at its other end
-    closed it. (Standard output's own reader going away, ``| head``, is ``chexpercept.stdio.OutputLost``.)"""
+    closed it. (Standard output's own reader going away, ``| head``, is ``chexpercept.stdio.OutputLoss``.)"""
     named = where if error.filename not in (None, "") else "a pipe or connection this command was writing to"
     return OsErrorText(
         f"the program reading {named} closed its end ({reason}) before everything was written",

@@ -11,11 +11,11 @@ is logged, and another process's line can fall between the two:
 (measured: 2 runs in 30 on 2 busy cores). A write of up to ``PIPE_BUF`` bytes (4,096 on Linux) to a
 pipe is never split, so a line written at once arrives whole.
 
-Standard output that cannot be written (its reader went away: ``| head``, a closed pager; its disk
-is full) is one event of a program, not an ``OSError`` of whatever file a command was writing: the
-write that fails raises ``OutputLost`` once, naming standard output, and the descriptor goes to
-/dev/null, so nothing held in the buffer fails again at exit ("Exception ignored ... BrokenPipeError",
-status 120, when Python's stdout is buffered, as in a user's shell).
+A standard stream that cannot be written (its reader went away: ``| head``, a closed pager, ``tee``
+ended at logout; its disk is full) is one event of a program, not an ``OSError`` of whatever a
+command was doing: the command goes on to its end with the descriptor on /dev/null, so nothing held
+in the buffer fails again at exit ("Exception ignored ... BrokenPipeError", status 120, when Python's
+stdout is buffered, as in a user's shell), and standard output's loss is said once, at the end.
 """
 
 from __future__ import annotations
@@ -23,7 +23,9 @@ from __future__ import annotations
 import errno
 import io
 import os
+import select
 import sys
+from dataclasses import dataclass
 
 from .os_errors import OsErrorText, explain_os_error
 
@@ -72,45 +74,54 @@ def to_devnull(*fds: int) -> None:
         os.close(null)
 
 
-#: the advice's end when standard output failed: what the command wrote to files is whole
-_OUTPUT_THEN = "the files the command wrote are not concerned; then rerun the command"
+@dataclass(frozen=True)
+class OutputLoss:
+    """Standard output of a program that could not be written (``guard_standard_streams``):
+    ``error``, the operating system's (EPIPE, ENOSPC, EIO...); ``target``, what descriptor 1 was
+    (``/runs/out.txt``; ``pipe:[...]``, ``socket:[...]``, ``/dev/pts/3``), from /proc where there is
+    one."""
 
-
-class OutputLost(BaseException):
-    """Standard output of a program could not be written: raised by the write that failed, once
-    (``guard_standard_streams``); standard output then goes to /dev/null.
-
-    Not an ``OSError`` on purpose: a command's handler of its own files' errors (``except
-    OSError``) would take it for one of them (it named the output folder as full), and argparse,
-    which ignores an ``OSError`` while printing help, would lose it (exit status 0, nothing said).
-    Not an ``Exception`` either: a run's handler of unexpected errors would report it as a bug.
-    ``chexpercept.entry_point.run_program`` says it in one line, exit status 2.
-
-    ``error``: the operating system's error (EPIPE, ENOSPC, EIO...); ``target``: what descriptor 1
-    was (``/runs/out.txt``; ``pipe:[...]`` for a pipe), from /proc where there is one."""
-
-    def __init__(self, error: OSError, target: str | None):
-        super().__init__(error, target)  # as given: a worker's is pickled to its pool
-        self.error = error
-        self.target = target
+    error: OSError
+    target: str | None
 
     def text(self) -> OsErrorText:
         """What happened and what to do, as a user reads it (``line(prog)`` for the one line)."""
-        if self.error.errno == errno.EPIPE:
+        done = "the command went on to its end; the files it wrote are whole"
+        see = "to see its output, send it to a file (> out.txt) or to a reader that reads it all"
+        code = self.error.errno
+        if code in (errno.EPIPE, errno.ECONNRESET):
             return OsErrorText(
-                "the program reading this command's output stopped reading (Broken pipe: a pipe such "
-                "as '| head' or a closed pager), before everything was printed",
-                "send the output to a file (> out.txt) or to a reader that reads it all; " + _OUTPUT_THEN,
+                "the program reading this command's output stopped reading "
+                f"({os.strerror(code)}: a pipe such as '| head', a closed pager or connection) before "
+                f"everything was printed; {done}",
+                see,
             )
-        named = self.target if self.target and self.target.startswith("/") else None
-        error = OSError(self.error.errno, self.error.strerror, named)
-        text = explain_os_error(error, named, then=_OUTPUT_THEN, option="> FILE")
-        where = f" ({named})" if named else ""
-        return OsErrorText(f"this command's output{where} could not be written: {text.what}", text.advice)
+        target = self.target or ""
+        if code == errno.EIO and target.startswith("/dev/"):
+            return OsErrorText(f"the terminal this command printed on ({target}) went away; {done}", see)
+        if os.path.isfile(target):  # a file of a file system: its real cause (a full disk, a quota)
+            text = explain_os_error(
+                OSError(code, self.error.strerror, target), then="before it is written to again"
+            )
+            return OsErrorText(
+                f"this command's output could not be written: {text.what}; {done}", text.advice
+            )
+        where = target if target.startswith("/") else "standard output"
+        reason = os.strerror(code) if code else str(self.error)
+        return OsErrorText(f"this command's output ({where}) could not be written ({reason}); {done}", see)
 
     def line(self, prog: str) -> str:
         """``<prog>: error: <what>. <advice>.``"""
         return self.text().line(prog)
+
+
+_lost: list[OutputLoss] = []
+
+
+def output_lost() -> OutputLoss | None:
+    """The first write of standard output that failed in this process, or None (after
+    ``guard_standard_streams``; flush ``sys.stdout`` first to count what it holds)."""
+    return _lost[0] if _lost else None
 
 
 def _target(fd: int) -> str | None:
@@ -122,18 +133,22 @@ def _target(fd: int) -> str | None:
 
 class _Guarded(io.FileIO):
     """Descriptor 1 or 2 whose first failed write sends it to /dev/null (what the buffer holds then
-    goes nowhere, without failing again); on descriptor 1 that write raises ``OutputLost``."""
+    goes nowhere, without failing again); on descriptor 1 the failure is kept (``output_lost``). A
+    descriptor left non-blocking by whoever shares it (EAGAIN) is waited for: its reader is there."""
 
-    def write(self, data: object) -> int | None:  # type: ignore[override]
-        try:
-            return super().write(data)  # type: ignore[arg-type]
-        except OSError as e:
-            fd = self.fileno()
-            target = _target(fd)
-            to_devnull(fd)
-            if fd == 1:
-                raise OutputLost(e, target) from e
-            return super().write(data)  # type: ignore[arg-type]  # to /dev/null
+    def write(self, data: object) -> int:  # type: ignore[override]
+        while True:
+            try:
+                written = super().write(data)  # type: ignore[arg-type]
+            except OSError as e:
+                fd = self.fileno()
+                if fd == 1 and not _lost:
+                    _lost.append(OutputLoss(e, _target(fd)))
+                to_devnull(fd)
+                return len(memoryview(data))  # type: ignore[arg-type]  # gone, as to /dev/null
+            if written is not None:
+                return written
+            select.select([], [self.fileno()], [])  # EAGAIN: until the reader has made room
 
 
 def guard_standard_streams() -> None:
@@ -143,15 +158,17 @@ def guard_standard_streams() -> None:
     * write each line, newline included, in one write: text is held until its line ends (or the
       stream is flushed), then written at once; text without a newline (a progress bar's ``\\r``
       update) is written when it is flushed;
-    * outlive a write that fails, its descriptor then on /dev/null so that nothing held fails again
-      (at exit, where it was "Exception ignored" and status 120):
-
-      * **standard output**, the command's product (scores, tables, ``--help``): the write raises
-        ``OutputLost``, once; the command ends there with one line and exit status 2
-        (``chexpercept.entry_point.run_program``);
-      * **standard error**, progress and diagnostics: the command goes on without them, as a run
-        started with ``nohup ... 2>&1 | tee run.log`` must when ``tee`` ends at logout (the first
-        progress line ended such a run before it had done a case). Nobody is left to tell.
+    * outlive a write that fails: its descriptor goes to /dev/null, so that nothing held fails
+      again (at exit, where it was "Exception ignored" and status 120), and the command goes on to
+      its end. A run's product is its files: a run started with ``nohup ... 2>&1 | tee run.log``
+      finishes every setting when ``tee`` ends at logout (its first progress line ended it before,
+      and then its first summary line). Standard output's loss is kept (``output_lost``) and said
+      at the end in one line, exit status 2 (``chexpercept.entry_point.run_program``); standard
+      error's is not: nobody is left to tell;
+    * wait for a descriptor left non-blocking by another process that shares it (EAGAIN), instead
+      of failing (Python's own streams raise ``BlockingIOError``, a traceback and status 120);
+    * replace what the output's encoding cannot write (an en dash under ``PYTHONIOENCODING=ascii``)
+      with its escape instead of ending in ``UnicodeEncodeError``.
 
     A stream that is not the interpreter's own text file (a test's capture) is left alone; one of
     its text files on another descriptor only writes whole lines."""
@@ -170,8 +187,12 @@ def guard_standard_streams() -> None:
         guarded = io.TextIOWrapper(
             io.BufferedWriter(_Guarded(fd, "w", closefd=False)),
             encoding=stream.encoding,
-            errors=stream.errors,
+            errors=stream.errors if _is_utf8(stream.encoding) else "backslashreplace",
             line_buffering=True,
         )
         setattr(sys, name, guarded)
         setattr(sys, f"__{name}__", guarded)
+
+
+def _is_utf8(encoding: str) -> bool:
+    return encoding.lower().replace("-", "").replace("_", "") in ("utf8", "utf8sig")

@@ -1,25 +1,35 @@
 """A program's standard stream that cannot be written (chexpercept/stdio.py: ``guard_standard_streams``).
 
-The class: a write to standard output or standard error fails (its reader went away: ``| head``,
-``--help | true``, a pager quit, ``tee`` ended at logout; its disk is full: ``> /dev/full``).
+The class: a write to standard output or standard error fails, or would block (its reader went
+away: ``| head``, ``--help | true``, a pager quit, ``tee`` ended at logout; its disk is full:
+``> /dev/full``; a descriptor another process left non-blocking), or cannot encode a character.
 
-The rule, in one place: every program's ``sys.stdout`` and ``sys.stderr`` are guarded from its first
-line. Standard output, the command's product, ends the command with one line naming it, exit
-status 2 (``OutputLost``, said by ``run_program``, which also does the last flush). Standard error,
-progress and diagnostics, is dropped and the command goes on.
+The rule, in one place: every program's ``sys.stdout`` and ``sys.stderr`` are guarded from its
+first line. A failed write puts the descriptor on /dev/null and the command goes on to its end (a
+run's product is its files); standard output's loss is then one line naming its cause and exit
+status 2 (``run_program``, which also does the last flush), where the command would have ended well.
+A write that would block waits for the reader; an unencodable character is escaped.
 
 Members found, each a case below. With Python's stdout buffered, as in a user's shell (the suite
 drops PYTHONUNBUFFERED, tests/conftest.py), each exited 120 with "Exception ignored ...", except:
-``--help`` and ``--version`` on a full disk (a traceback), ``run --help`` (argparse ignores the error:
-status 0, nothing said), and several named the output folder as full when the full disk was standard
-output's. A run whose stderr's reader went away stopped at its first progress line, before any case.
+``--help`` and ``--version`` on a full disk (a traceback), ``run --help`` (argparse ignores the
+error: status 0, nothing said), and several named the output folder as full when the full disk was
+standard output's. A run whose log's reader went away stopped at its first progress line, before
+any case; once that was mended, at its first setting's summary line, before the next setting. A
+non-blocking stdout ended in ``BlockingIOError`` (status 120, the output cut at 64 KiB); an ASCII
+stdout in ``UnicodeEncodeError``. And ``--output`` to a device or pipe (``/dev/null``,
+``/dev/stdout``, a FIFO) replaced it with a file (tests below with a FIFO and a link to one).
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
+import stat
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -47,19 +57,19 @@ def run_options(bundle: Path, out: Path, name: str = "m") -> list[str]:
     ]
 
 
-def saved(out: Path, name: str = "m") -> int:
-    return len(list(iter_results(out / name / "oracle_implicit" / "results.jsonl")))
+def saved(out: Path, name: str = "m", oracle: str = "implicit") -> int:
+    return len(list(iter_results(out / name / f"oracle_{oracle}" / "results.jsonl")))
 
 
 #: program -> (its name in its line, its arguments given the bundle and the runs folder)
 PROGRAMS = {
-    "--help": ("chexpercept --help", lambda b, r: [*CLI, "--help"]),
-    "--version": ("chexpercept --version", lambda b, r: [*CLI, "--version"]),
+    "--help": ("chexpercept", lambda b, r: [*CLI, "--help"]),
+    "--version": ("chexpercept", lambda b, r: [*CLI, "--version"]),
     "run --help": ("chexpercept run", lambda b, r: [*CLI, "run", "--help"]),
     "run --list-models": ("chexpercept run", lambda b, r: [*CLI, "run", "--list-models"]),
     "validate": ("chexpercept validate", lambda b, r: [*CLI, "validate", str(b)]),
     "score": ("chexpercept score", lambda b, r: [*CLI, "score", str(r / "m"), "--details"]),
-    # a finished run resumed: nothing to do, then its scores on stdout
+    # a finished run resumed: nothing to do, then its summary and scores on stdout
     "eval/run.py": ("chexpercept run", lambda b, r: [*RUN_PY, *run_options(b, r), "--no-progress"]),
     "chexpercept run": ("chexpercept run", lambda b, r: [*CLI, "run", *run_options(b, r), "--no-progress"]),
 }
@@ -87,20 +97,82 @@ def test_standard_output_that_cannot_be_written_is_one_line(finished, program, w
     if where == "a reader that went away":
         assert "the program reading this command's output stopped reading" in line, line
     else:  # standard output's device named, not the command's output folder
-        assert "this command's output (/dev/full) could not be written: no space" in line, line
+        assert "this command's output (/dev/full) could not be written (No space left" in line, line
         assert str(runs) not in line, line
-    assert line.endswith("then rerun the command."), line
+    assert "the command went on to its end" in line and line.endswith("reads it all."), line
     assert saved(runs) == 21  # the run's files are whole
 
 
 @pytest.mark.parametrize("both", [False, True], ids=["stderr alone", "stderr and stdout"])
-def test_a_run_whose_log_reader_went_away_finishes_its_cases(fixture_bundle, tmp_path, both):
+def test_a_run_whose_log_reader_went_away_finishes_every_setting(fixture_bundle, tmp_path, both):
     """``nohup eval/run.py ... 2>&1 | tee run.log``, ``tee`` ended at logout: the run stopped at its
-    first progress line, no case done (status 120). It now does every case; with stdout on the
-    same pipe, its scores cannot be printed: status 2."""
+    first progress line, no case done (status 120), and then at its first setting's summary line.
+    It now runs every setting; with stdout on the same pipe its summary and scores are lost, which
+    its status says (2)."""
     pipe = closed_pipe()
-    argv = [*RUN_PY, *run_options(fixture_bundle, tmp_path)]  # progress: a line at the start and end
-    proc = subprocess.run(argv, stdout=pipe if both else subprocess.DEVNULL, stderr=pipe, timeout=180)
+    argv = [*RUN_PY, *run_options(fixture_bundle, tmp_path), "--oracle", "none", "implicit"]
+    proc = subprocess.run(argv, stdout=pipe if both else subprocess.DEVNULL, stderr=pipe, timeout=300)
     os.close(pipe)
     assert proc.returncode == (2 if both else 0)
-    assert saved(tmp_path) == 21
+    assert saved(tmp_path, oracle="none") == saved(tmp_path, oracle="implicit") == 21
+
+
+def test_a_non_blocking_stdout_is_waited_for(finished):
+    """A pipe another process left non-blocking (``O_NONBLOCK`` is shared by every process that
+    holds it), its reader slow: every byte arrives, status 0 (it was BlockingIOError, status 120)."""
+    _, runs = finished
+    argv = [*CLI, "score", str(runs / "m"), "--details", "--cases"]
+    whole = subprocess.run(argv, capture_output=True, timeout=180)
+    assert whole.returncode == 0 and len(whole.stdout) > 16384, whole.stderr[-2000:]
+    read, write = os.pipe()
+    fcntl.fcntl(write, 1031, 4096)  # F_SETPIPE_SZ: the smallest pipe, so that a write would block
+    fcntl.fcntl(write, fcntl.F_SETFL, fcntl.fcntl(write, fcntl.F_GETFL) | os.O_NONBLOCK)
+    proc = subprocess.Popen(argv, stdout=write, stderr=subprocess.PIPE)
+    os.close(write)
+    got = bytearray()
+    with os.fdopen(read, "rb", buffering=0) as reader:
+        while chunk := reader.read(4096):
+            got += chunk
+            time.sleep(0.002)
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 0, err[-3000:]
+    assert bytes(got) == whole.stdout
+
+
+def test_a_character_the_output_cannot_encode_is_escaped(finished):
+    """``PYTHONIOENCODING=ascii`` (or a C locale without UTF-8): Table 2's legend has an en dash."""
+    _, runs = finished
+    env = {**os.environ, "PYTHONIOENCODING": "ascii"}
+    proc = subprocess.run(
+        [*CLI, "score", str(runs / "m"), "--table", "2"], capture_output=True, text=True, env=env, timeout=180
+    )
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "\\u2013" in proc.stdout
+
+
+@pytest.mark.parametrize("through", ["the FIFO", "a link to it", "-"])
+def test_output_to_a_pipe_is_written_into_it_not_replaced(finished, tmp_path, through):
+    """``score --output /dev/stdout`` (a link to a pipe) or ``--output /dev/null`` replaced the
+    pipe or device with a file (as root, the system's /dev/null); ``-`` wrote a file named '-'."""
+    _, runs = finished
+    argv = [*CLI, "score", str(runs / "m"), "--details"]
+    expected = subprocess.run(argv, capture_output=True, timeout=180).stdout
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    target = {"the FIFO": fifo, "a link to it": tmp_path / "link", "-": Path("-")}[through]
+    if through == "a link to it":
+        target.symlink_to(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()), daemon=True)
+    reader.start()
+    proc = subprocess.run([*argv, "--output", str(target)], capture_output=True, cwd=tmp_path, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    if through == "-":
+        assert proc.stdout == expected and not (tmp_path / "-").exists()
+        fifo.write_bytes(b"")  # the reader's end
+    reader.join(timeout=30)
+    assert stat.S_ISFIFO(fifo.lstat().st_mode)
+    if through != "-":
+        assert got == [expected] and proc.stdout == b""
+    if through == "a link to it":
+        assert target.is_symlink()

@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
         text = hub_leaderboard_json(entries)
     else:
         text = render_hub_leaderboard(entries, args.repo)
-    if args.output:
+    if args.output and args.output != "-":
         out = write_atomic(args.output, text)
         print(f"{len(entries)} entries of {args.repo} written to {out}")
     else:
