@@ -284,25 +284,21 @@ class FakeServer:
     def resolve(self, body):
         """``body`` with each image named by id replaced by the image it names (None: an id not
         held); images sent with an id are held from now on (called under ``lock``)."""
-        messages = []
-        for m in body["messages"]:
-            content = m["content"]
-            if isinstance(content, list):
-                parts = []
-                for p in content:
-                    if p.get("type") == "image_url":
-                        uuid, url = p.get("uuid"), (p.get("image_url") or {}).get("url")
-                        if url is None:
-                            if uuid not in self.held:
-                                return None
-                            url = self.held[uuid]
-                        elif uuid is not None:
-                            self.held[uuid] = url
-                        p = {"type": "image_url", "image_url": {"url": url}}
-                    parts.append(p)
-                content = parts
-            messages.append({**m, "content": content})
-        return {**body, "messages": messages}
+
+        def named(p):
+            uuid, url = p.get("uuid"), (p.get("image_url") or {}).get("url")
+            if url is None:
+                if uuid not in self.held:
+                    raise _Refused(None)
+                url = self.held[uuid]
+            elif uuid is not None:
+                self.held[uuid] = url
+            return {"type": "image_url", "image_url": {"url": url}}
+
+        try:
+            return _with_image_parts(body, named)
+        except _Refused:
+            return None
 
     def read_files(self, body):
         """(``body`` with each ``file://`` image URL read as the server reads it, as its data URL;
@@ -312,32 +308,23 @@ class FakeServer:
 
         from chexpercept.containment import image_data_url
 
-        messages = []
-        for m in body["messages"]:
-            content = m["content"]
-            if isinstance(content, list):
-                parts = []
-                for p in content:
-                    url = (p.get("image_url") or {}).get("url") if p.get("type") == "image_url" else None
-                    if url is not None and url.startswith("file:"):
-                        if self.local_media is None:
-                            message = "Cannot load local files without `--allowed-local-media-path`."
-                            return body, {"status": 500, "body": {"error": {"message": message, "code": 500}}}
-                        path, allowed = (
-                            Path(unquote(urlsplit(url).path)).resolve(),
-                            Path(self.local_media).resolve(),
-                        )
-                        if allowed not in path.parents:
-                            message = "The file path <path> must be a subpath of `--allowed-local-media-path <path>`."
-                            return body, {"status": 400, "body": {"error": {"message": message, "code": 400}}}
-                        p = {
-                            **p,
-                            "image_url": {"url": image_data_url(allowed, str(path.relative_to(allowed)))},
-                        }
-                    parts.append(p)
-                content = parts
-            messages.append({**m, "content": content})
-        return {**body, "messages": messages}, None
+        def read(p):
+            url = (p.get("image_url") or {}).get("url")
+            if url is None or not url.startswith("file:"):
+                return p
+            if self.local_media is None:
+                message = "Cannot load local files without `--allowed-local-media-path`."
+                raise _Refused({"status": 500, "body": {"error": {"message": message, "code": 500}}})
+            path, allowed = Path(unquote(urlsplit(url).path)).resolve(), Path(self.local_media).resolve()
+            if allowed not in path.parents:
+                message = "The file path <path> must be a subpath of `--allowed-local-media-path <path>`."
+                raise _Refused({"status": 400, "body": {"error": {"message": message, "code": 400}}})
+            return {**p, "image_url": {"url": image_data_url(allowed, str(path.relative_to(allowed)))}}
+
+        try:
+            return _with_image_parts(body, read), None
+        except _Refused as e:
+            return body, e.reply
 
     def forget(self):
         with self.lock:
@@ -350,6 +337,25 @@ class FakeServer:
     def __exit__(self, *exc):
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+class _Refused(Exception):
+    """A request the fake server refuses; ``reply``: its error reply."""
+
+    def __init__(self, reply):
+        super().__init__(reply)
+        self.reply = reply
+
+
+def _with_image_parts(body: dict, change) -> dict:
+    """``body`` with each image part of its messages replaced by ``change(part)``."""
+    messages = []
+    for m in body["messages"]:
+        content = m["content"]
+        if isinstance(content, list):
+            content = [change(p) if p.get("type") == "image_url" else p for p in content]
+        messages.append({**m, "content": content})
+    return {**body, "messages": messages}
 
 
 def conversation_of(body: dict) -> list[tuple[str, str, tuple[str, ...]]]:
