@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import stat
 import sys
 from typing import Any
 
@@ -107,14 +108,38 @@ def data_dir_of(args: argparse.Namespace, parser_name: str = "chexpercept") -> s
 
 def write_output(path: str | os.PathLike[str] | None, text: str) -> None:
     """``--output FILE``: write ``text`` there (creating its folder) and say so on stderr; without
-    a path, or ``-``, print it on stdout."""
-    if path is None or os.fspath(path) == "-":
+    a path, or ``-``, or a name of this process's standard output (``/dev/stdout``,
+    ``/proc/self/fd/1``), print it on stdout. FILE is taken as a shell's ``>`` takes it
+    (``output_file``)."""
+    target = output_file(path) if path is not None else None
+    if target is None:
         sys.stdout.write(text)
         return
     from .fileio import write_atomic
 
-    write_atomic(path, text)
+    write_atomic(target, text)
     print(f"wrote {path}", file=sys.stderr)
+
+
+def output_file(path: str | os.PathLike[str]) -> str | None:
+    """Where ``--output FILE`` writes: None for standard output (``-``, or a name of the very file
+    descriptor 1 is: ``/dev/stdout``, ``/dev/fd/1``); a link followed to the file it names (a link
+    to a folder is then refused as the folder is), so that the file is written and the link kept;
+    a device or a pipe as it is (``chexpercept.fileio.write_atomic`` writes into it). Replacing a
+    link turned ``--output /dev/stdout`` into a file in /dev as root, and left the file a link named
+    untouched. Raises ValueError for an empty name."""
+    name = os.fspath(path)
+    if name == "-":
+        return None
+    if not name:
+        raise ValueError("--output: an empty file name")
+    try:
+        st, out = os.stat(name), os.fstat(1)
+    except OSError:  # missing, or stdout closed: the name as it is (a dangling link: its target)
+        return os.path.realpath(name)
+    if (st.st_dev, st.st_ino) == (out.st_dev, out.st_ino):
+        return None
+    return os.path.realpath(name) if stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode) else name
 
 
 def add_output_dir_option(parser: Any, *, help: str, **kwargs: Any) -> None:

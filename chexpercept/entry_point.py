@@ -212,7 +212,7 @@ def _lost_output(*, ended_well: bool) -> bool:
     loss = output_lost()
     if loss is None or not ended_well:
         return False
-    write_now(loss.line(_Program.command or "chexpercept"))
+    write_now(loss.line(_Program.command or "chexpercept", launched_as()))
     return True
 
 

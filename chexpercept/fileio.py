@@ -214,9 +214,9 @@ def _aside_of(name: str | bytes | None, target: FsPath) -> str | None:
     for any other path."""
     if name is None:
         return None
-    p = FsPath(os.fsdecode(name))
+    p, parent = FsPath(os.path.abspath(os.fsdecode(name))), FsPath(os.path.abspath(target.parent))
     for i, part in enumerate(p.parts):
-        if part.startswith(f".{target.name}.") and FsPath(*p.parts[:i]) == target.parent:
+        if part.startswith(f".{target.name}.") and FsPath(*p.parts[:i]) == parent:
             return str(target.joinpath(*p.parts[i + 1 :]))
     return None
 
@@ -280,7 +280,10 @@ def write_atomic(path: str | os.PathLike[str], data: bytes | str, *, encoding: s
     except OSError:  # missing (created), or refused: atomic_file names the cause
         kind = stat.S_IFREG
     if not (stat.S_ISREG(kind) or stat.S_ISDIR(kind)):
-        with open(path, "wb") as f:
+        if stat.S_ISSOCK(kind):
+            raise OSError(errno.ENXIO, "a socket, which is not written as a file", os.fspath(path))
+        # never created here (O_CREAT off): a name that became a file meanwhile is not made public
+        with open(os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_NOCTTY), "wb") as f:
             f.write(payload)
         return FsPath(path)
     with atomic_file(path, "wb") as f:
@@ -291,7 +294,11 @@ def write_atomic(path: str | os.PathLike[str], data: bytes | str, *, encoding: s
 def write_json_atomic(path: str | os.PathLike[str], data: Any, *, indent: int | None = 2) -> FsPath:
     """``data`` as JSON (UTF-8, non-ASCII kept), replacing ``path`` whole (``write_atomic``)."""
     text = json.dumps(data, indent=indent, ensure_ascii=False)
-    return write_atomic(path, text + "\n")
+    try:
+        payload = (text + "\n").encode("utf-8")
+    except UnicodeEncodeError:  # a name that is not UTF-8 (a folder named in bytes): \udcff in JSON
+        payload = (json.dumps(data, indent=indent) + "\n").encode("ascii")
+    return write_atomic(path, payload)
 
 
 def write_new(path: str | os.PathLike[str], data: bytes | str, *, encoding: str = "utf-8") -> FsPath:

@@ -36,10 +36,11 @@ class OsErrorText:
     #: e.g. "delete files there or use another file system (df -i /runs shows inodes), then rerun ..."
     advice: str
 
-    def line(self, prog: str) -> str:
-        """``<prog>: error: <what>. <Advice>.``"""
+    def line(self, prog: str, process: str = "") -> str:
+        """``<prog>: error: <what>. <Advice>.``; ``process``: which process of a launch says it
+        (``process 1: ``, chexpercept.entry_point.launched_as)."""
         advice = self.advice.rstrip(".")
-        return f"{prog}: error: {self.what.rstrip('.')}. {advice[:1].upper()}{advice[1:]}."
+        return f"{prog}: {process}error: {self.what.rstrip('.')}. {advice[:1].upper()}{advice[1:]}."
 
 
 def explain_os_error(

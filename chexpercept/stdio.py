@@ -20,11 +20,13 @@ stdout is buffered, as in a user's shell), and standard output's loss is said on
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import io
 import os
 import select
 import sys
+import time
 from dataclasses import dataclass
 
 from .os_errors import OsErrorText, explain_os_error
@@ -55,12 +57,29 @@ def hold_standard_fds() -> None:
 
 def write_now(line: str) -> None:
     """``line`` (and a newline) to stderr's descriptor in one write, from a signal handler or just
-    before ``os._exit``: no buffer in between, nothing raised (a closed or full stderr loses it)."""
+    before ``os._exit``: no buffer in between, nothing raised (a closed or full stderr loses it). A
+    descriptor left non-blocking by another process is waited for, up to ``WAIT_SECONDS``."""
     try:
         fd = sys.stderr.fileno() if sys.stderr is not None else 2
-        os.write(fd, (line + "\n").encode(errors="replace"))
-    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
-        pass
+    except (ValueError, AttributeError, io.UnsupportedOperation):
+        fd = 2
+    data = memoryview((line + "\n").encode(errors="replace"))
+    deadline = time.monotonic() + WAIT_SECONDS
+    while data:
+        try:
+            data = data[os.write(fd, data) :]
+        except BlockingIOError:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            with contextlib.suppress(OSError, ValueError):
+                select.select([], [fd], [], left)
+        except OSError:
+            return
+
+
+#: seconds ``write_now`` waits for a non-blocking stderr whose reader is slow
+WAIT_SECONDS = 1.0
 
 
 def to_devnull(*fds: int) -> None:
@@ -110,9 +129,9 @@ class OutputLoss:
         reason = os.strerror(code) if code else str(self.error)
         return OsErrorText(f"this command's output ({where}) could not be written ({reason}); {done}", see)
 
-    def line(self, prog: str) -> str:
-        """``<prog>: error: <what>. <advice>.``"""
-        return self.text().line(prog)
+    def line(self, prog: str, process: str = "") -> str:
+        """``<prog>: [process N: ]error: <what>. <Advice>.``"""
+        return self.text().line(prog, process)
 
 
 _lost: list[OutputLoss] = []
@@ -167,8 +186,10 @@ def guard_standard_streams() -> None:
       error's is not: nobody is left to tell;
     * wait for a descriptor left non-blocking by another process that shares it (EAGAIN), instead
       of failing (Python's own streams raise ``BlockingIOError``, a traceback and status 120);
-    * replace what the output's encoding cannot write (an en dash under ``PYTHONIOENCODING=ascii``)
-      with its escape instead of ending in ``UnicodeEncodeError``.
+    * replace what the output's encoding cannot write (an en dash under ``PYTHONIOENCODING=ascii``,
+      a file name that is not UTF-8 under a strict UTF-8 locale) with its escape instead of ending
+      in ``UnicodeEncodeError`` (a C locale's ``surrogateescape`` is kept: it writes such a name's
+      bytes back).
 
     A stream that is not the interpreter's own text file (a test's capture) is left alone; one of
     its text files on another descriptor only writes whole lines."""
@@ -187,12 +208,8 @@ def guard_standard_streams() -> None:
         guarded = io.TextIOWrapper(
             io.BufferedWriter(_Guarded(fd, "w", closefd=False)),
             encoding=stream.encoding,
-            errors=stream.errors if _is_utf8(stream.encoding) else "backslashreplace",
+            errors="backslashreplace" if stream.errors == "strict" else stream.errors,
             line_buffering=True,
         )
         setattr(sys, name, guarded)
         setattr(sys, f"__{name}__", guarded)
-
-
-def _is_utf8(encoding: str) -> bool:
-    return encoding.lower().replace("-", "").replace("_", "") in ("utf8", "utf8sig")

@@ -419,7 +419,10 @@ def _swap_for_secret(bundle_root, key):
     return rel
 
 
-def test_openai_backend_never_sends_a_non_image_or_an_outside_file(fresh_bundle):
+@pytest.mark.parametrize("image_urls", ["data", "file"])
+def test_openai_backend_never_sends_a_non_image_or_an_outside_file(fresh_bundle, image_urls):
+    """With data URLs the file's bytes, with file URLs its name for the server to read: neither for
+    a file that is not an image or lies outside the bundle."""
     from chexpercept.eval.protocol import RunContext
 
     from .fake_openai import FakeServer, backend_for, run_cases
@@ -427,16 +430,17 @@ def test_openai_backend_never_sends_a_non_image_or_an_outside_file(fresh_bundle)
     bundle = read_bundle(fresh_bundle, lesions=["effusion"], paths=["LF"])
     key = bundle.cases[0].key_id
     rel = _swap_for_secret(fresh_bundle, key)
-    with FakeServer() as server:
-        backend = backend_for(server)
+    with FakeServer(local_media=fresh_bundle) as server:
+        backend = backend_for(server, image_urls=image_urls)
         backend.setup(RunContext(root=bundle.root, cases=bundle.cases))
         with pytest.raises(ContainmentError, match="not a PNG or JPEG"):
-            backend.data_url(rel)
+            backend.image_url(rel)
         with pytest.raises(ContainmentError, match="'..' part"):
-            backend.data_url("chexpercept/../../outside/credentials.txt")
+            backend.image_url("chexpercept/../../outside/credentials.txt")
         with contextlib.suppress(Exception):  # the engine decides how the case ends; the API sees nothing
             run_cases(backend, bundle)
     sent = json.dumps([r["body"] for r in server.requests])
+    assert rel not in sent and "outside" not in sent
     assert base64.b64encode(SECRET).decode() not in sent and "data:text/plain" not in sent
     assert SECRET.decode().strip() not in sent
 
@@ -451,7 +455,7 @@ def test_openai_backend_takes_the_mime_type_from_the_bytes(fixture_bundle, tmp_p
     with FakeServer() as server:
         backend = backend_for(server)
         backend.setup(RunContext(root=tmp_path, cases=[]))
-        assert backend.data_url("chexpercept/x.png").startswith("data:image/jpeg;base64,")
+        assert backend.image_url("chexpercept/x.png").startswith("data:image/jpeg;base64,")
 
 
 def test_vllm_backend_hands_only_contained_images(fresh_bundle):

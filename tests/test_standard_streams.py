@@ -176,3 +176,43 @@ def test_output_to_a_pipe_is_written_into_it_not_replaced(finished, tmp_path, th
         assert got == [expected] and proc.stdout == b""
     if through == "a link to it":
         assert target.is_symlink()
+
+
+@pytest.mark.parametrize("link_to", ["standard output", "a file", "a folder"])
+def test_output_through_a_link_writes_what_it_names_and_keeps_the_link(finished, tmp_path, link_to):
+    """``--output /dev/stdout > f`` (a link to /proc/self/fd/1, a regular file) replaced the link
+    with a file (as root, /dev/stdout itself) and left f empty; a link to a file or to a folder
+    was replaced too. A link is now followed as a shell's ``>`` follows it."""
+    _, runs = finished
+    argv = [*CLI, "score", str(runs / "m"), "--details"]
+    expected = subprocess.run(argv, capture_output=True, timeout=180).stdout
+    link, captured = tmp_path / "link", tmp_path / "captured.txt"
+    named = {"standard output": Path("/proc/self/fd/1"), "a file": tmp_path / "real.json"}
+    named["a folder"] = tmp_path / "folder"
+    named["a folder"].mkdir()
+    named["a file"].write_text("old")
+    link.symlink_to(named[link_to])
+    with captured.open("wb") as out:
+        proc = subprocess.run([*argv, "--output", str(link)], stdout=out, stderr=subprocess.PIPE, timeout=180)
+    err = proc.stderr.decode()
+    assert link.is_symlink() and os.readlink(link) == str(named[link_to]), err
+    if link_to == "a folder":
+        assert proc.returncode == 2 and "is a folder" in err and "Traceback" not in err, err
+        assert not any(named["a folder"].iterdir()) and captured.read_bytes() == b""
+    else:
+        assert proc.returncode == 0, err
+        written = captured if link_to == "standard output" else named["a file"]
+        assert written.read_bytes() == expected
+
+
+def test_a_name_that_is_not_utf8_prints_under_a_strict_utf8_output(fixture_bundle, tmp_path):
+    """A bundle folder named in bytes that are not UTF-8 (``bund_\\xff``) under ``LANG=en_US.UTF-8``
+    (Python's stdout strict): ``validate`` printed a UnicodeEncodeError traceback."""
+    import shutil
+
+    odd = Path(os.fsdecode(bytes(tmp_path) + b"/bund_\xff"))
+    shutil.copytree(fixture_bundle, odd)
+    env = {**os.environ, "PYTHONIOENCODING": "utf-8"}
+    proc = subprocess.run([*CLI, "validate", str(odd)], capture_output=True, env=env, timeout=180)
+    assert proc.returncode == 0 and b"Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert b"bund_\\udcff" in proc.stdout + proc.stderr

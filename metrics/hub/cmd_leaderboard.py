@@ -31,6 +31,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
 
+    from chexpercept.cli_options import output_file
     from chexpercept.fileio import write_atomic
     from chexpercept.metrics.hub.leaderboard import (
         LeaderboardError,
@@ -54,8 +55,9 @@ def run(args: argparse.Namespace) -> int:
         text = hub_leaderboard_json(entries)
     else:
         text = render_hub_leaderboard(entries, args.repo)
-    if args.output and args.output != "-":
-        out = write_atomic(args.output, text)
+    target = output_file(args.output) if args.output else None
+    if target is not None:
+        out = write_atomic(target, text)
         print(f"{len(entries)} entries of {args.repo} written to {out}")
     else:
         print(text, end="")
