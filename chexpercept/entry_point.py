@@ -89,18 +89,33 @@ def catch_signals(handler: Handler) -> dict[int, Any]:
     nothing and returns ``{}``."""
     if threading.current_thread() is not threading.main_thread():
         return {}
-    previous: dict[int, Any] = {}
-    for s in STOP_SIGNALS:
-        if signal.getsignal(s) is signal.SIG_IGN:  # the user's (or the launcher's) choice holds
-            continue
-        previous[s] = signal.signal(s, handler)
-    return previous
+    # the user's (or the launcher's) choice of ignoring one holds
+    caught = [s for s in STOP_SIGNALS if signal.getsignal(s) is not signal.SIG_IGN]
+    with _held(caught):
+        return {s: signal.signal(s, handler) for s in caught}
 
 
 def restore_signals(previous: dict[int, Any]) -> None:
     """Give back the dispositions ``catch_signals`` replaced (one set outside Python: the default)."""
-    for s, old in previous.items():
-        signal.signal(s, signal.SIG_DFL if old is None else old)
+    with _held(list(previous)):
+        for s, old in previous.items():
+            signal.signal(s, signal.SIG_DFL if old is None else old)
+
+
+@contextlib.contextmanager
+def _held(signals: list[int]) -> Iterator[None]:
+    """These signals wait (blocked) while their dispositions change, and come after, to the new
+    ones: every stop signal changes at once, so none arrives between two of them (a SIGHUP just
+    after SIGTERM's handler is in place, under load, killed the program without a word)."""
+    mask = getattr(signal, "pthread_sigmask", None)
+    if mask is None or not signals:
+        yield
+        return
+    before = mask(signal.SIG_BLOCK, signals)
+    try:
+        yield
+    finally:
+        mask(signal.SIG_SETMASK, before)
 
 
 class _Program:

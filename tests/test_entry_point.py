@@ -107,6 +107,42 @@ def test_a_stop_while_a_program_starts_says_one_line(fixture_bundle, tmp_path, p
     assert "nothing was" in lines[0] and not saved_any(tmp_path), lines
 
 
+@pytest.mark.parametrize("arrives", ["SIGINT", "SIGHUP"])
+@pytest.mark.parametrize("step", ["catch", "restore"])
+def test_a_stop_signal_between_two_handlers_reaches_the_new_one(step, arrives):
+    """The stop signals' handlers change all at once (``catch_signals``, ``restore_signals``): a
+    stop signal that comes just after SIGTERM's handler changed, before its own did, waits and
+    reaches its new handler. A SIGHUP there, under load, killed a starting program without a word
+    (exit -1, no line). Made certain here: the signal is sent right after SIGTERM's change."""
+    script = textwrap.dedent(
+        f"""
+        import os, signal, sys
+        from chexpercept.entry_point import catch_signals, restore_signals
+        got = []
+        def caught(signum, frame):
+            got.append(("caught", signum))
+        def restored(signum, frame):
+            got.append(("restored", signum))
+        real = signal.signal
+        def changing(signum, disposition):
+            old = real(signum, disposition)
+            if signum == signal.SIGTERM and sending:
+                os.kill(os.getpid(), signal.{arrives})
+            return old
+        signal.signal = changing
+        sending = {step == "catch"}
+        previous = catch_signals(caught)
+        sending = {step == "restore"}
+        restore_signals({{s: restored for s in previous}})
+        print(got, flush=True)
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
+    new = "caught" if step == "catch" else "restored"
+    assert proc.stdout.strip() == f"[('{new}', {int(getattr(signal, arrives))})]"
+
+
 def saved_any(out: Path) -> bool:
     return (out / "m" / "oracle_implicit" / "results.jsonl").exists() and bool(saved(out))
 
