@@ -10,7 +10,7 @@
 #   bench/runner_overlap.py, the same table as bench/RESULTS.md's "The runner's own work"): ours
 #   against raw LLM.chat waves (images decoded beforehand, and decoded inside the timing) and the
 #   reference's one-call-at-a-time runner, alternated on one engine, with wall time, iterations, the
-#   engine's idle seconds and peak memory; then the whole release size (FULL_PER_CELL=100: 2,100
+#   engine's idle seconds and peak memory; the same with answers of varied lengths; then the whole release size (FULL_PER_CELL=100: 2,100
 #   cases) through the run command, timed: how long the release takes on this GPU with this model.
 #
 # Prints cases per second of every run and the transformers backend's turn-cache decision.
@@ -102,6 +102,16 @@ import json, sys
 sys.path.insert(0, "bench")
 from runner_overlap import markdown
 print(markdown(json.load(open(sys.argv[1])), "bench/gpu_smoke.sh"))
+EOF
+  # the same with answers of varied lengths (as real ones): where a continuous runner beats the waves
+  python bench/runner_overlap.py --vllm --bundle "$WORK/xray" --model "$VLLM_MODEL" --varied-lengths \
+    --modes ours "waves, decoded" "waves, decoding" --memory-batch-sizes \
+    --engine-args "$GPU_ENGINE" --repeat "${OVERLAP_REPEAT:-2}" --json "$WORK/overlap-varied.json" >/dev/null
+  python - "$WORK/overlap-varied.json" <<'EOF'
+import json, sys
+sys.path.insert(0, "bench")
+from runner_overlap import markdown
+print(markdown(json.load(open(sys.argv[1])), "bench/gpu_smoke.sh (--varied-lengths)"))
 EOF
   # the release's size, end to end through the command (answers of up to 32 tokens)
   FULL_PER_CELL="${FULL_PER_CELL:-100}"

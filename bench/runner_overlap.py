@@ -6,7 +6,9 @@ at each measurement:
 
 ``--vllm`` (vLLM's real engine, one ``vllm.LLM`` in this process; phantom release with 1024x1024
 X-rays, ``chexpercept synth``; oracle implicit; answers of exactly ``--max-tokens`` tokens from the
-tiny random model, or the model given):
+tiny random model, or the model given; with ``--varied-lengths`` each answer exactly L tokens, L
+drawn from its request id, lognormal around ``--max-tokens`` (sigma 1, at most 10x), as real
+answers vary: the waves then wait for each wave's longest answer, a continuous runner does not):
 
 * ``ours``: the runner's engine over the vllm backend (``run_conversations``, longest routes first,
   ``--batch-size`` live): parsing, oracle, result records included;
@@ -194,8 +196,9 @@ class Replay:
         return out
 
     def run(self, llm: Any, params: Any, form: str, decoded: dict[str, Any]) -> dict[str, str]:
-        """Every wave through ``LLM.chat``; request id -> answer. ``form``: decoded (``decoded``
-        holds every image), decoding (images decoded here, once each), file URLs."""
+        """Every wave through ``LLM.chat``; request id -> answer. ``params``: request -> its sampling
+        parameters; ``form``: decoded (``decoded`` holds every image), decoding (images decoded
+        here, once each), file URLs."""
         answers: dict[str, str] = {}
         mine: dict[str, Any] = decoded if form == "decoded" else {}
         for wave in self.waves():
@@ -212,23 +215,39 @@ class Replay:
                     return {"type": "image_pil", "image_pil": mine[relative]}
 
             conversations = [self.messages(r, image) for r in wave]
-            outputs = llm.chat(conversations, sampling_params=params, use_tqdm=False)
+            outputs = llm.chat(conversations, sampling_params=[params(r) for r in wave], use_tqdm=False)
             answers.update({r.request_id: o.outputs[0].text for r, o in zip(wave, outputs)})
         return answers
 
 
 def reference_run(llm: Any, params: Any, cases: list[Any], root: Path) -> dict[str, list[str]]:
     """The reference's runner: one conversation and one ``LLM.chat`` call at a time, every image of
-    the history read and base64-encoded again on every turn (``Request.chat_messages``)."""
+    the history read and base64-encoded again on every turn (``Request.chat_messages``); ``params``:
+    request -> its sampling parameters."""
     out: dict[str, list[str]] = {}
     for case in cases:
         conversation = Conversation(case, oracle="implicit", root=root)
         while not conversation.done:
             messages = conversation.pending.chat_messages(images="data_url")
-            (answer,) = llm.chat([messages], sampling_params=params, use_tqdm=False)
+            (answer,) = llm.chat([messages], sampling_params=params(conversation.pending), use_tqdm=False)
             conversation.answer(Response(answer.outputs[0].text))
         out[case.key_id] = conversation.responses
     return out
+
+
+def answer_length(request_id: str, median: int) -> int:
+    """A heavy-tailed answer length drawn from the request id: lognormal around ``median`` tokens,
+    sigma 1, at least 1, at most 10x the median (the same in every mode and every run)."""
+    return max(1, round(heavy_tailed(request_id.encode(), median, 10 * median)))
+
+
+def heavy_tailed(key: bytes, median: float, cap: float) -> float:
+    """A draw fixed by ``key``: lognormal with this median, sigma 1, at most ``cap``."""
+    digest = hashlib.blake2b(key, digest_size=8).digest()
+    u1 = (int.from_bytes(digest[:4], "big") + 1) / (2**32 + 1)
+    u2 = (int.from_bytes(digest[4:], "big") + 1) / (2**32 + 1)
+    gauss = math.sqrt(-2 * math.log(u1)) * math.cos(2 * math.pi * u2)
+    return min(cap, median * math.exp(gauss))
 
 
 def by_case(answers: dict[str, str]) -> dict[str, list[str]]:
@@ -258,17 +277,23 @@ def vllm_part(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     cases = bundle.cases
     spec = resolve(model, backend="vllm")
     context = RunContext(root=bundle.root, cases=cases)
-    sampling = Sampling(0.0, 1.0, args.max_tokens, True)
+    longest = 10 * args.max_tokens if args.varied_lengths else args.max_tokens
+    sampling = Sampling(0.0, 1.0, longest, True)
     engine_args = json.loads(args.engine_args) if args.engine_args else None
     first = VLLMBackend(spec, sampling=sampling, engine_args=engine_args)
     started = time.perf_counter()
     first.setup(context)
     engine_start = time.perf_counter() - started
     llm = first.llm
-    # answers of exactly --max-tokens tokens (the random model never stops early; a real one would)
-    params = SamplingParams(
-        temperature=0.0, top_p=1.0, max_tokens=args.max_tokens, min_tokens=args.max_tokens, seed=0
-    )
+
+    def params(request: Request) -> Any:
+        """Answers of exactly L tokens (the random model never stops early; a real one would):
+        --max-tokens, or with --varied-lengths drawn from the request."""
+        length = (
+            answer_length(request.request_id, args.max_tokens) if args.varied_lengths else args.max_tokens
+        )
+        return SamplingParams(temperature=0.0, top_p=1.0, max_tokens=length, min_tokens=length, seed=0)
+
     watch = EngineWatch(llm)
     engine_pids = descendants(os.getpid())
     assert first.images is not None, "this vLLM has no image loader to reach"
@@ -278,7 +303,7 @@ def vllm_part(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         backend = VLLMBackend(spec, sampling=sampling, engine_args=engine_args, llm_class=lambda **_: llm)
         backend.platform = first.platform
         backend.setup(context)
-        backend.params = params
+        backend.params_for = params  # type: ignore[method-assign]
         sent: list[Request] = []
         submit = backend.submit
 
@@ -369,6 +394,7 @@ def vllm_part(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "image_size": _image_size(bundle.root, cases),
         "model": "tiny random Gemma 3 (make-tiny-model)" if args.model is None else args.model,
         "max_tokens": args.max_tokens,
+        "varied_lengths": args.varied_lengths,
         "batch_size": args.batch_size,
         "engine_start_seconds": round(engine_start, 1),
         "engine_args": first.engine_args,
@@ -432,11 +458,7 @@ def _delay(body: dict[str, Any], median: float) -> float:
         )
         for m in body["messages"]
     ]
-    digest = hashlib.blake2b(json.dumps(shape).encode(), digest_size=8).digest()
-    u1 = (int.from_bytes(digest[:4], "big") + 1) / (2**32 + 1)
-    u2 = (int.from_bytes(digest[4:], "big") + 1) / (2**32 + 1)
-    gauss = math.sqrt(-2 * math.log(u1)) * math.cos(2 * math.pi * u2)
-    return min(12 * median, median * math.exp(gauss))
+    return heavy_tailed(json.dumps(shape).encode(), median, 12 * median)
 
 
 def _serve(port_out: Any, median: float) -> None:
@@ -647,6 +669,16 @@ def _api_timing(backend: Any, bundle: Any, cases: list[Any], live: int, concurre
 
 
 # ------------------------------------------------------------------------------------ report
+def _lengths(part: dict[str, Any]) -> str:
+    """How long the answers of a vLLM part were."""
+    if part.get("varied_lengths"):
+        return (
+            f"answers of exactly L tokens, L drawn from each request, lognormal around {part['max_tokens']} "
+            f"(sigma 1, at most {10 * part['max_tokens']})"
+        )
+    return f"answers of exactly {part['max_tokens']} tokens"
+
+
 def markdown(report: dict[str, Any], command: str) -> str:
     lines = [
         "## The runner's own work",
@@ -660,7 +692,7 @@ def markdown(report: dict[str, Any], command: str) -> str:
         lines += [
             f"**vLLM's engine** ({part['platform']}, vLLM {part['vllm']}; {part['model']}; {part['cases']} cases, "
             f"{part['turns']} turns, {part['images']} images of {part['image_size']} (`chexpercept synth`); oracle "
-            f"implicit; answers of exactly {part['max_tokens']} tokens; --batch-size {part['batch_size']}; engine "
+            f"implicit; {_lengths(part)}; --batch-size {part['batch_size']}; engine "
             f"start {part['engine_start_seconds']} s). Modes alternated in one process on one engine, "
             f"{len(next(iter(part['runs'].values())))} timings each, medians; caches emptied before each mode; "
             "peaks (VmHWM) reset before each mode:",
@@ -729,6 +761,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", help="--vllm: a model folder (default: the tiny random Gemma 3)")
     parser.add_argument("--engine-args", help="--vllm: extra engine arguments as JSON")
     parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument(
+        "--varied-lengths",
+        action="store_true",
+        help="--vllm: each answer exactly L tokens, L lognormal around --max-tokens (sigma 1, at most 10x), "
+        "drawn from the request id",
+    )
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--memory-batch-sizes", type=int, nargs="*", default=[8, 64])
     parser.add_argument("--modes", nargs="+", default=list(VLLM_MODES), choices=VLLM_MODES)
