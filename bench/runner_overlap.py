@@ -259,6 +259,7 @@ def by_case(answers: dict[str, str]) -> dict[str, list[str]]:
 
 
 def vllm_part(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    from runner_schedule import compare_answers
     from vllm import SamplingParams
 
     from chexpercept.eval.backends.vllm.backend import VLLMBackend
@@ -370,6 +371,7 @@ def vllm_part(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 "engine_idle_seconds": round(watch.clock.idle, 2),
                 "load_average": round((load_before + os.getloadavg()[0]) / 2, 1),
                 "same_answers": answers == reference_answers,
+                "answers_compared": compare_answers(answers, reference_answers),
                 **peaks(engine_pids),
                 **extra,
             }
@@ -433,6 +435,15 @@ def summarize_vllm(part: dict[str, Any]) -> dict[str, Any]:
         }
         out[mode]["load_average"] = round(statistics.median(e["load_average"] for e in entries), 1)
         out[mode]["same_answers"] = all(e["same_answers"] for e in entries)
+        compared = [e["answers_compared"] for e in entries if "answers_compared" in e]
+        if compared and not out[mode]["same_answers"]:
+            starts = [c["earliest_difference_at_char"] for c in compared if c["differ"]]
+            out[mode]["answers_differ"] = {
+                "turns": compared[0]["turns"],
+                "most_differ": max(c["differ"] for c in compared),
+                "most_first_turns_differ": max(c["first_turns_differ"] for c in compared),
+                "earliest_difference_at_char": min(starts) if starts else None,
+            }
     ours = out.get("ours")
     if ours:
         for values in out.values():
@@ -669,6 +680,18 @@ def _api_timing(backend: Any, bundle: Any, cases: list[Any], live: int, concurre
 
 
 # ------------------------------------------------------------------------------------ report
+def _same(summary: dict[str, Any]) -> str:
+    """Whether a mode's answers were ours's, and if not how far they differ."""
+    differ = summary.get("answers_differ")
+    if summary["same_answers"] or not differ:
+        return str(summary["same_answers"])
+    return (
+        f"False: at most {differ['most_differ']} of {differ['turns']} turns differ "
+        f"({differ['most_first_turns_differ']} first turns; earliest at character "
+        f"{differ['earliest_difference_at_char']})"
+    )
+
+
 def _lengths(part: dict[str, Any]) -> str:
     """How long the answers of a vLLM part were."""
     if part.get("varied_lengths"):
@@ -708,7 +731,7 @@ def markdown(report: dict[str, Any], command: str) -> str:
                 f"| {mode} | {v['seconds']:.1f} s | {v['ours_over_this']:.2f} | {v['iterations']:,} | "
                 f"{v['engine_idle_seconds']:.1f} s | {v['main_cpu_seconds']:.0f} s, {v['engine_cpu_seconds']:.0f} s | "
                 f"{v['main_peak_mib']:,.0f} MiB | {v['engine_peak_mib']:,.0f} MiB | "
-                f"{v['load_average']} | {v['same_answers']} |"
+                f"{v['load_average']} | {_same(v)} |"
             )
         sizes = part.get("memory_by_batch_size") or {}
         if sizes:
