@@ -203,11 +203,50 @@ def run_program(main: Callable[[], int]) -> int:
     the command went on to its end all the same (chexpercept/stdio.py) and a command that would
     have ended well ends with one line naming the cause, exit status 2 (``sys.exit(0)`` included:
     ``--help``); one that failed keeps its own status and message. A package that this install
-    lacks is one line naming the extra that brings it (``chexpercept.extras``)."""
+    lacks is one line naming the extra that brings it (``chexpercept.extras``).
+
+    A stop signal that no part of the command turned into its own line (one between the options and
+    the command's ``try``, one while standard output is flushed at the end) is one line here and
+    128 + the signal, never a traceback; from the return on, one while the interpreter exits is one
+    line and ends the process at once (``_stopped_while_exiting``)."""
+    ended: list[int] = []  # main's status, once it returned
+    try:
+        return _run_main(main, ended)
+    except BaseException as e:
+        signum = _stop_signal(e)
+        if signum is None:
+            raise
+        name = signal.Signals(signum).name
+        said = f"after the command had ended (status {ended[0]})" if ended else "before its work began"
+        write_now(f"{_Program.command or 'chexpercept'}: {launched_as()}stopped by {name} {said}")
+        return 128 + signum
+    finally:
+        catch_signals(_stopped_while_exiting)
+
+
+def _stop_signal(error: BaseException) -> int | None:
+    """The stop signal an exception stands for (``Stopped``, the runner's ``RunInterrupted``, a
+    bare ``KeyboardInterrupt``: SIGINT), or None."""
+    signum = getattr(error, "signum", None)
+    if isinstance(signum, int) and signum in STOP_SIGNALS:
+        return signum
+    return int(signal.SIGINT) if isinstance(error, KeyboardInterrupt) else None
+
+
+def _stopped_while_exiting(signum: int, _frame: object) -> None:
+    name = signal.Signals(signum).name
+    write_now(f"{_Program.command}: {launched_as()}stopped by {name} while exiting; the command had ended")
+    os._exit(128 + signum)
+
+
+def _run_main(main: Callable[[], int], ended: list[int]) -> int:
+    """``run_program``'s body: ``main()``, its status appended to ``ended``, standard output flushed."""
     try:
         try:
             status = main()
+            ended.append(status)
         except SystemExit as e:
+            ended.append(e.code if isinstance(e.code, int) else 0 if e.code is None else 1)
             if _lost_output(ended_well=e.code in (None, 0)):
                 return 2
             raise

@@ -26,6 +26,7 @@ import io
 import os
 import select
 import sys
+import threading
 import time
 from dataclasses import dataclass
 
@@ -58,24 +59,38 @@ def hold_standard_fds() -> None:
 def write_now(line: str) -> None:
     """``line`` (and a newline) to stderr's descriptor in one write, from a signal handler or just
     before ``os._exit``: no buffer in between, nothing raised (a closed or full stderr loses it). A
-    descriptor left non-blocking by another process is waited for, up to ``WAIT_SECONDS``."""
+    descriptor left non-blocking by another process, or a blocking one whose reader stalls, is
+    waited for up to ``WAIT_SECONDS``, no longer."""
     try:
         fd = sys.stderr.fileno() if sys.stderr is not None else 2
     except (ValueError, AttributeError, io.UnsupportedOperation):
         fd = 2
     data = memoryview((line + "\n").encode(errors="replace"))
     deadline = time.monotonic() + WAIT_SECONDS
-    while data:
-        try:
-            data = data[os.write(fd, data) :]
-        except BlockingIOError:
-            left = deadline - time.monotonic()
-            if left <= 0:
+
+    def write() -> None:
+        nonlocal data
+        while data:
+            try:
+                data = data[os.write(fd, data) :]
+            except BlockingIOError:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                with contextlib.suppress(OSError, ValueError):
+                    select.select([], [fd], [], left)
+            except OSError:
                 return
-            with contextlib.suppress(OSError, ValueError):
-                select.select([], [fd], [], left)
-        except OSError:
-            return
+
+    # a blocking stderr whose reader stalls (a full pipe) would hold the write, and the program's
+    # exit after it, for ever: the write has its own thread, waited for up to WAIT_SECONDS
+    writer = threading.Thread(target=write, name="chexpercept-write-now", daemon=True)
+    try:
+        writer.start()
+    except RuntimeError:  # no new thread while the interpreter exits
+        write()
+        return
+    writer.join(WAIT_SECONDS)
 
 
 #: seconds ``write_now`` waits for a non-blocking stderr whose reader is slow

@@ -143,6 +143,110 @@ def test_a_stop_signal_between_two_handlers_reaches_the_new_one(step, arrives):
     assert proc.stdout.strip() == f"[('{new}', {int(getattr(signal, arrives))})]"
 
 
+def _program_with_a_signal_at(where: str, signum: int, argv: list[str]) -> subprocess.CompletedProcess:
+    """``eval/run.py argv`` as a program, sending itself ``signum`` at a chosen moment: ``"end"``
+    (as the run lets its folders go, after every setting), ``"options"`` (between the options and
+    the run's own handling: program_started), ``"exit"`` (after the command's status is known, while
+    standard output is flushed), ``"exiting"`` (while the interpreter exits: an atexit function)."""
+    script = textwrap.dedent(
+        f"""
+        import os, signal, sys
+        from chexpercept import entry_point
+        entry_point.start_program("chexpercept run")
+        from chexpercept.eval import run
+        from chexpercept.eval.runner import execute
+        def send():
+            os.kill(os.getpid(), {int(signum)})
+        where = {where!r}
+        if where == "end":
+            real_let_go = execute._let_go
+            def let_go(*args):
+                send()
+                return real_let_go(*args)
+            execute._let_go = let_go
+        elif where == "options":
+            real_started = entry_point.program_started
+            def started():
+                real_started()
+                send()
+            run.program_started = started
+        elif where == "exiting":
+            import atexit, time
+            atexit.register(lambda: (send(), time.sleep(1)))
+        else:
+            real_lost = entry_point._lost_output
+            def lost(**kwargs):
+                send()
+                return real_lost(**kwargs)
+            entry_point._lost_output = lost
+        sys.exit(entry_point.run_program(lambda: run.main({argv!r})))
+        """
+    )
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("where", ["end", "options", "exit", "exiting"])
+def test_a_stop_outside_the_runs_own_handling_is_one_true_line(fixture_bundle, tmp_path, where, signum):
+    """A stop signal the run's own lines do not cover: just after every setting ended (it said "before
+    any case ran; nothing was written" over a complete run), between the options and the run's
+    handling, while the output is flushed at the end (a traceback, exit status 1). Each is now one
+    line that says where, and 128 + the signal; a complete run stays complete (a rerun has nothing
+    left to do)."""
+    argv = run_argv("eval/run.py", fixture_bundle, tmp_path, "--no-progress")[2:]
+    proc = _program_with_a_signal_at(where, signum, argv)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 128 + signum, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr, proc.stderr[-3000:]
+    name = signal.Signals(signum).name
+    stop_lines = [line for line in lines if f"stopped by {name}" in line]
+    assert len(stop_lines) == 1, lines
+    said = {
+        "end": "after every setting had ended; the results are saved in",
+        "options": "before its work began",
+        "exit": "after the command had ended (status 0)",
+        "exiting": "while exiting; the command had ended",
+    }[where]
+    assert said in stop_lines[0] and "nothing was written" not in stop_lines[0], lines
+    if where == "options":
+        assert not saved_any(tmp_path)
+    else:
+        assert len(saved(tmp_path)) == 21
+        again = subprocess.run(
+            run_argv("eval/run.py", fixture_bundle, tmp_path, "--no-progress"), capture_output=True, text=True
+        )
+        assert again.returncode == 0, again.stderr[-2000:]
+        assert len(saved(tmp_path)) == 21
+
+
+def test_a_second_signal_ends_the_program_though_its_stderr_is_not_read(fixture_bundle, tmp_path):
+    """stderr a pipe that nobody reads any more (full): the end line's write blocked, and neither a
+    second signal nor the watchdog ended the program (its line blocked too). Each line now waits
+    for stderr up to a second: the program ends at the second signal, 128 + it."""
+    read, write = os.pipe()
+    os.set_blocking(write, True)
+    while True:  # fill the pipe: every later write to it blocks
+        try:
+            os.set_blocking(write, False)
+            os.write(write, b"x" * 65536)
+        except BlockingIOError:
+            break
+    os.set_blocking(write, True)
+    argv = run_argv("eval/run.py", fixture_bundle, tmp_path, "--no-progress")
+    proc = launch(argv, delay="0.3", stdout=subprocess.DEVNULL, stderr=write)
+    try:
+        results = tmp_path / "m" / "oracle_implicit" / "results.jsonl"
+        assert wait_until(lambda: results.exists() and results.read_bytes().count(b"\n") >= 2, timeout=120)
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+    finally:
+        proc.kill()
+        os.close(read)
+        os.close(write)
+
+
 def saved_any(out: Path) -> bool:
     return (out / "m" / "oracle_implicit" / "results.jsonl").exists() and bool(saved(out))
 

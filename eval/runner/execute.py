@@ -239,14 +239,37 @@ def execute(plan: RunPlan, backend: Backend, dist: Distributed, children: ChildP
     ]
     try:
         status = _take_folders(plan, runs, dist)
-        if status is not None:
-            return status
-        return _run_all(plan, backend, context, dist, runs)
-    finally:
+        if status is None:
+            status = _run_all(plan, backend, context, dist, runs)
+    except BaseException:
+        _let_go(runs, dist, children)
+        raise
+    try:
+        _let_go(runs, dist, children)
+    except RunInterrupted as e:
+        return stopped_after_the_end(plan, e)
+    return status
+
+
+def _let_go(runs: list[OracleRun], dist: Distributed, children: ChildProcesses) -> None:
+    """The run folders' locks released, every process the run started stopped (a stop signal
+    waits until both are done)."""
+    with deferred():
         if dist.is_main:
             for run in runs:
                 run.folder.lock.release()
         children.stop()
+
+
+def stopped_after_the_end(plan: RunPlan, stop: RunInterrupted) -> int:
+    """One line for a stop signal after every setting had ended (its engine closing, its locks let
+    go): the cases are saved; 128 + the signal."""
+    print(
+        f"chexpercept run: stopped by {stop.name} after every setting had ended; the results are saved in "
+        f"{terminal(str(plan.model_folder()))} (see above)",
+        file=sys.stderr,
+    )
+    return stop.exit_status
 
 
 # ------------------------------------------------------------------------------- 1. the folders
@@ -457,8 +480,13 @@ def _run_all(
         except Exception:
             pass  # the error that ended the run is the one to tell; the process stops what is left
         return end_of(error, run.session, run.folder.path, main=dist.is_main, expected=EXPECTED_ERRORS)
-    finally:
+    except BaseException:
         backend.close()
+        raise
+    try:
+        backend.close()
+    except RunInterrupted as stop:  # every setting has ended: the engine's shutdown was cut short
+        return stopped_after_the_end(plan, stop)
     status = max(statuses, default=0)
     if dist.is_main and plan.score:
         status = print_scores(plan) or status
