@@ -33,6 +33,7 @@ from pathlib import Path as FsPath
 import numpy as np
 from PIL import Image
 
+from chexpercept.eval.runner.interrupts import shielded_children
 from chexpercept.fileio import atomic_file, private_dir, write_atomic
 from chexpercept.progress import progress_bar
 from chexpercept.stdio import guard_standard_streams
@@ -241,7 +242,9 @@ def synthesize_sources(
         with ProcessPoolExecutor(
             max_workers=num_proc, mp_context=get_context("spawn"), initializer=guard_standard_streams
         ) as pool:
-            for res in pool.map(_draw_one, jobs, chunksize=4):
+            with shielded_children():  # workers start as jobs are submitted: Ctrl-C is the main process's
+                drawn = pool.map(_draw_one, jobs, chunksize=4)
+            for res in drawn:
                 results.append(res)
                 bar.update()
     bar.close()

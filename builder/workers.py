@@ -10,6 +10,7 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from multiprocessing import get_context
 
+from chexpercept.eval.runner.interrupts import shielded_children
 from chexpercept.stdio import guard_standard_streams
 
 from .case_builder import CaseBuilder, Outcome, Settings
@@ -63,7 +64,10 @@ class CaseRunner:
         if self.local is not None:
             return all(on_done(self.local.build(queued)) for queued in batch)
         assert self.pool is not None
-        pending: set[Future] = {self.pool.submit(_work, q) for q in batch}
+        # the pool starts its workers as work is submitted: a terminal's Ctrl-C (and SIGHUP) to the
+        # process group reaches the main process only, which stops the pool in order
+        with shielded_children():
+            pending: set[Future] = {self.pool.submit(_work, q) for q in batch}
         while pending:
             done, pending = wait(pending, return_when=FIRST_COMPLETED)
             for fut in done:

@@ -247,6 +247,31 @@ def test_a_second_signal_ends_the_program_though_its_stderr_is_not_read(fixture_
         os.close(write)
 
 
+def test_ctrl_c_to_the_group_while_synth_starts_its_workers_is_one_line(tmp_path):
+    """A terminal's Ctrl-C reaches the whole process group: ``synth --num-proc 2``'s workers, as
+    they started, each printed a KeyboardInterrupt traceback (45 to 65 lines in all, and the pool's
+    "InvalidStateError" from a thread). The builder's pools start their workers with Ctrl-C held for
+    the main process (``shielded_children``), which stops the pool in order: one line, 130."""
+    argv = [sys.executable, "-m", "chexpercept.cli", "synth", "--output-dir", str(tmp_path / "b")]
+    argv += ["--per-cell", "2", "--num-proc", "2", "--no-progress"]
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        assert wait_until(lambda: len(descendants(proc.pid)) >= 2, timeout=120, interval=0.01)
+        time.sleep(0.3)  # the workers are importing
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert proc.returncode == 128 + signal.SIGINT, err[-3000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err and "InvalidStateError" not in err, err[
+        -3000:
+    ]
+    assert len(lines) == 1 and "stopped by SIGINT" in lines[0], lines
+
+
 def saved_any(out: Path) -> bool:
     return (out / "m" / "oracle_implicit" / "results.jsonl").exists() and bool(saved(out))
 
