@@ -244,9 +244,13 @@ def synthesize_sources(
         ) as pool:
             with shielded_children():  # workers start as jobs are submitted: Ctrl-C is the main process's
                 drawn = pool.map(_draw_one, jobs, chunksize=4)
-            for res in drawn:
-                results.append(res)
-                bar.update()
+            try:
+                for res in drawn:
+                    results.append(res)
+                    bar.update()
+            except BaseException:  # a stop: the jobs not started are dropped; those under way end
+                pool.shutdown(wait=True, cancel_futures=True)
+                raise
     bar.close()
     ils = {"train": {r["study_id"]: r["record"] for r in results}, "val": {}, "test": {}}
     write_atomic(root / "mimic-ils" / ILS_JSON, json.dumps(ils, indent=1))

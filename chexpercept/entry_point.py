@@ -235,8 +235,8 @@ def _stop_signal(error: BaseException) -> int | None:
 
 def _stopped_while_exiting(signum: int, _frame: object) -> None:
     name = signal.Signals(signum).name
-    write_now(f"{_Program.command}: {launched_as()}stopped by {name} while exiting; the command had ended")
-    os._exit(128 + signum)
+    why = f"{_Program.command}: {launched_as()}stopped by {name} while exiting; the command had ended"
+    exit_now(signum, why, _Program.children)  # with what it started (a pool's workers it waits for)
 
 
 def _run_main(main: Callable[[], int], ended: list[int]) -> int:

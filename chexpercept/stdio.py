@@ -20,13 +20,11 @@ stdout is buffered, as in a user's shell), and standard output's loss is said on
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import io
 import os
 import select
 import sys
-import threading
 import time
 from dataclasses import dataclass
 
@@ -67,33 +65,32 @@ def write_now(line: str) -> None:
         fd = 2
     data = memoryview((line + "\n").encode(errors="replace"))
     deadline = time.monotonic() + WAIT_SECONDS
-
-    def write() -> None:
-        nonlocal data
-        while data:
-            try:
-                data = data[os.write(fd, data) :]
-            except BlockingIOError:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return
-                with contextlib.suppress(OSError, ValueError):
-                    select.select([], [fd], [], left)
-            except OSError:
+    while data:
+        # a write only once the descriptor takes one (a full pipe nobody reads, a stopped terminal:
+        # never for ever), at most PIPE_BUF bytes, which a pipe takes whole (a line stays one write)
+        if not _writable(fd, deadline):
+            return
+        try:
+            data = data[os.write(fd, data[: select.PIPE_BUF]) :]
+        except BlockingIOError:  # another writer took the room first
+            if time.monotonic() >= deadline:
                 return
+        except OSError:
+            return
 
-    # a blocking stderr whose reader stalls (a full pipe) would hold the write, and the program's
-    # exit after it, for ever: the write has its own thread, waited for up to WAIT_SECONDS
-    writer = threading.Thread(target=write, name="chexpercept-write-now", daemon=True)
+
+def _writable(fd: int, deadline: float) -> bool:
+    """Whether ``fd`` takes a write before ``deadline`` (``time.monotonic``); True where it cannot
+    be polled (then the write is tried)."""
     try:
-        writer.start()
-    except RuntimeError:  # no new thread while the interpreter exits
-        write()
-        return
-    writer.join(WAIT_SECONDS)
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        return bool(poller.poll(max(0.0, deadline - time.monotonic()) * 1000))
+    except (OSError, ValueError, AttributeError):
+        return True
 
 
-#: seconds ``write_now`` waits for a non-blocking stderr whose reader is slow
+#: seconds ``write_now`` waits for a stderr whose reader is slow
 WAIT_SECONDS = 1.0
 
 

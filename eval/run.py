@@ -36,7 +36,7 @@ try:
     from chexpercept.bundle import IMAGE_CHECKS
     from chexpercept.cli_options import CommandParser, add_progress_option
     from chexpercept.entry_point import Stopped, launched_as, program_started, run_program
-    from chexpercept.escape import terminal, terminal_lines
+    from chexpercept.escape import terminal_lines
     from chexpercept.eval.backends import BACKENDS, backend_class
     from chexpercept.eval.backends.options import json_object
     from chexpercept.eval.oracle import ORACLE_CHOICES, PAPER
@@ -181,23 +181,19 @@ def run(args: argparse.Namespace) -> int:
         return 2
     dist: Distributed | None = None
     status: int | None = None  # the run's own status, once it has one
-    folder: str | None = None  # the model's folder, once the run may write into it
     try:
         with stop_on_signals() as children:
             try:
                 dist = Distributed()  # under accelerate: imports torch, waits for the other processes
                 plan, backend = build_plan(args, dist)
-                folder = str(plan.model_folder())
                 status = execute(plan, backend, dist, children)
             finally:
                 if dist is not None:
                     dist.close()  # inside the block: after a stop signal, its grace still bounds this
         return status
     except (RunInterrupted, Stopped) as e:  # execute says how a run ended; this is before or after it
-        if folder is None:
+        if status is None:  # execute says how its cases ended, and a stop after its end
             said = "before any case ran; nothing was written"
-        elif status is None:  # execute's own lines cover its cases; this is at its start or its end
-            said = f"as the run began or ended; what it saved is in {terminal(folder)} (see above)"
         else:
             said = "while its processes were closing; the run itself had ended (see above)"
         print(f"chexpercept run: {launched_as()}stopped by {e.name} {said}", file=sys.stderr)

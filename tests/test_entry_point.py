@@ -143,11 +143,14 @@ def test_a_stop_signal_between_two_handlers_reaches_the_new_one(step, arrives):
     assert proc.stdout.strip() == f"[('{new}', {int(getattr(signal, arrives))})]"
 
 
-def _program_with_a_signal_at(where: str, signum: int, argv: list[str]) -> subprocess.CompletedProcess:
+def _program_with_a_signal_at(
+    where: str, signum: int, argv: list[str], *, full_after: int | None = None
+) -> subprocess.CompletedProcess:
     """``eval/run.py argv`` as a program, sending itself ``signum`` at a chosen moment: ``"end"``
     (as the run lets its folders go, after every setting), ``"options"`` (between the options and
     the run's own handling: program_started), ``"exit"`` (after the command's status is known, while
-    standard output is flushed), ``"exiting"`` (while the interpreter exits: an atexit function)."""
+    standard output is flushed), ``"exiting"`` (while the interpreter exits: an atexit function).
+    ``full_after``: the disk is full after that many appends of results."""
     script = textwrap.dedent(
         f"""
         import os, signal, sys
@@ -158,6 +161,16 @@ def _program_with_a_signal_at(where: str, signum: int, argv: list[str]) -> subpr
         def send():
             os.kill(os.getpid(), {int(signum)})
         where = {where!r}
+        if {full_after!r} is not None:
+            import errno
+            from chexpercept.eval.runner.store import RunStore
+            real_append, appends = RunStore.append, []
+            def append(self, *args, **kwargs):
+                appends.append(1)
+                if len(appends) > {full_after!r}:
+                    raise OSError(errno.ENOSPC, "No space left on device")
+                return real_append(self, *args, **kwargs)
+            RunStore.append = append
         if where == "end":
             real_let_go = execute._let_go
             def let_go(*args):
@@ -217,6 +230,80 @@ def test_a_stop_outside_the_runs_own_handling_is_one_true_line(fixture_bundle, t
         )
         assert again.returncode == 0, again.stderr[-2000:]
         assert len(saved(tmp_path)) == 21
+
+
+def test_a_stop_after_a_run_failed_or_was_refused_keeps_its_error(fixture_bundle, tmp_path):
+    """A stop while a run that failed lets its folders go (a full disk after 2 appends) said "after
+    every setting had ended; the results are saved", 143; one while a refused run (a folder of
+    other settings) let go replaced the refusal by "what it saved is in ...". The run's own error
+    and status now stay (2), and the stop is said as such."""
+    argv = run_argv("eval/run.py", fixture_bundle, tmp_path, "--no-progress")[2:]
+    failed = _program_with_a_signal_at("end", signal.SIGTERM, argv, full_after=2)
+    assert failed.returncode == 2, failed.stderr[-3000:]
+    assert "after every setting had ended" not in failed.stderr and "Traceback" not in failed.stderr
+    assert (
+        "rerun the same command to resume" in failed.stderr
+        and "stopped by SIGTERM while closing" in failed.stderr
+    )
+    done = subprocess.run(
+        run_argv("eval/run.py", fixture_bundle, tmp_path, "--no-progress"), capture_output=True
+    )
+    assert done.returncode == 0 and len(saved(tmp_path)) == 21
+    refused = _program_with_a_signal_at("end", signal.SIGTERM, [*argv, "--seed", "1"])
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    assert "other settings" in refused.stderr and "seed" in refused.stderr, refused.stderr[-3000:]
+    assert "stopped by" not in refused.stderr and "Traceback" not in refused.stderr, refused.stderr[-3000:]
+
+
+def test_a_stop_between_two_drawn_images_drops_the_jobs_not_started(tmp_path):
+    """``synth-sources --num-proc 2`` stopped between two results (the signal taken in the loop, not
+    while it waits for one): the pool's queue was left, and the stop waited for every image of the
+    job (all 168 files written). The jobs not started are now dropped: the stop comes after the few
+    in the workers' hands."""
+    out = tmp_path / "sources"
+    script = textwrap.dedent(
+        f"""
+        import os, signal, sys
+        from chexpercept import entry_point
+        entry_point.start_program("chexpercept synth-sources")
+        from chexpercept import cli
+        from chexpercept.builder import synth_sources
+        real_bar = synth_sources.progress_bar
+        def progress_bar(*args, **kwargs):
+            bar, done = real_bar(*args, **kwargs), []
+            real_update = bar.update
+            def update(*a):
+                done.append(1)
+                if len(done) == 3:
+                    os.kill(os.getpid(), signal.SIGINT)
+                return real_update(*a)
+            bar.update = update
+            return bar
+        synth_sources.progress_bar = progress_bar
+        argv = ["synth-sources", "--output-dir", {str(out)!r}, "--per-cell", "5", "--num-proc", "2", "--no-progress"]
+        sys.exit(entry_point.run_program(lambda: cli._command(argv)))
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 128 + signal.SIGINT, proc.stderr[-3000:]
+    drawn = len(list(out.rglob("*.jpg")))
+    assert 3 <= drawn <= 40, (drawn, proc.stderr[-2000:])  # the whole job writes 168 files
+
+
+def test_a_last_line_is_written_while_a_thread_starts(tmp_path):
+    """A stop signal's line while the main thread starts a thread (it holds threading's start lock):
+    the line was written by a thread of its own, which waited for that lock, and was lost. It is
+    now written by the handler itself, once stderr takes it."""
+    script = textwrap.dedent(
+        """
+        import threading
+        from chexpercept.stdio import write_now
+        with threading._active_limbo_lock:
+            write_now("the last line")
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0 and proc.stderr == "the last line\n", proc.stderr
 
 
 def test_a_second_signal_ends_the_program_though_its_stderr_is_not_read(fixture_bundle, tmp_path):

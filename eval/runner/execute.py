@@ -241,13 +241,18 @@ def execute(plan: RunPlan, backend: Backend, dist: Distributed, children: ChildP
         status = _take_folders(plan, runs, dist)
         if status is None:
             status = _run_all(plan, backend, context, dist, runs)
-    except BaseException:
-        _let_go(runs, dist, children)
+    except BaseException as error:
+        try:
+            _let_go(runs, dist, children)
+        except RunInterrupted:
+            if isinstance(error, RunInterrupted):
+                raise
+            # the error that ended the run is the one to tell (a folder of other settings, a lock)
         raise
     try:
         _let_go(runs, dist, children)
     except RunInterrupted as e:
-        return stopped_after_the_end(plan, e)
+        return stopped_after_the_end(plan, e, status)
     return status
 
 
@@ -261,9 +266,13 @@ def _let_go(runs: list[OracleRun], dist: Distributed, children: ChildProcesses) 
         children.stop()
 
 
-def stopped_after_the_end(plan: RunPlan, stop: RunInterrupted) -> int:
-    """One line for a stop signal after every setting had ended (its engine closing, its locks let
-    go): the cases are saved; 128 + the signal."""
+def stopped_after_the_end(plan: RunPlan, stop: RunInterrupted, status: int) -> int:
+    """A stop signal after the run's own end (its engine closing, its locks let go); ``status``: the
+    run's. A run that ended well: one line (the cases are saved), 128 + the signal. One that did
+    not has said why already: its status stays, and the line says only that it was stopped."""
+    if status != 0:
+        print(f"chexpercept run: stopped by {stop.name} while closing, after the end above", file=sys.stderr)
+        return status
     print(
         f"chexpercept run: stopped by {stop.name} after every setting had ended; the results are saved in "
         f"{terminal(str(plan.model_folder()))} (see above)",
@@ -486,7 +495,7 @@ def _run_all(
     try:
         backend.close()
     except RunInterrupted as stop:  # every setting has ended: the engine's shutdown was cut short
-        return stopped_after_the_end(plan, stop)
+        return stopped_after_the_end(plan, stop, max(statuses, default=0))
     status = max(statuses, default=0)
     if dist.is_main and plan.score:
         status = print_scores(plan) or status
