@@ -239,18 +239,17 @@ def synthesize_sources(
             results.append(_draw_one(job))
             bar.update()
     else:
-        with ProcessPoolExecutor(
+        pool = ProcessPoolExecutor(
             max_workers=num_proc, mp_context=get_context("spawn"), initializer=guard_standard_streams
-        ) as pool:
+        )
+        try:
             with shielded_children():  # workers start as jobs are submitted: Ctrl-C is the main process's
                 drawn = pool.map(_draw_one, jobs, chunksize=4)
-            try:
-                for res in drawn:
-                    results.append(res)
-                    bar.update()
-            except BaseException:  # a stop: the jobs not started are dropped; those under way end
-                pool.shutdown(wait=True, cancel_futures=True)
-                raise
+            for res in drawn:
+                results.append(res)
+                bar.update()
+        finally:  # after a stop, the jobs not started are dropped; those under way end (as CaseRunner)
+            pool.shutdown(wait=True, cancel_futures=True)
     bar.close()
     ils = {"train": {r["study_id"]: r["record"] for r in results}, "val": {}, "test": {}}
     write_atomic(root / "mimic-ils" / ILS_JSON, json.dumps(ils, indent=1))

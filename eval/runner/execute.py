@@ -492,11 +492,11 @@ def _run_all(
     except BaseException:
         backend.close()
         raise
+    status = max(statuses, default=0)
     try:
         backend.close()
     except RunInterrupted as stop:  # every setting has ended: the engine's shutdown was cut short
-        return stopped_after_the_end(plan, stop, max(statuses, default=0))
-    status = max(statuses, default=0)
+        return stopped_after_the_end(plan, stop, status)
     if dist.is_main and plan.score:
         status = print_scores(plan) or status
     return status
