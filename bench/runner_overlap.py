@@ -775,26 +775,53 @@ def markdown(report: dict[str, Any], command: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--vllm", action="store_true")
-    parser.add_argument("--api", action="store_true")
+    parser.add_argument(
+        "--vllm", action="store_true", help="the vLLM part (engine in .venv-vllm; default: both parts)"
+    )
+    parser.add_argument(
+        "--api",
+        action="store_true",
+        help="the openai backend against a loopback server (default: both parts)",
+    )
     parser.add_argument("--bundle", help="a release folder (default: chexpercept synth --per-cell N)")
     parser.add_argument(
         "--per-cell", type=int, default=4, help="phantom cases per cell (default 4: 84 cases)"
     )
     parser.add_argument("--model", help="--vllm: a model folder (default: the tiny random Gemma 3)")
     parser.add_argument("--engine-args", help="--vllm: extra engine arguments as JSON")
-    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--max-tokens", type=int, default=32, help="--vllm: tokens per answer (default 32)")
     parser.add_argument(
         "--varied-lengths",
         action="store_true",
         help="--vllm: each answer exactly L tokens, L lognormal around --max-tokens (sigma 1, at most 10x), "
         "drawn from the request id",
     )
-    parser.add_argument("--batch-size", type=int, default=256)
-    parser.add_argument("--memory-batch-sizes", type=int, nargs="*", default=[8, 64])
-    parser.add_argument("--modes", nargs="+", default=list(VLLM_MODES), choices=VLLM_MODES)
-    parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--api-medians", type=float, nargs="+", default=[0.01, 0.1])
+    parser.add_argument(
+        "--batch-size", type=int, default=256, help="--vllm: live conversations (default 256)"
+    )
+    parser.add_argument(
+        "--memory-batch-sizes",
+        type=int,
+        nargs="*",
+        default=[8, 64],
+        help="--vllm: also the main process's peak memory of ours at these --batch-size values (default 8 64)",
+    )
+    parser.add_argument(
+        "--modes",
+        nargs="+",
+        default=list(VLLM_MODES),
+        choices=VLLM_MODES,
+        help="--vllm: the modes to time, alternated round by round (default: all)",
+    )
+    parser.add_argument("--repeat", type=int, default=3, help="timings of each mode (default 3)")
+    parser.add_argument(
+        "--api-medians",
+        type=float,
+        nargs="+",
+        default=[0.01, 0.1],
+        metavar="SECONDS",
+        help="--api: the loopback server's median reply delays, in seconds (default 0.01 0.1)",
+    )
     parser.add_argument("--json", help="write the report here too")
     parser.add_argument("--merge", help="a report (--json) whose parts not run now are kept")
     parser.add_argument("--write", action="store_true", help="write bench/RESULTS.md's section")
