@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from chexpercept.escape import terminal
 from chexpercept.eval.backends import BACKENDS
 from chexpercept.eval.backends.baselines import is_baseline
 from chexpercept.reasoning import family_of
@@ -198,16 +199,39 @@ def lookup(model: str) -> ModelSpec | None:
     return REGISTRY.get(key) or _BY_ALIAS.get(key)
 
 
+#: a model's folder under --output-dir: one path component, never hidden, never an option; at most
+#: 200 characters (a file system's limit is 255 bytes)
+RUN_FOLDER_NAME = re.compile(r"[A-Za-z0-9_+][A-Za-z0-9._+-]{0,199}")
+
+
+def run_folder_name(name: str, *, option: str = "--run-name") -> str:
+    """``name`` when it can name a model's folder directly under ``--output-dir``
+    (``RUN_FOLDER_NAME``: letters, digits, ``. _ + -``, not starting with ``.`` or ``-``); ValueError
+    naming ``option`` otherwise. Every model folder's name passes here (``RunPlan``), so that no name
+    reaches above, beside or inside another folder (``..``, ``/``, an absolute path) nor hides from
+    ``score`` (``.name``)."""
+    if not RUN_FOLDER_NAME.fullmatch(name):
+        raise ValueError(
+            f"{option} {terminal(repr(name))}: must be one folder name of at most 200 characters "
+            "(letters, digits, '.', '_', '+', '-'; not starting with '.' or '-'): it names the "
+            "model's folder directly under --output-dir"
+        )
+    return name
+
+
 def folder_name(model: str) -> str:
-    """A results-folder name for any model string (registry name, HF id, local folder, baseline)."""
+    """A results-folder name for any model string (registry name, HF id, local folder, baseline):
+    ``RUN_FOLDER_NAME``'s characters, others replaced by ``-``. ValueError when nothing is left or
+    the name is too long (then --run-name names the folder)."""
     if is_baseline(model):
-        return model.replace(":", "-")
-    if os.path.isdir(os.path.expanduser(model)):
-        model = os.path.basename(os.path.normpath(os.path.expanduser(model)))
-    name = model.strip().replace("/", "--")
-    name = re.sub(r"[^A-Za-z0-9._+-]+", "-", name).strip("-.")
-    if not name:
-        raise ValueError(f"cannot make a folder name from model {model!r}; pass --run-name")
+        name = model.replace(":", "-")
+    else:
+        if os.path.isdir(os.path.expanduser(model)):
+            model = os.path.basename(os.path.normpath(os.path.expanduser(model)))
+        name = model.strip().replace("/", "--")
+        name = re.sub(r"[^A-Za-z0-9._+-]+", "-", name).strip("-.")
+    if not RUN_FOLDER_NAME.fullmatch(name):
+        raise ValueError(f"cannot make a folder name from model {terminal(repr(model))}; pass --run-name")
     return name
 
 

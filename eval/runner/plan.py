@@ -22,7 +22,7 @@ from chexpercept.eval.backends import backend_class
 from chexpercept.eval.backends.options import BackendOptions
 from chexpercept.eval.oracle import end_to_end_note, oracles_for
 from chexpercept.eval.protocol import Backend, Sampling
-from chexpercept.eval.registry import ModelSpec, resolve
+from chexpercept.eval.registry import ModelSpec, resolve, run_folder_name
 from chexpercept.eval.runner.distributed import Distributed
 from chexpercept.eval.runner.selection import select_cases, split_list
 from chexpercept.eval.weights import prepare_model, runs_remote_code
@@ -65,10 +65,17 @@ class RunPlan:
     command: tuple[str, ...]
     notes: tuple[str, ...] = field(default=())
 
+    def __post_init__(self) -> None:
+        # the one gate of every model folder's name (eval/registry.py: run_folder_name)
+        if self.run_name is None:
+            run_folder_name(self.model.name, option="the model's folder name")
+        else:
+            run_folder_name(self.run_name)
+
     @property
     def name(self) -> str:
         """The folder name of the model's runs (``--run-name`` or the model's name)."""
-        return self.run_name or self.model.name
+        return self.run_name if self.run_name is not None else self.model.name
 
     @property
     def display_name(self) -> str:
@@ -136,6 +143,8 @@ def oracles_of(args: argparse.Namespace, sampling: Sampling) -> tuple[str, ...]:
 
 def build_plan(args: argparse.Namespace, dist: Distributed) -> tuple[RunPlan, Backend]:
     """The plan of ``args`` and its backend (built, not set up); see the module docstring."""
+    if args.run_name is not None:  # arguments first (RunPlan checks it again, for every caller)
+        run_folder_name(args.run_name)
     spec = resolve(args.model, backend=args.backend, model_id=args.model_id)
     sampling = sampling_for(spec, args)
     chat_kwargs, note = chat_kwargs_for(spec, args)

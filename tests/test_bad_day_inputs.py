@@ -1,0 +1,68 @@
+"""What a new user on a bad day typed (a fresh-eyes check, stop 41), each a class with one rule:
+
+- a model's folder name (``--run-name``, or the model's own) is one folder directly under
+  ``--output-dir`` (eval/registry.py ``run_folder_name``, checked by every ``RunPlan``);
+- decoding settings are inside their domain wherever they come from (``Sampling.__post_init__``);
+- a folder a command is told to write is new, empty, or one it wrote (``fileio.replaced_dir`` with
+  a marker): ``make-tiny-model`` as ``report``;
+- a run folder with no finished case is said and left out of the scores, never the end of every
+  other model's (metrics/runs.py ``NoFinishedCases``).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from chexpercept.eval.run import main
+
+BAD_RUN_NAMES = [
+    "../../escaped",  # above --output-dir
+    "ABSOLUTE",  # an absolute path (tmp_path-based, filled in below)
+    ".",  # --output-dir itself: its runs mixed with the model's
+    "..",
+    "a/b",  # a folder inside another model's
+    "",  # nothing
+    ".hidden",  # hidden from score's discovery
+    "-x",  # read as an option by every later command
+    "a\x1b[31mb",  # a terminal escape in every later line naming it
+    "x" * 201,  # over a file system's name limit once oracle_ is added
+]
+
+
+def _run(bundle, out, *extra: str) -> int:
+    return main(["--data-dir", str(bundle), "--output-dir", str(out), "--no-progress", "--no-score", *extra])
+
+
+@pytest.mark.parametrize("name", BAD_RUN_NAMES, ids=range(len(BAD_RUN_NAMES)))
+def test_a_run_name_that_is_not_one_folder_is_refused_before_anything_is_written(
+    fixture_bundle, tmp_path, capsys, name
+):
+    out = tmp_path / "runs" / "deeper"
+    if name == "ABSOLUTE":
+        name = str(tmp_path / "absolute")
+    status = _run(fixture_bundle, out, "--model", "baseline:random", "--limit", "2", f"--run-name={name}")
+    err = capsys.readouterr().err
+    assert status == 2, err
+    assert "--run-name" in err and "must be one folder name" in err, err
+    assert "\x1b" not in err
+    assert sorted(p.name for p in tmp_path.rglob("*")) == [], "nothing may be written anywhere"
+
+
+def test_a_plain_run_name_is_the_folder(fixture_bundle, tmp_path):
+    assert (
+        _run(fixture_bundle, tmp_path, "--model", "baseline:random", "--limit", "2", "--run-name", "v2_a+b.1")
+        == 0
+    )
+    assert (tmp_path / "v2_a+b.1" / "oracle_implicit" / "results.jsonl").is_file()
+
+
+def test_every_plan_checks_its_folder_name_not_only_the_command_line():
+    from chexpercept.eval.registry import folder_name, run_folder_name
+
+    for name in ("baseline-random", "google--medgemma-4b-it", "model.v1+x"):
+        assert run_folder_name(name) == name
+    with pytest.raises(ValueError, match="pass --run-name"):
+        folder_name("m" * 300)  # a local folder or id too long for a folder name
+    assert os.sep not in folder_name("../../org/model")
