@@ -13,6 +13,7 @@ and never re-encodes an image that it has already prepared for a live conversati
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -149,6 +150,10 @@ class Response:
     error: str | None = None
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 @dataclass(frozen=True)
 class Sampling:
     """Decoding parameters as recorded in run.json."""
@@ -160,6 +165,23 @@ class Sampling:
     #: True when a response is a deterministic function of the conversation (greedy decoding or a
     #: deterministic baseline): then an Oracle-Passed run also yields the exact End-to-End result.
     greedy: bool
+
+    def __post_init__(self) -> None:
+        """Every decoding setting inside its domain, wherever it came from (the registry, an option,
+        --request-extra): ValueError naming the option. A negative temperature would be recorded as
+        sampling while a backend decodes greedily; top_p outside (0, 1] means nothing."""
+        t, p = self.temperature, self.top_p
+        if t is not None and not (_is_number(t) and 0 <= t < math.inf):
+            raise ValueError(
+                f"the temperature must be a finite number of at least 0 (0: greedy), got {t!r} "
+                "(--temperature, or temperature in --request-extra)"
+            )
+        if not (_is_number(p) and 0 < p <= 1):
+            raise ValueError(
+                f"top_p must be above 0 and at most 1, got {p!r} (--top-p, or top_p in --request-extra)"
+            )
+        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 0:
+            raise ValueError(f"--max-tokens must be a whole number of at least 1, got {self.max_tokens!r}")
 
     def as_dict(self) -> dict[str, Any]:
         return {

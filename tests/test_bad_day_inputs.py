@@ -66,3 +66,64 @@ def test_every_plan_checks_its_folder_name_not_only_the_command_line():
     with pytest.raises(ValueError, match="pass --run-name"):
         folder_name("m" * 300)  # a local folder or id too long for a folder name
     assert os.sep not in folder_name("../../org/model")
+
+
+BAD_DECODING = [
+    (["--temperature=-1"], "the temperature must be"),  # recorded as sampling, decoded greedily
+    (["--temperature", "nan"], "the temperature must be"),
+    (["--temperature", "inf"], "the temperature must be"),
+    (["--top-p", "2"], "top_p must be above 0 and at most 1"),
+    (["--top-p", "0"], "top_p must be above 0 and at most 1"),
+    (["--top-p=-0.5"], "top_p must be above 0 and at most 1"),
+    (["--batch-size", "0"], "--batch-size must be at least 1"),  # was taken as "the default"
+    (["--max-tokens", "0", "--model", "demo-tiny"], "--max-tokens must be at least 1"),
+]
+
+
+@pytest.mark.parametrize("extra,message", BAD_DECODING, ids=range(len(BAD_DECODING)))
+def test_a_decoding_setting_outside_its_domain_is_refused(fixture_bundle, tmp_path, capsys, extra, message):
+    if "demo-tiny" in extra:  # max tokens apply to a model, not a baseline
+        extra = [
+            "--max-tokens",
+            "0",
+            "--model",
+            "gpt-5.4",
+            "--backend",
+            "openai",
+            "--base-url",
+            "http://127.0.0.1:9/v1",
+        ]
+    else:
+        extra = ["--model", "baseline:random", *extra]
+    status = _run(fixture_bundle, tmp_path / "runs", "--limit", "2", *extra)
+    err = capsys.readouterr().err
+    assert status == 2 and message in err, err
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("fields", ['{"temperature": -0.5}', '{"temperature": "hot"}', '{"top_p": 1.5}'])
+def test_a_request_field_outside_the_decoding_domain_is_refused_before_any_request(
+    fixture_bundle, tmp_path, capsys, fields
+):
+    """--request-extra replaces what the server gets and what run.json records: the same domain."""
+    api = ["--model", "gpt-5.4", "--backend", "openai", "--base-url", "http://127.0.0.1:9/v1"]
+    status = _run(fixture_bundle, tmp_path / "runs", "--limit", "2", *api, "--request-extra", fields)
+    err = capsys.readouterr().err
+    assert status == 2 and "--request-extra" in err, err
+
+
+def test_sampling_checks_its_domain_for_every_caller():
+    from chexpercept.eval.protocol import Sampling
+
+    assert Sampling(temperature=None, top_p=1.0, max_tokens=1, greedy=False).top_p == 1.0  # the server's
+    assert Sampling(temperature=0.0, top_p=1.0, max_tokens=0, greedy=True).max_tokens == 0  # a baseline
+    for bad in ({"temperature": -1.0}, {"top_p": 0.0}, {"max_tokens": -1}, {"max_tokens": True}):
+        with pytest.raises(ValueError):
+            Sampling(**{"temperature": 0.0, "top_p": 1.0, "max_tokens": 8, "greedy": True, **bad})
+
+
+def test_a_gpu_memory_share_above_one_is_refused():
+    from chexpercept.eval.backends.vllm.backend import VLLMOptions
+
+    with pytest.raises(ValueError, match="--gpu-memory-utilization must be above 0 and at most 1"):
+        VLLMOptions(gpu_memory_utilization=2.0)

@@ -34,6 +34,11 @@ def positive(v: float) -> str | None:
     return None if v > 0 else "must be positive"
 
 
+def fraction(v: float) -> str | None:
+    """A share of something whole (memory): above 0, at most 1."""
+    return None if 0 < v <= 1 else "must be above 0 and at most 1 (a fraction, e.g. 0.9)"
+
+
 #: what an environment variable's name is made of
 ENV_VAR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 

@@ -154,7 +154,7 @@ def build_plan(args: argparse.Namespace, dist: Distributed) -> tuple[RunPlan, Ba
     options = backend_class(spec.backend).Options.from_args(args)
     backend = make_backend(spec, options, sampling, chat_kwargs, args.on_error)
     sampling = backend.sampling()
-    batch_size = args.batch_size or backend.default_batch_size
+    batch_size = backend.default_batch_size if args.batch_size is None else args.batch_size
     if batch_size < 1:
         raise ValueError(f"--batch-size must be at least 1, got {batch_size}")
     check_release_dir(args.data_dir)  # a wrong --data-dir fails before any download

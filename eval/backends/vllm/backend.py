@@ -42,7 +42,13 @@ from typing import Any
 
 from chexpercept.containment import image_file
 from chexpercept.eval.backends.occupancy import IdleClock, WorkLedger, ratio, schedule_record
-from chexpercept.eval.backends.options import BackendOptions, at_least, json_object, option, positive
+from chexpercept.eval.backends.options import (
+    BackendOptions,
+    at_least,
+    fraction,
+    json_object,
+    option,
+)
 from chexpercept.eval.backends.prefetch import ImagePrefetch
 from chexpercept.eval.backends.replies import MarkerDecoder
 from chexpercept.eval.backends.vllm.limits import engine_image_limit, engine_max_model_len
@@ -129,7 +135,7 @@ class VLLMOptions(BackendOptions):
     )
     gpu_memory_utilization: float | None = option(
         type=float,
-        check=positive,
+        check=fraction,
         answers=False,
         help=f"fraction of GPU memory for the engine (default {DEFAULT_GPU_MEMORY_UTILIZATION}); on the "
         "CPU a fraction of the NUMA node's memory, by default replaced by an explicit KV-cache size",
