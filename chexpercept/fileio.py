@@ -435,8 +435,9 @@ def aside_dirs(path: str | os.PathLike[str]) -> list[FsPath]:
     )
 
 
-class NotOursError(FileExistsError):
-    """``replaced_dir`` was asked to replace a folder that the toolkit did not make."""
+class NotOursError(Refused, FileExistsError):
+    """``replaced_dir`` was asked to replace a folder that the toolkit did not make: refused on
+    purpose (``errors.Refused``), so every command says it in one line with status 2."""
 
 
 @contextlib.contextmanager

@@ -32,7 +32,7 @@ from pathlib import Path as FsPath
 from typing import Any
 
 from chexpercept import templates
-from chexpercept.fileio import private_dir, write_atomic, write_json_atomic
+from chexpercept.fileio import replaced_dir, write_atomic, write_json_atomic
 from chexpercept.vocab import LESIONS, POINT_COLORS
 
 ARCHITECTURES: tuple[str, ...] = ("gemma3", "qwen2.5-vl")
@@ -359,17 +359,25 @@ def _finish(model: Any, *, pad: int, bos: int, eos: list[int]) -> None:
 BUILDERS: dict[str, Callable[[FsPath], None]] = {"gemma3": _build_gemma3, "qwen2.5-vl": _build_qwen25vl}
 
 
+#: the file that marks a folder as a tiny model written here, so that a rerun replaces it and nothing else
+TINY_MODEL_MARKER = ".chexpercept-tiny-model"
+
+
 def build_tiny_model(out: str | os.PathLike[str], *, arch: str = "gemma3", seed: int = 0) -> FsPath:
     """Write a tiny random VLM of architecture ``arch`` and its processor to ``out``.
 
-    Loadable with ``AutoProcessor`` / ``AutoModelForImageTextToText`` and by vLLM. Raises
-    ValueError for an unknown architecture.
+    Loadable with ``AutoProcessor`` / ``AutoModelForImageTextToText`` and by vLLM. ``out`` must be
+    new, empty or an earlier tiny model (it holds ``TINY_MODEL_MARKER``): a user's own model folder
+    given by mistake is never overwritten with random weights. The model is written aside and takes
+    ``out``'s place whole (``fileio.replaced_dir``). Raises ValueError for an unknown architecture,
+    ``fileio.NotOursError`` for a folder that is not a tiny model.
     """
     if arch not in BUILDERS:
         raise ValueError(f"unknown architecture {arch!r}; expected one of {', '.join(ARCHITECTURES)}")
     import torch
 
-    out = private_dir(out)
-    torch.manual_seed(seed)
-    BUILDERS[arch](out)
+    out = FsPath(out)
+    with replaced_dir(out, marker=TINY_MODEL_MARKER) as stage:
+        torch.manual_seed(seed)
+        BUILDERS[arch](stage)
     return out

@@ -127,3 +127,45 @@ def test_a_gpu_memory_share_above_one_is_refused():
 
     with pytest.raises(ValueError, match="--gpu-memory-utilization must be above 0 and at most 1"):
         VLLMOptions(gpu_memory_utilization=2.0)
+
+
+def _user_model(folder):
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text('{"a user\'s": "model"}')
+    (folder / "model.safetensors").write_bytes(b"weights")
+    return {p.name: p.read_bytes() for p in folder.iterdir()}
+
+
+def test_make_tiny_model_never_overwrites_a_folder_it_did_not_write(tmp_path, capsys):
+    """A user's own model folder given by mistake kept its weights and config (they were replaced
+    by random ones before); a folder it wrote is replaced whole (the demo's rerun)."""
+    from chexpercept.cli import main as cli
+
+    mine = tmp_path / "my-model"
+    before = _user_model(mine)
+    assert cli(["make-tiny-model", "--output-dir", str(mine)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("chexpercept make-tiny-model: ") and "not written by this command" in err, err
+    assert "Traceback" not in err
+    assert {p.name: p.read_bytes() for p in mine.iterdir()} == before
+    assert [p.name for p in tmp_path.iterdir()] == ["my-model"], "nothing left beside it"
+
+    tiny = tmp_path / "tiny"
+    assert cli(["make-tiny-model", "--output-dir", str(tiny)]) == 0
+    first = (tiny / "model.safetensors").read_bytes()
+    assert cli(["make-tiny-model", "--output-dir", str(tiny), "--seed", "1"]) == 0  # its own: replaced
+    assert (tiny / "model.safetensors").read_bytes() != first
+
+
+def test_report_into_a_folder_it_did_not_write_is_one_line(fixture_bundle, tmp_path, capsys):
+    """The same rule, the same line: report refused such a folder with a traceback."""
+    from chexpercept.cli import main as cli
+
+    mine = tmp_path / "papers"
+    before = _user_model(mine)
+    runs = tmp_path / "runs"
+    assert _run(fixture_bundle, runs, "--model", "baseline:random", "--limit", "2") == 0
+    assert cli(["report", str(runs), "--output-dir", str(mine)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("chexpercept report: ") and "not written by this command" in err, err
+    assert {p.name: p.read_bytes() for p in mine.iterdir()} == before
