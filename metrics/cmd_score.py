@@ -188,6 +188,7 @@ def _check_formats(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     from .answer_warnings import warning_lines
     from .api import score_path
+    from .runs import NoFinishedCases
 
     try:
         intervals = _interval_options(args)
@@ -197,8 +198,8 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--compare needs exactly two models, got {len(models)}")
         reports = []
         for path, name in models:
-            reports.append(
-                score_path(
+            try:
+                report = score_path(
                     path,
                     bundle=args.data_dir,
                     mode=args.parse_mode,
@@ -207,7 +208,17 @@ def run(args: argparse.Namespace) -> int:
                     missing=args.missing,
                     name=name,
                 )
-            )
+            except NoFinishedCases as e:
+                if len(models) == 1:
+                    raise
+                # one model with nothing finished (every request failed) leaves the others scored
+                print(f"chexpercept score: note: {terminal_lines(e)}: not scored", file=sys.stderr)
+                continue
+            reports.append(report)
+        if not reports:
+            raise ValueError(f"no model of {', '.join(map(terminal, args.paths))} has a finished case")
+        if args.compare and len(reports) != 2:
+            raise ValueError(f"--compare needs two models with finished cases, got {len(reports)}")
     except (ValueError, FileNotFoundError, BundleValidationError, ReleaseNotFoundError) as e:
         print(f"chexpercept score: error: {terminal_lines(e)}", file=sys.stderr)
         return 2

@@ -26,7 +26,7 @@ from chexpercept.results import ORACLE_SETTINGS, RESULTS_NAME, RUN_NAME
 from chexpercept.run_metadata import RunMetadata
 
 from .reference import read_reference_results, reference_model_name
-from .runs import REFERENCE_RESULTS_NAME, Run, oracle_from_folder, read_chexpercept_run
+from .runs import REFERENCE_RESULTS_NAME, NoFinishedCases, Run, oracle_from_folder, read_chexpercept_run
 
 Layout = Literal["chexpercept", "reference"]
 
@@ -217,7 +217,16 @@ def load_runs(path: str | os.PathLike[str], **kwargs: Any) -> list[Run]:
     kind, where = detect(path)
     if kind != "model":
         return [load_run(path, **kwargs)]
-    runs = [load_run(d, **kwargs) for d in _run_folders(where)]
+    runs: list[Run] = []
+    empty: list[NoFinishedCases] = []
+    for folder in _run_folders(where):
+        try:
+            runs.append(load_run(folder, **kwargs))
+        except NoFinishedCases as e:  # the model's other settings are still scored, with a note
+            empty.append(e)
+    if not runs:
+        raise NoFinishedCases(str(where), sum(e.unfinished for e in empty))
+    runs[0].notes.extend(f"{e}: not scored" for e in empty)
     _check_one_identity(where, runs)
     return runs
 

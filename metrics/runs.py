@@ -102,6 +102,18 @@ def open_bundle(bundle: Bundle | str | os.PathLike[str] | None) -> Bundle | None
     return read_bundle(bundle, check_images="none")
 
 
+class NoFinishedCases(ValueError):
+    """A run folder (or every run folder of a model) holds no finished case: nothing to score. A
+    command that scores several runs or models says so and scores the others
+    (``discovery.load_runs``, ``score``, ``report``); one asked for this run alone stops here."""
+
+    def __init__(self, where: str, unfinished: int = 0):
+        listed = f" ({unfinished} unfinished, listed in {FAILURES_NAME})" if unfinished else ""
+        super().__init__(f"{terminal(where)}: no finished cases{listed}")
+        self.where = where
+        self.unfinished = unfinished
+
+
 class _DuplicateKey(ValueError):
     pass
 
@@ -159,7 +171,7 @@ def read_chexpercept_run(
             folder / FAILURES_NAME, ((i + 1, f.key_id, f.run) for i, f in enumerate(failures)), identity
         )
     if not records:
-        raise ValueError(f"{terminal(folder / RESULTS_NAME)}: no finished cases")
+        raise NoFinishedCases(str(folder / RESULTS_NAME), len(read_failures(folder / FAILURES_NAME)))
     settings = {r.oracle for r in records}
     if len(settings) > 1:
         raise ValueError(

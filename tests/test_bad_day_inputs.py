@@ -169,3 +169,38 @@ def test_report_into_a_folder_it_did_not_write_is_one_line(fixture_bundle, tmp_p
     err = capsys.readouterr().err
     assert err.startswith("chexpercept report: ") and "not written by this command" in err, err
     assert {p.name: p.read_bytes() for p in mine.iterdir()} == before
+
+
+def test_a_model_with_no_finished_case_is_said_and_the_others_are_scored(fixture_bundle, tmp_path, capsys):
+    """Every request of an API run failed (--on-error record): its folders hold failures.jsonl and
+    an empty results.jsonl. Before, run ended with "error: ... no finished cases" (status 2, not the
+    3 of unfinished cases), and score and report failed for every model of the folder."""
+    from fake_openai import FakeServer
+
+    from chexpercept.cli import main as cli
+
+    runs = tmp_path / "runs"
+    assert _run(fixture_bundle, runs, "--model", "baseline:random", "--limit", "3") == 0
+    refused = {"status": 400, "body": {"error": {"message": "bad request"}}}
+    with FakeServer(failures=[refused] * 50) as server:
+        api = ["--backend", "openai", "--base-url", server.url, "--max-retries", "0", "--on-error", "record"]
+        status = main(
+            ["--data-dir", str(fixture_bundle), "--output-dir", str(runs), "--no-progress", "--model", "gpt-5.4",
+             *api, "--limit", "4"]
+        )  # fmt: skip
+    err = capsys.readouterr().err
+    assert status == 3, err
+    assert "has finished: nothing to score" in err and "error:" not in err, err
+
+    assert cli(["score", str(runs)]) == 0
+    err = capsys.readouterr().err
+    assert "gpt-5.4: no finished cases (8 unfinished, listed in failures.jsonl): not scored" in err, err
+
+    assert cli(["score", str(runs / "gpt-5.4")]) == 2  # asked for alone: nothing to score
+    assert "no finished cases" in capsys.readouterr().err
+
+    assert cli(["report", str(runs), "--output-dir", str(tmp_path / "report"), "--no-intervals"]) == 0
+    said = capsys.readouterr()
+    said = said.out + said.err
+    assert said.count("no finished cases (4 unfinished, listed in failures.jsonl): not reported") == 2, said
+    assert "baseline" in (tmp_path / "report" / "index.html").read_text()

@@ -728,9 +728,15 @@ def print_scores(plan: RunPlan) -> int:
     once every case is saved; returns 0, or 128 + a stop signal that cut the printing short (said in
     one line: the cases are saved, a rerun prints the table)."""
     from chexpercept.metrics.api import print_model_scores
+    from chexpercept.metrics.runs import NoFinishedCases
 
     try:
         print_model_scores(plan.model_folder(), plan.display_name, plan.parse_mode)
+    except NoFinishedCases:  # every request failed: the lines above say why, and the status is 3
+        print(
+            f"chexpercept run: no case of {terminal(str(plan.model_folder()))} has finished: nothing to score",
+            file=sys.stderr,
+        )
     except RunInterrupted as e:
         print(
             f"chexpercept run: stopped by {e.name} while printing the scores; every selected case is "

@@ -43,7 +43,7 @@ from chexpercept.metrics.discovery import RunFolder, discover_runs, load_run
 from chexpercept.metrics.leaderboard import leaderboard_rows, render_leaderboard, write_leaderboard_csv
 from chexpercept.metrics.model_scores import score_model
 from chexpercept.metrics.partial import csv_value, markdown_line
-from chexpercept.metrics.runs import open_bundle
+from chexpercept.metrics.runs import NoFinishedCases, open_bundle
 from chexpercept.metrics.tables import TABLE_IDS, legend, render_table, zero_width
 from chexpercept.results import ORACLE_SETTINGS
 from chexpercept.vocab import LESIONS, PATHS
@@ -148,16 +148,27 @@ def resolve_bundle(
     return found, notes
 
 
-def _load(folders: Sequence[RunFolder], bundle: Bundle | None) -> list[Any]:
-    loaded = []
+def _load(
+    folders: Sequence[RunFolder], bundle: Bundle | None
+) -> tuple[list[RunFolder], list[Any], list[str]]:
+    """(the run folders that hold a finished case, their runs, a note for each that holds none:
+    left out of every table, the other runs reported)."""
+    kept, loaded, notes = [], [], []
     for rf in folders:
         if rf.layout == "reference" and bundle is None:
             raise ValueError(
                 f"{rf.results_file}: reference results do not store the questions; pass the bundle "
                 "they were made on with --bundle DIR"
             )
-        loaded.append(load_run(rf.folder, bundle=bundle, model=rf.model))
-    return loaded
+        try:
+            loaded.append(load_run(rf.folder, bundle=bundle, model=rf.model))
+        except NoFinishedCases as e:
+            notes.append(f"{e}: not reported")
+            continue
+        kept.append(rf)
+    if not kept:
+        raise ValueError(f"no run has a finished case ({'; '.join(notes)})")
+    return kept, loaded, notes
 
 
 def _summary_rows(model: str, flat: dict[str, float | None]) -> list[dict[str, Any]]:
@@ -576,7 +587,8 @@ def _write_into(
     roots = [results] if isinstance(results, (str, os.PathLike)) else list(results)
     folders = discover_runs(*roots)
     bundle_obj, notes = resolve_bundle(bundle, folders)
-    loaded = _load(folders, bundle_obj)
+    folders, loaded, empty = _load(folders, bundle_obj)
+    notes.extend(empty)
     clock.lap("load")
     notes.extend(_notes_once((rf.label, note) for rf in folders for note in rf.notes))
 
