@@ -39,8 +39,36 @@ def partial_models(reports: Any) -> dict[str, list[str]]:
 
 def markdown_line(reports: Any) -> str:
     """The heading line a markdown file of these numbers starts its table with ("" when none is
-    partial): ``**Partial numbers**: model X: <reason>. Rerun ... for the whole run.``"""
-    return heading(partial_models(reports))
+    partial and every model was scored on the same cases): ``**Partial numbers**: model X:
+    <reason>. Rerun ... for the whole run.``, then ``different_cases``."""
+    return heading(partial_models(reports)) + different_cases_markdown(reports)
+
+
+def different_cases_markdown(reports: Any) -> str:
+    """``different_cases`` as a markdown paragraph ("" when the cases are the same)."""
+    line = different_cases(reports)
+    return f"**Note**: {markdown_cell(line)}\n\n" if line else ""
+
+
+def different_cases(reports: Any) -> str:
+    """ "" when every model among ``reports`` (a {name: ModelScores} map) was scored on the same
+    cases; else a line naming how many each was scored on: numbers of different cases (a run with
+    ``--limit``, or one whose other cases failed) side by side are not comparable."""
+    if not isinstance(reports, Mapping):
+        return ""
+    cases = {
+        str(name): frozenset(item.matrix.key_ids)
+        for name, item in reports.items()
+        if getattr(item, "matrix", None) is not None
+    }
+    if len(set(cases.values())) < 2:
+        return ""
+    every = frozenset().union(*cases.values())
+    said = "; ".join(f"{name}: {len(keys)} of {len(every)}" for name, keys in cases.items())
+    return (
+        f"the models were scored on different cases ({said}); numbers of different cases are not "
+        "comparable (chexpercept score A B --compare compares two models on the cases both have)"
+    )
 
 
 def heading(partial: Mapping[str, Sequence[str]]) -> str:

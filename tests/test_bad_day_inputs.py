@@ -204,3 +204,29 @@ def test_a_model_with_no_finished_case_is_said_and_the_others_are_scored(fixture
     said = said.out + said.err
     assert said.count("no finished cases (4 unfinished, listed in failures.jsonl): not reported") == 2, said
     assert "baseline" in (tmp_path / "report" / "index.html").read_text()
+
+
+def test_models_scored_on_different_cases_are_never_ranked_side_by_side_without_a_word(
+    fixture_bundle, tmp_path, capsys
+):
+    """A 2-case run (--limit) and a whole run in one folder: the table, the report's tables and its
+    leaderboard each say so (before, nothing did and the report said "N cases")."""
+    from chexpercept.cli import main as cli
+
+    runs = tmp_path / "runs"
+    assert _run(fixture_bundle, runs, "--model", "baseline:oracle", "--limit", "2") == 0
+    assert _run(fixture_bundle, runs, "--model", "baseline:random") == 0
+    capsys.readouterr()
+    assert cli(["score", str(runs), "--table", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "scored on different cases (baseline-oracle: 2 of " in out, out
+    assert cli(["report", str(runs), "--output-dir", str(tmp_path / "report"), "--no-intervals"]) == 0
+    for name in ("tables.md", "leaderboard.md"):
+        assert "scored on different cases" in (tmp_path / "report" / name).read_text(), name
+
+    same = tmp_path / "same"
+    for model in ("baseline:oracle", "baseline:random"):
+        assert _run(fixture_bundle, same, "--model", model, "--limit", "2") == 0
+    capsys.readouterr()
+    assert cli(["score", str(same), "--table", "2"]) == 0
+    assert "different cases" not in capsys.readouterr().out

@@ -15,6 +15,7 @@ from huggingface_hub import constants
 from chexpercept.cli import main as cli
 from chexpercept.eval.registry import resolve
 from chexpercept.eval.run import main as run_main
+from chexpercept.eval.tiny_model import TINY_MODEL_MARKER
 from chexpercept.eval.weights import HubError, Weights, prepare_model, resolve_weights
 
 FILES = {
@@ -277,7 +278,11 @@ def test_download_model_resolves_registry_names(hub, cache, capsys):
 def test_run_fetches_a_hub_model_once_and_records_its_commit(
     hub, cache, tiny_model, fixture_bundle, tmp_path
 ):
-    files = {p.name: p.read_bytes() for p in Path(tiny_model).iterdir() if p.is_file()}
+    files = {
+        p.name: p.read_bytes()
+        for p in Path(tiny_model).iterdir()
+        if p.is_file() and p.name != TINY_MODEL_MARKER
+    }
     hub.models["org/tiny-vlm"] = FakeModel(files)
     commit = hub.models["org/tiny-vlm"].commit
     out = tmp_path / "runs"
@@ -371,7 +376,11 @@ def test_remote_code_runs_from_the_first_fetched_commit_until_a_revision_moves_i
     """lingshu-32b (a registry model with trust_remote_code) on a loopback Hub: the first run
     records the commit; upstream changes; the next run keeps the recorded code; --revision main
     moves it (issue 27 item 7c)."""
-    files = {p.name: p.read_bytes() for p in Path(tiny_model).iterdir() if p.is_file()}
+    files = {
+        p.name: p.read_bytes()
+        for p in Path(tiny_model).iterdir()
+        if p.is_file() and p.name != TINY_MODEL_MARKER
+    }
     model = hub.models["lingshu-medical-mllm/Lingshu-32B"] = FakeModel(files)
     first = model.commit
     out = tmp_path / "runs"
@@ -416,7 +425,9 @@ def test_estimate_fetches_the_processor_only_and_fails_fast_without_the_hub(
     resolved as run resolves them; with no Hub to reach it says so at once (it used to retry inside
     the processor's loader for minutes)."""
     files = {
-        p.relative_to(tiny_model).as_posix(): p.read_bytes() for p in tiny_model.rglob("*") if p.is_file()
+        p.relative_to(tiny_model).as_posix(): p.read_bytes()
+        for p in tiny_model.rglob("*")
+        if p.is_file() and p.name != TINY_MODEL_MARKER
     }
     hub.models["org/tiny-vlm"] = FakeModel(files)
     argv = [

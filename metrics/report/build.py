@@ -42,7 +42,7 @@ from chexpercept.input_files import IMAGE
 from chexpercept.metrics.discovery import RunFolder, discover_runs, load_run
 from chexpercept.metrics.leaderboard import leaderboard_rows, render_leaderboard, write_leaderboard_csv
 from chexpercept.metrics.model_scores import score_model
-from chexpercept.metrics.partial import csv_value, markdown_line
+from chexpercept.metrics.partial import csv_value, different_cases, different_cases_markdown, markdown_line
 from chexpercept.metrics.runs import NoFinishedCases, open_bundle
 from chexpercept.metrics.tables import TABLE_IDS, legend, render_table, zero_width
 from chexpercept.results import ORACLE_SETTINGS
@@ -356,7 +356,9 @@ def _write_tables(
     )
     files.append(tables_md)
     board = leaderboard_rows(reports)
-    leaderboard_md = _write(out / "leaderboard.md", banner + _board_markdown(board, hub))
+    leaderboard_md = _write(
+        out / "leaderboard.md", banner + different_cases_markdown(reports) + _board_markdown(board, hub)
+    )
     files += [leaderboard_md, write_leaderboard_csv(out / "leaderboard.csv", board)]
     if hub is not None:
         files.append(_write(out / "hub_leaderboard.csv", hub_leaderboard_csv(hub.entries)))
@@ -596,6 +598,8 @@ def _write_into(
 
     # --- scores: per model (headline numbers) and per run (the reference's per-run view)
     per_run, models, reports = _score(folders, loaded, mode)
+    if different_cases(reports):  # said in the page and on the terminal too
+        notes.append(different_cases(reports))
     warnings = merge_warnings([w for rep in reports.values() for w in answer_warnings(rep)])
     clock.lap("score")
     if n_resamples is not None:
