@@ -230,3 +230,14 @@ def test_models_scored_on_different_cases_are_never_ranked_side_by_side_without_
     capsys.readouterr()
     assert cli(["score", str(same), "--table", "2"]) == 0
     assert "different cases" not in capsys.readouterr().out
+
+
+def test_a_constant_baseline_beyond_every_questions_options_is_refused(fixture_bundle, tmp_path, capsys):
+    """baseline:constant:9 answered "Answer: 9" to every question and scored 0 without a word."""
+    status = _run(fixture_bundle, tmp_path, "--model", "baseline:constant:9", "--limit", "2")
+    err = capsys.readouterr().err
+    assert status == 2 and "no question of the selected cases has 9 options" in err, err
+    assert not list(tmp_path.rglob("results.jsonl")) or not any(
+        p.stat().st_size for p in tmp_path.rglob("results.jsonl")
+    )
+    assert _run(fixture_bundle, tmp_path, "--model", "baseline:constant:2", "--limit", "2") == 0

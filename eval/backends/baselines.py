@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from chexpercept.answers import oracle_answer_text
 from chexpercept.case import Case, Turn
 from chexpercept.eval.backends.options import NoOptions
-from chexpercept.eval.protocol import BatchBackend, Request, Response, RunContext, Sampling
+from chexpercept.eval.protocol import BackendError, BatchBackend, Request, Response, RunContext, Sampling
 
 if TYPE_CHECKING:
     from chexpercept.eval.registry import ModelSpec
@@ -100,6 +100,13 @@ class BaselineBackend(BatchBackend):
 
     def setup(self, context: RunContext) -> None:
         self.seed = context.seed
+        if self.kind == "constant":  # an option no question has: every answer out of range, scored 0
+            most = max((len(t.options) for c in context.cases for t in c.turns), default=0)
+            if self.constant > most:
+                raise BackendError(
+                    f"baseline:constant:{self.constant}: no question of the selected cases has "
+                    f"{self.constant} options (the most is {most}); choose an option number from 1 to {most}"
+                )
         if self.kind == "prior":
             self.prior = _prior(context.cases)
 
