@@ -363,6 +363,19 @@ def open_private(path: str | os.PathLike[str], flags: int = os.O_RDWR | os.O_CRE
     return _open_ours(FsPath(path), flags)
 
 
+@contextlib.contextmanager
+def exclusive(path: str | os.PathLike[str]) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (a private lock file, made when missing) for the
+    block: a short section that two processes must not run at once. The kernel frees it when the
+    holder dies, however it dies."""
+    fd = _open_ours(FsPath(path), os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor frees its lock
+
+
 def cut_tail(path: str | os.PathLike[str], *, limit: Limit, what: str = "file") -> bytes:
     """Cut a torn last line (bytes after the last newline) off ``path`` in place, under an exclusive
     ``flock``, and flush it to disk; returns the bytes removed (empty when the file ends with a

@@ -30,6 +30,8 @@ RUN_NAME = "run.json"
 FAILURES_NAME = "failures.jsonl"
 #: the lock a run holds on its folder for as long as it writes there (chexpercept.eval.runner.store.RunLock)
 LOCK_NAME = "run.lock"
+#: in a model folder: held while a run checks its settings folders and writes its run.json
+SETTINGS_LOCK_NAME = ".settings.lock"
 ORACLE_SETTINGS: tuple[str, ...] = ("none", "implicit", "explicit")
 SCHEMA_VERSION = 3  # 2: full_response and refusal per turn; failed requests kept apart; 3: run identity
 

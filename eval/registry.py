@@ -211,8 +211,9 @@ def run_folder_name(name: str, *, option: str = "--run-name") -> str:
     reaches above, beside or inside another folder (``..``, ``/``, an absolute path) nor hides from
     ``score`` (``.name``)."""
     if not RUN_FOLDER_NAME.fullmatch(name):
+        shown = repr(name) if len(name) <= 200 else f"{name[:40]!r}... ({len(name)} characters)"
         raise ValueError(
-            f"{option} {terminal(repr(name))}: must be one folder name of at most 200 characters "
+            f"{option} {terminal(shown)}: must be one folder name of at most 200 characters "
             "(letters, digits, '.', '_', '+', '-'; not starting with '.' or '-'): it names the "
             "model's folder directly under --output-dir"
         )

@@ -241,3 +241,33 @@ def test_a_constant_baseline_beyond_every_questions_options_is_refused(fixture_b
         p.stat().st_size for p in tmp_path.rglob("results.jsonl")
     )
     assert _run(fixture_bundle, tmp_path, "--model", "baseline:constant:2", "--limit", "2") == 0
+
+
+def test_two_runs_started_at_once_into_one_models_settings_folders_one_is_refused_at_its_start(
+    fixture_bundle, tmp_path
+):
+    """Two commands into oracle_none and oracle_implicit of one --run-name under other settings,
+    started together: each found the other's folder empty, both ran every case, then both ended
+    with status 2 (its settings folders were made by different models) and the folder could no
+    longer be scored. Now the second to start is refused before it runs a case."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "CHEXPERCEPT_TEST_STEP_DELAY": "0.2"}
+    common = [sys.executable, "-m", "chexpercept.eval.run", "--data-dir", str(fixture_bundle), "--output-dir",
+              str(tmp_path), "--run-name", "shared", "--no-progress", "--no-score", "--limit", "6",
+              "--batch-size", "1"]  # fmt: skip
+    procs = [
+        subprocess.Popen(
+            [*common, "--model", model, "--oracle", oracle], env=env, stderr=subprocess.PIPE, text=True
+        )
+        for model, oracle in (("baseline:random", "none"), ("baseline:constant:1", "implicit"))
+    ]
+    ends = [(p.wait(timeout=120), p.stderr.read()) for p in procs]
+    statuses = sorted(status for status, _ in ends)
+    assert statuses == [0, 2], ends
+    refused = next(err for status, err in ends if status == 2)
+    assert "already holds another run under other settings" in refused, refused
+    from chexpercept.cli import main as cli
+
+    assert cli(["score", str(tmp_path / "shared")]) == 0  # the folder is still one model's

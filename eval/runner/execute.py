@@ -52,13 +52,15 @@ from chexpercept.eval.runner.store import (
     rewrite_in_order,
 )
 from chexpercept.eval.runner.work_queue import WorkQueue, queue_path, remove_queues
-from chexpercept.fileio import private_dir, write_json_atomic
+from chexpercept.fileio import exclusive, private_dir, write_json_atomic
 from chexpercept.input_files import RESULTS, open_input
 from chexpercept.progress import progress_bar
 from chexpercept.results import (
+    SETTINGS_LOCK_NAME,
     CaseFailure,
     CaseResult,
     ForeignRecordError,
+    being_written,
     check_identity,
     read_failures,
     record_usages,
@@ -321,8 +323,10 @@ def _check_setting_folders(folder: RunStore, settings: dict[str, Any]) -> None:
     the folder's settings are scored together, so they must share one identity but the oracle."""
     siblings = {}
     for other in sorted(folder.path.parent.glob("oracle_*/run.json")):
-        if other.parent == folder.path or not RunStore(other.parent).holds_records():
-            continue  # a setting that saved nothing is scored with nothing
+        if other.parent == folder.path:
+            continue
+        if not RunStore(other.parent).holds_records() and not being_written(other.parent):
+            continue  # a setting that saved nothing is scored with nothing; one being run now counts
         previous = read_json(other)
         if isinstance(previous, dict) and isinstance(previous.get("settings"), dict):
             siblings[other.parent.name] = previous["settings"]
@@ -345,48 +349,58 @@ def _prepare_folder(plan: RunPlan, run: OracleRun) -> FolderOutcome:
     private_dir(folder.path, own=True)
     folder.lock.acquire()
     try:
-        folder.tighten()
-        previous = folder.check_settings(run.settings)
-        _check_setting_folders(folder, run.settings)
-        dropped = repair_tail(folder.results)
-        repair_tail(folder.failures)
-        identity = run_identity(run.settings)
-        quarantined = folder.quarantine_unverified(identity)
-        if quarantined:
-            print(
-                f"note: {quarantined} line(s) of {folder.results} carried no run identity (written by an "
-                f"older version, or appended by hand), so the settings that made them cannot be checked: "
-                f"moved to {folder.quarantine} and their cases run again",
-                file=sys.stderr,
-            )
-        size = folder.results.stat().st_size if folder.results.exists() else 0
-        kept = read_records(folder.results, identity)
-        finished = tuple(sorted(kept))
-        _note_other_selection(folder.path, finished, plan)
-        failures = read_failures(folder.failures)
-        check_identity(folder.failures, ((i + 1, f.key_id, f.run) for i, f in enumerate(failures)), identity)
-        info = replace(run.header, settings=run.settings, finished=None)
-        session = session_record(run.header, plan)
-        info.sessions = [session]
-        if previous:
-            _note_session_changes(folder.path, previous, session)
-            info.started = previous.get("started", run.header.started)
-            info.resumed = [*previous.get("resumed", []), run.header.started]
-            info.sessions = [*(previous.get("sessions") or []), session]
-        write_json_atomic(folder.run_json, info.to_json())
-        remove_queues(folder.path)  # of sessions that ended; this one holds the lock
-        return FolderOutcome(
-            ok=True,
-            dropped=dropped,
-            results_size=size,
-            finished=finished,
-            info=info.to_json(),
-            session=secrets.token_hex(6),
-            served=served_models(record_usages(kept.values())),
-        )
+        # one run at a time checks the model's settings folders and writes its run.json: two runs
+        # started at once into oracle_none and oracle_implicit of one model under other settings
+        # would each find the other's folder empty, and both run to the end before scoring refused
+        with exclusive(folder.path.parent / SETTINGS_LOCK_NAME):
+            return _prepare_locked(plan, run)
     except BaseException:
         folder.lock.release()
         raise
+
+
+def _prepare_locked(plan: RunPlan, run: OracleRun) -> FolderOutcome:
+    """``_prepare_folder`` once its locks are held."""
+    folder = run.folder
+    folder.tighten()
+    previous = folder.check_settings(run.settings)
+    _check_setting_folders(folder, run.settings)
+    dropped = repair_tail(folder.results)
+    repair_tail(folder.failures)
+    identity = run_identity(run.settings)
+    quarantined = folder.quarantine_unverified(identity)
+    if quarantined:
+        print(
+            f"note: {quarantined} line(s) of {folder.results} carried no run identity (written by an "
+            f"older version, or appended by hand), so the settings that made them cannot be checked: "
+            f"moved to {folder.quarantine} and their cases run again",
+            file=sys.stderr,
+        )
+    size = folder.results.stat().st_size if folder.results.exists() else 0
+    kept = read_records(folder.results, identity)
+    finished = tuple(sorted(kept))
+    _note_other_selection(folder.path, finished, plan)
+    failures = read_failures(folder.failures)
+    check_identity(folder.failures, ((i + 1, f.key_id, f.run) for i, f in enumerate(failures)), identity)
+    info = replace(run.header, settings=run.settings, finished=None)
+    session = session_record(run.header, plan)
+    info.sessions = [session]
+    if previous:
+        _note_session_changes(folder.path, previous, session)
+        info.started = previous.get("started", run.header.started)
+        info.resumed = [*previous.get("resumed", []), run.header.started]
+        info.sessions = [*(previous.get("sessions") or []), session]
+    write_json_atomic(folder.run_json, info.to_json())
+    remove_queues(folder.path)  # of sessions that ended; this one holds the lock
+    return FolderOutcome(
+        ok=True,
+        dropped=dropped,
+        results_size=size,
+        finished=finished,
+        info=info.to_json(),
+        session=secrets.token_hex(6),
+        served=served_models(record_usages(kept.values())),
+    )
 
 
 def _note_other_selection(folder: FsPath, finished: Sequence[str], plan: RunPlan) -> None:
