@@ -110,6 +110,19 @@ def _runs_under(root: FsPath) -> list[RunFolder]:
     return runs
 
 
+def runs_without_results(root: str | os.PathLike[str]) -> list[FsPath]:
+    """The ``oracle_<setting>`` folders at or below ``root`` that hold a run.json but no results file
+    (a run refused or stopped before its first case): nothing to score there, said by the commands
+    that score a folder of runs (never passed over without a word)."""
+    found = []
+    for dirpath, dirnames, filenames in os.walk(FsPath(root).expanduser()):
+        dirnames.sort()
+        folder = FsPath(dirpath)
+        if folder.name.startswith("oracle_") and RUN_NAME in filenames and find_run(folder) is None:
+            found.append(folder)
+    return found
+
+
 def discover_runs(*results: str | os.PathLike[str]) -> list[RunFolder]:
     """Every run folder at or below each of ``results`` (sorted by model, then oracle setting);
     two runs of one model and oracle setting are an error."""

@@ -84,7 +84,7 @@ def _as_bundle(bundle: Bundle | str | os.PathLike[str] | None) -> Bundle:
     if found is None:
         raise ValueError(
             "re-scoring the reference's all_results.json needs the release bundle it was run on "
-            "(--bundle DIR): the file stores neither the options nor the None option of the point questions"
+            "(--data-dir DIR): the file stores neither the options nor the None option of the point questions"
         )
     return found
 

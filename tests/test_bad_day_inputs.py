@@ -234,13 +234,23 @@ def test_models_scored_on_different_cases_are_never_ranked_side_by_side_without_
 
 def test_a_constant_baseline_beyond_every_questions_options_is_refused(fixture_bundle, tmp_path, capsys):
     """baseline:constant:9 answered "Answer: 9" to every question and scored 0 without a word."""
-    status = _run(fixture_bundle, tmp_path, "--model", "baseline:constant:9", "--limit", "2")
+    runs = tmp_path / "runs"
+    status = _run(fixture_bundle, runs, "--model", "baseline:constant:9", "--limit", "2")
     err = capsys.readouterr().err
     assert status == 2 and "no question of the selected cases has 9 options" in err, err
-    assert not list(tmp_path.rglob("results.jsonl")) or not any(
-        p.stat().st_size for p in tmp_path.rglob("results.jsonl")
+    assert not list(runs.rglob("results.jsonl")) or not any(
+        p.stat().st_size for p in runs.rglob("results.jsonl")
     )
-    assert _run(fixture_bundle, tmp_path, "--model", "baseline:constant:2", "--limit", "2") == 0
+    assert _run(fixture_bundle, runs, "--model", "baseline:constant:2", "--limit", "2") == 0
+    # the refused run left its run.json and no results: score and report say so (they passed over it)
+    from chexpercept.cli import main as cli
+
+    capsys.readouterr()
+    assert cli(["score", str(runs)]) == 0
+    assert "baseline-constant-9/oracle_implicit: no results.jsonl: not scored" in capsys.readouterr().err
+    assert cli(["report", str(runs), "--output-dir", str(tmp_path / "report"), "--no-intervals"]) == 0
+    said = capsys.readouterr()
+    assert "baseline-constant-9/oracle_implicit: no results.jsonl: not reported" in said.out + said.err
 
 
 def test_two_runs_started_at_once_into_one_models_settings_folders_one_is_refused_at_its_start(

@@ -104,7 +104,7 @@ def test_without_bundle_the_viewer_uses_the_recorded_conversation(bundle, tmp_pa
 def test_runs_of_another_bundle_are_refused(bundle, tmp_path, fresh_bundle):
     simulate_run(bundle, tmp_path / "runs", "oracle", accuracy=1.0)
     other = read_bundle(fresh_bundle, check_images="none", lesions=["edema"])
-    with pytest.raises(ValueError, match="not in the bundle .* Pass the right --bundle"):
+    with pytest.raises(ValueError, match="not in the bundle .* Pass the right --data-dir"):
         write_viewer_data(tmp_path / "report", _viewer_runs(tmp_path / "runs"), other)
 
 

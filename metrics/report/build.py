@@ -39,13 +39,13 @@ from typing import Any
 from chexpercept.bundle import Bundle
 from chexpercept.fileio import copy_file, private_dir, replaced_dir, write_atomic
 from chexpercept.input_files import IMAGE
-from chexpercept.metrics.discovery import RunFolder, discover_runs, load_run
+from chexpercept.metrics.discovery import RunFolder, discover_runs, load_run, runs_without_results
 from chexpercept.metrics.leaderboard import leaderboard_rows, render_leaderboard, write_leaderboard_csv
 from chexpercept.metrics.model_scores import score_model
 from chexpercept.metrics.partial import csv_value, different_cases, different_cases_markdown, markdown_line
 from chexpercept.metrics.runs import NoFinishedCases, open_bundle
 from chexpercept.metrics.tables import TABLE_IDS, legend, render_table, zero_width
-from chexpercept.results import ORACLE_SETTINGS
+from chexpercept.results import ORACLE_SETTINGS, RESULTS_NAME
 from chexpercept.vocab import LESIONS, PATHS
 
 from ..answer_warnings import (
@@ -143,7 +143,7 @@ def resolve_bundle(
             raise ValueError(
                 f"{run.folder}: run.json's bundle fingerprint {recorded_fp[:12]}... differs from the bundle "
                 f"at {found.root} ({fingerprint[:12]}...): the run was made on other questions; pass the "
-                "bundle it was made on with --bundle"
+                "bundle it was made on with --data-dir"
             )
     return found, notes
 
@@ -158,7 +158,7 @@ def _load(
         if rf.layout == "reference" and bundle is None:
             raise ValueError(
                 f"{rf.results_file}: reference results do not store the questions; pass the bundle "
-                "they were made on with --bundle DIR"
+                "they were made on with --data-dir DIR"
             )
         try:
             loaded.append(load_run(rf.folder, bundle=bundle, model=rf.model))
@@ -589,6 +589,9 @@ def _write_into(
     roots = [results] if isinstance(results, (str, os.PathLike)) else list(results)
     folders = discover_runs(*roots)
     bundle_obj, notes = resolve_bundle(bundle, folders)
+    notes += [
+        f"{empty}: no {RESULTS_NAME}: not reported" for root in roots for empty in runs_without_results(root)
+    ]
     folders, loaded, empty = _load(folders, bundle_obj)
     notes.extend(empty)
     clock.lap("load")

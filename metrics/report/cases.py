@@ -204,7 +204,7 @@ def write_viewer_data(
     if missing_in_bundle:
         raise ValueError(
             f"{len(missing_in_bundle)} case(s) of the runs are not in the bundle {bundle.root} "
-            f"(first: {missing_in_bundle[0]}); was the run made on another bundle? Pass the right --bundle"
+            f"(first: {missing_in_bundle[0]}); was the run made on another bundle? Pass the right --data-dir"
         )
 
     index_cases = []
