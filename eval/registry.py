@@ -298,9 +298,14 @@ def resolve(model: str, *, backend: str | None = None, model_id: str | None = No
     if spec is None:
         _check_local_path(model_id or model)
         if backend is None:
+            import difflib
+
+            near = difflib.get_close_matches(model.strip().lower(), [*REGISTRY, *_BY_ALIAS], n=1, cutoff=0.8)
+            guess = f"did you mean {near[0]!r}? " if near else ""
             raise ValueError(
-                f"{model!r} is not in the model registry ({', '.join(REGISTRY)}); to run another "
-                "Hugging Face id or local folder, say how with --backend vllm|transformers|openai"
+                f"{terminal(repr(model))} is not in the model registry ({guess}it holds "
+                f"{', '.join(REGISTRY)}); to run another Hugging Face id or local folder, say how with "
+                "--backend vllm|transformers|openai"
             )
         spec = ModelSpec(
             name=folder_name(model),

@@ -281,3 +281,11 @@ def test_two_runs_started_at_once_into_one_models_settings_folders_one_is_refuse
     from chexpercept.cli import main as cli
 
     assert cli(["score", str(tmp_path / "shared")]) == 0  # the folder is still one model's
+
+
+def test_a_misspelt_registry_name_gets_the_nearest_name(fixture_bundle, tmp_path, capsys):
+    assert _run(fixture_bundle, tmp_path, "--model", "medgema-27b", "--limit", "1") == 2
+    err = capsys.readouterr().err
+    assert "'medgema-27b' is not in the model registry (did you mean 'medgemma-27b'?" in err, err
+    assert _run(fixture_bundle, tmp_path, "--model", "brand-new-model", "--limit", "1") == 2
+    assert "did you mean" not in capsys.readouterr().err
