@@ -443,6 +443,15 @@ def torn_tail(path: str | FsPath) -> int:
         return 0
 
 
+def not_a_result(path: str | FsPath, n: int, reason: str) -> str:
+    """The message for line ``n`` of a results file that is not a case result, with what to do
+    (the run, score and report all say it so)."""
+    return (
+        f"{path}:{n}: not a CheXpercept case result ({reason}). The other lines are intact: delete or "
+        f"repair line {n} (e.g. sed -i '{n}d' FILE) and rerun; a deleted case is run again"
+    )
+
+
 def iter_results(path: str | FsPath) -> Iterator[CaseResult]:
     """Read a results.jsonl; a torn last line (crash mid-write) is ignored, any other bad line raises."""
     for _n, result in iter_numbered_results(path):
@@ -456,8 +465,8 @@ def iter_numbered_results(path: str | FsPath) -> Iterator[tuple[int, CaseResult]
         try:
             yield n, CaseResult.from_dict(loads(line, source=f"{path}:{n}"), f"{path}:{n}")
         except JsonInputError as e:
-            raise ValueError(f"{path}:{n}: not a CheXpercept case result: {e.reason}") from None
+            raise ValueError(not_a_result(path, n, e.reason)) from None
         except RecordFieldError:
             raise
         except (ValueError, TypeError, KeyError) as e:
-            raise ValueError(f"{path}:{n}: not a CheXpercept case result: {e}") from e
+            raise ValueError(not_a_result(path, n, str(e))) from e

@@ -289,3 +289,21 @@ def test_a_misspelt_registry_name_gets_the_nearest_name(fixture_bundle, tmp_path
     assert "'medgema-27b' is not in the model registry (did you mean 'medgemma-27b'?" in err, err
     assert _run(fixture_bundle, tmp_path, "--model", "brand-new-model", "--limit", "1") == 2
     assert "did you mean" not in capsys.readouterr().err
+
+
+def test_a_garbage_line_amid_the_results_says_what_to_do(fixture_bundle, tmp_path, capsys):
+    from chexpercept.cli import main as cli
+
+    assert _run(fixture_bundle, tmp_path, "--model", "baseline:random", "--limit", "4") == 0
+    results = tmp_path / "baseline-random" / "oracle_implicit" / "results.jsonl"
+    lines = results.read_text().splitlines()
+    results.write_text("\n".join([*lines[:2], "garbage{{", *lines[2:]]) + "\n")
+    capsys.readouterr()
+    assert _run(fixture_bundle, tmp_path, "--model", "baseline:random", "--limit", "4") == 2
+    run_said = capsys.readouterr().err.strip().splitlines()[-1]
+    assert cli(["score", str(tmp_path)]) == 2
+    score_said = capsys.readouterr().err.strip().splitlines()[-1]
+    for said in (run_said, score_said):
+        assert (
+            "results.jsonl:3: not a CheXpercept case result" in said and "delete or repair line 3" in said
+        ), said

@@ -50,6 +50,7 @@ from chexpercept.results import (
     check_identity,
     check_record_key,
     complete_lines,
+    not_a_result,
     read_typed,
 )
 
@@ -203,11 +204,11 @@ def read_records(
             record = read_typed(CaseResult, loads(line, source=f"{path}:{n}"), f"{path}:{n}")
             key = check_record_key(record)
         except JsonInputError as e:
-            raise StoreError(f"{path}:{n}: not a CheXpercept case result ({e.reason})") from None
+            raise StoreError(not_a_result(path, n, e.reason)) from None
         except RecordFieldError as e:
             raise StoreError(f"not a CheXpercept case result: {e}") from None
         except (ValueError, KeyError, TypeError) as e:
-            raise StoreError(f"{path}:{n}: not a CheXpercept case result ({e})") from e
+            raise StoreError(not_a_result(path, n, str(e))) from e
         if key in out:
             raise StoreError(
                 f"{path}: case {key} appears twice (lines {first_line[key]} and {n}); "
