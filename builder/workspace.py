@@ -59,11 +59,15 @@ class Workspace:
                     )
                 self.clear()
         elif root.is_dir() and any(root.iterdir()):
-            ours = {IMAGES_DIR, JSON_NAME, WORK_DIR}
-            foreign = [p.name for p in root.iterdir() if p.name not in ours]
+            # no run record: whatever is here was not written by a generate or synth run, a release
+            # (chexpercept/, chexpercept.json) downloaded or copied here included, so it is never cleared
+            # without --overwrite
+            foreign = [p.name for p in root.iterdir() if p.name != WORK_DIR]
             if foreign and not overwrite:
                 raise SourceError(
-                    f"--output-dir {root} is not empty and was not written by generate ({', '.join(sorted(foreign)[:5])})"
+                    f"--output-dir {root} is not empty and holds no record of a generate or synth run "
+                    f"({', '.join(sorted(foreign)[:5])}): nothing was changed. Use a new --output-dir, or "
+                    "--overwrite to replace what is there"
                 )
             if overwrite:
                 self.clear()

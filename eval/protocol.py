@@ -180,6 +180,8 @@ class Sampling:
             raise ValueError(
                 f"top_p must be above 0 and at most 1, got {p!r} (--top-p, or top_p in --request-extra)"
             )
+        if self.greedy and t != 0:  # recorded greedy, decoded sampling: End-to-End taken from Oracle-Passed
+            raise ValueError(f"greedy decoding needs temperature 0, got {t!r}")
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 0:
             raise ValueError(f"--max-tokens must be a whole number of at least 1, got {self.max_tokens!r}")
 

@@ -204,18 +204,27 @@ def lookup(model: str) -> ModelSpec | None:
 RUN_FOLDER_NAME = re.compile(r"[A-Za-z0-9_+][A-Za-z0-9._+-]{0,199}")
 
 
+def _reserved(name: str) -> bool:
+    """A name that the folders of runs give a meaning of their own: a settings folder
+    (``oracle_*``) or one of a run's files, which ``score`` would read as a run."""
+    from chexpercept.results import FAILURES_NAME, LOCK_NAME, RESULTS_NAME, RUN_NAME
+
+    files = {RESULTS_NAME, RUN_NAME, FAILURES_NAME, LOCK_NAME, "all_results.json", "quarantine.jsonl"}
+    return name.lower().startswith("oracle_") or name.lower() in files
+
+
 def run_folder_name(name: str, *, option: str = "--run-name") -> str:
     """``name`` when it can name a model's folder directly under ``--output-dir``
     (``RUN_FOLDER_NAME``: letters, digits, ``. _ + -``, not starting with ``.`` or ``-``); ValueError
     naming ``option`` otherwise. Every model folder's name passes here (``RunPlan``), so that no name
     reaches above, beside or inside another folder (``..``, ``/``, an absolute path) nor hides from
     ``score`` (``.name``)."""
-    if not RUN_FOLDER_NAME.fullmatch(name):
+    if not RUN_FOLDER_NAME.fullmatch(name) or _reserved(name):
         shown = repr(name) if len(name) <= 200 else f"{name[:40]!r}... ({len(name)} characters)"
         raise ValueError(
             f"{option} {terminal(shown)}: must be one folder name of at most 200 characters "
-            "(letters, digits, '.', '_', '+', '-'; not starting with '.' or '-'): it names the "
-            "model's folder directly under --output-dir"
+            "(letters, digits, '.', '_', '+', '-'; not starting with '.' or '-'; not oracle_* nor a "
+            "run's file name such as results.jsonl): it names the model's folder directly under --output-dir"
         )
     return name
 
@@ -231,7 +240,7 @@ def folder_name(model: str) -> str:
             model = os.path.basename(os.path.normpath(os.path.expanduser(model)))
         name = model.strip().replace("/", "--")
         name = re.sub(r"[^A-Za-z0-9._+-]+", "-", name).strip("-.")
-    if not RUN_FOLDER_NAME.fullmatch(name):
+    if not RUN_FOLDER_NAME.fullmatch(name) or _reserved(name):
         raise ValueError(f"cannot make a folder name from model {terminal(repr(model))}; pass --run-name")
     return name
 

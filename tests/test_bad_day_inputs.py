@@ -28,6 +28,9 @@ BAD_RUN_NAMES = [
     "-x",  # read as an option by every later command
     "a\x1b[31mb",  # a terminal escape in every later line naming it
     "x" * 201,  # over a file system's name limit once oracle_ is added
+    "oracle_none",  # read as a settings folder by score (red team)
+    "results.jsonl",  # read as a run's results: score failed for every model (red team)
+    "all_results.json",  # the reference's results file (red team)
 ]
 
 
@@ -307,3 +310,83 @@ def test_a_garbage_line_amid_the_results_says_what_to_do(fixture_bundle, tmp_pat
         assert (
             "results.jsonl:3: not a CheXpercept case result" in said and "delete or repair line 3" in said
         ), said
+
+
+# ------------------------------------------------------------------ the red team's members (stop 41)
+def test_synth_into_a_release_it_did_not_write_is_refused_and_keeps_every_case(tmp_path, capsys):
+    """A downloaded or copied release (chexpercept/, chexpercept.json, no work record): synth and
+    generate took it as their own and deleted its cases (42 -> 3)."""
+    import shutil
+
+    from chexpercept.builder.synth import synthesize
+    from chexpercept.cli import main as cli
+
+    made = tmp_path / "made"
+    synthesize(made, per_cell=1, seed=0)
+    release = tmp_path / "release"
+    release.mkdir()
+    for name in ("chexpercept", "chexpercept.json"):
+        (shutil.copytree if (made / name).is_dir() else shutil.copy2)(made / name, release / name)
+    before = sorted(p.relative_to(release).as_posix() for p in release.rglob("*"))
+    capsys.readouterr()
+    assert cli(["synth", "--output-dir", str(release), "--per-cell", "1", "--lesions", "edema"]) != 0
+    assert "holds no record of a generate or synth run" in capsys.readouterr().err
+    after = sorted(
+        p.relative_to(release).as_posix() for p in release.rglob("*") if ".chexpercept-work" not in p.parts
+    )
+    assert after == before
+
+
+@pytest.mark.parametrize("where", ["model folder", "run folder", "inside the release", "inside the model"])
+def test_an_output_dir_that_is_a_model_or_run_folder_or_inside_what_the_run_reads_is_refused(
+    fixture_bundle, tmp_path, tiny_model, capsys, where
+):
+    runs = tmp_path / "runs"
+    assert _run(fixture_bundle, runs, "--model", "baseline:random", "--limit", "1") == 0
+    capsys.readouterr()
+    out, extra = {
+        "model folder": (runs / "baseline-random", ["--model", "baseline:oracle"]),
+        "run folder": (runs / "baseline-random" / "oracle_implicit", ["--model", "baseline:oracle"]),
+        "inside the release": (fixture_bundle / "runs", ["--model", "baseline:oracle"]),
+        "inside the model": (tiny_model / "runs", ["--model", str(tiny_model), "--backend", "transformers"]),
+    }[where]
+    assert _run(fixture_bundle, out, "--limit", "1", *extra) == 2
+    assert "--output-dir" in capsys.readouterr().err
+    assert not (fixture_bundle / "runs").exists() and not (tiny_model / "runs").exists()
+    assert not (runs / "baseline-random" / "baseline-oracle").exists()
+
+
+def test_a_model_folder_that_is_a_link_is_never_written_through(fixture_bundle, tmp_path, capsys):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    (runs / "baseline-random").symlink_to(elsewhere)
+    assert _run(fixture_bundle, runs, "--model", "baseline:random", "--limit", "1") == 2
+    assert "is a link" in capsys.readouterr().err
+    assert list(elsewhere.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [["--timeout", "inf"], ["--request-extra", '{"max_completion_tokens": Infinity}'],
+     ["--request-extra", '{"temperature": NaN}']],
+)  # fmt: skip
+def test_an_infinite_or_nan_number_never_reaches_run_json(fixture_bundle, tmp_path, capsys, extra):
+    api = ["--model", "gpt-5.4", "--backend", "openai", "--base-url", "http://127.0.0.1:9/v1"]
+    with pytest.raises(SystemExit) if "Infinity" in extra[-1] or "NaN" in extra[-1] else _nothing():
+        assert _run(fixture_bundle, tmp_path / "runs", "--limit", "1", *api, *extra) == 2
+    assert not (tmp_path / "runs").exists()
+
+
+def test_greedy_is_recorded_only_at_temperature_zero():
+    from chexpercept.eval.protocol import Sampling
+
+    with pytest.raises(ValueError, match="greedy decoding needs temperature 0"):
+        Sampling(temperature=0.7, top_p=1.0, max_tokens=8, greedy=True)
+
+
+def _nothing():
+    import contextlib
+
+    return contextlib.nullcontext()

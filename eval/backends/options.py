@@ -31,7 +31,9 @@ def at_least(low: float) -> Check:
 
 
 def positive(v: float) -> str | None:
-    return None if v > 0 else "must be positive"
+    """Above 0 and finite (an infinite timeout or memory size is written into run.json as Infinity,
+    which is not JSON, and overflows where it is used)."""
+    return None if 0 < v < float("inf") else "must be a positive, finite number"
 
 
 def fraction(v: float) -> str | None:
@@ -67,7 +69,19 @@ def json_object(text: str) -> dict[str, Any]:
         raise argparse.ArgumentTypeError(e.reason) from None
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError("expected a JSON object, e.g. '{\"key\": 1}'")
+    if _non_finite(value):  # NaN and Infinity: Python's JSON reads them, no JSON peer does
+        raise argparse.ArgumentTypeError("NaN and Infinity are not JSON numbers; give a finite number")
     return value
+
+
+def _non_finite(value: Any) -> bool:
+    if isinstance(value, float):
+        return value != value or value in (float("inf"), float("-inf"))
+    if isinstance(value, dict):
+        return any(_non_finite(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_non_finite(v) for v in value)
+    return False
 
 
 def option(

@@ -52,7 +52,7 @@ from chexpercept.eval.runner.store import (
     rewrite_in_order,
 )
 from chexpercept.eval.runner.work_queue import WorkQueue, queue_path, remove_queues
-from chexpercept.fileio import exclusive, private_dir, write_json_atomic
+from chexpercept.fileio import NotOursError, exclusive, private_dir, write_json_atomic
 from chexpercept.input_files import RESULTS, open_input
 from chexpercept.progress import progress_bar
 from chexpercept.results import (
@@ -345,6 +345,13 @@ def _prepare_folder(plan: RunPlan, run: OracleRun) -> FolderOutcome:
     folder = run.folder
     # identifiers and answers: every folder the toolkit names (the model's, the setting's) this
     # account's and owner-only (chexpercept/fileio.py); --output-dir itself may be a shared one
+    for named in (folder.path.parent, folder.path):  # never written through a link to elsewhere
+        if named.is_symlink():
+            raise NotOursError(
+                f"{terminal(str(named))} is a link (to {terminal(str(named.readlink()))}): a run writes its "
+                "model and settings folders only where they are named; remove the link or use another "
+                "--output-dir. Nothing was written"
+            )
     private_dir(folder.path.parent, own=True)
     private_dir(folder.path, own=True)
     folder.lock.acquire()

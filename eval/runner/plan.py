@@ -10,6 +10,7 @@ any engine starts), then the bundle with its images checked and the cases select
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path as FsPath
@@ -18,6 +19,7 @@ from typing import Any
 from chexpercept.bundle import Bundle, check_release_dir, read_bundle
 from chexpercept.case import Case
 from chexpercept.cli_options import progress_enabled
+from chexpercept.escape import terminal
 from chexpercept.eval.backends import backend_class
 from chexpercept.eval.backends.options import BackendOptions
 from chexpercept.eval.oracle import end_to_end_note, oracles_for
@@ -26,6 +28,7 @@ from chexpercept.eval.registry import ModelSpec, resolve, run_folder_name
 from chexpercept.eval.runner.distributed import Distributed
 from chexpercept.eval.runner.selection import select_cases, split_list
 from chexpercept.eval.weights import prepare_model, runs_remote_code
+from chexpercept.results import RESULTS_NAME, RUN_NAME
 from chexpercept.run_metadata import Selection
 
 
@@ -141,10 +144,41 @@ def oracles_of(args: argparse.Namespace, sampling: Sampling) -> tuple[str, ...]:
     return oracles_for(given, greedy=sampling.greedy)
 
 
+def check_output_dir(output_dir: str | os.PathLike[str], *, model: str, data_dir: str | None) -> None:
+    """ValueError unless ``--output-dir`` can hold model folders: not inside the local model's folder
+    nor the release (a run there changes the files whose fingerprint the run's identity holds, so it
+    could never resume), and not itself a model's or a run's folder (its runs would be a model
+    inside a model, counted twice by ``score``)."""
+    out = FsPath(output_dir).expanduser().resolve()
+    local = FsPath(model).expanduser()
+    for what, folder in (
+        ("the model's folder", local if local.is_dir() else None),
+        ("the release (--data-dir)", data_dir),
+    ):
+        if folder is None:
+            continue
+        inside = FsPath(folder).expanduser().resolve()
+        if out == inside or inside in out.parents:
+            raise ValueError(
+                f"--output-dir {terminal(str(output_dir))} is inside {what} {terminal(str(folder))}: a run "
+                "there would change the files the run's identity fingerprints; choose a folder outside it"
+            )
+    if out.is_dir() and (
+        out.name.startswith("oracle_")
+        or any((out / name).exists() for name in (RESULTS_NAME, RUN_NAME))
+        or any(p.is_dir() for p in out.glob("oracle_*"))
+    ):
+        raise ValueError(
+            f"--output-dir {terminal(str(output_dir))} is a model's or a run's folder (it holds oracle_* "
+            "folders or a run's files): give the folder above it, which holds the model folders"
+        )
+
+
 def build_plan(args: argparse.Namespace, dist: Distributed) -> tuple[RunPlan, Backend]:
     """The plan of ``args`` and its backend (built, not set up); see the module docstring."""
     if args.run_name is not None:  # arguments first (RunPlan checks it again, for every caller)
         run_folder_name(args.run_name)
+    check_output_dir(args.output_dir, model=args.model, data_dir=args.data_dir)
     spec = resolve(args.model, backend=args.backend, model_id=args.model_id)
     sampling = sampling_for(spec, args)
     chat_kwargs, note = chat_kwargs_for(spec, args)
