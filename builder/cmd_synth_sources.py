@@ -7,6 +7,7 @@ import sys
 
 from chexpercept.cli_options import add_option, add_progress_option, progress_enabled, require
 from chexpercept.escape import terminal_lines
+from chexpercept.fileio import claim_output_dir
 from chexpercept.vocab import LESIONS
 
 from .synth_sources import ANATOMY_FORMATS, CHEXMASK_NAME, synthesize_sources
@@ -50,8 +51,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
 
 
+#: the file that marks a folder as phantom sources written here: a rerun writes there, nothing else
+SOURCES_MARKER = ".chexpercept-phantom-sources"
+
+
 def run(args: argparse.Namespace) -> int:
     require(args, "chexpercept synth-sources", "--output-dir", dest="out")
+    claim_output_dir(args.out, SOURCES_MARKER)  # a folder of real PhysioNet files is never written over
     if args.layout == "reference":
         return _run_reference(args)
     try:

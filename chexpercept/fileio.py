@@ -453,6 +453,25 @@ class NotOursError(Refused, FileExistsError):
     purpose (``errors.Refused``), so every command says it in one line with status 2."""
 
 
+def claim_output_dir(path: str | os.PathLike[str], marker: str) -> FsPath:
+    """``path`` made ready for a command that writes its files into it (not replaced whole, as
+    ``replaced_dir`` does): new, empty, or written by that command before (it holds ``marker``),
+    which is written there now. Anything else (a user's own folder, real PhysioNet files) raises
+    NotOursError before anything is written."""
+    path = FsPath(path)
+    if path.is_symlink() or (path.exists() and not path.is_dir()):
+        raise NotADirectoryError(errno.ENOTDIR, "not a folder, not written", str(path))
+    if path.is_dir() and any(path.iterdir()) and not (path / marker).is_file():
+        raise NotOursError(
+            f"{path} is not empty and was not written by this command (it has no {marker}); its files "
+            "would be written over, so nothing was written. Choose a new or empty folder"
+        )
+    private_dir(path)
+    if not (path / marker).exists():
+        write_new(path / marker, "")
+    return path
+
+
 @contextlib.contextmanager
 def replaced_dir(path: str | os.PathLike[str], *, marker: str | None) -> Iterator[FsPath]:
     """Build a folder aside and swap it in whole: yields a new private folder beside ``path``; when

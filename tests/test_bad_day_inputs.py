@@ -390,3 +390,23 @@ def _nothing():
     import contextlib
 
     return contextlib.nullcontext()
+
+
+def test_synth_sources_never_writes_over_a_folder_it_did_not_write(tmp_path, capsys):
+    """A folder of real PhysioNet files given by mistake: synth-sources replaced its
+    mimic-ils/mimic_ils_instruction_answer.json and mimic-cxr-jpg/mimic-cxr-2.0.0-metadata.csv.gz."""
+    from chexpercept.cli import main as cli
+
+    real = tmp_path / "physionet"
+    (real / "mimic-ils").mkdir(parents=True)
+    (real / "mimic-ils" / "mimic_ils_instruction_answer.json").write_text('{"real": true}')
+    args = ["synth-sources", "--per-cell", "1", "--lesions", "edema", "--no-progress"]
+    assert cli([*args, "--output-dir", str(real)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("chexpercept synth-sources: ") and "not written by this command" in err, err
+    assert (real / "mimic-ils" / "mimic_ils_instruction_answer.json").read_text() == '{"real": true}'
+    assert [p.name for p in real.iterdir()] == ["mimic-ils"]
+
+    mine = tmp_path / "phantom"
+    assert cli([*args, "--output-dir", str(mine)]) == 0
+    assert cli([*args, "--output-dir", str(mine)]) == 0  # its own folder: written again
