@@ -453,19 +453,25 @@ class NotOursError(Refused, FileExistsError):
     purpose (``errors.Refused``), so every command says it in one line with status 2."""
 
 
+def _refuse_unless_ours(path: FsPath, marker: str | None, not_done: str, would: str) -> None:
+    """The rule of ``replaced_dir`` and ``claim_output_dir``: ``path`` is a folder (not a link, not a
+    file), and when it holds anything it holds ``marker`` (None: every folder there is the caller's)."""
+    if path.is_symlink() or (path.exists() and not path.is_dir()):
+        raise NotADirectoryError(errno.ENOTDIR, f"not a folder, {not_done}", str(path))
+    if marker and path.is_dir() and any(path.iterdir()) and not (path / marker).is_file():
+        raise NotOursError(
+            f"{path} is not empty and was not written by this command (it has no {marker}); {would}, "
+            "so nothing was written. Choose a new or empty folder"
+        )
+
+
 def claim_output_dir(path: str | os.PathLike[str], marker: str) -> FsPath:
     """``path`` made ready for a command that writes its files into it (not replaced whole, as
     ``replaced_dir`` does): new, empty, or written by that command before (it holds ``marker``),
     which is written there now. Anything else (a user's own folder, real PhysioNet files) raises
     NotOursError before anything is written."""
     path = FsPath(path)
-    if path.is_symlink() or (path.exists() and not path.is_dir()):
-        raise NotADirectoryError(errno.ENOTDIR, "not a folder, not written", str(path))
-    if path.is_dir() and any(path.iterdir()) and not (path / marker).is_file():
-        raise NotOursError(
-            f"{path} is not empty and was not written by this command (it has no {marker}); its files "
-            "would be written over, so nothing was written. Choose a new or empty folder"
-        )
+    _refuse_unless_ours(path, marker, "not written", "its files would be written over")
     private_dir(path)
     if not (path / marker).exists():
         write_new(path / marker, "")
@@ -485,13 +491,7 @@ def replaced_dir(path: str | os.PathLike[str], *, marker: str | None) -> Iterato
     owns every folder at ``path`` by construction (a case folder inside a bundle being generated).
     """
     path = FsPath(path)
-    if path.is_symlink() or (path.exists() and not path.is_dir()):
-        raise NotADirectoryError(errno.ENOTDIR, "not a folder, not replaced", str(path))
-    if marker and path.is_dir() and any(path.iterdir()) and not (path / marker).is_file():
-        raise NotOursError(
-            f"{path} is not empty and was not written by this command (it has no {marker}); it would "
-            "be replaced as a whole, so nothing was written. Choose a new or empty folder"
-        )
+    _refuse_unless_ours(path, marker, "not replaced", "it would be replaced as a whole")
     private_dir(path.parent)
     for leftover in aside_dirs(path):
         shutil.rmtree(leftover, ignore_errors=True)

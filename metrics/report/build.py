@@ -601,8 +601,9 @@ def _write_into(
 
     # --- scores: per model (headline numbers) and per run (the reference's per-run view)
     per_run, models, reports = _score(folders, loaded, mode)
-    if different_cases(reports):  # said in the page and on the terminal too
-        notes.append(different_cases(reports))
+    cases_line = different_cases(reports)
+    if cases_line:  # said in the page and on the terminal too
+        notes.append(cases_line)
     warnings = merge_warnings([w for rep in reports.values() for w in answer_warnings(rep)])
     clock.lap("score")
     if n_resamples is not None:
