@@ -32,6 +32,8 @@ FAILURES_NAME = "failures.jsonl"
 LOCK_NAME = "run.lock"
 #: in a model folder: held while a run checks its settings folders and writes its run.json
 SETTINGS_LOCK_NAME = ".settings.lock"
+#: where lines of a run folder's results.jsonl that carry no run identity are moved (eval/runner/store.py)
+QUARANTINE_NAME = "quarantine.jsonl"
 ORACLE_SETTINGS: tuple[str, ...] = ("none", "implicit", "explicit")
 SCHEMA_VERSION = 3  # 2: full_response and refusal per turn; failed requests kept apart; 3: run identity
 

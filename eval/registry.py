@@ -207,9 +207,8 @@ RUN_FOLDER_NAME = re.compile(r"[A-Za-z0-9_+][A-Za-z0-9._+-]{0,199}")
 def _reserved(name: str) -> bool:
     """A name that the folders of runs give a meaning of their own: a settings folder
     (``oracle_*``) or one of a run's files, which ``score`` would read as a run."""
-    from chexpercept.eval.runner.store import QUARANTINE_NAME
     from chexpercept.metrics.runs import REFERENCE_RESULTS_NAME
-    from chexpercept.results import FAILURES_NAME, LOCK_NAME, RESULTS_NAME, RUN_NAME
+    from chexpercept.results import FAILURES_NAME, LOCK_NAME, QUARANTINE_NAME, RESULTS_NAME, RUN_NAME
 
     files = {RESULTS_NAME, RUN_NAME, FAILURES_NAME, LOCK_NAME, REFERENCE_RESULTS_NAME, QUARANTINE_NAME}
     return name.lower().startswith("oracle_") or name.lower() in files

@@ -41,6 +41,7 @@ from chexpercept.results import (
     FAILURES_NAME,
     LOCK_NAME,
     OWN_LOCKS,
+    QUARANTINE_NAME,
     RESULTS_NAME,
     RUN_NAME,
     CaseFailure,
@@ -53,8 +54,6 @@ from chexpercept.results import (
     not_a_result,
     read_typed,
 )
-
-QUARANTINE_NAME = "quarantine.jsonl"
 
 
 class RunLockedError(RuntimeError):
