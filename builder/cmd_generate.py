@@ -11,7 +11,7 @@ from chexpercept.escape import terminal, terminal_lines
 from chexpercept.input_files import TEXT_FILE, read_input_text
 from chexpercept.vocab import LESIONS
 
-from .config import GenerateConfig
+from .config import NUMBER_DOMAINS, GenerateConfig
 from .deformers import DEFORMERS, implementations
 from .pipeline import generate
 from .regions import PARTITION_MODES
@@ -83,9 +83,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         out, "--output-dir", "--out", dest="out", metavar="DIR", help="bundle folder to write (resumable)"
     )
     out.add_argument(
-        "--per-cell", type=int, default=None, help="cases per (lesion, path) cell (100 in the release)"
+        "--per-cell",
+        type=NUMBER_DOMAINS["per_cell"],
+        default=None,
+        help="cases per (lesion, path) cell (100 in the release)",
     )
-    out.add_argument("--seed", type=int, default=None, help="random seed (default 0)")
+    out.add_argument("--seed", type=NUMBER_DOMAINS["seed"], default=None, help="random seed (default 0)")
     out.add_argument("--lesions", nargs="+", metavar="LESION", help=f"subset of {', '.join(LESIONS)}")
     out.add_argument(
         "--neutral-option-names",
@@ -119,7 +122,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="lung partition: reference (default, as published) or corrected (per-side footprint)",
     )
-    run.add_argument("--num-proc", type=int, default=None, help="worker processes (default 1)")
+    run.add_argument(
+        "--num-proc", type=NUMBER_DOMAINS["num_proc"], default=None, help="worker processes (default 1)"
+    )
     run.add_argument("--fail-fast", action="store_true", default=None, help="stop at the first failing case")
     add_progress_option(run, default=None)
 

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from chexpercept.cli_options import add_option, add_progress_option, progress_enabled, require
+from chexpercept.domains import COUNT, SEED
 from chexpercept.escape import terminal_lines
 from chexpercept.fileio import claim_output_dir
 from chexpercept.vocab import LESIONS
@@ -16,9 +17,9 @@ from .synth_sources import ANATOMY_FORMATS, CHEXMASK_NAME, synthesize_sources
 def add_phantom_arguments(parser: argparse.ArgumentParser, *, out_help: str, per_cell_help: str) -> None:
     """The options `synth` and `synth-sources` share (synth passes them on to synth-sources)."""
     add_option(parser, "--output-dir", "--out", dest="out", metavar="DIR", help=f"{out_help} (required)")
-    parser.add_argument("--per-cell", type=int, default=1, help=per_cell_help)
-    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    parser.add_argument("--num-proc", type=int, default=1, help="worker processes")
+    parser.add_argument("--per-cell", type=COUNT, default=1, help=per_cell_help)
+    parser.add_argument("--seed", type=SEED, default=0, help="random seed (default 0)")
+    parser.add_argument("--num-proc", type=COUNT, default=1, help="worker processes (default 1)")
     parser.add_argument(
         "--lesions",
         nargs="+",

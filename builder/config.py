@@ -14,6 +14,8 @@ from pathlib import Path as FsPath
 from typing import Any
 
 import chexpercept
+from chexpercept.domains import COUNT, SEED
+from chexpercept.escape import terminal
 from chexpercept.input_files import SOURCE_TABLE, read_input
 from chexpercept.vocab import LESIONS
 
@@ -38,6 +40,8 @@ FINGERPRINT_KEYS = (
     "partition",
     "neutral_option_names",
 )
+#: the domain of each number setting: the command line's types and ``check`` (for --config) alike
+NUMBER_DOMAINS = {"per_cell": COUNT, "seed": SEED, "num_proc": COUNT}
 #: the fingerprint's input paths, recorded resolved
 FINGERPRINT_PATHS = (
     "mimic_cxr_jpg",
@@ -112,8 +116,11 @@ class GenerateConfig:
 
     def check(self) -> None:
         """Raise SourceError for a bad or missing option; the sources are checked as ``generate`` reads them."""
-        if self.per_cell < 1:
-            raise SourceError(f"--per-cell must be >= 1, got {self.per_cell}")
+        for name, domain in NUMBER_DOMAINS.items():  # --config gives values argparse never saw
+            problem = domain.problem(getattr(self, name))
+            if problem:
+                flag = "--" + name.replace("_", "-")
+                raise SourceError(f"{flag} {problem}, got {terminal(repr(getattr(self, name)))}")
         if self.deformer not in DEFORMERS:
             raise SourceError(f"--deformer must be one of {', '.join(DEFORMERS)}")
         if self.partition not in PARTITION_MODES:

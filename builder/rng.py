@@ -11,11 +11,12 @@ import hashlib
 
 import numpy as np
 
+from chexpercept.domains import SEED
+
 
 def derive(seed: int, *labels: str) -> np.random.Generator:
     """A numpy Generator determined by the seed and the labels (e.g. key_id, purpose)."""
-    if seed < 0:
-        raise ValueError(f"seed must be >= 0, got {seed}")
+    SEED.require(seed, "seed")
     digest = hashlib.sha256("\0".join(labels).encode("utf-8")).digest()
     words = [int.from_bytes(digest[i : i + 4], "little") for i in range(0, 16, 4)]
     return np.random.default_rng(np.random.SeedSequence([seed & 0xFFFFFFFF, seed >> 32, *words]))

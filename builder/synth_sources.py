@@ -33,6 +33,7 @@ from pathlib import Path as FsPath
 import numpy as np
 from PIL import Image
 
+from chexpercept.domains import COUNT
 from chexpercept.eval.runner.interrupts import shielded_children
 from chexpercept.fileio import atomic_file, private_dir, write_atomic
 from chexpercept.progress import progress_bar
@@ -71,8 +72,7 @@ def spare(per_cell: int) -> int:
 
 def study_specs(per_cell: int, seed: int, lesions: tuple[str, ...] = LESIONS) -> list[PhantomSpec]:
     """The studies to draw, with MIMIC-shaped ids derived from the seed."""
-    if per_cell < 1:
-        raise ValueError(f"per_cell must be >= 1, got {per_cell}")
+    COUNT.require(per_cell, "per_cell")
     specs = []
     rng = derive(seed, "phantom-ids")
     for lesion in lesions:
@@ -229,6 +229,7 @@ def synthesize_sources(
         raise ValueError(
             f"unknown anatomy format {anatomy_format!r}; expected one of {', '.join(ANATOMY_FORMATS)}"
         )
+    COUNT.require(num_proc, "num_proc")
     root = private_dir(out_dir)
     specs = study_specs(per_cell, seed, lesions)
     jobs = [(s, str(root), seed, anatomy_format, with_cxas) for s in specs]

@@ -167,6 +167,21 @@ class CommandParser(argparse.ArgumentParser):
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
 
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        self.check_number_domains()
+        return super().parse_known_args(args, namespace)
+
+    def check_number_domains(self) -> None:
+        """TypeError when an option of this parser takes a bare ``int`` or ``float``: every number
+        option declares its domain (``type=chexpercept.domains.COUNT``...), so a value outside it
+        is refused in one line before any work (``--seed -1``, ``--level nan``, ``--num-proc 0``)."""
+        bare = ["/".join(a.option_strings) or a.dest for a in self._actions if a.type in (int, float)]
+        if bare:
+            raise TypeError(
+                f"{self.prog}: {', '.join(bare)} take(s) a bare int or float: give a domain from "
+                "chexpercept.domains as its type"
+            )
+
     def error(self, message: str) -> Any:  # argparse's hook; it must not return
         import difflib
         import re

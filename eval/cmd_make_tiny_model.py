@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from chexpercept.cli_options import add_output_dir_option, require
+from chexpercept.domains import SEED
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -18,7 +19,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default="gemma3",
         help="gemma3 (Gemma 3 / MedGemma) or qwen2.5-vl (the Qwen-VL family); default gemma3",
     )
-    parser.add_argument("--seed", type=int, default=0, help="weight seed (same seed, same weights)")
+    parser.add_argument("--seed", type=SEED, default=0, help="weight seed (same seed, same weights)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 from chexpercept.answers import ParseMode
 from chexpercept.case import Case
+from chexpercept.domains import COUNT
 from chexpercept.eval.conversation import Conversation
 from chexpercept.eval.protocol import Backend, BackendError, Completion, Request, streaming
 from chexpercept.results import CaseFailure, CaseResult
@@ -112,8 +113,7 @@ def run_conversations(
     the running counts after each round that had empty answers (many of them point at a setting,
     e.g. a server whose replies land outside the fields the backend reads).
     """
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+    COUNT.require(batch_size, "batch_size")
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
     backend = streaming(backend)

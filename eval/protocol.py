@@ -13,7 +13,6 @@ and never re-encodes an image that it has already prepared for a live conversati
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -21,6 +20,7 @@ from pathlib import Path as FsPath
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from chexpercept.case import Case, Turn
+from chexpercept.domains import COUNT, COUNT_OR_NONE, NON_NEGATIVE, SHARE
 from chexpercept.eval.backends.options import BackendOptions, NoOptions
 
 if TYPE_CHECKING:
@@ -150,10 +150,6 @@ class Response:
     error: str | None = None
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
 @dataclass(frozen=True)
 class Sampling:
     """Decoding parameters as recorded in run.json."""
@@ -171,19 +167,19 @@ class Sampling:
         --request-extra): ValueError naming the option. A negative temperature would be recorded as
         sampling while a backend decodes greedily; top_p outside (0, 1] means nothing."""
         t, p = self.temperature, self.top_p
-        if t is not None and not (_is_number(t) and 0 <= t < math.inf):
+        if t is not None and not NON_NEGATIVE.contains(t):
             raise ValueError(
-                f"the temperature must be a finite number of at least 0 (0: greedy), got {t!r} "
+                f"the temperature must be {NON_NEGATIVE.describe()} (0: greedy), got {t!r} "
                 "(--temperature, or temperature in --request-extra)"
             )
-        if not (_is_number(p) and 0 < p <= 1):
+        if not SHARE.contains(p):
             raise ValueError(
-                f"top_p must be above 0 and at most 1, got {p!r} (--top-p, or top_p in --request-extra)"
+                f"top_p must be {SHARE.describe()}, got {p!r} (--top-p, or top_p in --request-extra)"
             )
         if self.greedy and t != 0:  # recorded greedy, decoded sampling: End-to-End taken from Oracle-Passed
             raise ValueError(f"greedy decoding needs temperature 0, got {t!r}")
-        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 0:
-            raise ValueError(f"--max-tokens must be a whole number of at least 1, got {self.max_tokens!r}")
+        if not COUNT_OR_NONE.contains(self.max_tokens):  # 0: a baseline, which decodes nothing
+            raise ValueError(f"--max-tokens must be {COUNT.describe()}, got {self.max_tokens!r}")
 
     def as_dict(self) -> dict[str, Any]:
         return {

@@ -35,6 +35,7 @@ try:
     from chexpercept.answers import PARSE_MODES
     from chexpercept.bundle import IMAGE_CHECKS
     from chexpercept.cli_options import CommandParser, add_progress_option
+    from chexpercept.domains import COUNT, NON_NEGATIVE, SEED, SHARE
     from chexpercept.entry_point import Stopped, launched_as, program_started, run_program
     from chexpercept.escape import terminal_lines
     from chexpercept.eval.backends import BACKENDS, backend_class
@@ -140,16 +141,16 @@ def _add_decoding_options(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("decoding")
     g.add_argument(
         "--batch-size",
-        type=int,
+        type=COUNT,
         help="most conversations live at once; a finished one's slot goes to the next case at once "
         "(backend default otherwise)",
     )
-    g.add_argument("--seed", type=int, default=0, help="seed for sampling and baseline:random (default 0)")
+    g.add_argument("--seed", type=SEED, default=0, help="seed for sampling and baseline:random (default 0)")
     g.add_argument(
-        "--temperature", type=float, help="default: 0 (open models), 1 (API models as in the paper)"
+        "--temperature", type=NON_NEGATIVE, help="default: 0 (open models), 1 (API models as in the paper)"
     )
-    g.add_argument("--top-p", type=float, help="default 1")
-    g.add_argument("--max-tokens", type=int, help="most new tokens per answer (default 8192)")
+    g.add_argument("--top-p", type=SHARE, help="default 1")
+    g.add_argument("--max-tokens", type=COUNT, help="most new tokens per answer (default 8192)")
     g.add_argument(
         "--no-thinking", action="store_true", help="chat_template_kwargs enable_thinking=False (Qwen3.5/3.6)"
     )

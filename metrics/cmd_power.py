@@ -20,11 +20,18 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from chexpercept.cli_options import add_data_dir_option, add_option, add_parse_mode_option, write_output
+from chexpercept.domains import ALPHA, FAMILY, PROBABILITY, SHARE, real, whole
 from chexpercept.errors import BundleValidationError, ReleaseNotFoundError
 from chexpercept.escape import terminal_lines
 
 RELEASE_PER_CELL = 100
 FORMATS = ("markdown", "csv", "json")
+
+
+#: --difference, in percentage points: below 0.01 pp the cases needed overflow any count
+DIFFERENCE = real(0.01, 100)
+#: --per-cell: a cell's variance needs two cases
+PER_CELL = whole(2)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -37,14 +44,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--difference",
-        type=float,
+        type=DIFFERENCE,
         default=5.0,
         metavar="PP",
         help="the difference to detect, in percentage points (default 5): cases needed for it",
     )
     parser.add_argument(
         "--discordance",
-        type=float,
+        type=SHARE,
         default=0.5,
         metavar="Q",
         help="without runs: share of cases on which the two models' verdicts differ (default 0.5, the most "
@@ -52,16 +59,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--per-cell",
-        type=int,
+        type=PER_CELL,
         default=RELEASE_PER_CELL,
         metavar="N",
         help=f"cases per lesion x path cell of the design (default {RELEASE_PER_CELL}, the release)",
     )
-    parser.add_argument("--alpha", type=float, default=0.05, help="two-sided test level (default 0.05)")
-    parser.add_argument("--power", type=float, default=0.8, help="power (default 0.8)")
+    parser.add_argument("--alpha", type=ALPHA, default=0.05, help="two-sided test level (default 0.05)")
+    parser.add_argument("--power", type=PROBABILITY, default=0.8, help="power (default 0.8)")
     parser.add_argument(
         "--tests",
-        type=int,
+        type=FAMILY,
         default=1,
         metavar="M",
         help="tests in the family the comparison belongs to: level alpha/M, the strictest step of Holm's "
@@ -256,12 +263,6 @@ def _settings(args: argparse.Namespace, names: tuple[str, str] | None) -> dict[s
 def _check(args: argparse.Namespace) -> None:
     if len(args.runs) not in (0, 2):
         raise ValueError(f"give two runs of the same cases (or none), got {len(args.runs)}")
-    if not 0 < args.alpha < 1 or not 0 < args.power < 1:
-        raise ValueError("--alpha and --power must be between 0 and 1")
-    if not 0 < args.discordance <= 1:
-        raise ValueError(f"--discordance must be a share in (0, 1], got {args.discordance}")
-    if args.difference <= 0 or args.per_cell < 2 or args.tests < 1:
-        raise ValueError("--difference must be above 0, --per-cell at least 2 and --tests at least 1")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -15,6 +15,7 @@ from pathlib import Path as FsPath
 from typing import Any
 
 from chexpercept.cli_options import add_data_dir_option, add_option, add_parse_mode_option, write_output
+from chexpercept.domains import COUNT_OR_NONE, LEVEL, SEED
 from chexpercept.errors import BundleValidationError, ReleaseNotFoundError
 from chexpercept.escape import terminal, terminal_lines
 from chexpercept.results import ORACLE_SETTINGS, RESULTS_NAME
@@ -102,10 +103,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="with --compare: multiplicity adjustment within each family: holm (family-wise error, the "
         "default), bh (Benjamini-Hochberg false discovery rate) or none",
     )
-    parser.add_argument("--level", type=float, default=0.95, help="interval level (default 0.95)")
+    parser.add_argument("--level", type=LEVEL, default=0.95, help="interval level (default 0.95)")
     # earlier spellings: intervals came from a bootstrap; kept working, hidden from --help
-    parser.add_argument("--bootstrap", type=int, default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--seed", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--bootstrap", type=COUNT_OR_NONE, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--seed", type=SEED, default=None, help=argparse.SUPPRESS)
     add_option(
         parser, "--output", "--out", metavar="FILE", help="write the output to this file instead of stdout"
     )
@@ -156,8 +157,6 @@ def _interval_options(args: argparse.Namespace) -> bool:
     """Whether intervals were asked for (``--intervals``, or the earlier ``--bootstrap N``), saying
     what the earlier options do now."""
     if args.bootstrap is not None:
-        if args.bootstrap < 0:
-            raise ValueError("--bootstrap must be 0 or more")
         print(
             "note: --bootstrap is deprecated: the intervals are design-based and need no resampling "
             f"(N is not used); {'use --intervals' if args.bootstrap else 'leave --intervals out'}",
@@ -165,8 +164,6 @@ def _interval_options(args: argparse.Namespace) -> bool:
         )
     if args.seed is not None:
         print("note: --seed is not used: nothing in score is random any more", file=sys.stderr)
-    if not 0 < args.level < 1:
-        raise ValueError(f"--level must be between 0 and 1 (e.g. 0.95), got {args.level}")
     return args.intervals or bool(args.bootstrap)
 
 

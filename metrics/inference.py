@@ -57,6 +57,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from chexpercept.domains import FAMILY, LEVEL, PROBABILITY
 from chexpercept.vocab import PATHS
 
 from .columns import ALIASES, DERIVED, ColumnMatrix, is_share, value_range
@@ -151,8 +152,7 @@ def _beta_quantile(q: float, a: float, b: float) -> float:
 
 
 def _check_level(level: float) -> float:
-    if not 0 < level < 1:
-        raise ValueError(f"level must be between 0 and 1 (e.g. 0.95), got {level}")
+    LEVEL.require(level, "level")
     return level
 
 
@@ -440,10 +440,8 @@ def adjust(p_values: Sequence[float], method: str = "holm") -> list[float]:
 
 # ------------------------------------------------------------------------------------ power
 def _quantiles(df: float, level: float, power: float, tests: int) -> float:
-    if not 0 < power < 1:
-        raise ValueError(f"power must be between 0 and 1 (e.g. 0.8), got {power}")
-    if tests < 1:
-        raise ValueError(f"tests must be 1 or more, got {tests}")
+    PROBABILITY.require(power, "power")
+    FAMILY.require(tests, "tests")
     alpha = (1 - _check_level(level)) / tests
     return _t_quantile(1 - alpha / 2, df) + _t_quantile(power, df)
 

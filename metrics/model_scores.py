@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from chexpercept.answers import PARSE_STATUSES, STATUS_REASONING, STATUS_UNPARSED, ParseMode
+from chexpercept.domains import LEVEL
 from chexpercept.vocab import LESIONS, PATHS, TASKS
 
 from .columns import FLAT_KEYS, Column, ColumnMatrix, add_derived, column_mean, e2e_columns, op_columns
@@ -87,6 +88,7 @@ class ModelScores:
         n_resamples and seed are accepted for callers of the earlier bootstrap and not used: the
         intervals need no resampling (``n_resamples`` is recorded as 0).
         """
+        LEVEL.require(level, "level")
         self.intervals = design_intervals(self.matrix, level=level)
         self.level, self.n_resamples = level, 0
         return self

@@ -13,6 +13,7 @@ import argparse
 import sys
 
 from chexpercept.cli_options import add_output_dir_option, add_progress_option, progress_enabled
+from chexpercept.domains import COUNT, PORT, SEED
 from chexpercept.escape import terminal, terminal_lines
 from chexpercept.vocab import LESIONS
 
@@ -33,26 +34,29 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("review_dir", nargs="?", metavar="REVIEW_DIR", help="the review folder (for export)")
     src = parser.add_argument_group("inputs (spelled as chexpercept generate's)")
     add_candidate_sources(src, rosalia_help="review the ROSALIA predictions <lesion>/<pair_id>/pred_mask.png")
-    src.add_argument("--seed", type=int, default=0, help="random seed, as given to generate (default 0)")
+    src.add_argument("--seed", type=SEED, default=0, help="random seed, as given to generate (default 0)")
     src.add_argument(
         "--lesions", nargs="+", metavar="LESION", default=list(LESIONS), help="subset of lesions"
     )
     src.add_argument(
         "--per-cell",
-        type=int,
+        type=COUNT,
         default=None,
         help="review only the first N candidates of each (lesion, path) cell in generate's order (default: all)",
     )
     rev = parser.add_argument_group("review")
     add_output_dir_option(rev, help="the review folder (review.json, overlays/, decisions/, export/)")
     rev.add_argument(
-        "--annotators", type=int, default=6, help="number of annotators (default 6, as the paper)"
+        "--annotators", type=COUNT, default=6, help="number of annotators (default 6, as the paper)"
     )
     rev.add_argument(
-        "--reviews-per-case", type=int, default=1, help="annotators per case (default 1; >= 2 for agreement)"
+        "--reviews-per-case",
+        type=COUNT,
+        default=1,
+        help="annotators per case (default 1; >= 2 for agreement)",
     )
     rev.add_argument(
-        "--port", type=int, default=DEFAULT_PORT, help=f"port on {LOOPBACK} (default {DEFAULT_PORT})"
+        "--port", type=PORT, default=DEFAULT_PORT, help=f"port on {LOOPBACK} (default {DEFAULT_PORT})"
     )
     rev.add_argument("--prepare-only", action="store_true", help="prepare the review folder and exit")
     rev.add_argument("--rule", choices=RULES, default="unanimous", help="how annotators' decisions combine")

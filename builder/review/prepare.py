@@ -24,6 +24,7 @@ import numpy as np
 from PIL import Image
 
 from chexpercept.containment import output_path
+from chexpercept.domains import COUNT
 from chexpercept.escape import csv_cell
 from chexpercept.fileio import private_dir, write_atomic
 from chexpercept.progress import progress_bar
@@ -195,8 +196,9 @@ def prepare(
         rosalia_pred=src.rosalia_pred,
     )
     cxr, ils, lesion_masks = sources.cxr, sources.ils, sources.lesion_masks
-    if src.per_cell is not None and src.per_cell < 1:
-        raise SourceError(f"--per-cell must be >= 1, got {src.per_cell}")
+    problem = None if src.per_cell is None else COUNT.problem(src.per_cell)
+    if problem:
+        raise SourceError(f"--per-cell {problem}, got {src.per_cell!r}")
 
     queued = _queue(ils, lesions, src)
     # every id and path of the sources stays inside its folder, before anything is written

@@ -20,25 +20,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, TypeVar
 
+from chexpercept.domains import Domain
+
 T = TypeVar("T", bound="BackendOptions")
 
 #: a check: the problem with a value (e.g. "must be at least 1"), or None when it is fine
 Check = Callable[[Any], "str | None"]
-
-
-def at_least(low: float) -> Check:
-    return lambda v: None if v >= low else f"must be at least {low:g}"
-
-
-def positive(v: float) -> str | None:
-    """Above 0 and finite (an infinite timeout or memory size is written into run.json as Infinity,
-    which is not JSON, and overflows where it is used)."""
-    return None if 0 < v < float("inf") else "must be a positive, finite number"
-
-
-def fraction(v: float) -> str | None:
-    """A share of something whole (memory): above 0, at most 1."""
-    return None if 0 < v <= 1 else "must be above 0 and at most 1 (a fraction, e.g. 0.9)"
 
 
 #: what an environment variable's name is made of
@@ -107,6 +94,8 @@ def option(
     """
     if switch:
         default = False
+    if check is None and isinstance(type, Domain):
+        check = type.problem
     meta = {
         "help": help,
         "type": type,

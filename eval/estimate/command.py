@@ -18,6 +18,7 @@ from pathlib import Path as FsPath
 from typing import Any
 
 from chexpercept.cli_options import add_data_dir_option, add_option, write_output
+from chexpercept.domains import COUNT, POSITIVE
 from chexpercept.escape import terminal_lines
 from chexpercept.eval.backends import BACKENDS
 from chexpercept.eval.oracle import ORACLE_CHOICES, end_to_end_note, oracles_for
@@ -45,7 +46,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--answer-tokens",
-        type=int,
+        type=COUNT,
         default=1000,
         help="output tokens assumed per answer, reasoning included (default 1000, as the reference's "
         "estimator); earlier answers are re-sent at this length",
@@ -56,7 +57,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("time (one of)").add_mutually_exclusive_group()
     g.add_argument(
         "--tokens-per-second",
-        type=float,
+        type=POSITIVE,
         help="stated throughput: uncached input plus output tokens per second (all processes together)",
     )
     g.add_argument(

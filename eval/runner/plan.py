@@ -19,6 +19,7 @@ from typing import Any
 from chexpercept.bundle import Bundle, check_release_dir, read_bundle
 from chexpercept.case import Case
 from chexpercept.cli_options import progress_enabled
+from chexpercept.domains import COUNT
 from chexpercept.escape import terminal
 from chexpercept.eval.backends import backend_class
 from chexpercept.eval.backends.options import BackendOptions
@@ -119,8 +120,7 @@ def sampling_for(spec: ModelSpec, args: argparse.Namespace) -> Sampling:
     for key in ("max_completion_tokens", "max_tokens"):
         if isinstance(extra.get(key), int):
             max_tokens = extra[key]
-    if max_tokens < 1:
-        raise ValueError(f"--max-tokens must be at least 1, got {max_tokens}")
+    COUNT.require(max_tokens, "--max-tokens")
     return Sampling(temperature=temperature, top_p=top_p, max_tokens=max_tokens, greedy=temperature == 0)
 
 
@@ -189,8 +189,7 @@ def build_plan(args: argparse.Namespace, dist: Distributed) -> tuple[RunPlan, Ba
     backend = make_backend(spec, options, sampling, chat_kwargs, args.on_error)
     sampling = backend.sampling()
     batch_size = backend.default_batch_size if args.batch_size is None else args.batch_size
-    if batch_size < 1:
-        raise ValueError(f"--batch-size must be at least 1, got {batch_size}")
+    COUNT.require(batch_size, "--batch-size")
     check_release_dir(args.data_dir)  # a wrong --data-dir fails before any download
     # Hub: the weights are resolved and checked (gated, missing, disk space), then fetched once per
     # machine, before the bundle's images are read and before any engine starts; the backend then

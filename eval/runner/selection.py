@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from chexpercept.case import Case
+from chexpercept.domains import COUNT
 
 
 def _rank(key_id: str) -> str:
@@ -22,10 +23,9 @@ def _rank(key_id: str) -> str:
 def select_cases(
     cases: Sequence[Case], *, per_cell: int | None = None, limit: int | None = None
 ) -> list[Case]:
-    if per_cell is not None and per_cell < 1:
-        raise ValueError(f"--per-cell must be at least 1, got {per_cell}")
-    if limit is not None and limit < 1:
-        raise ValueError(f"--limit must be at least 1, got {limit}")
+    for value, name in ((per_cell, "--per-cell"), (limit, "--limit")):
+        if value is not None:
+            COUNT.require(value, name)
     chosen = list(cases)
     if per_cell is not None:
         cells: dict[tuple[str, str], list[Case]] = {}
@@ -54,8 +54,8 @@ def add_selection_options(group: Any) -> None:
 
     group.add_argument("--lesions", nargs="+", help=f"only these lesions ({', '.join(LESIONS)})")
     group.add_argument("--paths", nargs="+", help="only these paths (RR RF LF)")
-    group.add_argument("--per-cell", type=int, help="N cases per (lesion, path) cell, chosen by key hash")
-    group.add_argument("--limit", type=int, help="only the first N selected cases")
+    group.add_argument("--per-cell", type=COUNT, help="N cases per (lesion, path) cell, chosen by key hash")
+    group.add_argument("--limit", type=COUNT, help="only the first N selected cases")
 
 
 def split_list(values: Sequence[str] | None) -> list[str] | None:

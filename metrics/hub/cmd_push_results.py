@@ -14,6 +14,7 @@ import argparse
 import sys
 import tempfile
 
+from chexpercept.domains import COUNT_OR_NONE, SEED
 from chexpercept.escape import terminal, terminal_lines
 
 PROG = "chexpercept push-results"
@@ -78,13 +79,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_parse_mode_option(parser, help="answer parsing (default: reference)")
     parser.add_argument(
         "--bootstrap",
-        type=int,
+        type=COUNT_OR_NONE,
         default=None,
         metavar="N",
         help="with --repo: 0 leaves the intervals out; any other number keeps them (they are design-based "
         "and need no resampling: the number is not used)",
     )
-    parser.add_argument("--seed", type=int, default=None, help=argparse.SUPPRESS)  # no resampling: unused
+    parser.add_argument("--seed", type=SEED, default=None, help=argparse.SUPPRESS)  # no resampling: unused
 
 
 def _fail(message: str, code: int = 2) -> int:
@@ -128,8 +129,6 @@ def _misused(args: argparse.Namespace) -> str | None:
     ]
     if given:
         return f"{', '.join(given)} apply only to --model-repo"
-    if args.bootstrap is not None and args.bootstrap < 0:
-        return "--bootstrap must be 0 or more"
     return None
 
 

@@ -66,6 +66,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from chexpercept.containment import ContainmentError, Tree, image_file, read_image
+from chexpercept.domains import COUNT, COUNT_OR_NONE, POSITIVE
 from chexpercept.escape import terminal
 from chexpercept.eval.backends.occupancy import InFlightClock, WorkLedger, ratio, schedule_record
 from chexpercept.eval.backends.openai.image_ids import (
@@ -86,14 +87,7 @@ from chexpercept.eval.backends.openai.retries import (
     error_objects,
     read_wait_hint,
 )
-from chexpercept.eval.backends.options import (
-    BackendOptions,
-    at_least,
-    env_var_name,
-    json_object,
-    option,
-    positive,
-)
+from chexpercept.eval.backends.options import BackendOptions, env_var_name, json_object, option
 from chexpercept.eval.backends.prefetch import ImagePrefetch
 from chexpercept.eval.backends.replies import ReplyShapeError, join_reasoning, merge_stream, read_chat_reply
 from chexpercept.eval.estimate.pricing import call_cost, price_for
@@ -287,23 +281,20 @@ class OpenAIOptions(BackendOptions):
     )
     concurrency: int = option(
         default=8,
-        type=int,
-        check=at_least(1),
+        type=COUNT,
         answers=False,
         help="most requests in flight at once (default 8); halved on a 429 and raised back as "
         "answers come (the limits taken are in run.json)",
     )
     timeout: float = option(
         default=600.0,
-        type=float,
-        check=positive,
+        type=POSITIVE,
         answers=False,
         help="seconds one attempt may take, from sending to the reply's last byte (default 600)",
     )
     max_retries: int = option(
         default=6,
-        type=int,
-        check=at_least(0),
+        type=COUNT_OR_NONE,
         answers=False,
         help="retries on 429, 5xx, timeouts (default 6)",
     )

@@ -36,7 +36,8 @@ from PIL import Image
 
 from chexpercept.case import Case
 from chexpercept.containment import ContainmentError, open_image
-from chexpercept.eval.backends.options import BackendOptions, at_least, option, positive
+from chexpercept.domains import COUNT, POSITIVE
+from chexpercept.eval.backends.options import BackendOptions, option
 from chexpercept.eval.backends.replies import MarkerDecoder
 from chexpercept.eval.backends.transformers.image_resize import FixedResize, fixed_resize_of
 from chexpercept.eval.backends.transformers.pixel_cache import PixelCache
@@ -125,8 +126,7 @@ class TransformersOptions(BackendOptions):
     )
     max_batch_tokens: int = option(
         default=DEFAULT_MAX_BATCH_TOKENS,
-        type=int,
-        check=at_least(1),
+        type=COUNT,
         answers=False,
         help="padded prompt tokens per generate call; a step is split by length within it; lower it "
         f"if a batch runs out of memory (default {DEFAULT_MAX_BATCH_TOKENS})",
@@ -138,8 +138,7 @@ class TransformersOptions(BackendOptions):
         "conversation's keys and values for its next turn (saves their memory)",
     )
     turn_cache_gib: float | None = option(
-        type=float,
-        check=positive,
+        type=POSITIVE,
         answers=False,
         help="memory the turn cache may hold; a turn that does not fit is computed from scratch next "
         "time (default: half the GPU memory free after loading the model, a quarter of RAM on CPU)",

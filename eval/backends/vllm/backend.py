@@ -41,14 +41,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from chexpercept.containment import image_file
+from chexpercept.domains import COUNT, SHARE
 from chexpercept.eval.backends.occupancy import IdleClock, WorkLedger, ratio, schedule_record
-from chexpercept.eval.backends.options import (
-    BackendOptions,
-    at_least,
-    fraction,
-    json_object,
-    option,
-)
+from chexpercept.eval.backends.options import BackendOptions, json_object, option
 from chexpercept.eval.backends.prefetch import ImagePrefetch
 from chexpercept.eval.backends.replies import MarkerDecoder
 from chexpercept.eval.backends.vllm.limits import engine_image_limit, engine_max_model_len
@@ -123,10 +118,10 @@ class VLLMOptions(BackendOptions):
     """The vllm backend's options (``chexpercept run --help``, group "vllm backend")."""
 
     tensor_parallel_size: int | None = option(
-        type=int, check=at_least(1), answers=False, help="GPUs per engine (default: the process's share)"
+        type=COUNT, answers=False, help="GPUs per engine (default: the process's share)"
     )
     pipeline_parallel_size: int = option(
-        default=1, type=int, check=at_least(1), answers=False, help="pipeline stages per engine (default 1)"
+        default=1, type=COUNT, answers=False, help="pipeline stages per engine (default 1)"
     )
     distributed_executor_backend: str | None = option(
         choices=EXECUTOR_BACKENDS,
@@ -134,8 +129,7 @@ class VLLMOptions(BackendOptions):
         help="ray: one engine over a Ray cluster (models larger than a node); default: vLLM's choice",
     )
     gpu_memory_utilization: float | None = option(
-        type=float,
-        check=fraction,
+        type=SHARE,
         answers=False,
         help=f"fraction of GPU memory for the engine (default {DEFAULT_GPU_MEMORY_UTILIZATION}); on the "
         "CPU a fraction of the NUMA node's memory, by default replaced by an explicit KV-cache size",
