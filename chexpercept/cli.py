@@ -39,6 +39,22 @@ def all_commands() -> dict[str, tuple[str, str]]:
     return dict(sorted(commands.items()))
 
 
+def command_parsers() -> dict[str, CommandParser]:
+    """Every command's parser as its command builds it, by program name (``chexpercept score``...,
+    and ``eval/run.py``): what the tests of rules over all options walk (number domains, --output)."""
+    parsers = {}
+    for name, (module_name, help_) in all_commands().items():
+        parser = CommandParser(prog=f"chexpercept {name}", description=help_)
+        importlib.import_module(module_name).configure(parser)
+        parsers[f"chexpercept {name}"] = parser
+    from chexpercept.eval.run import configure
+
+    parser = CommandParser(prog="eval/run.py")
+    configure(parser)
+    parsers["eval/run.py"] = parser
+    return parsers
+
+
 def _usage(commands: dict[str, tuple[str, str]]) -> str:
     width = max((len(n) for n in commands), default=10)
     lines = [f"  {name.ljust(width)}  {help_}" for name, (_, help_) in commands.items()]

@@ -127,7 +127,8 @@ def output_file(path: str | os.PathLike[str]) -> str | None:
     to a folder is then refused as the folder is), so that the file is written and the link kept;
     a device or a pipe as it is (``chexpercept.fileio.write_atomic`` writes into it). Replacing a
     link turned ``--output /dev/stdout`` into a file in /dev as root, and left the file a link named
-    untouched. Raises ValueError for an empty name."""
+    untouched. Raises ValueError for an empty name, and ``chexpercept.errors.Refused`` for a file
+    inside a run's folder or a release (``refuse_inside_ours``)."""
     name = os.fspath(path)
     if name == "-":
         return None
@@ -136,10 +137,64 @@ def output_file(path: str | os.PathLike[str]) -> str | None:
     try:
         st, out = os.stat(name), os.fstat(1)
     except OSError:  # missing, or stdout closed: the name as it is (a dangling link: its target)
-        return os.path.realpath(name)
+        return refuse_inside_ours(os.path.realpath(name), name)
     if (st.st_dev, st.st_ino) == (out.st_dev, out.st_ino):
         return None
-    return os.path.realpath(name) if stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode) else name
+    if stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode):
+        return refuse_inside_ours(os.path.realpath(name), name)
+    return name
+
+
+def refuse_inside_ours(target: str, given: str) -> str:
+    """``target`` (a resolved path ``--output`` names as ``given``) unless it lies in a run's
+    settings folder (``oracle_*``, or a folder holding ``run.json`` or ``results.jsonl``) or inside a
+    release bundle (a folder above holds ``chexpercept.json`` and ``chexpercept/``): there a single
+    output file replaced a run's results or a release's files (``score --output
+    RUN/oracle_implicit/results.jsonl``, through a link too). Raises ``chexpercept.errors.Refused``."""
+    from .bundle import JSON_NAME
+    from .errors import Refused
+    from .escape import terminal
+    from .results import RESULTS_NAME, RUN_NAME
+
+    folder = os.path.dirname(target)
+    if os.path.basename(folder).startswith("oracle_") or any(
+        os.path.lexists(os.path.join(folder, n)) for n in (RUN_NAME, RESULTS_NAME)
+    ):
+        raise Refused(
+            f"--output {terminal(given)}: {terminal(folder)} is a run's folder, whose files score and "
+            "resume read; write the output elsewhere"
+        )
+    up = folder
+    while True:
+        if os.path.isfile(os.path.join(up, JSON_NAME)) and os.path.isdir(os.path.join(up, "chexpercept")):
+            raise Refused(
+                f"--output {terminal(given)}: {terminal(up)} is a release bundle, whose files are "
+                "checked against its checksums; write the output elsewhere"
+            )
+        parent = os.path.dirname(up)
+        if parent == up:
+            return target
+        up = parent
+
+
+def add_output_option(parser: Any, *deprecated: str, help: str) -> None:
+    """``--output FILE`` (every command that writes one file): checked as it is parsed
+    (``output_argument``), so a file a run or a release owns is refused before any work."""
+    add_option(parser, "--output", *deprecated, metavar="FILE", type=output_argument, help=help)
+
+
+def output_argument(text: str) -> str:
+    """argparse's type of ``--output``: the name as given, unless it names a file inside a run's
+    folder or a release (``refuse_inside_ours``): then ArgumentTypeError, before any work."""
+    from .errors import Refused
+
+    try:
+        output_file(text)
+    except Refused as e:
+        raise argparse.ArgumentTypeError(str(e).split(": ", 1)[1]) from None
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
 
 
 def add_output_dir_option(parser: Any, *, help: str, **kwargs: Any) -> None:

@@ -55,6 +55,12 @@ class ModelSpec:
     notes: str = ""
     in_registry: bool = True
 
+    def request_fields(self, request_extra: dict[str, Any] | None) -> dict[str, Any]:
+        """The fields the openai backend puts over its own in every request body: the registry's
+        (``api_extra``), then ``--request-extra``'s (a null removes the field). What run.json
+        records of the decoding is read from these (``chexpercept.eval.runner.plan.sampling_for``)."""
+        return dict(self.api_extra) | dict(request_extra or {})
+
 
 def _open(name: str, hf_id: str, display: str, group: str, alias: str, **kw: Any) -> ModelSpec:
     engine = {"max_model_len": kw.pop("max_model_len", 65536), "enable_prefix_caching": True}

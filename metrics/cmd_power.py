@@ -19,7 +19,12 @@ import sys
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from chexpercept.cli_options import add_data_dir_option, add_option, add_parse_mode_option, write_output
+from chexpercept.cli_options import (
+    add_data_dir_option,
+    add_output_option,
+    add_parse_mode_option,
+    write_output,
+)
 from chexpercept.domains import ALPHA, FAMILY, PROBABILITY, SHARE, real, whole
 from chexpercept.errors import BundleValidationError, ReleaseNotFoundError
 from chexpercept.escape import terminal_lines
@@ -79,7 +84,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     add_data_dir_option(parser, help="release bundle folder (for the reference's all_results.json)")
     add_parse_mode_option(parser, help="answer parsing of the runs (default: reference)")
-    add_option(parser, "--output", metavar="FILE", help="write the output to this file instead of stdout")
+    add_output_option(parser, help="write the output to this file instead of stdout")
 
 
 @dataclass(frozen=True)

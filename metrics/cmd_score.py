@@ -14,7 +14,12 @@ import sys
 from pathlib import Path as FsPath
 from typing import Any
 
-from chexpercept.cli_options import add_data_dir_option, add_option, add_parse_mode_option, write_output
+from chexpercept.cli_options import (
+    add_data_dir_option,
+    add_output_option,
+    add_parse_mode_option,
+    write_output,
+)
 from chexpercept.domains import COUNT_OR_NONE, LEVEL, SEED
 from chexpercept.errors import BundleValidationError, ReleaseNotFoundError
 from chexpercept.escape import terminal, terminal_lines
@@ -107,9 +112,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     # earlier spellings: intervals came from a bootstrap; kept working, hidden from --help
     parser.add_argument("--bootstrap", type=COUNT_OR_NONE, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=SEED, default=None, help=argparse.SUPPRESS)
-    add_option(
-        parser, "--output", "--out", metavar="FILE", help="write the output to this file instead of stdout"
-    )
+    add_output_option(parser, "--out", help="write the output to this file instead of stdout")
 
 
 def _names(args: argparse.Namespace) -> list[str | None]:

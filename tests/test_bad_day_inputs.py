@@ -123,6 +123,30 @@ def test_a_request_field_outside_the_decoding_domain_is_refused_before_any_reque
     assert status == 2 and "--request-extra" in err, err
 
 
+UNRECORDABLE_FIELDS = [  # what run.json would have said differs from what the server got (stop 42)
+    ('{"max_completion_tokens": null}', "the answer length would be the server's own"),  # said 8192
+    ('{"max_completion_tokens": "64"}', "max_completion_tokens in --request-extra must be a whole"),
+    ('{"max_completion_tokens": true}', "max_completion_tokens in --request-extra must be a whole"),
+    ('{"max_completion_tokens": 0}', "max_completion_tokens in --request-extra must be a whole"),
+    ('{"max_tokens": 64}', "two answer lengths (max_completion_tokens 8192, max_tokens 64)"),  # said 64
+    ('{"model": "another-model"}', "may not set model"),  # recorded the option's model id
+    ('{"messages": []}', "may not set messages"),  # replaced the conversation
+]
+
+
+@pytest.mark.parametrize("fields,message", UNRECORDABLE_FIELDS, ids=[f for f, _ in UNRECORDABLE_FIELDS])
+def test_request_fields_whose_decoding_run_json_could_not_record_are_refused(
+    fixture_bundle, tmp_path, capsys, fields, message
+):
+    """The run's decoding as run.json records it is read from the request fields that replace the
+    body's own (ModelSpec.request_fields): a field it could not record truly is refused."""
+    api = ["--model", "gpt-5.4", "--backend", "openai", "--base-url", "http://127.0.0.1:9/v1"]
+    status = _run(fixture_bundle, tmp_path / "runs", "--limit", "2", *api, "--request-extra", fields)
+    err = capsys.readouterr().err
+    assert status == 2 and message in err, err
+    assert not (tmp_path / "runs").exists()
+
+
 def test_sampling_checks_its_domain_for_every_caller():
     from chexpercept.eval.protocol import Sampling
 
@@ -414,3 +438,56 @@ def test_synth_sources_never_writes_over_a_folder_it_did_not_write(tmp_path, cap
     mine = tmp_path / "phantom"
     assert cli([*args, "--output-dir", str(mine)]) == 0
     assert cli([*args, "--output-dir", str(mine)]) == 0  # its own folder: written again
+
+
+def test_an_output_file_never_replaces_a_runs_files_or_lands_in_a_release(fixture_bundle, tmp_path, capsys):
+    """``score --output RUN/oracle_implicit/results.jsonl`` replaced a run's results (through a link
+    to it too): a single output file is refused in a run's folder and inside a release
+    (``cli_options.refuse_inside_ours``, which every ``--output FILE`` goes through)."""
+    from chexpercept.cli import main as cli
+
+    runs = tmp_path / "runs"
+    assert _run(fixture_bundle, runs, "--model", "baseline:random", "--limit", "2") == 0
+    folder = runs / "baseline-random" / "oracle_implicit"
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    link = tmp_path / "scores.json"
+    link.symlink_to(folder / "results.jsonl")
+    release = tmp_path / "copy-of-release"
+    (release / "chexpercept" / "k1").mkdir(parents=True)
+    (release / "chexpercept.json").write_text("{}")
+    capsys.readouterr()
+    for argv, target in (
+        (["score", str(runs)], folder / "results.jsonl"),
+        (["score", str(runs)], folder / "scores.md"),  # beside the run's files
+        (["score", str(runs)], link),
+        (["power"], release / "power.md"),
+        (["power"], release / "chexpercept" / "k1" / "power.md"),
+        (["estimate", "--data-dir", str(fixture_bundle), "--model", "gpt-5.4"], folder / "estimate.md"),
+    ):
+        assert _status(lambda a=argv, t=target: cli([*a, "--output", str(t)])) == 2, target
+        err = capsys.readouterr().err  # refused as it is parsed: before any scoring or counting
+        assert "argument --output: " in err and "write the output elsewhere" in err, err
+        assert len(err.strip().splitlines()) == 2 and "Traceback" not in err, err
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+    assert sorted(p.name for p in release.rglob("*")) == ["chexpercept", "chexpercept.json", "k1"]
+    assert cli(["score", str(runs), "--output", str(runs / "scores.json")]) == 0  # beside the models
+    assert (runs / "scores.json").stat().st_size > 0
+
+
+def test_every_output_file_option_is_checked_as_it_is_parsed():
+    from chexpercept.cli import command_parsers
+    from chexpercept.cli_options import output_argument
+
+    outputs = {
+        prog: action.type
+        for prog, parser in command_parsers().items()
+        for action in parser._actions
+        if "--output" in action.option_strings
+    }
+    assert {
+        "chexpercept score",
+        "chexpercept power",
+        "chexpercept estimate",
+        "chexpercept leaderboard",
+    } <= set(outputs)
+    assert all(t is output_argument for t in outputs.values()), outputs

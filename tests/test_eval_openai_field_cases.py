@@ -325,6 +325,21 @@ def test_a_flagged_prompt_is_a_refusal(fixture_bundle):
     assert record.turns[0].refusal.startswith("content filter") and record.turns[0].parsed == [-1]
 
 
+@pytest.mark.parametrize(
+    "extra,sent",
+    [('{"max_completion_tokens": 64}', {"max_completion_tokens": 64}),
+     ('{"max_completion_tokens": null, "max_tokens": 48}', {"max_tokens": 48}),
+     ('{"max_completion_tokens": 32, "max_tokens": 32}', {"max_completion_tokens": 32, "max_tokens": 32})],
+)  # fmt: skip
+def test_the_answer_length_run_json_records_is_the_one_sent(fixture_bundle, tmp_path, extra, sent):
+    with FakeServer() as server:
+        assert cli(fixture_bundle, tmp_path, server, "--request-extra", extra, "--no-score") == 0
+    body = server.requests[0]["body"]
+    assert {k: body[k] for k in ("max_completion_tokens", "max_tokens") if k in body} == sent
+    info = json.loads((tmp_path / "local-vlm" / "oracle_implicit" / "run.json").read_text())
+    assert info["sampling"]["max_tokens"] == next(iter(sent.values()))
+
+
 def test_request_extra_sampling_is_what_run_json_records(fixture_bundle, tmp_path):
     with FakeServer() as server:
         assert (

@@ -302,8 +302,11 @@ def test_bad_arguments_give_clear_errors(fixture_bundle, tmp_path, capsys):
     assert "not in the model registry" in capsys.readouterr().err
     assert run_cli(tmp_path / "missing", tmp_path) == 2
     assert "missing: no such folder" in capsys.readouterr().err
-    assert run_cli(fixture_bundle, tmp_path, "--lesions", "pneumonia", "--paths", "RR", "--limit", "0") == 2
-    assert "--limit" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as bad:  # a number outside its domain: argparse, before any work
+        run_cli(fixture_bundle, tmp_path, "--lesions", "pneumonia", "--paths", "RR", "--limit", "0")
+    assert (
+        bad.value.code == 2 and "argument --limit: must be a whole number from 1" in capsys.readouterr().err
+    )
 
 
 def test_several_oracle_settings_in_one_command_equal_separate_runs(fixture_bundle, tmp_path, capsys):

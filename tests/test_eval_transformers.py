@@ -319,3 +319,37 @@ def test_a_package_the_model_needs_is_named_not_an_internal_error(fixture_bundle
     err = capsys.readouterr().err
     assert "a package it needs is not installed" in err and "Torchvision" in err
     assert "internal error" not in err
+
+
+POLLUTED = {"repetition_penalty": 50.0, "no_repeat_ngram_size": 1, "top_k": 1, "temperature": 0.1,
+            "do_sample": True}  # fmt: skip
+
+
+def test_a_models_own_generation_config_never_changes_the_decoding(fixture_bundle, tiny_model, tmp_path):
+    """A Qwen2.5-VL's generation_config.json (repetition_penalty 1.05) was applied under a run recorded
+    as plain greedy decoding, which vLLM's engine decodes without it; Gemma 3's top_k 64 under top_p
+    sampling. The model now decodes with the recorded settings only, and run.json names the fields
+    its file asked for (``generation_config_ignored``)."""
+    import shutil
+
+    own = tmp_path / "own-config"
+    shutil.copytree(tiny_model, own)
+    config = json.loads((own / "generation_config.json").read_text())
+    (own / "generation_config.json").write_text(json.dumps({**config, **POLLUTED}))
+    bundle = read_bundle(fixture_bundle, lesions=["effusion"])
+    texts, ignored = {}, {}
+    for name, folder in (("plain", tiny_model), ("own", own)):
+        for sampling in (Sampling(0.0, 1.0, 8, True), Sampling(0.7, 0.9, 8, False)):
+            backend = TransformersBackend(resolve(str(folder), backend="transformers"), sampling=sampling)
+            backend.setup(RunContext(root=bundle.root, cases=bundle.cases))
+            torch.manual_seed(0)
+            convs = [Conversation(c, oracle="none") for c in bundle.cases]
+            texts[name, sampling.greedy] = [r.text for r in backend.generate([c.pending for c in convs])]
+            ignored[name] = backend.describe().get("generation_config_ignored")
+            if name == "own" and sampling.greedy:  # the file's config would have changed these answers
+                backend.model.generation_config.update(**POLLUTED)
+                torch.manual_seed(0)
+                polluted = [r.text for r in backend.generate([c.pending for c in convs])]
+    assert polluted != texts["plain", True]
+    assert texts["own", True] == texts["plain", True] and texts["own", False] == texts["plain", False]
+    assert ignored == {"plain": {}, "own": dict(sorted(POLLUTED.items()))}

@@ -15,35 +15,19 @@ typed options, the Python API). Members found (stop 42), each below: ``synth``/`
 from __future__ import annotations
 
 import argparse
-import importlib
 import math
 
 import pytest
 
-from chexpercept.cli import all_commands
+from chexpercept.cli import command_parsers
 from chexpercept.cli import main as cli
 from chexpercept.cli_options import CommandParser
 from chexpercept.domains import COUNT, LEVEL, SEED, SHARE, Domain, whole
 
 
-def _parsers() -> dict[str, CommandParser]:
-    """Every command's parser as its command builds it (``chexpercept <name>`` and eval/run.py)."""
-    out = {}
-    for name, (module_name, help_) in all_commands().items():
-        parser = CommandParser(prog=f"chexpercept {name}", description=help_)
-        importlib.import_module(module_name).configure(parser)
-        out[f"chexpercept {name}"] = parser
-    from chexpercept.eval.run import configure
-
-    parser = CommandParser(prog="eval/run.py")
-    configure(parser)
-    out["eval/run.py"] = parser
-    return out
-
-
 def test_every_number_option_of_every_command_declares_its_domain():
     numbers = {}
-    for prog, parser in _parsers().items():
+    for prog, parser in command_parsers().items():
         parser.check_number_domains()  # what every parse does first
         for action in parser._actions:
             assert action.type not in (int, float), (prog, action.option_strings)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path as FsPath
 from typing import Any
 
-from chexpercept.cli_options import add_data_dir_option, add_option, write_output
+from chexpercept.cli_options import add_data_dir_option, add_output_option, write_output
 from chexpercept.domains import COUNT, POSITIVE
 from chexpercept.escape import terminal_lines
 from chexpercept.eval.backends import BACKENDS
@@ -69,7 +69,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     g = parser.add_argument_group("output")
     g.add_argument("--format", choices=("markdown", "json"), default="markdown", help="default markdown")
-    add_option(g, "--output", metavar="FILE", help="write to this file instead of stdout")
+    add_output_option(g, help="write to this file instead of stdout")
 
 
 def _counter(

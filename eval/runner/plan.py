@@ -105,22 +105,51 @@ def make_backend(
     )
 
 
+#: the answer-length fields of a chat completions request: the openai backend sends the first
+LENGTH_FIELDS = ("max_completion_tokens", "max_tokens")
+#: request fields the run itself decides and records; --request-extra may not replace them
+OWN_FIELDS = ("model", "messages")
+
+
 def sampling_for(spec: ModelSpec, args: argparse.Namespace) -> Sampling:
-    """Decoding as sent and recorded: the registry's, then the options, then what --request-extra
-    sends instead (the openai backend: a field it sets or removes is what the server gets)."""
+    """Decoding as sent and recorded: the registry's, then the options, then what the request's
+    fields send instead (the openai backend: ``ModelSpec.request_fields``; a field they set or
+    remove is what the server gets, so it is what run.json records). ValueError for request fields
+    whose decoding run.json could not record: a length that is not a count, two different lengths,
+    no length at all (the server's own), or a field the run decides itself (the model...)."""
     base = spec.sampling
     temperature = base["temperature"] if args.temperature is None else args.temperature
     top_p = base["top_p"] if args.top_p is None else args.top_p
     max_tokens = base["max_tokens"] if args.max_tokens is None else args.max_tokens
-    extra = (getattr(args, "request_extra", None) or {}) if spec.backend == "openai" else {}
-    if "temperature" in extra:
-        temperature = extra["temperature"]  # None: the server's default, so not known to be greedy
-    if "top_p" in extra:
-        top_p = 1.0 if extra["top_p"] is None else extra["top_p"]
-    for key in ("max_completion_tokens", "max_tokens"):
-        if isinstance(extra.get(key), int):
-            max_tokens = extra[key]
     COUNT.require(max_tokens, "--max-tokens")
+    if spec.backend != "openai":
+        return Sampling(temperature=temperature, top_p=top_p, max_tokens=max_tokens, greedy=temperature == 0)
+    fields = spec.request_fields(getattr(args, "request_extra", None))
+    own = [k for k in OWN_FIELDS if k in fields]
+    if own:
+        raise ValueError(
+            f"--request-extra may not set {', '.join(own)}: the run decides it and run.json records "
+            "it (the model: --model, or --model-id for a served name)"
+        )
+    if "temperature" in fields:
+        temperature = fields["temperature"]  # None: the server's default, so not known to be greedy
+    if "top_p" in fields:
+        top_p = 1.0 if fields["top_p"] is None else fields["top_p"]
+    sent = {LENGTH_FIELDS[0]: max_tokens} | {k: fields[k] for k in LENGTH_FIELDS if k in fields}
+    sent = {k: v for k, v in sent.items() if v is not None}  # a null removes the field
+    for key, value in sent.items():
+        COUNT.require(value, f"{key} in --request-extra")
+    if not sent:
+        raise ValueError(
+            f"--request-extra removes {' and '.join(LENGTH_FIELDS)}: the answer length would be the "
+            "server's own, which run.json cannot record; give it with --max-tokens"
+        )
+    if len(set(sent.values())) > 1:
+        raise ValueError(
+            f"--request-extra sends two answer lengths ({', '.join(f'{k} {v}' for k, v in sent.items())}): "
+            "give one"
+        )
+    max_tokens = next(iter(sent.values()))
     return Sampling(temperature=temperature, top_p=top_p, max_tokens=max_tokens, greedy=temperature == 0)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from chexpercept.cli_options import add_output_option
 from chexpercept.escape import terminal_lines
 
 PROG = "chexpercept leaderboard"
@@ -26,7 +27,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default="markdown",
         help="output format (default: markdown)",
     )
-    parser.add_argument("--output", metavar="FILE", help="write the table to FILE instead of printing it")
+    add_output_option(parser, help="write the table to FILE instead of printing it")
 
 
 def run(args: argparse.Namespace) -> int:

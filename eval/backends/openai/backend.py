@@ -386,7 +386,7 @@ class OpenAIBackend(BackendBase):
         self._reached = False
         #: set when a server asks for a wait longer than the policy takes (eval/backends/openai/retries.py)
         self.pause, self.notices = ServerPause(), WaitNotices()
-        self.extra_body = dict(spec.api_extra) | dict(options.request_extra or {})
+        self.extra_body = spec.request_fields(options.request_extra)
         # this run's known secrets are masked in every text it prints or writes (chexpercept.redaction)
         register_secret(self.api_key)
         register_secret(parts.password)

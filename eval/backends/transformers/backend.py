@@ -111,6 +111,49 @@ def _check_requests(context: RunContext) -> list[Request]:
         requests.append(conversation.pending)
 
 
+#: what a model's generation_config keeps under the transformers backend: its token ids and cache
+#: settings, which change no answer; every other field (repetition_penalty, top_k, no_repeat_ngram_size,
+#: its own temperature...) would add a step to the decoding that run.json does not record and vLLM's
+#: engine does not apply (it decodes with the SamplingParams given)
+GENERATION_KEPT = (
+    "bos_token_id",
+    "eos_token_id",
+    "pad_token_id",
+    "decoder_start_token_id",
+    "use_cache",
+    "cache_implementation",
+)
+#: fields of a generation_config that say nothing about decoding
+_GENERATION_BOOKKEEPING = frozenset(
+    {
+        "transformers_version",
+        "_from_model_config",
+        "output_attentions",
+        "output_hidden_states",
+        "return_dict_in_generate",
+        "output_scores",
+    }
+)
+
+
+def decoding_config_only(config: Any) -> tuple[Any, dict[str, Any]]:
+    """(a GenerationConfig with only ``config``'s token ids and cache settings, the fields of
+    ``config`` it leaves out): the model then decodes with exactly the run's recorded settings
+    (``Sampling``), as vLLM does, and run.json names what the model's own file asked for
+    (``generation_config_ignored``). A Qwen2.5-VL's ``repetition_penalty: 1.05`` and Gemma 3's
+    ``top_k: 64`` were applied before, under a run recorded as plain greedy or top_p sampling."""
+    from transformers import GenerationConfig
+
+    kept = {k: getattr(config, k, None) for k in GENERATION_KEPT}
+    clean = GenerationConfig(**{k: v for k, v in kept.items() if v is not None})
+    ignored = {
+        k: v
+        for k, v in sorted(config.to_diff_dict().items())
+        if k not in GENERATION_KEPT and k not in _GENERATION_BOOKKEEPING
+    }
+    return clean, ignored
+
+
 @dataclass(frozen=True)
 class TransformersOptions(BackendOptions):
     """The transformers backend's options (``chexpercept run --help``, group "transformers backend")."""
@@ -270,6 +313,7 @@ class TransformersBackend(BatchBackend):
         if not self.device_map:
             self.model.to(self.resolved_device)
         gen = self.model.generation_config
+        self.model.generation_config, self.generation_config_ignored = decoding_config_only(gen)
         pad = gen.pad_token_id if gen.pad_token_id is not None else tokenizer.pad_token_id
         self.pad_token_id = pad if pad is not None else tokenizer.eos_token_id
         self._plan_inputs(context)
@@ -572,8 +616,8 @@ class TransformersBackend(BatchBackend):
         }
         s = self._sampling
         options: dict[str, Any] = {"max_new_tokens": s.max_tokens, "pad_token_id": self.pad_token_id}
-        if s.temperature > 0:
-            options.update(do_sample=True, temperature=s.temperature, top_p=s.top_p)
+        if s.temperature > 0:  # top_k 0: none, as vLLM's default (transformers' own default is 50)
+            options.update(do_sample=True, temperature=s.temperature, top_p=s.top_p, top_k=0)
         else:
             options["do_sample"] = False
         if plan is not None:
@@ -652,6 +696,8 @@ class TransformersBackend(BatchBackend):
             "turn_cache": self.turn_cache_note,
             **self._turn_cache_counts(),
             "chat_template_kwargs": self.chat_template_kwargs,
+            # what the model's generation_config.json asked for and this run did not apply
+            "generation_config_ignored": getattr(self, "generation_config_ignored", {}),
         }
 
     def _turn_cache_counts(self) -> dict[str, int]:
