@@ -491,3 +491,32 @@ def test_every_output_file_option_is_checked_as_it_is_parsed():
         "chexpercept leaderboard",
     } <= set(outputs)
     assert all(t is output_argument for t in outputs.values()), outputs
+
+
+def _tree(root):
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.name != "run.lock")
+
+
+def test_a_refused_run_leaves_the_output_folder_as_it_found_it(fixture_bundle, tmp_path, capsys, monkeypatch):
+    """A second model under the same --run-name, refused for its settings folders: an empty
+    ``oracle_none/`` was left beside the run it was refused for. A refusal before any setting is
+    taken now removes the folders it made (eval/runner/execute.py ``_remove_created``)."""
+    runs = tmp_path / "runs"
+    assert _run(fixture_bundle, runs, "--model", "baseline:random", "--run-name", "x", "--oracle", "implicit",
+                "--limit", "2") == 0  # fmt: skip
+    before = _tree(runs)
+    capsys.readouterr()
+    again = ["--model", "baseline:oracle", "--run-name", "x", "--oracle", "none", "implicit", "--limit", "2"]
+    assert _run(fixture_bundle, runs, *again) == 2
+    assert "already holds another run under other settings" in capsys.readouterr().err
+    assert _tree(runs) == before
+    # a new model folder refused at its first setting: both folders it made are gone
+    from chexpercept.eval.runner import execute
+    from chexpercept.eval.runner.store import StoreError
+
+    def refuse(folder, settings):
+        raise StoreError("refused for the test")
+
+    monkeypatch.setattr(execute, "_check_setting_folders", refuse)
+    assert _run(fixture_bundle, runs, "--model", "baseline:prior", "--limit", "2") == 2
+    assert _tree(runs) == before

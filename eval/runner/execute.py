@@ -17,6 +17,7 @@ Every early end is one line (eval/runner/outcome.py). The command's options live
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import sys
 from collections.abc import Callable, Iterable, Sequence
@@ -120,6 +121,9 @@ class OracleRun:
     outcome: FolderOutcome = field(default_factory=lambda: FolderOutcome(ok=False))
     session: Session | None = None
     remaining: list[Case] = field(default_factory=list)
+    #: the folders this command made for the setting (main process): removed again when the command
+    #: is refused before any setting was taken, so a refusal leaves the output folder as it was
+    created: list[FsPath] = field(default_factory=list)
 
 
 def context_of(plan: RunPlan, dist: Distributed) -> RunContext:
@@ -239,9 +243,11 @@ def execute(plan: RunPlan, backend: Backend, dist: Distributed, children: ChildP
         )
         for oracle in plan.oracles
     ]
+    taken = False
     try:
         status = _take_folders(plan, runs, dist)
-        if status is None:
+        taken = status is None
+        if taken:
             status = _run_all(plan, backend, context, dist, runs)
     except BaseException as error:
         try:
@@ -250,12 +256,36 @@ def execute(plan: RunPlan, backend: Backend, dist: Distributed, children: ChildP
             if isinstance(error, RunInterrupted):
                 raise
             # the error that ended the run is the one to tell (a folder of other settings, a lock)
+        finally:
+            if not taken:
+                _remove_created(runs)
         raise
     try:
         _let_go(runs, dist, children)
     except RunInterrupted as e:
         return stopped_after_the_end(plan, e, status)
+    finally:
+        if not taken:
+            _remove_created(runs)
     return status
+
+
+def _remove_created(runs: list[OracleRun]) -> None:
+    """The folders a refused command made (and the run.json it wrote there, all they can hold before
+    any case ran) removed again, deepest first: a refused resume under other settings left an empty
+    ``oracle_none/`` beside the run it was refused for. A folder that holds anything else stays."""
+    for run in reversed(runs):
+        for folder in reversed(run.created):
+            with contextlib.suppress(OSError):
+                if folder == run.folder.path:
+                    run.folder.run_json.unlink(missing_ok=True)
+                    folder.rmdir()
+                    continue
+                lock = folder / SETTINGS_LOCK_NAME  # the model folder: its settings lock alone left
+                with exclusive(lock):
+                    if {p.name for p in folder.iterdir()} == {SETTINGS_LOCK_NAME}:
+                        lock.unlink()
+                        folder.rmdir()
 
 
 def _let_go(runs: list[OracleRun], dist: Distributed, children: ChildProcesses) -> None:
@@ -352,6 +382,7 @@ def _prepare_folder(plan: RunPlan, run: OracleRun) -> FolderOutcome:
                 "model and settings folders only where they are named; remove the link or use another "
                 "--output-dir. Nothing was written"
             )
+    run.created = [p for p in (folder.path.parent, folder.path) if not p.exists()]
     private_dir(folder.path.parent, own=True)
     private_dir(folder.path, own=True)
     folder.lock.acquire()
