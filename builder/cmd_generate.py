@@ -132,16 +132,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def build_config(args: argparse.Namespace) -> GenerateConfig:
     values: dict = {}
     if args.config:
-        values.update({k.replace("-", "_"): v for k, v in _load_yaml(args.config).items()})
-        if "output_dir" in values:  # the option's name; "out" (its earlier name) is read as well
-            values["out"] = values.pop("output_dir")
+        for key, value in _load_yaml(args.config).items():
+            name = str(key).replace("-", "_")
+            name = "out" if name == "output_dir" else name  # the option's name; "out" its earlier one
+            if name in values:  # per-cell and per_cell, out and output_dir: one would silently win
+                raise SourceError(f"--config {args.config}: {name.replace('_', '-')} is given twice")
+            values[name] = value
     for key, value in vars(args).items():
         if key == "config" or value is None or value == []:
             continue
         values[key] = value
     if isinstance(values.get("review"), str):
         values["review"] = [values["review"]]
-    no_progress = values.pop("no_progress", False)
+    no_progress = values.pop("no_progress", False) or values.pop("progress", True) is False
     if "out" not in values or "per_cell" not in values:
         raise SourceError("--output-dir and --per-cell are required")
     known = set(GenerateConfig.__dataclass_fields__)

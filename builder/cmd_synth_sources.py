@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from chexpercept.cli_options import add_option, add_progress_option, progress_enabled, require
-from chexpercept.domains import COUNT, SEED
+from chexpercept.domains import COUNT, PROCESSES, SEED
 from chexpercept.escape import terminal_lines
 from chexpercept.fileio import claim_output_dir
 from chexpercept.vocab import LESIONS
@@ -19,7 +19,7 @@ def add_phantom_arguments(parser: argparse.ArgumentParser, *, out_help: str, per
     add_option(parser, "--output-dir", "--out", dest="out", metavar="DIR", help=f"{out_help} (required)")
     parser.add_argument("--per-cell", type=COUNT, default=1, help=per_cell_help)
     parser.add_argument("--seed", type=SEED, default=0, help="random seed (default 0)")
-    parser.add_argument("--num-proc", type=COUNT, default=1, help="worker processes (default 1)")
+    parser.add_argument("--num-proc", type=PROCESSES, default=1, help="worker processes (default 1)")
     parser.add_argument(
         "--lesions",
         nargs="+",

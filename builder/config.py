@@ -14,7 +14,7 @@ from pathlib import Path as FsPath
 from typing import Any
 
 import chexpercept
-from chexpercept.domains import COUNT, SEED
+from chexpercept.domains import COUNT, PROCESSES, SEED
 from chexpercept.escape import terminal
 from chexpercept.input_files import SOURCE_TABLE, read_input
 from chexpercept.vocab import LESIONS
@@ -41,7 +41,7 @@ FINGERPRINT_KEYS = (
     "neutral_option_names",
 )
 #: the domain of each number setting: the command line's types and ``check`` (for --config) alike
-NUMBER_DOMAINS = {"per_cell": COUNT, "seed": SEED, "num_proc": COUNT}
+NUMBER_DOMAINS = {"per_cell": COUNT, "seed": SEED, "num_proc": PROCESSES}
 #: the fingerprint's input paths, recorded resolved
 FINGERPRINT_PATHS = (
     "mimic_cxr_jpg",

@@ -33,7 +33,7 @@ from pathlib import Path as FsPath
 import numpy as np
 from PIL import Image
 
-from chexpercept.domains import COUNT
+from chexpercept.domains import COUNT, PROCESSES
 from chexpercept.eval.runner.interrupts import shielded_children
 from chexpercept.fileio import atomic_file, private_dir, write_atomic
 from chexpercept.progress import progress_bar
@@ -229,7 +229,7 @@ def synthesize_sources(
         raise ValueError(
             f"unknown anatomy format {anatomy_format!r}; expected one of {', '.join(ANATOMY_FORMATS)}"
         )
-    COUNT.require(num_proc, "num_proc")
+    PROCESSES.require(num_proc, "num_proc")
     root = private_dir(out_dir)
     specs = study_specs(per_cell, seed, lesions)
     jobs = [(s, str(root), seed, anatomy_format, with_cxas) for s in specs]

@@ -146,35 +146,52 @@ def output_file(path: str | os.PathLike[str]) -> str | None:
 
 
 def refuse_inside_ours(target: str, given: str) -> str:
-    """``target`` (a resolved path ``--output`` names as ``given``) unless it lies in a run's
-    settings folder (``oracle_*``, or a folder holding ``run.json`` or ``results.jsonl``) or inside a
-    release bundle (a folder above holds ``chexpercept.json`` and ``chexpercept/``): there a single
-    output file replaced a run's results or a release's files (``score --output
-    RUN/oracle_implicit/results.jsonl``, through a link too). Raises ``chexpercept.errors.Refused``."""
-    from .bundle import JSON_NAME
+    """``target`` (a resolved path ``--output`` names as ``given``) unless it, or the name as given,
+    lies inside a run's settings folder (``oracle_*``, or a folder holding ``run.json`` or
+    ``results.jsonl``), a model's folder (one holding ``oracle_*`` folders or their settings lock) or
+    a release bundle (a folder holding ``chexpercept.json`` and ``chexpercept/``), at any depth: there
+    a single output file replaced a run's results (``score --output RUN/oracle_implicit/results.jsonl``,
+    through a link too, or a link that the run's own results file is), its lock, or a release's files.
+    Raises ``chexpercept.errors.Refused``."""
     from .errors import Refused
     from .escape import terminal
-    from .results import RESULTS_NAME, RUN_NAME
 
-    folder = os.path.dirname(target)
-    if os.path.basename(folder).startswith("oracle_") or any(
-        os.path.lexists(os.path.join(folder, n)) for n in (RUN_NAME, RESULTS_NAME)
+    for path in dict.fromkeys((target, os.path.abspath(given))):
+        up = os.path.dirname(path)
+        while True:
+            what = _ours(up, holds_the_file=up == os.path.dirname(path))
+            if what:
+                raise Refused(
+                    f"--output {terminal(given)}: {terminal(up)} is {what}; write the output elsewhere"
+                )
+            parent = os.path.dirname(up)
+            if parent == up:
+                break
+            up = parent
+    return target
+
+
+def _ours(folder: str, *, holds_the_file: bool) -> str | None:
+    """What ``folder`` (the file's own folder, or one above it) is to the toolkit, in words, when a
+    single output file must stay out of it: a run's folder by its name at any depth, by its files
+    or a model's folder where the file would be; a release at any depth."""
+    import glob
+
+    from .bundle import JSON_NAME
+    from .results import RESULTS_NAME, RUN_NAME, SETTINGS_LOCK_NAME
+
+    if os.path.basename(folder).startswith("oracle_") or (
+        holds_the_file and any(os.path.lexists(os.path.join(folder, n)) for n in (RUN_NAME, RESULTS_NAME))
     ):
-        raise Refused(
-            f"--output {terminal(given)}: {terminal(folder)} is a run's folder, whose files score and "
-            "resume read; write the output elsewhere"
-        )
-    up = folder
-    while True:
-        if os.path.isfile(os.path.join(up, JSON_NAME)) and os.path.isdir(os.path.join(up, "chexpercept")):
-            raise Refused(
-                f"--output {terminal(given)}: {terminal(up)} is a release bundle, whose files are "
-                "checked against its checksums; write the output elsewhere"
-            )
-        parent = os.path.dirname(up)
-        if parent == up:
-            return target
-        up = parent
+        return "a run's folder, whose files score and resume read"
+    if holds_the_file and (
+        os.path.lexists(os.path.join(folder, SETTINGS_LOCK_NAME))
+        or any(os.path.isdir(p) for p in glob.glob(os.path.join(glob.escape(folder), "oracle_*")))
+    ):
+        return "a model's folder of runs, which score and run read"
+    if os.path.isfile(os.path.join(folder, JSON_NAME)) and os.path.isdir(os.path.join(folder, "chexpercept")):
+        return "a release bundle, whose files are checked against its checksums"
+    return None
 
 
 def add_output_option(parser: Any, *deprecated: str, help: str) -> None:
@@ -188,6 +205,8 @@ def output_argument(text: str) -> str:
     folder or a release (``refuse_inside_ours``): then ArgumentTypeError, before any work."""
     from .errors import Refused
 
+    if os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text} is a folder: give a file name")
     try:
         output_file(text)
     except Refused as e:

@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Iterable
 
 from .cli_options import add_data_dir_option, data_dir_of
-from .domains import COUNT
+from .domains import PROCESSES
 from .vocab import LESIONS, PATHS
 
 
@@ -64,7 +64,7 @@ def composition_table(cells: Iterable[tuple[str, str, int]]) -> str:
 def configure(parser: argparse.ArgumentParser) -> None:
     add_data_dir_option(parser, positional=True)
     # inspect no longer builds the dataset; the option is accepted so that old scripts keep working
-    parser.add_argument("--num-proc", type=COUNT, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--num-proc", type=PROCESSES, default=None, help=argparse.SUPPRESS)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -100,18 +100,26 @@ def real(low: float, high: float = math.inf, *, above: bool = False, below: bool
 COUNT = whole(1)
 #: a number of things that may be none (retries, resamples)
 COUNT_OR_NONE = whole(0)
+#: worker processes of one command (beyond this a machine's process table, or Python's pools, give out)
+PROCESSES = whole(1, 1024)
+#: people who review cases (the paper's six; beyond this the review's assignment does not end in time)
+ANNOTATORS = whole(1, 1000)
 #: a random seed
 SEED = whole(0, MAX_SEED)
 #: a TCP port (0: any free one)
 PORT = whole(0, 65535)
 #: a positive amount (seconds, GiB, tokens per second)
 POSITIVE = real(0, above=True)
+#: memory in GiB: above 0, at most 1 PiB (larger overflowed into a byte count after the model loaded)
+GIB = real(0, 2**20, above=True)
 #: an amount that may be zero (a temperature)
 NON_NEGATIVE = real(0)
 #: a share of something whole (memory, top_p, discordance): above 0, at most 1
 SHARE = real(0, 1, above=True)
-#: a probability strictly between 0 and 1 (a power)
+#: a probability strictly between 0 and 1
 PROBABILITY = real(0, 1, above=True, below=True)
+#: a test's power: from 0.5 (below it the detectable difference turns negative) to 1 - 1e-9
+POWER = real(0.5, 1 - 1e-9)
 #: an interval's confidence level (``score --level``; ``1 - power --alpha``): from 0.5 to 1 - 1e-9, a
 #: level float arithmetic keeps apart from 1 (at 1e-300 an interval had no width and was divided by it)
 LEVEL = real(0.5, 1 - 1e-9)

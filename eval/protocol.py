@@ -150,6 +150,10 @@ class Response:
     error: str | None = None
 
 
+#: the smallest temperature above 0 that samples (vLLM takes anything below it as greedy)
+MIN_TEMPERATURE = 1e-5
+
+
 @dataclass(frozen=True)
 class Sampling:
     """Decoding parameters as recorded in run.json."""
@@ -175,6 +179,11 @@ class Sampling:
         if not SHARE.contains(p):
             raise ValueError(
                 f"top_p must be {SHARE.describe()}, got {p!r} (--top-p, or top_p in --request-extra)"
+            )
+        if t is not None and 0 < t < MIN_TEMPERATURE:
+            raise ValueError(
+                f"the temperature {t!r} is above 0 but below {MIN_TEMPERATURE:g}, where vLLM decodes "
+                "greedily and transformers' sampling overflows: give 0 for greedy decoding"
             )
         if self.greedy and t != 0:  # recorded greedy, decoded sampling: End-to-End taken from Oracle-Passed
             raise ValueError(f"greedy decoding needs temperature 0, got {t!r}")

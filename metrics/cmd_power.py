@@ -25,7 +25,7 @@ from chexpercept.cli_options import (
     add_parse_mode_option,
     write_output,
 )
-from chexpercept.domains import ALPHA, FAMILY, PROBABILITY, SHARE, real, whole
+from chexpercept.domains import ALPHA, FAMILY, POWER, SHARE, real, whole
 from chexpercept.errors import BundleValidationError, ReleaseNotFoundError
 from chexpercept.escape import terminal_lines
 
@@ -70,7 +70,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help=f"cases per lesion x path cell of the design (default {RELEASE_PER_CELL}, the release)",
     )
     parser.add_argument("--alpha", type=ALPHA, default=0.05, help="two-sided test level (default 0.05)")
-    parser.add_argument("--power", type=PROBABILITY, default=0.8, help="power (default 0.8)")
+    parser.add_argument("--power", type=POWER, default=0.8, help="power (default 0.8)")
     parser.add_argument(
         "--tests",
         type=FAMILY,
@@ -165,7 +165,7 @@ def run_rows(args: argparse.Namespace, a: Any, b: Any) -> list[PowerRow]:
         row = _row(metric, label, cells, sd, args)
         run_mde = (
             detectable_difference(d.se, d.df, level=1 - args.alpha, power=args.power, tests=args.tests)
-            if d.se > 0
+            if d.se > 0 and d.df > 0  # one case per cell leaves no degrees of freedom
             else None
         )
         rows.append(

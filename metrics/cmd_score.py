@@ -43,14 +43,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     add_data_dir_option(parser, help="release bundle folder (required for the reference's all_results.json)")
     add_parse_mode_option(parser, help="answer parsing (default: reference)")
-    parser.add_argument("--oracle", choices=ORACLE_SETTINGS, help="oracle setting, when the run does not say")
+    parser.add_argument(
+        "--oracle",
+        choices=ORACLE_SETTINGS,
+        help="oracle setting, when the run does not say (over a recorded one: a WARNING, the reference's way, "
+        "docs/differences.md)",
+    )
     decoding = parser.add_mutually_exclusive_group()
     decoding.add_argument(
         "--greedy",
         dest="greedy",
         action="store_true",
         default=None,
-        help="decoding was greedy (if not recorded)",
+        help="decoding was greedy (if not recorded; over a recorded one: a WARNING)",
     )
     decoding.add_argument("--sampled", dest="greedy", action="store_false", help="decoding was sampled")
     parser.add_argument(

@@ -57,7 +57,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from chexpercept.domains import FAMILY, LEVEL, PROBABILITY
+from chexpercept.domains import COUNT, FAMILY, LEVEL, NON_NEGATIVE, POWER, SHARE
 from chexpercept.vocab import PATHS
 
 from .columns import ALIASES, DERIVED, ColumnMatrix, is_share, value_range
@@ -440,8 +440,10 @@ def adjust(p_values: Sequence[float], method: str = "holm") -> list[float]:
 
 # ------------------------------------------------------------------------------------ power
 def _quantiles(df: float, level: float, power: float, tests: int) -> float:
-    PROBABILITY.require(power, "power")
+    POWER.require(power, "power")
     FAMILY.require(tests, "tests")
+    if not df > 0:  # inf: the normal quantiles
+        raise ValueError(f"df must be above 0, got {df!r}")
     alpha = (1 - _check_level(level)) / tests
     return _t_quantile(1 - alpha / 2, df) + _t_quantile(power, df)
 
@@ -451,6 +453,7 @@ def detectable_difference(
 ) -> float:
     """Minimum detectable difference: ``(t_{1-alpha/2} + t_{power}) · se`` with ``alpha = (1 -
     level) / tests`` (Bonferroni's level, the first and strictest step of Holm's for ``tests`` tests)."""
+    NON_NEGATIVE.require(se, "se")
     return _quantiles(df, level, power, tests) * se
 
 
@@ -469,9 +472,10 @@ def cases_needed(
     ``sqrt(discordance)`` for a 0/1 metric under stated assumptions); cells: the cells the cases are
     spread over (degrees of freedom = cases - cells). Raises ValueError for a difference <= 0.
     """
-    if difference <= 0:
-        raise ValueError(f"the difference to detect must be above 0, got {difference}")
-    if sd <= 0:
+    SHARE.require(difference, "the difference to detect")
+    NON_NEGATIVE.require(sd, "sd")
+    COUNT.require(cells, "cells")
+    if sd == 0:
         return max(cells, 2)
     n = max(math.ceil((_quantiles(math.inf, level, power, tests) * sd / difference) ** 2), cells + 1)
     for _ in range(20):  # t quantiles depend on n through the degrees of freedom

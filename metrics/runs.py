@@ -81,6 +81,16 @@ class Run:
 def greedy_from_meta(meta: RunMetadata) -> tuple[bool | None, str | None]:
     """(greedy, note): sampling.greedy when present, else temperature 0, else unknown."""
     sampling = meta.sampling
+    fingerprinted = (meta.settings or {}).get("sampling")
+    if (
+        sampling is not None
+        and isinstance(fingerprinted, dict)
+        and fingerprinted.get("greedy", sampling.greedy) != sampling.greedy  # the identity's copy
+    ):
+        raise ValueError(
+            f"run.json says greedy {sampling.greedy!r} under sampling and {fingerprinted['greedy']!r} "
+            "under settings.sampling (the run's identity): it was changed after the run"
+        )
     if sampling is None:
         return None, "run.json has no 'sampling': decoding unknown, so End-to-End needs an oracle none run"
     if sampling.greedy is not None:
@@ -179,6 +189,12 @@ def read_chexpercept_run(
             f"{terminal(sorted(settings))}"
         )
     recorded = settings.pop()
+    if oracle is not None and oracle != recorded:  # never without a word (docs/differences.md)
+        notes.append(
+            f"WARNING: {folder}: its cases were run with oracle {recorded}, scored here as oracle "
+            f"{oracle} (--oracle overrides what the run recorded, the reference's way of reading a run): "
+            "these are not the run's own numbers"
+        )
     setting = oracle or meta.oracle or recorded
     check_oracle(setting, str(run_json if meta.oracle is not None else folder / RESULTS_NAME))
     if setting != recorded and oracle is None:
@@ -186,8 +202,15 @@ def read_chexpercept_run(
             f"{terminal(run_json)}: says oracle {terminal(repr(setting))} but the cases were run with "
             f"{terminal(repr(recorded))}"
         )
+    said, note = greedy_from_meta(meta) if has_meta else (None, None)
+    if greedy is not None and said is not None and greedy != said:
+        notes.append(
+            f"WARNING: {run_json} records {'greedy' if said else 'sampled'} decoding, scored here as "
+            f"{'greedy' if greedy else 'sampled'} (--greedy/--sampled override what the run recorded): "
+            "these are not the run's own numbers"
+        )
     if greedy is None:
-        greedy, note = greedy_from_meta(meta) if has_meta else (None, None)
+        greedy = said
         if note and has_meta:
             notes.append(f"{run_json}: {note}")
     partial: list[str] = []

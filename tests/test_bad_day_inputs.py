@@ -134,6 +134,25 @@ UNRECORDABLE_FIELDS = [  # what run.json would have said differs from what the s
 ]
 
 
+@pytest.mark.parametrize(
+    "given,fields,message",
+    [(["--temperature", "0.3"], '{"temperature": 0.9}', "--temperature 0.3 and temperature 0.9"),
+     (["--top-p", "0.5"], '{"top_p": 0.9}', "--top-p 0.5 and top_p 0.9"),
+     (["--max-tokens", "100"], '{"max_completion_tokens": null, "max_tokens": 50}', "--max-tokens 100 and max_tokens 50"),
+     (["--temperature", "1e-40"], "{}", "give 0 for greedy decoding")],
+)  # fmt: skip
+def test_an_option_and_a_request_field_that_disagree_are_refused(
+    fixture_bundle, tmp_path, capsys, given, fields, message
+):
+    """``--temperature 0.3 --request-extra '{"temperature": 0.9}'`` sent 0.9 without a word (red
+    team, stop 42); a temperature below 1e-5 is greedy to vLLM and overflowed transformers."""
+    api = ["--model", "gpt-5.4", "--backend", "openai", "--base-url", "http://127.0.0.1:9/v1"]
+    status = _run(fixture_bundle, tmp_path / "runs", "--limit", "2", *api, *given, "--request-extra", fields)
+    err = capsys.readouterr().err
+    assert status == 2 and message in err, err
+    assert not (tmp_path / "runs").exists()
+
+
 @pytest.mark.parametrize("fields,message", UNRECORDABLE_FIELDS, ids=[f for f, _ in UNRECORDABLE_FIELDS])
 def test_request_fields_whose_decoding_run_json_could_not_record_are_refused(
     fixture_bundle, tmp_path, capsys, fields, message
@@ -463,13 +482,30 @@ def test_an_output_file_never_replaces_a_runs_files_or_lands_in_a_release(fixtur
         (["power"], release / "power.md"),
         (["power"], release / "chexpercept" / "k1" / "power.md"),
         (["estimate", "--data-dir", str(fixture_bundle), "--model", "gpt-5.4"], folder / "estimate.md"),
+        # red team: deeper inside a run, the model folder's lock and settings names, a folder
+        (["score", str(runs)], folder / "sub" / "x.json"),
+        (["score", str(runs)], folder.parent / ".settings.lock"),
+        (["score", str(runs)], folder.parent / "oracle_none"),
+        (["power"], folder),
     ):
         assert _status(lambda a=argv, t=target: cli([*a, "--output", str(t)])) == 2, target
         err = capsys.readouterr().err  # refused as it is parsed: before any scoring or counting
-        assert "argument --output: " in err and "write the output elsewhere" in err, err
+        assert "argument --output: " in err and (
+            "write the output elsewhere" in err or "is a folder" in err
+        ), err
         assert len(err.strip().splitlines()) == 2 and "Traceback" not in err, err
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+    assert sorted(p.name for p in folder.parent.iterdir()) == [".settings.lock", "oracle_implicit"]
     assert sorted(p.name for p in release.rglob("*")) == ["chexpercept", "chexpercept.json", "k1"]
+    # a run whose results file is a link to elsewhere: the name given is the run's (red team)
+    stored = tmp_path / "store.jsonl"
+    linked = tmp_path / "linked" / "m" / "oracle_implicit"
+    linked.mkdir(parents=True)
+    stored.write_bytes(before["results.jsonl"])
+    (linked / "results.jsonl").symlink_to(stored)
+    assert _status(lambda: cli(["power", "--output", str(linked / "results.jsonl")])) == 2
+    assert "write the output elsewhere" in capsys.readouterr().err
+    assert stored.read_bytes() == before["results.jsonl"]
     assert cli(["score", str(runs), "--output", str(runs / "scores.json")]) == 0  # beside the models
     assert (runs / "scores.json").stat().st_size > 0
 

@@ -350,3 +350,19 @@ def test_request_extra_sampling_is_what_run_json_records(fixture_bundle, tmp_pat
     assert "temperature" not in server.requests[0]["body"]
     assert info["sampling"]["temperature"] is None and info["sampling"]["greedy"] is False
     assert retry_hint({"retry-after-ms": "nan", "Retry-After": "2"}) == 2.0
+
+
+def test_the_chat_template_variables_run_json_records_are_sent(fixture_bundle, tmp_path, capsys):
+    """--no-thinking on the openai backend was recorded in run.json and in the run's identity but
+    never sent: a vLLM server thought while the run said thinking was off (red team, stop 42)."""
+    with FakeServer() as server:
+        extra = ["--no-thinking", "--chat-template-kwargs", '{"x": 1}', "--no-score", "--limit", "1"]
+        assert cli(fixture_bundle, tmp_path, server, *extra) == 0
+    body = server.requests[0]["body"]
+    assert body["chat_template_kwargs"] == {"enable_thinking": False, "x": 1}
+    info = json.loads((tmp_path / "local-vlm" / "oracle_implicit" / "run.json").read_text())
+    assert info["settings"]["chat_template_kwargs"] == body["chat_template_kwargs"]
+    twice = ["--no-thinking", "--request-extra", '{"chat_template_kwargs": {"enable_thinking": true}}']
+    with FakeServer() as server:
+        assert cli(fixture_bundle, tmp_path / "twice", server, *twice, "--limit", "1") == 2
+    assert "chat template variables given twice" in capsys.readouterr().err

@@ -353,3 +353,40 @@ def test_a_models_own_generation_config_never_changes_the_decoding(fixture_bundl
     assert polluted != texts["plain", True]
     assert texts["own", True] == texts["plain", True] and texts["own", False] == texts["plain", False]
     assert ignored == {"plain": {}, "own": dict(sorted(POLLUTED.items()))}
+
+
+def test_the_models_own_code_is_part_of_the_identity_and_never_its_own_decoding(
+    fixture_bundle, tiny_model, tmp_path, capsys
+):
+    """--trust-remote-code changes which code computes the answers: a resume that turned it on kept
+    the earlier answers under one identity (it was declared as changing none). A folder's
+    custom_generate/generate.py replaced the decoding under a run recorded as greedy (red team)."""
+    import shutil
+
+    own = tmp_path / "own-code"
+    shutil.copytree(tiny_model, own)
+    (own / "custom_generate").mkdir()
+    (own / "custom_generate" / "generate.py").write_text(
+        "from transformers import GenerationMixin\n\n\n"
+        "def generate(model, *args, **kwargs):\n"
+        "    kwargs['max_new_tokens'] = 1\n"
+        "    return GenerationMixin.generate(model, *args, **kwargs)\n"
+    )
+    out = tmp_path / "runs"
+    assert run_tiny(fixture_bundle, out, own, "--limit", "2", "--no-score") == 0
+    plain = [
+        r.turns[0].response for r in iter_results(out / "own-code" / "oracle_implicit" / "results.jsonl")
+    ]
+    capsys.readouterr()
+    assert run_tiny(fixture_bundle, out, own, "--limit", "2", "--trust-remote-code") == 2
+    assert "trust_remote_code" in capsys.readouterr().err
+    assert run_tiny(fixture_bundle, out, own, "--limit", "2", "--no-score") == 0
+    plain = [
+        r.turns[0].response for r in iter_results(out / "own-code" / "oracle_implicit" / "results.jsonl")
+    ]
+    trusted = tmp_path / "trusted"
+    assert run_tiny(fixture_bundle, trusted, own, "--limit", "2", "--trust-remote-code", "--no-score") == 0
+    folder = trusted / "own-code" / "oracle_implicit"
+    assert [r.turns[0].response for r in iter_results(folder / "results.jsonl")] == plain
+    info = json.loads((folder / "run.json").read_text())
+    assert info["backend_settings"]["custom_generate_ignored"] is True

@@ -249,7 +249,7 @@ def test_a_full_memory_budget_computes_turns_from_scratch(tiny_model, fixture_bu
     assert small == results[None][0]
     assert tight["turn_cache"].startswith("on: ") and tight["turn_cache_turns_not_kept"] > 0
     assert 0 < tight["turn_cache_reused_tokens"] < roomy["turn_cache_reused_tokens"]
-    with pytest.raises(ValueError, match="--turn-cache-gib must be a finite number above 0"):
+    with pytest.raises(ValueError, match="--turn-cache-gib must be a number above 0 and at most 1048576"):
         TransformersBackend(
             resolve("any", backend="transformers"), sampling=Sampling(0, 1, 2, True), turn_cache_gib=0
         )

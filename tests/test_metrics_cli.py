@@ -149,11 +149,38 @@ def test_install_metric_command(tmp_path, capsys):
 
 def test_reference_style_numbers_from_a_none_run(runs, capsys):
     # README: the reference computes both rows from one run; overriding the setting reproduces that
-    code, out, _ = _score(capsys, runs / "poor" / "oracle_none", "--oracle", "implicit", "--greedy")
+    code, out, err = _score(capsys, runs / "poor" / "oracle_none", "--oracle", "implicit", "--greedy")
     assert code == 0
+    # never without a word: the numbers are not the run's own (a red team's finding, stop 42)
+    assert "run with oracle none, scored here as oracle implicit" in err and "not the run's own" in err
     flat = json.loads(out)
     plain = json.loads(_score(capsys, runs / "poor" / "oracle_none")[1])
     assert flat["op/stage2/all"] is not None and plain["op/stage2/all"] is None
     assert {k: v for k, v in flat.items() if k.startswith(("e2e/", "depth/"))} == {
         k: v for k, v in plain.items() if k.startswith(("e2e/", "depth/"))
     }
+
+
+def test_a_run_json_whose_decoding_differs_from_its_identity_is_refused(fixture_bundle, capsys, tmp_path):
+    """Hand-editing run.json's top-level ``sampling.greedy`` turned End-to-End numbers on for a
+    sampled run; the run's identity holds ``settings.sampling``, and the two must agree."""
+    from chexpercept.eval.run import main as run
+
+    argv = [
+        "--data-dir",
+        str(fixture_bundle),
+        "--model",
+        "baseline:random",
+        "--oracle",
+        "none",
+        "--limit",
+        "2",
+    ]
+    assert run([*argv, "--output-dir", str(tmp_path), "--no-progress", "--no-score"]) == 0
+    folder = tmp_path / "baseline-random" / "oracle_none"
+    info = json.loads((folder / "run.json").read_text())
+    assert info["settings"]["sampling"]["greedy"] == info["sampling"]["greedy"]
+    info["sampling"]["greedy"] = not info["sampling"]["greedy"]
+    (folder / "run.json").write_text(json.dumps(info))
+    code, _, err = _score(capsys, folder)
+    assert code == 2 and "it was changed after the run" in err, err

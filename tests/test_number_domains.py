@@ -22,7 +22,7 @@ import pytest
 from chexpercept.cli import command_parsers
 from chexpercept.cli import main as cli
 from chexpercept.cli_options import CommandParser
-from chexpercept.domains import COUNT, LEVEL, SEED, SHARE, Domain, whole
+from chexpercept.domains import COUNT, LEVEL, PROCESSES, SEED, SHARE, Domain, whole
 
 
 def test_every_number_option_of_every_command_declares_its_domain():
@@ -37,7 +37,7 @@ def test_every_number_option_of_every_command_declares_its_domain():
     assert numbers[("eval/run.py", "--seed")] == SEED
     assert numbers[("eval/run.py", "--top-p")] == SHARE
     assert numbers[("eval/run.py", "--concurrency")] == COUNT  # a backend's typed option
-    assert numbers[("chexpercept synth", "--num-proc")] == COUNT
+    assert numbers[("chexpercept synth", "--num-proc")] == PROCESSES
     assert numbers[("chexpercept score", "--level")] == LEVEL
     assert len(numbers) >= 40, sorted(numbers)
 
@@ -80,6 +80,11 @@ OUTSIDE = [
     (["run", "--model", "gpt-5.4", "--max-retries", "-1"], "--max-retries"),
     (["run", "--model", "gpt-5.4", "--max-tokens", "2147483648"], "--max-tokens"),
     (["run", "--model", "baseline:random", "--tensor-parallel-size", "0"], "--tensor-parallel-size"),
+    # red team (stop 42): inside the first domains, yet a traceback, a hang or nonsense
+    (["synth", "--output-dir", "OUT", "--num-proc", "2147483647"], "--num-proc"),  # OverflowError
+    (["review", "--annotators", "2147483647", "--prepare-only"], "--annotators"),  # hung
+    (["run", "--model", "baseline:random", "--turn-cache-gib", "1e300"], "--turn-cache-gib"),  # overflow
+    (["power", "--power", "0.02"], "--power"),  # a negative detectable difference
 ]
 
 
@@ -110,6 +115,21 @@ def test_a_number_outside_its_domain_in_a_generate_config_file_is_refused(tmp_pa
         assert not out.exists()
 
 
+def test_a_generate_config_file_says_each_setting_once(tmp_path, capsys):
+    """``progress: false`` ended in a traceback; ``per-cell`` beside ``per_cell`` (or ``out`` beside
+    ``output_dir``) let one silently win (red team, stop 42)."""
+    for text, message in (("per_cell: 1\nper-cell: 2\n", "per-cell is given twice"),
+                          ("per_cell: 1\nout: a\noutput_dir: b\n", "out is given twice")):  # fmt: skip
+        config = tmp_path / "c.yaml"
+        config.write_text(text)
+        assert cli(["generate", "--config", str(config)]) == 2
+        assert message in capsys.readouterr().err
+    config.write_text(f"per_cell: 1\nprogress: false\noutput_dir: {tmp_path / 'out'}\n")
+    assert cli(["generate", "--config", str(config)]) == 2  # no sources given: refused, not a traceback
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "--mimic-cxr-jpg" in err, err
+
+
 def test_the_python_api_checks_the_same_domains():
     from chexpercept.builder.rng import derive
     from chexpercept.builder.synth_sources import synthesize_sources
@@ -128,8 +148,15 @@ def test_the_python_api_checks_the_same_domains():
         detectable_difference(0.01, 100, level=1e-300)
     with pytest.raises(ValueError, match="tests must be a whole number from 1 to 1000"):
         cases_needed(0.5, 0.05, cells=6, tests=10**9)
-    with pytest.raises(ValueError, match="power must be a number above 0 and below 1"):
+    with pytest.raises(ValueError, match="power must be a number at least 0.5"):
         cases_needed(0.5, 0.05, cells=6, power=math.nan)
+    for bad in ({"sd": -1.0}, {"difference": math.nan}, {"cells": -3}):  # red team: 2, an error, 787
+        with pytest.raises(ValueError, match="must be"):
+            cases_needed(**{"sd": 0.5, "difference": 0.05, "cells": 6, **bad})
+    with pytest.raises(ValueError, match="se must be"):
+        detectable_difference(-1.0, 10)  # was -3.1
+    with pytest.raises(ValueError, match="df must be above 0"):
+        detectable_difference(0.1, 0)  # was nan
 
 
 def test_a_domain_takes_exactly_its_numbers():

@@ -418,6 +418,7 @@ def test_openai_backend_against_vllm_serve_equals_the_vllm_backend(
     # for the version of "vllm" and stops; the server module it runs starts the same server
     serve = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(models["gemma3"])]
     serve += ["--host", "127.0.0.1", "--port", str(port), "--enforce-eager", "--seed", "0"]
+    serve += ["--generation-config", "vllm"]  # no model sampling defaults, as docs/running.md says
     serve += ["--dtype", ENGINE_ARGS["dtype"]]
     serve += ["--kv-cache-memory-bytes", str(1 << 30)]
     serve += ["--allowed-local-media-path", str(phantom_bundle.resolve())]

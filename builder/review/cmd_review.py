@@ -13,7 +13,7 @@ import argparse
 import sys
 
 from chexpercept.cli_options import add_output_dir_option, add_progress_option, progress_enabled
-from chexpercept.domains import COUNT, PORT, SEED
+from chexpercept.domains import ANNOTATORS, COUNT, PORT, SEED
 from chexpercept.escape import terminal, terminal_lines
 from chexpercept.vocab import LESIONS
 
@@ -47,11 +47,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     rev = parser.add_argument_group("review")
     add_output_dir_option(rev, help="the review folder (review.json, overlays/, decisions/, export/)")
     rev.add_argument(
-        "--annotators", type=COUNT, default=6, help="number of annotators (default 6, as the paper)"
+        "--annotators", type=ANNOTATORS, default=6, help="number of annotators (default 6, as the paper)"
     )
     rev.add_argument(
         "--reviews-per-case",
-        type=COUNT,
+        type=ANNOTATORS,
         default=1,
         help="annotators per case (default 1; >= 2 for agreement)",
     )

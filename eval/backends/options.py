@@ -173,8 +173,14 @@ class BackendOptions:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
     def answers(self) -> dict[str, Any]:
-        """The options that can change an answer, and their values (part of the run's identity)."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.metadata.get("answers", True)}
+        """The options that can change an answer, and their values (part of the run's identity); a
+        switch that is off is left out, so that a switch added later changes no earlier run's identity."""
+        return {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if f.metadata.get("answers", True)
+            and not (f.metadata.get("switch") and not getattr(self, f.name))
+        }
 
     def replace(self: T, **changes: Any) -> T:
         return dataclasses.replace(self, **changes)

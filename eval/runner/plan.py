@@ -131,6 +131,11 @@ def sampling_for(spec: ModelSpec, args: argparse.Namespace) -> Sampling:
             f"--request-extra may not set {', '.join(own)}: the run decides it and run.json records "
             "it (the model: --model, or --model-id for a served name)"
         )
+    for key, given in (("temperature", args.temperature), ("top_p", args.top_p)):
+        if given is not None and key in fields and fields[key] != given:  # one would silently win
+            raise ValueError(
+                f"--{key.replace('_', '-')} {given:g} and {key} {fields[key]!r} in --request-extra: give one"
+            )
     if "temperature" in fields:
         temperature = fields["temperature"]  # None: the server's default, so not known to be greedy
     if "top_p" in fields:
@@ -148,6 +153,11 @@ def sampling_for(spec: ModelSpec, args: argparse.Namespace) -> Sampling:
         raise ValueError(
             f"--request-extra sends two answer lengths ({', '.join(f'{k} {v}' for k, v in sent.items())}): "
             "give one"
+        )
+    if args.max_tokens is not None and next(iter(sent.values())) != args.max_tokens:
+        raise ValueError(
+            f"--max-tokens {args.max_tokens} and {', '.join(f'{k} {v}' for k, v in sent.items())} in "
+            "--request-extra: give one"
         )
     max_tokens = next(iter(sent.values()))
     return Sampling(temperature=temperature, top_p=top_p, max_tokens=max_tokens, greedy=temperature == 0)

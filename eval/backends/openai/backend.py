@@ -343,8 +343,9 @@ class OpenAIBackend(BackendBase):
         **fields: Any,
     ):
         """``options`` (or its ``fields`` as keywords); ``api_key``: the key itself (default: the
-        variable ``options.api_key_env`` names). ``chat_template_kwargs`` is not passed on to the
-        endpoint."""
+        variable ``options.api_key_env`` names). ``chat_template_kwargs`` (``--no-thinking``,
+        ``--chat-template-kwargs``) goes in every request as the body's ``chat_template_kwargs``, as
+        vLLM's and SGLang's servers read it: run.json records it, so the server must get it."""
         options = options or OpenAIOptions(**fields)
         self.options = options
         if not options.base_url:
@@ -387,6 +388,12 @@ class OpenAIBackend(BackendBase):
         #: set when a server asks for a wait longer than the policy takes (eval/backends/openai/retries.py)
         self.pause, self.notices = ServerPause(), WaitNotices()
         self.extra_body = spec.request_fields(options.request_extra)
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        if self.chat_template_kwargs and "chat_template_kwargs" in self.extra_body:
+            raise ValueError(
+                "chat template variables given twice (--no-thinking or --chat-template-kwargs, and "
+                "chat_template_kwargs in --request-extra): give them once"
+            )
         # this run's known secrets are masked in every text it prints or writes (chexpercept.redaction)
         register_secret(self.api_key)
         register_secret(parts.password)
@@ -471,6 +478,8 @@ class OpenAIBackend(BackendBase):
         }
         if s.top_p != 1.0:  # reasoning models reject top_p; 1.0 is every API's default anyway
             payload["top_p"] = s.top_p
+        if self.chat_template_kwargs:
+            payload["chat_template_kwargs"] = self.chat_template_kwargs
         payload.update(self.extra_body)
         # a null in --request-extra removes the field (servers that reject one of ours)
         return {k: v for k, v in payload.items() if v is not None}

@@ -36,7 +36,7 @@ from PIL import Image
 
 from chexpercept.case import Case
 from chexpercept.containment import ContainmentError, open_image
-from chexpercept.domains import COUNT, POSITIVE
+from chexpercept.domains import COUNT, GIB
 from chexpercept.eval.backends.options import BackendOptions, option
 from chexpercept.eval.backends.replies import MarkerDecoder
 from chexpercept.eval.backends.transformers.image_resize import FixedResize, fixed_resize_of
@@ -165,7 +165,7 @@ class TransformersOptions(BackendOptions):
     device_map: str | None = option(answers=False, help="e.g. auto, to spread one model over several GPUs")
     attn_implementation: str | None = option(help="e.g. sdpa, flash_attention_2")
     trust_remote_code: bool = option(
-        switch=True, answers=False, help="allow the model's own code from the Hub"
+        switch=True, help="allow the model's own code (its modeling files; a custom_generate/ is not used)"
     )
     max_batch_tokens: int = option(
         default=DEFAULT_MAX_BATCH_TOKENS,
@@ -181,7 +181,7 @@ class TransformersOptions(BackendOptions):
         "conversation's keys and values for its next turn (saves their memory)",
     )
     turn_cache_gib: float | None = option(
-        type=POSITIVE,
+        type=GIB,
         answers=False,
         help="memory the turn cache may hold; a turn that does not fit is computed from scratch next "
         "time (default: half the GPU memory free after loading the model, a quarter of RAM on CPU)",
@@ -262,11 +262,14 @@ class TransformersBackend(BatchBackend):
 
     def identity(self, context: RunContext) -> dict[str, Any]:
         """dtype and attention as the model is loaded with them (the option, else the registry's),
-        and the model class."""
+        and the model class; ``trust_remote_code`` where --trust-remote-code turns on the model's own
+        code (its modeling files then compute the answers), so a resume that turns it on is refused."""
+        own_code = self.trust_remote_code and not self.spec.trust_remote_code
         return {
             "dtype": self.dtype,
             "attn_implementation": self.attn_implementation,
             "model_class": self.model_class,
+            **({"trust_remote_code": True} if own_code else {}),
         }
 
     def model_dir(self) -> str | None:
@@ -314,6 +317,11 @@ class TransformersBackend(BatchBackend):
             self.model.to(self.resolved_device)
         gen = self.model.generation_config
         self.model.generation_config, self.generation_config_ignored = decoding_config_only(gen)
+        # a model folder's custom_generate/generate.py (loaded under trust_remote_code) replaces the
+        # model's generate: another decoding than the recorded one, so transformers' own is kept
+        self.custom_generate_ignored = "generate" in vars(self.model)
+        if self.custom_generate_ignored:
+            del self.model.generate
         pad = gen.pad_token_id if gen.pad_token_id is not None else tokenizer.pad_token_id
         self.pad_token_id = pad if pad is not None else tokenizer.eos_token_id
         self._plan_inputs(context)
@@ -698,6 +706,7 @@ class TransformersBackend(BatchBackend):
             "chat_template_kwargs": self.chat_template_kwargs,
             # what the model's generation_config.json asked for and this run did not apply
             "generation_config_ignored": getattr(self, "generation_config_ignored", {}),
+            "custom_generate_ignored": getattr(self, "custom_generate_ignored", False),
         }
 
     def _turn_cache_counts(self) -> dict[str, int]:
