@@ -556,3 +556,18 @@ def test_a_refused_run_leaves_the_output_folder_as_it_found_it(fixture_bundle, t
     monkeypatch.setattr(execute, "_check_setting_folders", refuse)
     assert _run(fixture_bundle, runs, "--model", "baseline:prior", "--limit", "2") == 2
     assert _tree(runs) == before
+
+
+def test_a_resume_refusal_names_every_setting_its_identity_tells_apart():
+    """``{"seed": 1}`` then ``{"seed": 1.0}``, ``true``, or a null for an absent field: the identity's
+    fingerprints differ, but the refusal compared them as equal and blamed the records (red team)."""
+    from chexpercept.eval.runner.identity import settings_diff
+    from chexpercept.results import run_identity
+
+    before = {"request_fields": {"seed": 1}}
+    for now, line in (({"request_fields": {"seed": 1.0}}, "request_fields.seed: 1 -> 1.0"),
+                      ({"request_fields": {"seed": True}}, "request_fields.seed: 1 -> True"),
+                      ({"request_fields": {"seed": 1, "top_k": None}}, "request_fields.top_k: (absent) -> None")):  # fmt: skip
+        assert run_identity(before) != run_identity(now)
+        assert settings_diff(before, now) == [line]
+    assert settings_diff(before, {"request_fields": {"seed": 1}}) == []

@@ -22,6 +22,7 @@ nondeterministic anyway; run.json keeps each session's values in ``sessions``.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path as FsPath
@@ -78,6 +79,10 @@ def weights_identity(model_id: str, weights: Mapping[str, Any] | None) -> dict[s
     return None
 
 
+#: a key one side of a comparison lacks (not the same as a null)
+_ABSENT = object()
+
+
 def settings_diff(before: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
     """``key: old -> new`` for every setting that differs, nested objects compared key by key
     (``backend.engine_args.dtype: 'bfloat16' -> 'float16'``); a value under a secret key is shown
@@ -90,13 +95,15 @@ def settings_diff(before: Mapping[str, Any], now: Mapping[str, Any]) -> list[str
     def walk(prefix: str, a: Any, b: Any) -> None:
         if isinstance(a, Mapping) and isinstance(b, Mapping):
             for key in sorted(set(a) | set(b), key=str):
-                walk(f"{prefix}.{key}" if prefix else str(key), a.get(key), b.get(key))
+                walk(f"{prefix}.{key}" if prefix else str(key), a.get(key, _ABSENT), b.get(key, _ABSENT))
             return
         if prefix == "model_id" and same_model_id(a, b):
             return  # the same folder however spelled
-        if a != b:
+        # as the identity's JSON tells them apart: 1, 1.0 and true differ, and so do null and absent
+        if json.dumps(a, sort_keys=True, default=repr) != json.dumps(b, sort_keys=True, default=repr):
             key = prefix.rpartition(".")[2]
-            out.append(f"{prefix}: {redact_field(key, a)!r} -> {redact_field(key, b)!r}")
+            shown = [("(absent)" if v is _ABSENT else repr(redact_field(key, v))) for v in (a, b)]
+            out.append(f"{prefix}: {shown[0]} -> {shown[1]}")
 
     walk("", before, now)
     return out
