@@ -318,3 +318,16 @@ def test_from_run_times_the_answer_length_asked_for(tiny_model, tmp_path, capsys
     assert any(n.startswith("time from ") for n in estimates[4]["notes"])
     assert not any("far from --answer-tokens" in n for n in estimates[4]["notes"])
     assert any("far from --answer-tokens 400" in n for n in estimates[400]["notes"])
+
+
+def test_a_trial_runs_json_with_a_time_that_is_not_one_is_refused(tmp_path):
+    """A run.json whose session time was NaN, true or 1e-320 gave "nan tokens per second" or an
+    infinite rate (red team, stop 42): the time is read within its domain, naming the field."""
+    from chexpercept.eval.estimate.command import timed_session
+
+    for seconds in ("NaN", "true", "1e-320", "-4", '"12"'):
+        (tmp_path / "run.json").write_text(
+            f'{{"model_id": "m", "backend": "vllm", "last_session": {{"seconds_main_process": {seconds}, "cases": 4}}}}'
+        )
+        with pytest.raises(ValueError, match="no timed session|ran no case"):
+            timed_session(str(tmp_path), "m")

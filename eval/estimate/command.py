@@ -18,7 +18,7 @@ from pathlib import Path as FsPath
 from typing import Any
 
 from chexpercept.cli_options import add_data_dir_option, add_output_option, write_output
-from chexpercept.domains import COUNT, POSITIVE
+from chexpercept.domains import COUNT, COUNT_OR_NONE, POSITIVE
 from chexpercept.escape import terminal_lines
 from chexpercept.eval.backends import BACKENDS
 from chexpercept.eval.oracle import ORACLE_CHOICES, end_to_end_note, oracles_for
@@ -139,12 +139,14 @@ def timed_session(run_dir: str, model_id: str) -> tuple[dict[str, Any], float, i
     try:
         info = read_json(path, what=RUN_NAME)
         session = info["last_session"]
-        seconds, cases = float(session["seconds_main_process"]), int(session["cases"])
+        seconds, cases = session["seconds_main_process"], session["cases"]
+        POSITIVE.require(seconds, "last_session.seconds_main_process")  # not NaN, true or 1e-320
+        COUNT_OR_NONE.require(cases, "last_session.cases")
     except OSError as e:
         raise ValueError(f"cannot read {path}: {explain_os_error(e).what}") from e
     except (ValueError, KeyError, TypeError) as e:
         raise ValueError(f"{path}: no timed session to measure throughput from ({e})") from e
-    if cases < 1 or seconds <= 0:
+    if cases < 1 or seconds < 1e-3:
         raise ValueError(f"{path}: its last session ran no case; run some cases first")
     if info.get("backend") == "baseline" or not same_model_id(info.get("model_id"), model_id):
         raise ValueError(
