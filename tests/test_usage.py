@@ -129,17 +129,19 @@ def test_a_temperature_left_to_the_server_is_not_published_as_0(fixture_bundle, 
     """--request-extra '{"temperature": null}' leaves the temperature to the server: the Hub's eval
     results say "server default", never "temperature 0" (which reads as greedy)."""
     import yaml
+    from fake_openai import FakeServer
 
     from chexpercept.metrics.hub.eval_results import stage_eval_results
 
-    args = ["--data-dir", str(fixture_bundle), "--model", "baseline:random", "--output-dir", str(tmp_path)]
-    assert main([*args, "--no-progress", "--no-score", "--limit", "3"]) == 0
-    run_json = tmp_path / "baseline-random" / "oracle_implicit" / "run.json"
-    meta = json.loads(run_json.read_text())
-    meta["sampling"] = {"temperature": None, "top_p": 1.0, "max_tokens": 64, "greedy": False}
-    run_json.write_text(json.dumps(meta))
+    with FakeServer() as server:  # a real run whose temperature was left to the server
+        args = ["--data-dir", str(fixture_bundle), "--model", "local-vlm", "--backend", "openai"]
+        args += ["--base-url", server.url, "--output-dir", str(tmp_path), "--oracle", "implicit"]
+        extra = ["--request-extra", '{"temperature": null}', "--max-tokens", "64"]
+        assert main([*args, *extra, "--no-progress", "--no-score", "--limit", "3"]) == 0
+    meta = json.loads((tmp_path / "local-vlm" / "oracle_implicit" / "run.json").read_text())
+    assert meta["sampling"] == {"temperature": None, "top_p": 1.0, "max_tokens": 64, "greedy": False}
     staged = stage_eval_results(
-        tmp_path / "baseline-random",
+        tmp_path / "local-vlm",
         tmp_path / "staged",
         benchmark="org/chexpercept",
         source_url="https://huggingface.co/datasets/org/chexpercept",
