@@ -155,8 +155,14 @@ def refuse_inside_ours(target: str, given: str) -> str:
     Raises ``chexpercept.errors.Refused``."""
     from .errors import Refused
     from .escape import terminal
+    from .results import RUN_FILE_NAMES
 
     for path in dict.fromkeys((target, os.path.abspath(given))):
+        if os.path.basename(path) in RUN_FILE_NAMES:  # beside model folders, read as a run's own
+            raise Refused(
+                f"--output {terminal(given)}: {os.path.basename(path)} is the name of a run's own file, "
+                "which score and run read wherever it is; write the output elsewhere"
+            )
         up = os.path.dirname(path)
         while True:
             what = _ours(up, holds_the_file=up == os.path.dirname(path))
@@ -184,9 +190,9 @@ def _ours(folder: str, *, holds_the_file: bool) -> str | None:
         holds_the_file and any(os.path.lexists(os.path.join(folder, n)) for n in (RUN_NAME, RESULTS_NAME))
     ):
         return "a run's folder, whose files score and resume read"
-    if holds_the_file and (
-        os.path.lexists(os.path.join(folder, SETTINGS_LOCK_NAME))
-        or any(os.path.isdir(p) for p in glob.glob(os.path.join(glob.escape(folder), "oracle_*")))
+    if os.path.lexists(os.path.join(folder, SETTINGS_LOCK_NAME)) or (
+        holds_the_file
+        and any(os.path.isdir(p) for p in glob.glob(os.path.join(glob.escape(folder), "oracle_*")))
     ):
         return "a model's folder of runs, which score and run read"
     if os.path.isfile(os.path.join(folder, JSON_NAME)) and os.path.isdir(os.path.join(folder, "chexpercept")):

@@ -110,6 +110,9 @@ SEED = whole(0, MAX_SEED)
 PORT = whole(0, 65535)
 #: a positive amount (seconds, GiB, tokens per second)
 POSITIVE = real(0, above=True)
+#: a throughput in tokens per second: from 0.001 (below it a run's time overflows into days of hundreds
+#: of digits, or infinity, which JSON cannot hold) to 1e9
+RATE = real(1e-3, 1e9)
 #: memory in GiB: above 0, at most 1 PiB (larger overflowed into a byte count after the model loaded)
 GIB = real(0, 2**20, above=True)
 #: an amount that may be zero (a temperature)

@@ -34,6 +34,21 @@ LOCK_NAME = "run.lock"
 SETTINGS_LOCK_NAME = ".settings.lock"
 #: where lines of a run folder's results.jsonl that carry no run identity are moved (eval/runner/store.py)
 QUARANTINE_NAME = "quarantine.jsonl"
+#: the reference implementation's results file, which score reads as a run (metrics/runs.py)
+REFERENCE_RESULTS_NAME = "all_results.json"
+#: every file name a folder of runs gives a meaning of its own: never a model's folder name
+#: (eval/registry.py) nor an output file's (chexpercept/cli_options.py), wherever it would be
+RUN_FILE_NAMES = frozenset(
+    {
+        RESULTS_NAME,
+        RUN_NAME,
+        FAILURES_NAME,
+        LOCK_NAME,
+        SETTINGS_LOCK_NAME,
+        QUARANTINE_NAME,
+        REFERENCE_RESULTS_NAME,
+    }
+)
 ORACLE_SETTINGS: tuple[str, ...] = ("none", "implicit", "explicit")
 SCHEMA_VERSION = 3  # 2: full_response and refusal per turn; failed requests kept apart; 3: run identity
 

@@ -213,11 +213,9 @@ RUN_FOLDER_NAME = re.compile(r"[A-Za-z0-9_+][A-Za-z0-9._+-]{0,199}")
 def _reserved(name: str) -> bool:
     """A name that the folders of runs give a meaning of their own: a settings folder
     (``oracle_*``) or one of a run's files, which ``score`` would read as a run."""
-    from chexpercept.metrics.runs import REFERENCE_RESULTS_NAME
-    from chexpercept.results import FAILURES_NAME, LOCK_NAME, QUARANTINE_NAME, RESULTS_NAME, RUN_NAME
+    from chexpercept.results import RUN_FILE_NAMES
 
-    files = {RESULTS_NAME, RUN_NAME, FAILURES_NAME, LOCK_NAME, REFERENCE_RESULTS_NAME, QUARANTINE_NAME}
-    return name.lower().startswith("oracle_") or name.lower() in files
+    return name.lower().startswith("oracle_") or name.lower() in RUN_FILE_NAMES
 
 
 def run_folder_name(name: str, *, option: str = "--run-name") -> str:

@@ -268,6 +268,12 @@ def _settings(args: argparse.Namespace, names: tuple[str, str] | None) -> dict[s
 def _check(args: argparse.Namespace) -> None:
     if len(args.runs) not in (0, 2):
         raise ValueError(f"give two runs of the same cases (or none), got {len(args.runs)}")
+    if not args.runs and args.discordance < args.difference / 100:  # |difference| <= discordance
+        raise ValueError(
+            f"--discordance {args.discordance:g}: two models that differ on that share of cases cannot "
+            f"differ by --difference {args.difference:g} pp; give a discordance of at least "
+            f"{args.difference / 100:g}"
+        )
 
 
 def run(args: argparse.Namespace) -> int:

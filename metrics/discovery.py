@@ -22,11 +22,11 @@ from typing import Any, Literal
 
 from chexpercept.errors import no_such_path
 from chexpercept.escape import terminal
-from chexpercept.results import ORACLE_SETTINGS, RESULTS_NAME, RUN_NAME
+from chexpercept.results import ORACLE_SETTINGS, REFERENCE_RESULTS_NAME, RESULTS_NAME, RUN_NAME
 from chexpercept.run_metadata import RunMetadata
 
 from .reference import read_reference_results, reference_model_name
-from .runs import REFERENCE_RESULTS_NAME, NoFinishedCases, Run, oracle_from_folder, read_chexpercept_run
+from .runs import NoFinishedCases, Run, oracle_from_folder, read_chexpercept_run
 
 Layout = Literal["chexpercept", "reference"]
 
@@ -240,11 +240,11 @@ def load_runs(path: str | os.PathLike[str], **kwargs: Any) -> list[Run]:
     if not runs:
         raise NoFinishedCases(str(where), sum(e.unfinished for e in empty))
     runs[0].notes.extend(f"{e}: not scored" for e in empty)
-    _check_one_identity(where, runs)
+    check_one_identity(where, runs)
     return runs
 
 
-def _check_one_identity(folder: FsPath, runs: list[Run]) -> None:
+def check_one_identity(folder: FsPath, runs: list[Run]) -> None:
     """ValueError when the settings folders of one model folder were made by another model or under
     other settings (all but the oracle; eval/runner/identity.py): their numbers would be combined into
     one row (End-to-End from one, Oracle-Passed from another). Folders without a recorded identity

@@ -35,7 +35,6 @@ from chexpercept.results import (
 )
 from chexpercept.run_metadata import RunMetadata
 
-REFERENCE_RESULTS_NAME = "all_results.json"
 MISSING_POLICIES: tuple[str, ...] = ("wrong", "skip")
 
 

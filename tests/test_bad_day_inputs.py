@@ -487,6 +487,10 @@ def test_an_output_file_never_replaces_a_runs_files_or_lands_in_a_release(fixtur
         (["score", str(runs)], folder.parent / ".settings.lock"),
         (["score", str(runs)], folder.parent / "oracle_none"),
         (["power"], folder),
+        # red team round 2: deeper in a model folder; a run file's name beside the model folders
+        (["score", str(runs)], folder.parent / "sub" / "x.json"),
+        (["score", str(runs)], runs / "results.jsonl"),
+        (["score", str(runs)], runs / "all_results.json"),
     ):
         assert _status(lambda a=argv, t=target: cli([*a, "--output", str(t)])) == 2, target
         err = capsys.readouterr().err  # refused as it is parsed: before any scoring or counting
@@ -571,3 +575,43 @@ def test_a_resume_refusal_names_every_setting_its_identity_tells_apart():
         assert run_identity(before) != run_identity(now)
         assert settings_diff(before, now) == [line]
     assert settings_diff(before, {"request_fields": {"seed": 1}}) == []
+
+
+def test_report_never_joins_settings_folders_that_score_refuses(fixture_bundle, tmp_path, capsys):
+    """A model folder whose oracle_none and oracle_implicit were made under other settings: score
+    refused it, report made one row of them, End-to-End from one and Oracle-Passed from the other."""
+    import shutil
+
+    from chexpercept.cli import main as cli
+
+    for seed, oracle in (("1", "none"), ("2", "implicit")):
+        common = ["--model", "baseline:random", "--limit", "2", "--no-score"]
+        assert _run(fixture_bundle, tmp_path / seed, *common, "--seed", seed, "--oracle", oracle) == 0
+    mixed = tmp_path / "mixed" / "baseline-random"
+    mixed.mkdir(parents=True)
+    for seed, oracle in (("1", "none"), ("2", "implicit")):
+        shutil.copytree(tmp_path / seed / "baseline-random" / f"oracle_{oracle}", mixed / f"oracle_{oracle}")
+    capsys.readouterr()
+    assert cli(["score", str(mixed)]) == 2
+    assert "made by different models or settings" in capsys.readouterr().err
+    out = tmp_path / "report"
+    assert cli(["report", "--results", str(tmp_path / "mixed"), "--output-dir", str(out), "--no-plots"]) == 2
+    assert "made by different models or settings" in capsys.readouterr().err
+    assert not (out / "tables.md").exists()
+
+
+@pytest.mark.parametrize(
+    "key,value",
+    [("model", "/elsewhere/other-model"), ("seed", 5), ("allowed_local_media_path", "/"),
+     ("gpu_memory_utilization", 5), ("tensor_parallel_size", 0), ("max_num_seqs", True)],
+)  # fmt: skip
+def test_engine_arguments_the_run_sets_itself_are_refused(key, value):
+    """``--engine-args '{"model": ...}'`` loaded another model under the recorded model id;
+    ``seed`` differed from --seed; ``allowed_local_media_path`` reached beyond the bundle; an
+    option's value skipped its domain (red team, stop 42)."""
+    from chexpercept.eval.backends.vllm.backend import VLLMBackend
+    from chexpercept.eval.protocol import Sampling
+    from chexpercept.eval.registry import resolve
+
+    with pytest.raises(ValueError, match=f"--engine-args (may not set )?{key}"):
+        VLLMBackend(resolve("medgemma-1.5-4b"), sampling=Sampling(0, 1, 8, True), engine_args={key: value})

@@ -365,4 +365,8 @@ def test_the_chat_template_variables_run_json_records_are_sent(fixture_bundle, t
     twice = ["--no-thinking", "--request-extra", '{"chat_template_kwargs": {"enable_thinking": true}}']
     with FakeServer() as server:
         assert cli(fixture_bundle, tmp_path / "twice", server, *twice, "--limit", "1") == 2
-    assert "chat template variables given twice" in capsys.readouterr().err
+    assert "may not set chat_template_kwargs" in capsys.readouterr().err  # run.json would not say it
+    clash = ["--no-thinking", "--chat-template-kwargs", '{"enable_thinking": true}', "--limit", "1"]
+    with FakeServer() as server:
+        assert cli(fixture_bundle, tmp_path / "clash", server, *clash) == 2
+    assert "--no-thinking and enable_thinking true" in capsys.readouterr().err

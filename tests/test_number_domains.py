@@ -85,6 +85,7 @@ OUTSIDE = [
     (["review", "--annotators", "2147483647", "--prepare-only"], "--annotators"),  # hung
     (["run", "--model", "baseline:random", "--turn-cache-gib", "1e300"], "--turn-cache-gib"),  # overflow
     (["power", "--power", "0.02"], "--power"),  # a negative detectable difference
+    (["estimate", "--model", "gpt-5.4", "--tokens-per-second", "1e-320"], "--tokens-per-second"),  # inf days
 ]
 
 
@@ -128,6 +129,14 @@ def test_a_generate_config_file_says_each_setting_once(tmp_path, capsys):
     assert cli(["generate", "--config", str(config)]) == 2  # no sources given: refused, not a traceback
     err = capsys.readouterr().err
     assert "Traceback" not in err and "--mimic-cxr-jpg" in err, err
+
+
+def test_power_refuses_a_discordance_below_the_difference(capsys):
+    """--discordance 0.01 --difference 5 claimed 34 cases detect 5 pp: two models that differ on 1% of
+    the cases cannot differ by 5 pp (red team, stop 42)."""
+    assert cli(["power", "--discordance", "0.01", "--difference", "5"]) == 2
+    assert "cannot differ by --difference 5 pp" in capsys.readouterr().err
+    assert cli(["power", "--discordance", "0.05", "--difference", "5"]) == 0
 
 
 def test_the_python_api_checks_the_same_domains():

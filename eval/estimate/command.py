@@ -18,7 +18,7 @@ from pathlib import Path as FsPath
 from typing import Any
 
 from chexpercept.cli_options import add_data_dir_option, add_output_option, write_output
-from chexpercept.domains import COUNT, COUNT_OR_NONE, POSITIVE
+from chexpercept.domains import COUNT, COUNT_OR_NONE, POSITIVE, RATE
 from chexpercept.escape import terminal_lines
 from chexpercept.eval.backends import BACKENDS
 from chexpercept.eval.oracle import ORACLE_CHOICES, end_to_end_note, oracles_for
@@ -57,7 +57,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("time (one of)").add_mutually_exclusive_group()
     g.add_argument(
         "--tokens-per-second",
-        type=POSITIVE,
+        type=RATE,
         help="stated throughput: uncached input plus output tokens per second (all processes together)",
     )
     g.add_argument(

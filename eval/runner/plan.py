@@ -108,7 +108,7 @@ def make_backend(
 #: the answer-length fields of a chat completions request: the openai backend sends the first
 LENGTH_FIELDS = ("max_completion_tokens", "max_tokens")
 #: request fields the run itself decides and records; --request-extra may not replace them
-OWN_FIELDS = ("model", "messages")
+OWN_FIELDS = ("model", "messages", "chat_template_kwargs")
 
 
 def sampling_for(spec: ModelSpec, args: argparse.Namespace) -> Sampling:
@@ -129,7 +129,8 @@ def sampling_for(spec: ModelSpec, args: argparse.Namespace) -> Sampling:
     if own:
         raise ValueError(
             f"--request-extra may not set {', '.join(own)}: the run decides it and run.json records "
-            "it (the model: --model, or --model-id for a served name)"
+            "it (the model: --model, or --model-id for a served name; chat template variables: "
+            "--chat-template-kwargs or --no-thinking)"
         )
     for key, given in (("temperature", args.temperature), ("top_p", args.top_p)):
         if given is not None and key in fields and fields[key] != given:  # one would silently win
@@ -172,7 +173,14 @@ def chat_kwargs_for(spec: ModelSpec, args: argparse.Namespace) -> tuple[dict[str
             kwargs["enable_thinking"] = False
         else:
             note = f"--no-thinking has no effect on {spec.name} (its chat template has no thinking switch)"
-    kwargs.update(args.chat_template_kwargs or {})
+    given = args.chat_template_kwargs or {}
+    if "enable_thinking" in given and not isinstance(given["enable_thinking"], bool):
+        raise ValueError(  # a template reads the string "false" as true
+            f"--chat-template-kwargs: enable_thinking must be true or false, got {given['enable_thinking']!r}"
+        )
+    if kwargs and given.get("enable_thinking", False) is not False:
+        raise ValueError("--no-thinking and enable_thinking true in --chat-template-kwargs: give one")
+    kwargs.update(given)
     return kwargs, note
 
 

@@ -39,7 +39,13 @@ from typing import Any
 from chexpercept.bundle import Bundle
 from chexpercept.fileio import copy_file, private_dir, replaced_dir, write_atomic
 from chexpercept.input_files import IMAGE
-from chexpercept.metrics.discovery import RunFolder, discover_runs, load_run, runs_without_results
+from chexpercept.metrics.discovery import (
+    RunFolder,
+    check_one_identity,
+    discover_runs,
+    load_run,
+    runs_without_results,
+)
 from chexpercept.metrics.leaderboard import leaderboard_rows, render_leaderboard, write_leaderboard_csv
 from chexpercept.metrics.model_scores import score_model
 from chexpercept.metrics.partial import csv_value, different_cases, different_cases_markdown, markdown_line
@@ -296,7 +302,10 @@ def _score(
     models = sorted({rf.model for rf in folders})
     reports = {}
     for name in models:
-        runs = [run for rf, run in zip(folders, loaded) if rf.model == name]
+        mine = [(rf, run) for rf, run in zip(folders, loaded) if rf.model == name]
+        runs = [run for _, run in mine]
+        # one row from one identity, as score (a red team's finding: report mixed them without a word)
+        check_one_identity(mine[0][0].folder.parent, runs)
         scored = {run.oracle: per_run[(name, run.oracle)].scores[run.oracle] for run in runs}
         reports[name] = score_model(runs, mode=mode, name=name, scores=scored)
     return per_run, models, reports

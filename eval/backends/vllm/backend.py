@@ -113,6 +113,23 @@ PLACEMENT_ENGINE_ARGS = frozenset(
 )
 
 
+#: engine arguments the run sets itself, and why --engine-args may not (a red team's finding: the
+#: model loaded would differ from the one run.json's identity names, the seed from --seed, the media
+#: path would reach beyond the bundle)
+ENGINE_ARGS_OF_THE_RUN = {
+    "model": "the run loads --model, which run.json names",
+    "seed": "give --seed",
+    "allowed_local_media_path": "the run lets the engine read the bundle's folder alone",
+}
+#: engine arguments that are also options: in --engine-args, the option's domain holds as well
+ENGINE_ARG_DOMAINS = {
+    "gpu_memory_utilization": SHARE,
+    "tensor_parallel_size": COUNT,
+    "pipeline_parallel_size": COUNT,
+    "max_num_seqs": COUNT,
+}
+
+
 @dataclass(frozen=True)
 class VLLMOptions(BackendOptions):
     """The vllm backend's options (``chexpercept run --help``, group "vllm backend")."""
@@ -179,6 +196,14 @@ class VLLMBackend(BackendBase):
         self._sampling = sampling
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.engine_overrides = dict(engine_overrides or {})
+        taken = {k: v for k, v in ENGINE_ARGS_OF_THE_RUN.items() if k in self.engine_overrides}
+        if taken:
+            raise ValueError(
+                "--engine-args may not set " + "; ".join(f"{k} ({why})" for k, why in taken.items())
+            )
+        for key, domain in ENGINE_ARG_DOMAINS.items():
+            if key in self.engine_overrides:
+                domain.require(self.engine_overrides[key], f"--engine-args {key}")
         self.requested_tp = tensor_parallel_size
         self.pipeline_parallel_size = pipeline_parallel_size
         self.executor_backend = distributed_executor_backend
