@@ -15,6 +15,9 @@ import stat
 import sys
 from typing import Any
 
+from .errors import Refused
+from .escape import terminal
+
 PROGRESS_HELP = (
     "no progress display (by default a bar on stderr; whole lines every 30 s where stderr is a log)"
 )
@@ -145,6 +148,16 @@ def output_file(path: str | os.PathLike[str]) -> str | None:
     return name
 
 
+class OutputRefused(Refused):
+    """``--output FILE`` names a file inside what a run or a release owns (``refuse_inside_ours``):
+    ``problem`` says what, for argparse's line (``output_argument``); the whole message names the
+    option too, for a caller that writes outside argparse."""
+
+    def __init__(self, given: str, problem: str) -> None:
+        self.problem = problem
+        super().__init__(f"--output {terminal(given)}: {problem}")
+
+
 def refuse_inside_ours(target: str, given: str) -> str:
     """``target`` (a resolved path ``--output`` names as ``given``) unless it, or the name as given,
     lies inside a run's settings folder (``oracle_*``, or a folder holding ``run.json`` or
@@ -152,24 +165,21 @@ def refuse_inside_ours(target: str, given: str) -> str:
     a release bundle (a folder holding ``chexpercept.json`` and ``chexpercept/``), at any depth: there
     a single output file replaced a run's results (``score --output RUN/oracle_implicit/results.jsonl``,
     through a link too, or a link that the run's own results file is), its lock, or a release's files.
-    Raises ``chexpercept.errors.Refused``."""
-    from .errors import Refused
-    from .escape import terminal
+    Raises ``OutputRefused``."""
     from .results import RUN_FILE_NAMES
 
     for path in dict.fromkeys((target, os.path.abspath(given))):
         if os.path.basename(path) in RUN_FILE_NAMES:  # beside model folders, read as a run's own
-            raise Refused(
-                f"--output {terminal(given)}: {os.path.basename(path)} is the name of a run's own file, "
-                "which score and run read wherever it is; write the output elsewhere"
+            raise OutputRefused(
+                given,
+                f"{os.path.basename(path)} is the name of a run's own file, which score and run read "
+                "wherever it is; write the output elsewhere",
             )
         up = os.path.dirname(path)
         while True:
             what = _ours(up, holds_the_file=up == os.path.dirname(path))
             if what:
-                raise Refused(
-                    f"--output {terminal(given)}: {terminal(up)} is {what}; write the output elsewhere"
-                )
+                raise OutputRefused(given, f"{terminal(up)} is {what}; write the output elsewhere")
             parent = os.path.dirname(up)
             if parent == up:
                 break
@@ -209,14 +219,12 @@ def add_output_option(parser: Any, *deprecated: str, help: str) -> None:
 def output_argument(text: str) -> str:
     """argparse's type of ``--output``: the name as given, unless it names a file inside a run's
     folder or a release (``refuse_inside_ours``): then ArgumentTypeError, before any work."""
-    from .errors import Refused
-
     if os.path.isdir(text):
         raise argparse.ArgumentTypeError(f"{text} is a folder: give a file name")
     try:
         output_file(text)
-    except Refused as e:
-        raise argparse.ArgumentTypeError(str(e).split(": ", 1)[1]) from None
+    except OutputRefused as e:
+        raise argparse.ArgumentTypeError(e.problem) from None
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
     return text

@@ -150,17 +150,12 @@ def sampling_for(spec: ModelSpec, args: argparse.Namespace) -> Sampling:
             f"--request-extra removes {' and '.join(LENGTH_FIELDS)}: the answer length would be the "
             "server's own, which run.json cannot record; give it with --max-tokens"
         )
+    shown = ", ".join(f"{k} {v}" for k, v in sent.items())
     if len(set(sent.values())) > 1:
-        raise ValueError(
-            f"--request-extra sends two answer lengths ({', '.join(f'{k} {v}' for k, v in sent.items())}): "
-            "give one"
-        )
-    if args.max_tokens is not None and next(iter(sent.values())) != args.max_tokens:
-        raise ValueError(
-            f"--max-tokens {args.max_tokens} and {', '.join(f'{k} {v}' for k, v in sent.items())} in "
-            "--request-extra: give one"
-        )
+        raise ValueError(f"--request-extra sends two answer lengths ({shown}): give one")
     max_tokens = next(iter(sent.values()))
+    if args.max_tokens is not None and max_tokens != args.max_tokens:
+        raise ValueError(f"--max-tokens {args.max_tokens} and {shown} in --request-extra: give one")
     return Sampling(temperature=temperature, top_p=top_p, max_tokens=max_tokens, greedy=temperature == 0)
 
 
