@@ -150,12 +150,17 @@ def output_file(path: str | os.PathLike[str]) -> str | None:
 
 class OutputRefused(Refused):
     """``--output FILE`` names a file inside what a run or a release owns (``refuse_inside_ours``):
-    ``problem`` says what, for argparse's line (``output_argument``); the whole message names the
-    option too, for a caller that writes outside argparse."""
+    ``problem`` says what, for argparse's line (``output_argument``); the message (``--output FILE:
+    problem``) names the option too, for a caller that writes outside argparse. Made as any
+    ``Refused`` is, from its message alone, ``problem`` is the message."""
 
-    def __init__(self, given: str, problem: str) -> None:
-        self.problem = problem
-        super().__init__(f"--output {terminal(given)}: {problem}")
+    def __init__(self, message: str, problem: str | None = None) -> None:
+        self.problem = message if problem is None else problem
+        super().__init__(message)
+
+    @classmethod
+    def of(cls, given: str, problem: str) -> OutputRefused:
+        return cls(f"--output {terminal(given)}: {problem}", problem)
 
 
 def refuse_inside_ours(target: str, given: str) -> str:
@@ -170,7 +175,7 @@ def refuse_inside_ours(target: str, given: str) -> str:
 
     for path in dict.fromkeys((target, os.path.abspath(given))):
         if os.path.basename(path) in RUN_FILE_NAMES:  # beside model folders, read as a run's own
-            raise OutputRefused(
+            raise OutputRefused.of(
                 given,
                 f"{os.path.basename(path)} is the name of a run's own file, which score and run read "
                 "wherever it is; write the output elsewhere",
@@ -179,7 +184,7 @@ def refuse_inside_ours(target: str, given: str) -> str:
         while True:
             what = _ours(up, holds_the_file=up == os.path.dirname(path))
             if what:
-                raise OutputRefused(given, f"{terminal(up)} is {what}; write the output elsewhere")
+                raise OutputRefused.of(given, f"{terminal(up)} is {what}; write the output elsewhere")
             parent = os.path.dirname(up)
             if parent == up:
                 break
