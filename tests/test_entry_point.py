@@ -7,6 +7,7 @@ and progress in a log is whole lines. Each member is a real program or a real ru
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import signal
@@ -518,16 +519,42 @@ def test_a_second_signal_ends_a_command_whose_shutdown_hangs(tmp_path):
         "3",
     ]
     proc = launch([*argv, "--num-proc", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    assert wait_until(lambda: len(descendants(proc.pid)) >= 2, timeout=120, interval=0.02)
+    workers = lambda: [p for p in descendants(proc.pid) if "spawn_main" in _command_line(p)]  # noqa: E731
+    assert wait_until(lambda: len(workers()) == 2, timeout=120, interval=0.02)
     started = descendants(proc.pid)
-    proc.send_signal(signal.SIGTERM)
-    time.sleep(0.3)
-    proc.send_signal(signal.SIGTERM)
+    # the shutdown hangs for sure: both pool workers are stopped, so they never end (with running
+    # workers, a pool that ended within the 0.3 s before the second signal, on a loaded CI machine,
+    # ended the command by the first signal: two lines, the test failed)
+    stopped = workers()
+    for pid in stopped:
+        _signal_if_alive(pid, signal.SIGSTOP)
+    try:
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    finally:
+        for pid in stopped:  # a worker the command failed to end goes on (and the test fails below)
+            _signal_if_alive(pid, signal.SIGCONT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 143, err[-3000:]
-    (line,) = [x for x in err.splitlines() if x.startswith("chexpercept synth:")]
+    lines = [x for x in err.splitlines() if x.startswith("chexpercept synth:")]
+    assert len(lines) == 1, err[-3000:]
+    (line,) = lines
     assert "Traceback" not in err and "SIGTERM again" in line and line.endswith("exiting now"), err[-3000:]
     assert wait_until(lambda: not [p for p in started if _alive(p)], timeout=30), started
+
+
+def _command_line(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ")
+    except OSError:
+        return ""
+
+
+def _signal_if_alive(pid: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signum)
 
 
 def test_a_second_signal_never_ends_an_in_process_caller():
