@@ -7,6 +7,7 @@ import sys
 from typing import Any
 
 from chexpercept.cli_options import add_option, add_progress_option, progress_enabled
+from chexpercept.domains import config_yaml_loader
 from chexpercept.escape import terminal, terminal_lines
 from chexpercept.input_files import TEXT_FILE, read_input_text
 from chexpercept.vocab import LESIONS
@@ -29,7 +30,7 @@ def _load_yaml(path: str) -> dict:
     except (OSError, ValueError) as e:
         raise SourceError(f"--config {path}: {e}") from e
     try:
-        data = yaml.safe_load(text) or {}
+        data = yaml.load(text, Loader=config_yaml_loader()) or {}  # a SafeLoader
     except (yaml.YAMLError, RecursionError) as e:
         raise SourceError(f"--config {path}: not readable YAML ({type(e).__name__})") from None
     if not isinstance(data, dict):
@@ -144,7 +145,12 @@ def build_config(args: argparse.Namespace) -> GenerateConfig:
         values[key] = value
     if isinstance(values.get("review"), str):
         values["review"] = [values["review"]]
-    no_progress = values.pop("no_progress", False) or values.pop("progress", True) is False
+    progress = values.pop("progress", True)
+    if not isinstance(progress, bool):  # a switch is true or false (``off`` and ``no`` are strings here)
+        raise SourceError(
+            f"--progress in --config {args.config} must be true or false, got {terminal(repr(progress))}"
+        )
+    no_progress = values.pop("no_progress", False) or not progress
     if "out" not in values or "per_cell" not in values:
         raise SourceError("--output-dir and --per-cell are required")
     known = set(GenerateConfig.__dataclass_fields__)
@@ -175,9 +181,24 @@ def _check_types(values: dict, source: str | None) -> None:
             for t in allowed
         )
         if not ok:
-            names = " or ".join(getattr(t, "__name__", str(t)) for t in allowed)
+            domain = NUMBER_DOMAINS.get(key)
+            names = " or ".join(_type_words(t) for t in allowed)
             where = f" in --config {source}" if source else ""
-            raise SourceError(f"{key.replace('_', '-')}{where} must be {names}, got {terminal(repr(value))}")
+            must = domain.describe() if domain is not None else names
+            raise SourceError(f"--{key.replace('_', '-')}{where} must be {must}, got {terminal(repr(value))}")
+
+
+def _type_words(kind: object) -> str:
+    """A config value's type in words: "true or false", "a number", "a list of strings"..."""
+    words = {bool: "true or false", int: "a whole number", float: "a number", str: "a string",
+             type(None): "empty (null)"}  # fmt: skip
+    if kind in words:
+        return words[kind]  # type: ignore[index]
+    return (
+        "a list of strings"
+        if getattr(kind, "__origin__", None) is list
+        else getattr(kind, "__name__", str(kind))
+    )
 
 
 def run(args: argparse.Namespace) -> int:

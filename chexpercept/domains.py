@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 from dataclasses import dataclass
 
 #: the largest count any option takes (tokens, cases, processes, requests...): a 32-bit signed int,
@@ -25,6 +26,12 @@ from dataclasses import dataclass
 MAX_COUNT = 2**31 - 1
 #: the largest seed (numpy's legacy seeding and torch's take 0 .. 2**32 - 1)
 MAX_SEED = 2**32 - 1
+#: how a number is spelled on a command line: decimal digits, a minus sign at most, and for a real a
+#: point and an exponent (spaces around it are let be). Python's own parsing also reads ``1_0`` as 10,
+#: ``+3``, ``٣`` (an Arabic-Indic digit) and, for reals, ``nan`` and ``infinity``: none of them is
+#: taken, so that a value is what it reads as
+WHOLE_SPELLING = re.compile(r"-?[0-9]+")
+REAL_SPELLING = re.compile(r"-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
 
 
 @dataclass(frozen=True)
@@ -77,9 +84,12 @@ class Domain:
 
     def __call__(self, text: str) -> int | float:
         """argparse's ``type``: the number ``text`` spells, in the domain, or ArgumentTypeError."""
+        spelling = WHOLE_SPELLING if self.whole else REAL_SPELLING
         try:
+            if spelling.fullmatch(text.strip()) is None:  # spaces around a number read as the number
+                raise ValueError(text)
             value: int | float = int(text) if self.whole else float(text)
-        except ValueError:
+        except ValueError:  # not spelled as a number, or more digits than int() reads (4,300)
             raise argparse.ArgumentTypeError(f"must be {self.describe()}, got {text!r}") from None
         if not self.contains(value):
             raise argparse.ArgumentTypeError(f"must be {self.describe()}, got {text!r}")
@@ -131,3 +141,29 @@ ALPHA = real(1e-9, 0.5)
 #: the tests in a family (Holm's strictest step is alpha / tests): at most 1,000, so that alpha / tests
 #: keeps a finite quantile at the smallest alpha
 FAMILY = whole(1, 1000)
+
+
+def config_yaml_loader() -> type:
+    """A PyYAML ``SafeLoader`` for a config file whose numbers and switches read as they are spelled
+    (YAML 1.2's core schema): a number only in the spellings a command line takes (``WHOLE_SPELLING``,
+    ``REAL_SPELLING``), a switch only ``true`` or ``false``. PyYAML's YAML 1.1 reads ``seed: 12:30``
+    as 750, ``1_000`` as 1000, ``0x10`` as 16, ``.inf`` as infinity and ``progress: no`` or ``off``
+    as false; here each is a string, which the config's check then names as not a number or not a
+    switch."""
+    import yaml
+
+    class ConfigLoader(yaml.SafeLoader):
+        pass
+
+    dropped = {"tag:yaml.org,2002:int", "tag:yaml.org,2002:float", "tag:yaml.org,2002:bool"}
+    ConfigLoader.yaml_implicit_resolvers = {
+        first: [(tag, rx) for tag, rx in resolvers if tag not in dropped]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
+    whole_only = f"^(?:{WHOLE_SPELLING.pattern})$"  # PyYAML matches from the start, not whole
+    ConfigLoader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile("^(?:true|false)$"), list("tf"))
+    ConfigLoader.add_implicit_resolver("tag:yaml.org,2002:int", re.compile(whole_only), list("-0123456789"))
+    ConfigLoader.add_implicit_resolver(
+        "tag:yaml.org,2002:float", re.compile(f"^(?:{REAL_SPELLING.pattern})$"), list("-.0123456789")
+    )
+    return ConfigLoader

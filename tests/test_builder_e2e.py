@@ -462,8 +462,8 @@ def test_generate_options_from_a_yaml_config(tmp_path):
     from chexpercept.builder.sources import SourceError
 
     for text, said in (
-        ('seed: "7"', "seed in --config"),
-        ("seed: [1]", "seed in --config"),
+        ('seed: "7"', "--seed in --config"),
+        ("seed: [1]", "--seed in --config"),
         ("per-cell: true", "per-cell"),
     ):
         config_file.write_text(f"out: /tmp/x\nper-cell: 1\n{text}\n")

@@ -116,6 +116,40 @@ def test_a_number_outside_its_domain_in_a_generate_config_file_is_refused(tmp_pa
         assert not out.exists()
 
 
+@pytest.mark.parametrize("text", ["1_0", "+3", "\u0663", "0x10", "1e3", "3.0", "3 4"])
+def test_a_whole_number_is_taken_only_as_it_reads(text):
+    """``--per-cell 1_0`` ran 10 cases per cell and ``+3`` or an Arabic-Indic digit passed as numbers
+    (Python's int() reads them): a whole number is decimal digits, a minus sign at most."""
+    with pytest.raises(argparse.ArgumentTypeError, match="must be a whole number"):
+        COUNT(text)
+
+
+@pytest.mark.parametrize("text", ["1_0.5", "+0.5", "nan", "infinity", "0x1p-2", "\u0660.5", "0.5.1"])
+def test_a_real_number_is_taken_only_as_it_reads(text):
+    with pytest.raises(argparse.ArgumentTypeError, match="must be a"):
+        SHARE(text)
+
+
+def test_the_spellings_a_command_line_takes():
+    assert [COUNT(t) for t in ("1", "0010", "2147483647", " 3 ")] == [1, 10, 2147483647, 3]
+    assert [SHARE(t) for t in ("0.5", ".5", "1.", "5e-1", "1E-3")] == [0.5, 0.5, 1.0, 0.5, 0.001]
+
+
+def test_a_config_file_reads_numbers_and_switches_as_they_are_spelled(tmp_path, capsys):
+    """YAML 1.1, PyYAML's default, read ``seed: 12:30`` as 750, ``per_cell: 1_0`` as 10, ``seed: 0x10``
+    as 16 and ``progress: off`` as false: ``generate --config`` now reads them as strings (YAML 1.2's
+    core schema), which the config's check names."""
+    for line in ("seed: 12:30", "per_cell: 1_0", "seed: 0x10", "seed: +3", "progress: off", "progress: no"):
+        config = tmp_path / "c.yaml"
+        config.write_text(f"{line}\nper_cell: 1\n" if "per_cell" not in line else f"{line}\n")
+        out = tmp_path / "out"
+        assert cli(["generate", "--config", str(config), "--output-dir", str(out)]) == 2, line
+        err = capsys.readouterr().err
+        key = line.split(":")[0].replace("_", "-")
+        assert err.startswith("chexpercept generate: ") and f"--{key}" in err and "Traceback" not in err, err
+        assert not out.exists()
+
+
 def test_a_generate_config_file_says_each_setting_once(tmp_path, capsys):
     """``progress: false`` ended in a traceback; ``per-cell`` beside ``per_cell`` (or ``out`` beside
     ``output_dir``) let one silently win (red team, stop 42)."""
