@@ -390,3 +390,41 @@ def test_the_models_own_code_is_part_of_the_identity_and_never_its_own_decoding(
     assert [r.turns[0].response for r in iter_results(folder / "results.jsonl")] == plain
     info = json.loads((folder / "run.json").read_text())
     assert info["backend_settings"]["custom_generate_ignored"] is True
+
+
+def test_an_answer_ends_where_the_models_context_ends(fixture_bundle, tiny_model):
+    """A large --max-tokens: the transformers backend generated past the model's context length
+    (positions it was never trained on; a model with learned positions fails there), where vLLM's
+    engine ends the request at its max_model_len. Each answer now ends where its prompt and answer
+    fill the context, row by row in a batch; a prompt that fills it alone gets no answer but an
+    error naming both lengths, as vLLM refuses that prompt."""
+    from chexpercept.eval.backends.transformers.backend import answer_caps, loaded_context_length
+
+    bundle = read_bundle(fixture_bundle, lesions=["effusion", "cardiomegaly"])
+    spec = resolve(str(tiny_model), backend="transformers")
+    backend = TransformersBackend(spec, sampling=Sampling(0.0, 1.0, 6, True))
+    backend.setup(RunContext(root=bundle.root, cases=bundle.cases))
+    config = json.loads((tiny_model / "config.json").read_text())
+    assert backend.context_length == config["text_config"]["max_position_embeddings"]
+    assert loaded_context_length(backend.model.config) == backend.context_length
+    convs = [Conversation(c, oracle="none") for c in bundle.cases]
+    for conv in convs[: len(convs) // 2]:  # later turns too: rows of several lengths in one batch
+        conv.answer(Response("(1)", {}))
+    requests = [c.pending for c in convs if not c.done]
+    full = backend.generate(requests)
+    prompts = [r.usage["input_tokens"] for r in full]
+    assert len(set(prompts)) >= 2 and all(r.usage["output_tokens"] == 6 for r in full)
+    backend.context_length = min(prompts) + 3
+    capped = backend.generate(requests)
+    for before, after, n in zip(full, capped, prompts):
+        room = backend.context_length - n
+        if room <= 0:
+            assert after.error == (
+                f"the prompt ({n:,} tokens) fills the model's context of {backend.context_length:,} "
+                "tokens: no answer fits"
+            )
+            continue
+        assert after.error is None and after.usage["output_tokens"] == min(6, room)
+        assert before.text.startswith(after.text)  # greedy: the same answer, ended sooner
+    assert any(r.error for r in capped) and any(0 < r.usage.get("output_tokens", 0) < 6 for r in capped)
+    assert answer_caps([10, 20], 8, None) == [8, 8] and answer_caps([10, 20], 8, 25) == [8, 5]

@@ -54,7 +54,7 @@ from chexpercept.eval.backends.transformers.turn_cache import TurnCache, TurnCac
 from chexpercept.eval.conversation import Conversation
 from chexpercept.eval.protocol import BackendError, BatchBackend, Request, Response, RunContext, Sampling
 from chexpercept.eval.registry import ModelSpec
-from chexpercept.eval.runner.preflight import ContextLimits, model_context_length
+from chexpercept.eval.runner.preflight import CONTEXT_KEYS, ContextLimits, model_context_length
 from chexpercept.os_errors import explain_os_error
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -324,6 +324,7 @@ class TransformersBackend(BatchBackend):
             del self.model.generate
         pad = gen.pad_token_id if gen.pad_token_id is not None else tokenizer.pad_token_id
         self.pad_token_id = pad if pad is not None else tokenizer.eos_token_id
+        self.context_length = loaded_context_length(self.model.config)
         self._plan_inputs(context)
         self._plan_turn_cache(context)
 
@@ -596,6 +597,13 @@ class TransformersBackend(BatchBackend):
     def _generate(self, requests: Sequence[Request], *, reuse: bool = True) -> list[Response]:
         torch = self._torch
         inputs = self._encode([self.build_conversation(r) for r in requests])
+        rows = inputs["attention_mask"].sum(dim=1).tolist()
+        caps = answer_caps(rows, self._sampling.max_tokens, getattr(self, "context_length", None))
+        if len(requests) > 1 and len(set(caps)) > 1:  # each row to its own length: one at a time
+            return [self._generate([r], reuse=reuse)[0] for r in requests]
+        if caps[0] <= 0:  # rows of one length here
+            full = f"fills the model's context of {self.context_length:,} tokens: no answer fits"
+            return [Response("", {}, error=f"the prompt ({n:,} tokens) {full}") for n in rows]
         cache = plan = None
         if reuse and self.turn_cache is not None:
             plan = self.turn_cache.plan(
@@ -623,7 +631,7 @@ class TransformersBackend(BatchBackend):
             if hasattr(v, "to")
         }
         s = self._sampling
-        options: dict[str, Any] = {"max_new_tokens": s.max_tokens, "pad_token_id": self.pad_token_id}
+        options: dict[str, Any] = {"max_new_tokens": caps[0], "pad_token_id": self.pad_token_id}
         if s.temperature > 0:  # top_k 0: none, as vLLM's default (transformers' own default is 50)
             options.update(do_sample=True, temperature=s.temperature, top_p=s.top_p, top_k=0)
         else:
@@ -729,3 +737,25 @@ class TransformersBackend(BatchBackend):
         if self._pool is not None:
             self._pool.shutdown()
             self._pool = None
+
+
+def loaded_context_length(config: Any) -> int | None:
+    """The loaded model's context length in tokens (its text config's ``max_position_embeddings``
+    or the like, ``eval/runner/preflight.py: CONTEXT_KEYS``), or None when its config names none."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    for section in (text, config):
+        for key in CONTEXT_KEYS:
+            value = getattr(section, key, None)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+    return None
+
+
+def answer_caps(prompt_tokens: Sequence[int], max_tokens: int, context: int | None) -> list[int]:
+    """Each row's answer length: ``max_tokens``, cut where the prompt and the answer fill the model's
+    ``context`` (tokens), as vLLM's engine ends a request at its ``max_model_len`` (finish reason
+    "length"); 0 or less: the prompt alone fills it, no answer fits (vLLM refuses that prompt). A
+    model generating past its context length computes positions it was never trained on."""
+    if context is None:
+        return [max_tokens] * len(prompt_tokens)
+    return [min(max_tokens, context - n) for n in prompt_tokens]
