@@ -295,10 +295,17 @@ def test_a_constant_baseline_beyond_every_questions_options_is_refused(fixture_b
     assert not list(runs.rglob("results.jsonl")) or not any(
         p.stat().st_size for p in runs.rglob("results.jsonl")
     )
+    assert not runs.exists() or _tree(runs) == []  # it saved nothing, so it left nothing
     assert _run(fixture_bundle, runs, "--model", "baseline:constant:2", "--limit", "2") == 0
-    # the refused run left its run.json and no results: score and report say so (they passed over it)
+    # a settings folder with a run.json and no results (left by an older version, or by a start that
+    # failed in a multi-process run): score and report say so (they passed over it)
     from chexpercept.cli import main as cli
 
+    left = runs / "baseline-constant-9" / "oracle_implicit"
+    left.mkdir(parents=True)
+    (left / "run.json").write_bytes(
+        (runs / "baseline-constant-2" / "oracle_implicit" / "run.json").read_bytes()
+    )
     capsys.readouterr()
     assert cli(["score", str(runs)]) == 0
     assert "baseline-constant-9/oracle_implicit: no results.jsonl: not scored" in capsys.readouterr().err
@@ -560,6 +567,46 @@ def test_a_refused_run_leaves_the_output_folder_as_it_found_it(fixture_bundle, t
     monkeypatch.setattr(execute, "_check_setting_folders", refuse)
     assert _run(fixture_bundle, runs, "--model", "baseline:prior", "--limit", "2") == 2
     assert _tree(runs) == before
+
+
+def test_a_run_that_saved_nothing_leaves_the_output_folder_as_it_found_it(
+    fixture_bundle, tmp_path, capsys, monkeypatch
+):
+    """A start that failed after its folders were taken (an engine that would not load, a wrong
+    --attn-implementation, a package missing) left a settings folder holding a run.json and no
+    results, which ``score`` and ``report`` then met as a run. A command that saved nothing in a
+    folder it made now removes what it wrote there (eval/runner/execute.py ``_forget_unsaved``);
+    a folder that was there before keeps what it held."""
+    from chexpercept.eval.protocol import BackendError
+    from chexpercept.eval.runner import execute
+
+    def will_not_start(backend, context, plan):
+        raise BackendError("the engine would not start (for the test)")
+
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    with monkeypatch.context() as patched:
+        patched.setattr(execute, "set_up", will_not_start)
+        # one setting, two settings, and a second model beside a run that stays as it was
+        assert _run(fixture_bundle, runs, "--model", "baseline:random", "--limit", "2") == 2
+        assert "the engine would not start" in capsys.readouterr().err
+        assert _tree(runs) == []
+        assert _run(fixture_bundle, runs, "--model", "baseline:random", "--oracle", "none", "implicit",
+                    "--limit", "2") == 2  # fmt: skip
+        assert _tree(runs) == []
+    assert _run(fixture_bundle, runs, "--model", "baseline:random", "--limit", "2") == 0
+    before = _tree(runs)
+    kept = (runs / "baseline-random" / "oracle_implicit" / "results.jsonl").read_bytes()
+    capsys.readouterr()
+    with monkeypatch.context() as patched:
+        patched.setattr(execute, "set_up", will_not_start)
+        assert _run(fixture_bundle, runs, "--model", "baseline:prior", "--limit", "2") == 2
+        assert _tree(runs) == before
+        # the same folder again, more cases selected: the engine is needed, does not start, and the
+        # folder keeps its run.json and its results
+        assert _run(fixture_bundle, runs, "--model", "baseline:random", "--limit", "3") == 2
+        assert _tree(runs) == before
+    assert (runs / "baseline-random" / "oracle_implicit" / "results.jsonl").read_bytes() == kept
 
 
 def test_a_resume_refusal_names_every_setting_its_identity_tells_apart():

@@ -251,34 +251,52 @@ def execute(plan: RunPlan, backend: Backend, dist: Distributed, children: ChildP
             status = _run_all(plan, backend, context, dist, runs)
     except BaseException as error:
         try:
+            _forget_unsaved(runs, dist, ran=taken)
             _let_go(runs, dist, children)
         except RunInterrupted:
             if isinstance(error, RunInterrupted):
                 raise
             # the error that ended the run is the one to tell (a folder of other settings, a lock)
         finally:
-            if not taken:
-                _remove_created(runs)
+            _remove_created(runs)
         raise
     try:
+        _forget_unsaved(runs, dist, ran=taken)
         _let_go(runs, dist, children)
     except RunInterrupted as e:
         return stopped_after_the_end(plan, e, status)
     finally:
-        if not taken:
-            _remove_created(runs)
+        _remove_created(runs)
     return status
 
 
+def _forget_unsaved(runs: list[OracleRun], dist: Distributed, *, ran: bool) -> None:
+    """A command that saved nothing in a settings folder it made leaves no trace there: the run.json
+    it wrote is removed while its lock is still held (a run that takes the folder next writes its
+    own), and ``_remove_created`` then removes the folders. A refused resume under other settings
+    left an empty ``oracle_none/`` beside the run it was refused for; a start that failed (an engine
+    that would not load, a wrong --attn-implementation, a stop signal before the first case) left a
+    folder with a run.json and no results, which ``score`` and ``report`` then met. After conversations
+    (``ran``), only where one process ran them: with several, another may still be appending when the
+    main process looks."""
+    if ran and dist.count != 1:
+        return
+    for run in runs:
+        folder = run.folder
+        if folder.path in run.created and folder.lock.held and not folder.holds_records():
+            with contextlib.suppress(OSError):
+                for path in (folder.run_json, folder.results, folder.failures):
+                    path.unlink(missing_ok=True)
+
+
 def _remove_created(runs: list[OracleRun]) -> None:
-    """The folders a refused command made (and the run.json it wrote there, all they can hold before
-    any case ran) removed again, deepest first: a refused resume under other settings left an empty
-    ``oracle_none/`` beside the run it was refused for. A folder that holds anything else stays."""
+    """The folders the command made removed again where they hold nothing (``_forget_unsaved`` has
+    removed what it wrote there when it saved nothing), deepest first. A folder that holds anything
+    else stays."""
     for run in reversed(runs):
         for folder in reversed(run.created):
             with contextlib.suppress(OSError):
                 if folder == run.folder.path:
-                    run.folder.run_json.unlink(missing_ok=True)
                     folder.rmdir()
                     continue
                 lock = folder / SETTINGS_LOCK_NAME  # the model folder: its settings lock alone left
