@@ -455,3 +455,33 @@ def test_estimate_fetches_the_processor_only_and_fails_fast_without_the_hub(
     err = capsys.readouterr().err
     assert "cannot reach the Hugging Face Hub" in err
     assert "download-model org/never-fetched --processor-only" in err  # the few MB, not the weights
+
+
+def test_weights_rewritten_in_a_snapshot_under_the_same_commit_stop_the_resume(
+    cache, offline, tiny_model, fixture_bundle, tmp_path, capsys
+):
+    """A Hub model's identity was its commit alone: weights rewritten in its snapshot (a
+    ``save_pretrained`` into it writes through the links; a blob edited in place) kept the commit,
+    and a resume kept the first weights' answers beside the new ones' (red team, stop 43). The
+    identity now holds the snapshot's fingerprint too, so the resume is refused before any engine
+    loads, naming it."""
+    files = {p.name: p.read_bytes() for p in Path(tiny_model).iterdir() if p.is_file()}
+    commit = hub_cache(cache, "org/tiny-vlm", files)
+    out = tmp_path / "runs"
+    args = ["--data-dir", str(fixture_bundle), "--model", "org/tiny-vlm", "--backend", "transformers"]
+    args += ["--output-dir", str(out), "--max-tokens", "2", "--no-progress", "--no-score"]
+    assert run_main([*args, "--limit", "2"]) == 0
+    meta = json.loads((out / "org--tiny-vlm" / "oracle_implicit" / "run.json").read_text())
+    weights = meta["settings"]["weights"]
+    assert weights["commit"] == commit and weights["folder"].startswith("sha256:")
+    weights_file = cache / "models--org--tiny-vlm" / "snapshots" / commit / "model.safetensors"
+    data = bytearray(weights_file.read_bytes())
+    data[-1] ^= 1  # one bit of one weight, written through the snapshot's link
+    with open(weights_file, "r+b") as f:
+        f.write(bytes(data))
+    capsys.readouterr()
+    assert run_main([*args, "--limit", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "holds a run made with other settings" in err and "weights.folder: 'sha256:" in err, err
+    lines = (out / "org--tiny-vlm" / "oracle_implicit" / "results.jsonl").read_text().splitlines()
+    assert len(lines) == 2  # nothing answered by the other weights

@@ -69,14 +69,17 @@ def folder_fingerprint(folder: str | os.PathLike[str], cache: DigestCache | None
 
 
 def weights_identity(model_id: str, weights: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """The weights a run's answers come from: the Hub commit where there is one (``weights`` is
-    ``Weights.record()``), else the fingerprint of a local folder; None for an API or a baseline."""
-    if weights and weights.get("commit"):
-        return {"commit": weights["commit"]}
+    """The weights a run's answers come from: the fingerprint of the folder the backend loads
+    (``model_id``: a local folder, or a Hub model's snapshot in the cache), with the Hub commit
+    where there is one (``weights`` is ``Weights.record()``); None for an API or a baseline. A
+    commit alone does not say what is in the snapshot: a blob rewritten in place, or a
+    ``save_pretrained`` into the snapshot (it writes through the links), keeps the commit and changes
+    the weights, and a resume kept answers of both (red team, stop 43)."""
     path = os.path.expanduser(model_id)
-    if os.path.isdir(path):
-        return {"folder": folder_fingerprint(path)}
-    return None
+    folder = {"folder": folder_fingerprint(path)} if os.path.isdir(path) else {}
+    if weights and weights.get("commit"):
+        return {"commit": weights["commit"], **folder}
+    return folder or None
 
 
 #: a key one side of a comparison lacks (not the same as a null)

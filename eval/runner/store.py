@@ -323,7 +323,8 @@ class RunStore:
         before = previous.get("settings") or {}
         diffs = settings_diff(before, settings)
         if diffs:
-            newer = sorted(k for k in settings if k not in before)
+            # a part the earlier run's version did not record (top level or nested: weights.folder)
+            newer = sorted(line.split(": ", 1)[0] for line in diffs if ": (absent) -> " in line)
             why = (
                 f"\n({', '.join(newer)}: not recorded by the version that made that run; a later version "
                 "added it to the identity, so those answers cannot be shown to match)"
