@@ -160,7 +160,10 @@ class Sampling:
 
     #: None when the request leaves it to the server (--request-extra '{"temperature": null}')
     temperature: float | None
-    top_p: float
+    #: None when the request leaves it to the server: the openai backend sends top_p only when
+    #: --top-p (or top_p in --request-extra) gives it, as reasoning models reject it and a server's
+    #: default need not be 1.0 (Gemini's is 0.95; a ``vllm serve`` takes the model's generation_config)
+    top_p: float | None
     max_tokens: int
     #: True when a response is a deterministic function of the conversation (greedy decoding or a
     #: deterministic baseline): then an Oracle-Passed run also yields the exact End-to-End result.
@@ -176,7 +179,7 @@ class Sampling:
                 f"the temperature must be {NON_NEGATIVE.describe()} (0: greedy), got {t!r} "
                 "(--temperature, or temperature in --request-extra)"
             )
-        if not SHARE.contains(p):
+        if p is not None and not SHARE.contains(p):
             raise ValueError(
                 f"top_p must be {SHARE.describe()}, got {p!r} (--top-p, or top_p in --request-extra)"
             )

@@ -22,7 +22,9 @@ from chexpercept.eval.backends.baselines import is_baseline
 from chexpercept.reasoning import family_of
 
 OPEN_SAMPLING = {"temperature": 0.0, "top_p": 1.0, "max_tokens": 8192}
-API_SAMPLING = {"temperature": 1.0, "top_p": 1.0, "max_tokens": 8192}
+#: top_p None: not sent, the server's own applies (the reference sends none to an API; reasoning
+#: models reject it; Gemini's default is 0.95), and run.json records it so
+API_SAMPLING = {"temperature": 1.0, "top_p": None, "max_tokens": 8192}
 #: what the reference sends to OpenAI/Azure (spec 3.11); Gemini gets reasoning_effort only
 API_EXTRA = {"reasoning_effort": "medium", "frequency_penalty": 0.0, "presence_penalty": 0.0}
 

@@ -340,6 +340,40 @@ def test_the_answer_length_run_json_records_is_the_one_sent(fixture_bundle, tmp_
     assert info["sampling"]["max_tokens"] == next(iter(sent.values()))
 
 
+@pytest.mark.parametrize(
+    "model,extra,top_p",
+    [("gpt-5.4", [], None),  # the registry's API model: none sent (the reference sends none)
+     ("gpt-5.4", ["--top-p", "0.9"], 0.9),
+     ("gpt-5.4", ["--top-p", "1"], 1.0),  # given: sent, though it is most APIs' default
+     ("local-vlm", [], 1.0),  # another model, decoded as open models are: top_p 1 sent
+     ("local-vlm", ["--request-extra", '{"top_p": null}'], None),
+     ("local-vlm", ["--request-extra", '{"top_p": 0.8}'], 0.8)],
+)  # fmt: skip
+def test_the_top_p_run_json_records_is_the_one_sent(fixture_bundle, tmp_path, model, extra, top_p):
+    """top_p 1.0 was left out of every request ("every API's default") while run.json and the Hub
+    card said 1.0: the server's own applied (Gemini's is 0.95; a ``vllm serve`` takes the model's
+    generation_config). A top_p is now sent whenever run.json records one, and where none is sent
+    run.json records None, the server's default (red team, stop 43)."""
+    with FakeServer() as server:
+        assert cli(fixture_bundle, tmp_path, server, *extra, "--limit", "1", "--no-score", model=model) == 0
+    body = server.requests[0]["body"]
+    assert body.get("top_p") == top_p and (top_p is not None or "top_p" not in body)
+    (info,) = [json.loads(p.read_text()) for p in tmp_path.glob("*/oracle_implicit/run.json")]
+    assert info["sampling"]["top_p"] == top_p and info["settings"]["sampling"]["top_p"] == top_p
+
+
+def test_a_resume_under_another_top_p_is_refused_saying_what_earlier_versions_recorded(
+    fixture_bundle, tmp_path, capsys
+):
+    with FakeServer() as server:
+        first = ["--request-extra", '{"top_p": null}', "--limit", "1", "--no-score"]
+        assert cli(fixture_bundle, tmp_path, server, *first) == 0
+        capsys.readouterr()
+        assert cli(fixture_bundle, tmp_path, server, "--limit", "2", "--no-score") == 2
+    err = capsys.readouterr().err
+    assert "sampling.top_p: None -> 1.0" in err and "recorded top_p 1.0 where it sent none" in err, err
+
+
 def test_request_extra_sampling_is_what_run_json_records(fixture_bundle, tmp_path):
     with FakeServer() as server:
         assert (

@@ -29,7 +29,7 @@ def test_the_papers_fourteen_models():
     assert {s.model_id: s.backend for s in REGISTRY.values()} == PAPER
     for spec in REGISTRY.values():
         if spec.backend == "openai":
-            assert spec.sampling == {"temperature": 1.0, "top_p": 1.0, "max_tokens": 8192}
+            assert spec.sampling == {"temperature": 1.0, "top_p": None, "max_tokens": 8192}
             assert spec.api_extra["reasoning_effort"] == "medium"
         else:
             assert spec.sampling == {"temperature": 0.0, "top_p": 1.0, "max_tokens": 8192}

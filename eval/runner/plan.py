@@ -122,7 +122,8 @@ def sampling_for(spec: ModelSpec, args: argparse.Namespace) -> Sampling:
     top_p = base["top_p"] if args.top_p is None else args.top_p
     max_tokens = base["max_tokens"] if args.max_tokens is None else args.max_tokens
     COUNT.require(max_tokens, "--max-tokens")
-    if spec.backend != "openai":
+    if spec.backend != "openai":  # a local engine applies a top_p always (1.0: none)
+        top_p = 1.0 if top_p is None else top_p
         return Sampling(temperature=temperature, top_p=top_p, max_tokens=max_tokens, greedy=temperature == 0)
     fields = spec.request_fields(getattr(args, "request_extra", None))
     own = [k for k in OWN_FIELDS if k in fields]
@@ -140,7 +141,7 @@ def sampling_for(spec: ModelSpec, args: argparse.Namespace) -> Sampling:
     if "temperature" in fields:
         temperature = fields["temperature"]  # None: the server's default, so not known to be greedy
     if "top_p" in fields:
-        top_p = 1.0 if fields["top_p"] is None else fields["top_p"]
+        top_p = fields["top_p"]  # None: removed, so the server's default applies
     sent = {LENGTH_FIELDS[0]: max_tokens} | {k: fields[k] for k in LENGTH_FIELDS if k in fields}
     sent = {k: v for k, v in sent.items() if v is not None}  # a null removes the field
     for key, value in sent.items():

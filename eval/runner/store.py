@@ -55,6 +55,13 @@ from chexpercept.results import (
     read_typed,
 )
 
+#: parts of the identity that earlier versions recorded otherwise, and what their old value meant
+RECORDED_OTHERWISE = {
+    "sampling.top_p": "an API run of an earlier version recorded top_p 1.0 where it sent none, so "
+    "the server's own applied; this version records that as None and sends a top_p whenever one is "
+    "recorded",
+}
+
 
 class RunLockedError(RuntimeError):
     """Another live run holds the folder."""
@@ -330,6 +337,10 @@ class RunStore:
                 "added it to the identity, so those answers cannot be shown to match)"
                 if newer
                 else ""
+            )
+            why += "".join(
+                f"\n({RECORDED_OTHERWISE[key]})"
+                for key in sorted({line.split(": ", 1)[0] for line in diffs} & set(RECORDED_OTHERWISE))
             )
             raise StoreError(
                 f"{self.path} holds a run made with other settings, so its results cannot be "

@@ -476,7 +476,7 @@ class OpenAIBackend(BackendBase):
             "max_completion_tokens": s.max_tokens,
             "temperature": s.temperature,
         }
-        if s.top_p != 1.0:  # reasoning models reject top_p; 1.0 is every API's default anyway
+        if s.top_p is not None:  # given (--top-p): reasoning models reject it, so it is not sent unasked
             payload["top_p"] = s.top_p
         if self.chat_template_kwargs:
             payload["chat_template_kwargs"] = self.chat_template_kwargs
