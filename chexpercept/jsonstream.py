@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
-from .input_json import loads, raw_decode
+from .input_json import JsonInputError, loads, raw_decode
 
 _WS = " \t\n\r"
 _DECODER = json.JSONDecoder()
@@ -81,6 +81,10 @@ class _Reader:
             if self.pos < len(self.buf) or not self.more():
                 return
 
+    def offset(self) -> int:
+        """The byte offset in the file of ``pos``."""
+        return self.base + len(self.buf[: self.pos].encode("utf-8"))
+
     def peek(self) -> str:
         self.skip_ws()
         return self.buf[self.pos] if self.pos < len(self.buf) else ""
@@ -113,7 +117,9 @@ def iter_object_items(
     """Yield (key, value, span) for each item of the top-level object in a binary file.
 
     Raises json.JSONDecodeError on malformed JSON, chexpercept.input_json.JsonInputError (naming
-    ``source``) on a value nested too deeply, and TypeError when the top level is not an object.
+    ``source``) on a value nested too deeply or on what json.loads refuses around the items (a comma
+    before the closing brace, anything after the object), and TypeError when the top level is not
+    an object.
     """
     r = _Reader(f, chunk, source)
     first = r.peek()
@@ -122,10 +128,22 @@ def iter_object_items(
         value, _, _ = r.decode()
         raise TypeError(type(value).__name__)
     r.pos += 1
-    expect_item = True
+    expect_item, items = True, 0
     while True:
         c = r.peek()
         if c == "}":
+            if expect_item and items:  # json.loads refuses a trailing comma
+                raise JsonInputError(
+                    source, f"not valid JSON: a comma before the closing '}}' at byte {r.offset()}"
+                )
+            r.pos += 1
+            if r.peek():  # json.loads refuses anything after the object ("Extra data"): a second
+                # object appended to the file would otherwise be dropped without a word
+                raise JsonInputError(
+                    source,
+                    f"not valid JSON: more after the top-level object ends, from byte {r.offset()} "
+                    f"({r.buf[r.pos : r.pos + 40]!r})",
+                )
             return
         if c == "," and not expect_item:
             r.pos += 1
@@ -141,7 +159,7 @@ def iter_object_items(
         value, start, length = r.decode()
         yield key, value, Span(start, length)
         r.consume()
-        expect_item = False
+        expect_item, items = False, items + 1
 
 
 def read_span(f: BinaryIO, span: Span, *, source: str = "JSON") -> Any:

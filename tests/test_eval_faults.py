@@ -461,6 +461,36 @@ def test_a_duplicate_key_id_is_refused_by_every_reader_naming_both_entries(fresh
         load_dataset("chexpercept", data_dir=str(fresh_bundle), cache_dir=str(tmp_path / "cache"))
 
 
+def test_an_object_appended_to_chexpercept_json_is_refused_by_every_reader(fresh_bundle, tmp_path, capsys):
+    """A second object appended after chexpercept.json's own (a concatenation, a bad merge): validate
+    said OK and run, load_dataset and the scorer read the first object's cases alone, dropping the
+    appended one without a word (red team, stop 43)."""
+    index = fresh_bundle / "chexpercept.json"
+    text = index.read_text()
+    data = json.loads(text)
+    first = next(iter(data))
+    index.write_text(text + json.dumps({first.replace("_0", "_9"): data[first]}))
+    said = "more after the top-level object ends"
+    with pytest.raises(BundleValidationError, match=said):
+        read_bundle(fresh_bundle)
+    from chexpercept.cli import main as cli
+
+    assert cli(["validate", str(fresh_bundle)]) != 0
+    out = capsys.readouterr()
+    assert said in out.out + out.err
+    assert (
+        main(["--data-dir", str(fresh_bundle), "--model", "baseline:random", "--output-dir", str(tmp_path)])
+        == 2
+    )
+    assert said in capsys.readouterr().err
+    from datasets import load_dataset
+
+    import chexpercept  # noqa: F401  (registers the builder)
+
+    with pytest.raises(Exception, match=said):
+        load_dataset("chexpercept", data_dir=str(fresh_bundle), cache_dir=str(tmp_path / "cache"))
+
+
 # ------------------------------------------------------------------------ 1. the engine's limits
 def test_conversations_that_cannot_fit_are_named_before_the_model_loads(
     fixture_bundle, tiny_model, tmp_path, capsys

@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from chexpercept.jsonstream import iter_object_items, read_span
+from chexpercept.input_json import JsonInputError
+from chexpercept.jsonstream import Span, iter_object_items, read_span
 
 DOC = {
     "effusion_s1_positive_0": {"q": "Is any finding…? ünïcödé ✓", "n": [1, 2.5, -3e2], "x": None, "t": True},
@@ -46,6 +47,26 @@ def test_empty_object():
 def test_malformed(doc, exc):
     with pytest.raises(exc):
         list(iter_object_items(io.BytesIO(doc), chunk=4))
+
+
+@pytest.mark.parametrize(
+    "doc,said",
+    [(b'{"a": 1}{"b": 2}', "more after the top-level object ends, from byte 8"),
+     (b'{"a": 1}\n]', "more after the top-level object ends, from byte 9"),
+     (b'{"a": 1} garbage', "more after the top-level object ends, from byte 9"),
+     (b'{"a": 1,}', "a comma before the closing '}' at byte 8"),
+     (b'{"a": 1, }\n', "a comma before the closing '}' at byte 9")],
+)  # fmt: skip
+def test_what_json_loads_refuses_around_the_items_is_refused(doc, said):
+    """A second object appended to chexpercept.json (or a stray bracket after it) was dropped without a
+    word: validate said OK and every reader ran the first object's cases (red team, stop 43).
+    Whatever json.loads refuses ("Extra data", a trailing comma) is refused here too, naming the byte."""
+    for chunk in (3, 1 << 20):
+        with pytest.raises(JsonInputError, match=said):
+            list(iter_object_items(io.BytesIO(doc), chunk=chunk))
+        with pytest.raises(json.JSONDecodeError):
+            json.loads(doc)
+    assert list(iter_object_items(io.BytesIO(b'{"a": 1}\n \n'))) == [("a", 1, Span(6, 1))]
 
 
 def test_number_split_across_chunks():
