@@ -104,6 +104,35 @@ def check_identity(
         )
 
 
+def check_one_identity(
+    path: str | FsPath, lines: Iterable[tuple[int, str, Mapping[str, Any] | None]]
+) -> None:
+    """Where no run.json records the settings (none beside the file, or one of an older version):
+    ForeignRecordError unless the (line number, key_id, record's ``run``) lines of ``path`` carry one
+    run identity. Lines of several runs (a results.jsonl concatenated from two, its run.json removed)
+    were scored as one model without a word (red team, stop 43); a file none of whose lines carry an
+    identity (an older version's) is read as it is."""
+    lines = list(lines)
+    stamped = {(str(r.get("model")), str(r.get("fingerprint"))) for _n, _k, r in lines if r}
+    if len(stamped) <= 1 and (not stamped or all(r for _n, _k, r in lines)):
+        return
+    first: dict[Any, tuple[int, str]] = {}
+    for n, key_id, theirs in lines:
+        first.setdefault(
+            (str(theirs.get("model")), str(theirs.get("fingerprint"))) if theirs else None, (n, key_id)
+        )
+    said = "; ".join(
+        f"line {n} (case {terminal(key_id)}): "
+        + (f"model {who[0]!r}, settings {terminal(who[1])}" if who else "no run identity")
+        for who, (n, key_id) in list(first.items())[:4]
+    )
+    raise ForeignRecordError(
+        f"{path}: its lines were made by {len(first)} different runs ({said}), and no run.json says "
+        "which is this folder's: scored together they would be one model's numbers. Keep one run's "
+        "lines per folder (each line's run field names its run)."
+    )
+
+
 def served_models(turn_usages: Iterable[Mapping[str, Any]]) -> dict[str, int]:
     """Turns per served model (``usage.served_model``: the model a server said answered a turn,
     where it says one) over the usages of records' turns; empty when no turn names one."""

@@ -26,6 +26,7 @@ from chexpercept.results import (
     CaseResult,
     being_written,
     check_identity,
+    check_one_identity,
     check_oracle,
     iter_numbered_results,
     read_failures,
@@ -178,6 +179,18 @@ def read_chexpercept_run(
         failures = read_failures(folder / FAILURES_NAME)
         check_identity(
             folder / FAILURES_NAME, ((i + 1, f.key_id, f.run) for i, f in enumerate(failures)), identity
+        )
+    else:  # no settings to check against: the lines' own identities, one run's at most
+        failures = read_failures(folder / FAILURES_NAME)
+        check_one_identity(
+            folder / RESULTS_NAME,
+            [
+                *((n, r.key_id, r.run) for n, r in numbered),
+                *(
+                    (i + 1, f"{f.key_id}, line {i + 1} of {FAILURES_NAME}", f.run)
+                    for i, f in enumerate(failures)
+                ),
+            ],
         )
     if not records:
         raise NoFinishedCases(str(folder / RESULTS_NAME), len(read_failures(folder / FAILURES_NAME)))

@@ -11,7 +11,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 
 import pytest
 
@@ -607,6 +609,39 @@ def test_a_run_that_saved_nothing_leaves_the_output_folder_as_it_found_it(
         assert _run(fixture_bundle, runs, "--model", "baseline:random", "--limit", "3") == 2
         assert _tree(runs) == before
     assert (runs / "baseline-random" / "oracle_implicit" / "results.jsonl").read_bytes() == kept
+
+
+def test_lines_of_several_runs_are_never_scored_as_one_without_a_run_json(fixture_bundle, tmp_path, capsys):
+    """results.jsonl of one run with another run's lines appended, its run.json removed (or its
+    settings, as an older version wrote it): score and report scored the lines as one model's
+    without a word, though each line names its run (red team, stop 43). The lines' own identities
+    must then agree."""
+    from chexpercept.cli import main as cli
+
+    runs = tmp_path / "runs"
+    assert _run(fixture_bundle, runs, "--model", "baseline:random", "--limit", "3") == 0
+    other = tmp_path / "other"
+    assert _run(fixture_bundle, other, "--model", "baseline:constant:1", "--lesions", "pneumonia") == 0
+    folder = runs / "baseline-random" / "oracle_implicit"
+    alone = tmp_path / "alone"
+    shutil.copytree(runs, alone)
+    (alone / "baseline-random" / "oracle_implicit" / "run.json").unlink()
+    capsys.readouterr()
+    assert cli(["score", str(alone)]) == 0  # one run's lines, no run.json: scored, with a note
+    assert "no run.json" in capsys.readouterr().err
+    run_json = json.loads((folder / "run.json").read_text())
+    appended = (other / "baseline-constant-1" / "oracle_implicit" / "results.jsonl").read_bytes()
+    with open(folder / "results.jsonl", "ab") as f:
+        f.write(appended)
+    for variant in ("no run.json", "run.json without settings"):
+        if variant == "no run.json":
+            (folder / "run.json").unlink()
+        else:
+            (folder / "run.json").write_text(json.dumps({k: v for k, v in run_json.items() if k != "settings"}))
+        for command in (["score", str(runs)], ["report", str(runs), "--output-dir", str(tmp_path / "rep")]):
+            assert cli(command) != 0, (variant, command)
+            said = capsys.readouterr()
+            assert "were made by 2 different runs" in said.out + said.err, (variant, command, said)
 
 
 def test_a_resume_refusal_names_every_setting_its_identity_tells_apart():
