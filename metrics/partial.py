@@ -52,10 +52,22 @@ def different_cases_markdown(reports: Any) -> str:
 
 def different_cases(reports: Any) -> str:
     """ "" when every model among ``reports`` (a {name: ModelScores} map) was scored on the same
-    cases; else a line naming how many each was scored on: numbers of different cases (a run with
-    ``--limit``, or one whose other cases failed) side by side are not comparable."""
+    cases of the same bundle; else a line naming the bundles (their fingerprints differ: scored on
+    the same key ids, a corrected release was ranked beside the first without a word, red team stop
+    43), or how many cases each was scored on: numbers of different cases (a run with ``--limit``,
+    or one whose other cases failed) side by side are not comparable."""
     if not isinstance(reports, Mapping):
         return ""
+    bundles: dict[str, list[str]] = {}
+    for name, item in reports.items():
+        if getattr(item, "fingerprint", None):
+            bundles.setdefault(str(item.fingerprint), []).append(str(name))
+    if len(bundles) > 1:  # the same key ids may hold other questions or answers (a release fixed)
+        said = "; ".join(f"{', '.join(names)}: {fp[:16]}" for fp, names in bundles.items())
+        return (
+            f"the models were run on different bundles ({said}, run.json's bundle_fingerprint); the "
+            "same case may hold other questions or answers in each, so their numbers are not comparable"
+        )
     cases = {
         str(name): frozenset(item.matrix.key_ids)
         for name, item in reports.items()

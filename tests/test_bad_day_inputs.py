@@ -288,6 +288,33 @@ def test_models_scored_on_different_cases_are_never_ranked_side_by_side_without_
     assert "different cases" not in capsys.readouterr().out
 
 
+def test_models_run_on_different_bundles_are_never_ranked_side_by_side_without_a_word(
+    fixture_bundle, tmp_path, capsys
+):
+    """The same key ids in two bundles (a corrected release, a question reworded): score --table and
+    the report ranked the two runs side by side without a word, while --compare refused them (red
+    team, stop 43). score's tables now say the bundles differ; the report refuses the run of the
+    other bundle."""
+    from chexpercept.cli import main as cli
+
+    fixed = tmp_path / "fixed"
+    shutil.copytree(fixture_bundle, fixed)
+    index = fixed / "chexpercept.json"
+    index.write_text(index.read_text().replace("Is any finding", "Is there any finding", 3))
+    assert index.read_bytes() != (fixture_bundle / "chexpercept.json").read_bytes()
+    first, second = tmp_path / "first", tmp_path / "second"
+    assert _run(fixture_bundle, first, "--model", "baseline:random") == 0
+    assert _run(fixed, second, "--model", "baseline:oracle") == 0
+    capsys.readouterr()
+    assert cli(["score", str(first), str(second), "--table", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "run on different bundles (baseline-random: " in out, out
+    # the report reads one bundle, and refuses a run made on another
+    assert cli(["report", "--results", str(first), str(second), "--output-dir", str(tmp_path / "rep"),
+                "--no-intervals"]) == 2  # fmt: skip
+    assert "bundle fingerprint" in capsys.readouterr().err
+
+
 def test_a_constant_baseline_beyond_every_questions_options_is_refused(fixture_bundle, tmp_path, capsys):
     """baseline:constant:9 answered "Answer: 9" to every question and scored 0 without a word."""
     runs = tmp_path / "runs"
@@ -637,7 +664,9 @@ def test_lines_of_several_runs_are_never_scored_as_one_without_a_run_json(fixtur
         if variant == "no run.json":
             (folder / "run.json").unlink()
         else:
-            (folder / "run.json").write_text(json.dumps({k: v for k, v in run_json.items() if k != "settings"}))
+            (folder / "run.json").write_text(
+                json.dumps({k: v for k, v in run_json.items() if k != "settings"})
+            )
         for command in (["score", str(runs)], ["report", str(runs), "--output-dir", str(tmp_path / "rep")]):
             assert cli(command) != 0, (variant, command)
             said = capsys.readouterr()
