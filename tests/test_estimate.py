@@ -331,3 +331,25 @@ def test_a_trial_runs_json_with_a_time_that_is_not_one_is_refused(tmp_path):
         )
         with pytest.raises(ValueError, match="no timed session|ran no case"):
             timed_session(str(tmp_path), "m")
+
+
+def test_a_trial_whose_server_reported_no_output_tokens_times_nothing(bundle, tmp_path, capsys):
+    """A trial against a server that reported no usage: estimate --from-run took each unknown answer
+    as the estimator's 1,000 tokens and printed the rate and "its answers 1,000 output tokens on
+    average" as measured (red team, stop 43). What a server did not say is unknown: no rate is made
+    of it."""
+    from fake_openai import FakeServer
+
+    from chexpercept.eval.run import main as run_main
+
+    out = tmp_path / "runs"
+    with FakeServer(usage=lambda body: None) as server:
+        assert run_main(["--data-dir", str(bundle.root), "--model", "m", "--backend", "openai", "--base-url",
+                         server.url, "--output-dir", str(out), "--no-progress", "--no-score", "--limit", "3",
+                         "--oracle", "implicit"]) == 0  # fmt: skip
+    capsys.readouterr()
+    args = ["estimate", "--data-dir", str(bundle.root), "--model", "m", "--backend", "openai",
+            "--oracle", "implicit", "--limit", "3", "--from-run", str(out / "m" / "oracle_implicit")]  # fmt: skip
+    assert cli(args) == 2
+    err = capsys.readouterr().err
+    assert "answers have no output token count" in err and "throughput cannot be measured" in err, err

@@ -165,10 +165,20 @@ def measured_throughput(run_dir: str, spec: Any, cases: list[Any], counter: Any)
     Raises ValueError naming the file (see ``timed_session``; also: no case of this bundle)."""
     from chexpercept.eval.estimate.count import estimate_recorded
     from chexpercept.results import RESULTS_NAME, iter_results
+    from chexpercept.usage import count
 
     info, seconds, session_cases = timed_session(run_dir, spec.model_id)
     folder = FsPath(run_dir)
-    results = list(iter_results(folder / RESULTS_NAME))
+    selected = {c.key_id for c in cases}
+    results = [r for r in iter_results(folder / RESULTS_NAME) if r.key_id in selected]
+    answers = [t for r in results for t in r.turns]
+    unknown = sum(1 for t in answers if count((t.usage or {}).get("output_tokens")) is None)
+    if unknown:  # the rate would be made of a guess (the estimator's answer length), not measured
+        raise ValueError(
+            f"{folder / RESULTS_NAME}: {unknown} of its {len(answers)} answers have no output token count "
+            "(the server did not report one), so the trial's throughput cannot be measured from it; time a "
+            "trial on a server that reports usage, or give --tokens-per-second"
+        )
     saved, counter.answer_tokens = counter.answer_tokens, None  # each answer as long as it was
     try:
         trial = estimate_recorded(
