@@ -133,14 +133,27 @@ def check_one_identity(
     )
 
 
-def served_models(turn_usages: Iterable[Mapping[str, Any]]) -> dict[str, int]:
-    """Turns per served model (``usage.served_model``: the model a server said answered a turn,
-    where it says one) over the usages of records' turns; empty when no turn names one."""
+#: the served model of a turn whose reply named none (unknown, never taken as the one named elsewhere)
+UNKNOWN_SERVED = "(not said by the server)"
+
+
+def served_model_of(usage: Any) -> str:
+    """The model a server said answered a turn (``usage.served_model``), else ``UNKNOWN_SERVED``."""
+    served = usage.get("served_model") if isinstance(usage, Mapping) else None
+    return served if isinstance(served, str) and served else UNKNOWN_SERVED
+
+
+def served_models(turn_usages: Iterable[Mapping[str, Any]], *, unknown_alone: bool = False) -> dict[str, int]:
+    """Turns per served model (``served_model_of``) over the usages of records' turns, the turns whose
+    server named none counted apart (``UNKNOWN_SERVED``): they were counted as the named model's
+    before (red team, stop 43). Empty when no turn names one (a local engine never does), unless
+    ``unknown_alone``."""
     out: dict[str, int] = {}
     for usage in turn_usages:
-        served = usage.get("served_model") if isinstance(usage, Mapping) else None
-        if isinstance(served, str) and served:
-            out[served] = out.get(served, 0) + 1
+        served = served_model_of(usage)
+        out[served] = out.get(served, 0) + 1
+    if not unknown_alone and set(out) <= {UNKNOWN_SERVED}:
+        return {}
     return dict(sorted(out.items()))
 
 

@@ -137,6 +137,7 @@ class FakeServer:
         self.usage = usage
         self.delay = delay
         #: the model every reply names (an alias's snapshot); None: the model asked for
+        #: the model each reply names (None: the one asked for; "": none)
         self.served: str | None = None
         self.requests: list[dict] = []
         self.times: list[float] = []
@@ -272,7 +273,7 @@ class FakeServer:
                     reply["usage"] = usage
                 if isinstance(action, dict) and "model" in action:
                     reply["model"] = action["model"]
-                else:
+                elif server.served != "":  # "": the reply names no model (a server that does not say)
                     reply["model"] = server.served or body.get("model")
                 data = json.dumps(reply).encode()
                 return 200, {"Content-Type": "application/json", "Content-Length": str(len(data))}, data

@@ -392,6 +392,42 @@ def test_an_alias_served_by_another_snapshot_stops_the_resume(fixture_bundle, tm
     assert any("2 served models" in n and "gpt-5.4-2025-11-20" in n for n in notes), notes
 
 
+@pytest.mark.parametrize("first_served,then_served", [("", "gpt-5.4-2025-11-20"), ("gpt-5.4-2025-08-06", "")])
+def test_a_served_model_the_server_did_not_name_is_unknown_never_the_named_one(
+    fixture_bundle, tmp_path, capsys, first_served, then_served
+):
+    """Session 1's server named no served model, session 2's named one (or the other way round): the
+    resume went on, the unnamed answers were taken as the named model's, and run.json counted the
+    named model alone (red team, stop 43). An unnamed served model is unknown: its own entry in the
+    counts, and another than any named one."""
+    from chexpercept.results import UNKNOWN_SERVED
+
+    folder = tmp_path / "gpt-5.4" / "oracle_implicit"
+    base = ["--backend", "openai"]
+    with FakeServer() as server:
+        server.served = first_served
+        assert _run(fixture_bundle, tmp_path, "gpt-5.4", *base, "--base-url", server.url, "--limit", "2") == 0
+        kept = (folder / "results.jsonl").read_text()
+        capsys.readouterr()
+        server.served = then_served
+        assert _run(fixture_bundle, tmp_path, "gpt-5.4", *base, "--base-url", server.url, "--limit", "3") == 2
+    err = capsys.readouterr().err
+    said = [repr(m or UNKNOWN_SERVED) for m in (first_served, then_served)]
+    assert f"served_model: {said[0]} -> {said[1]}" in err, err
+    assert (folder / "results.jsonl").read_text() == kept
+    from chexpercept.results import served_models
+
+    records = [json.loads(line) for line in kept.splitlines()]
+    usages = [t["usage"] for r in records for t in r["turns"]]
+    usages[0] = (
+        {**usages[0], "served_model": "x"}
+        if not first_served
+        else {k: v for k, v in usages[0].items() if k != "served_model"}
+    )
+    counts = served_models(usages)
+    assert UNKNOWN_SERVED in counts and sum(counts.values()) == len(usages)
+
+
 def test_another_engine_library_version_is_refused(fixture_bundle, tmp_path, tiny_model, capsys, monkeypatch):
     """A local backend's engine library builds the prompt and runs the model: a resume after
     transformers was upgraded is refused, naming it (an API's client library is not part of it)."""
@@ -512,7 +548,19 @@ def test_a_folder_that_saved_nothing_binds_no_settings(fixture_bundle, tmp_path,
         dead = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
     extra = ["--backend", "openai", "--limit", "2", "--oracle", "none", "implicit"]
     assert _run(fixture_bundle, tmp_path, "gpt-5.4", *extra, "--base-url", dead, "--max-tokens", "100") == 2
+    assert not (
+        tmp_path / "gpt-5.4"
+    ).exists()  # it saved nothing, so it left nothing (execute._forget_unsaved)
+    # a folder left with settings and no saved line (by a start that failed in a multi-process run, or
+    # by an older version): made here by emptying a finished run's files
+    with FakeServer() as server:
+        assert (
+            _run(fixture_bundle, tmp_path, "gpt-5.4", *extra, "--base-url", server.url, "--max-tokens", "100")
+            == 0
+        )
     folder = tmp_path / "gpt-5.4" / "oracle_none"
+    for setting in ("oracle_none", "oracle_implicit"):
+        (tmp_path / "gpt-5.4" / setting / "results.jsonl").write_bytes(b"")
     assert (folder / "run.json").is_file() and not RunStore(folder).holds_records()
     capsys.readouterr()
     with FakeServer() as server:

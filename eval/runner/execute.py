@@ -287,6 +287,7 @@ def _forget_unsaved(runs: list[OracleRun], dist: Distributed, *, ran: bool) -> N
             with contextlib.suppress(OSError):
                 for path in (folder.run_json, folder.results, folder.failures):
                     path.unlink(missing_ok=True)
+                remove_queues(folder.path)  # this session's work queue: nothing is left to take
 
 
 def _remove_created(runs: list[OracleRun]) -> None:
@@ -455,7 +456,7 @@ def _prepare_locked(plan: RunPlan, run: OracleRun) -> FolderOutcome:
         finished=finished,
         info=info.to_json(),
         session=secrets.token_hex(6),
-        served=served_models(record_usages(kept.values())),
+        served=served_models(record_usages(kept.values()), unknown_alone=True),
     )
 
 

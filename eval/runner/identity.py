@@ -217,9 +217,10 @@ class ServedModelGuard:
 
     def check(self, key_id: str, usages: Iterable[Mapping[str, Any]]) -> None:
         """Raise ServedModelChanged when a turn of case ``key_id`` was served by another model."""
-        from chexpercept.results import served_models
+        from chexpercept.results import served_model_of
 
-        for served in served_models(usages):
+        for usage in usages:  # a turn whose server named no model is its own kind: unknown
+            served = served_model_of(usage)
             if not self.allowed:
                 self.allowed = {served}
             if served in self.allowed:
