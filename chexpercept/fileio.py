@@ -42,7 +42,7 @@ import pwd
 import shutil
 import stat
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path as FsPath
 from typing import IO, TYPE_CHECKING, Any
 
@@ -239,6 +239,24 @@ def _temporary(path: FsPath) -> tuple[int, FsPath]:
         raise _named_as_target(e, path) from None
     os.fchmod(fd, FILE_MODE)  # mkstemp's mode is 0600 already; said here so that the rule is one line
     return fd, FsPath(name)
+
+
+def remove_stale_temporaries(folder: str | os.PathLike[str], names: Iterable[str]) -> int:
+    """Remove the files that writes of ``names`` (in ``folder``) left beside them
+    (``.<name>.<random>.tmp``, ``_temporary``), when their writer is known to be gone: the caller
+    holds the folder's lock, so no write of these names is under way. A write killed (kill -9, a
+    power cut) between its temporary file and the rename left it for good (red team, stop 43).
+    Returns how many were removed."""
+    removed = 0
+    wanted = {f".{name}." for name in names}
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            stem = entry.name[: entry.name.rfind(".", 0, len(entry.name) - 4) + 1]
+            if entry.name.endswith(".tmp") and stem in wanted and entry.is_file(follow_symlinks=False):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry.path)
+                    removed += 1
+    return removed
 
 
 @contextlib.contextmanager

@@ -114,6 +114,20 @@ def test_torn_last_line_is_repaired_before_appending(fixture_bundle, tmp_path):
     assert results.read_bytes().startswith(complete)
 
 
+def test_a_resume_removes_the_temporary_files_of_writes_a_kill_cut_short(fixture_bundle, tmp_path):
+    """kill -9 between a write's temporary file and its rename left ``.run.json.<random>.tmp`` in the
+    run folder for good (red team, stop 43). A session that takes the folder (its lock held: no other
+    write is under way) removes those of the run's own files, and nothing else."""
+    assert run_cli(fixture_bundle, tmp_path, "--limit", "2") == 0
+    folder = folder_of(tmp_path)
+    stale = [folder / ".run.json.k1ll3d9x.tmp", folder / ".results.jsonl.abcd1234.tmp"]
+    kept = [folder / "notes.tmp", folder / ".mine.json.abcd1234.tmp"]
+    for path in [*stale, *kept]:
+        path.write_text("{")
+    assert run_cli(fixture_bundle, tmp_path, "--limit", "3") == 0
+    assert not any(p.exists() for p in stale) and all(p.exists() for p in kept)
+
+
 def test_repair_tail_keeps_complete_lines(tmp_path):
     path = tmp_path / "r.jsonl"
     path.write_bytes(b'{"key_id":"a"}\n{"key_id":"b"}\n{"key_')

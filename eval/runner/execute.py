@@ -53,7 +53,13 @@ from chexpercept.eval.runner.store import (
     rewrite_in_order,
 )
 from chexpercept.eval.runner.work_queue import WorkQueue, queue_path, remove_queues
-from chexpercept.fileio import NotOursError, exclusive, private_dir, write_json_atomic
+from chexpercept.fileio import (
+    NotOursError,
+    exclusive,
+    private_dir,
+    remove_stale_temporaries,
+    write_json_atomic,
+)
 from chexpercept.input_files import RESULTS, open_input
 from chexpercept.progress import progress_bar
 from chexpercept.results import (
@@ -420,6 +426,9 @@ def _prepare_locked(plan: RunPlan, run: OracleRun) -> FolderOutcome:
     """``_prepare_folder`` once its locks are held."""
     folder = run.folder
     folder.tighten()
+    # a write of a previous session killed between its temporary file and the rename (its lock is ours)
+    written = (folder.run_json, folder.results, folder.failures, folder.quarantine)
+    remove_stale_temporaries(folder.path, [p.name for p in written])
     previous = folder.check_settings(run.settings)
     _check_setting_folders(folder, run.settings)
     dropped = repair_tail(folder.results)
