@@ -128,6 +128,23 @@ def test_a_resume_removes_the_temporary_files_of_writes_a_kill_cut_short(fixture
     assert not any(p.exists() for p in stale) and all(p.exists() for p in kept)
 
 
+def test_a_line_for_a_case_the_bundle_does_not_have_stops_the_resume(fixture_bundle, tmp_path, capsys):
+    """A line with the run's own identity but a case the bundle does not hold (written by hand or by
+    another tool): the resume kept it, signed it off in n_results, and score counted it as a case
+    (red team, stop 43)."""
+    assert run_cli(fixture_bundle, tmp_path, "--limit", "2") == 0
+    results = folder_of(tmp_path) / "results.jsonl"
+    first = json.loads(results.read_text().splitlines()[0])
+    with open(results, "a") as f:
+        f.write(json.dumps({**first, "key_id": "nonexistent_s1_positive_0"}) + "\n")
+    before = results.read_bytes()
+    capsys.readouterr()
+    assert run_cli(fixture_bundle, tmp_path, "--limit", "3") == 2
+    err = capsys.readouterr().err
+    assert "case nonexistent_s1_positive_0 is not a case of the bundle" in err, err
+    assert results.read_bytes() == before
+
+
 def test_repair_tail_keeps_complete_lines(tmp_path):
     path = tmp_path / "r.jsonl"
     path.write_bytes(b'{"key_id":"a"}\n{"key_id":"b"}\n{"key_')

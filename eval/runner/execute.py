@@ -63,6 +63,7 @@ from chexpercept.fileio import (
 from chexpercept.input_files import RESULTS, open_input
 from chexpercept.progress import progress_bar
 from chexpercept.results import (
+    RESULTS_NAME,
     SETTINGS_LOCK_NAME,
     CaseFailure,
     CaseResult,
@@ -476,6 +477,17 @@ def _note_other_selection(folder: FsPath, finished: Sequence[str], plan: RunPlan
     selected = {case.key_id for case in plan.cases}
     outside = [k for k in finished if k not in selected]
     if outside:
+        from chexpercept.bundle import iter_entries
+
+        every = {key for key, _entry, _span in iter_entries(plan.bundle.root)}
+        strangers = [k for k in outside if k not in every]
+        if strangers:  # the identity names this bundle: such a line was written by hand or by a tool
+            more = f" and {len(strangers) - 1} more" if len(strangers) > 1 else ""
+            raise StoreError(
+                f"{folder / RESULTS_NAME}: case {terminal(strangers[0])}{more} is not a case of the bundle "
+                f"{plan.bundle.root}, while the line's run identity says it was made on this bundle: it "
+                "was written by hand or by another tool and would be scored as a case. Remove it, then rerun"
+            )
         print(
             f"note: {len(outside)} of the {len(finished)} finished case(s) in {folder} are outside this "
             f"command's selection (an earlier run with other --lesions/--paths/--per-cell/--limit); they are "
