@@ -147,8 +147,13 @@ def detect(path: str | os.PathLike[str]) -> tuple[str, FsPath]:
     if not p.exists():
         raise FileNotFoundError(no_such_path(path, "file or folder"))
     if not p.is_dir():  # a file, or a FIFO or device that its reader refuses by name
-        if p.name == RESULTS_NAME or p.suffix == ".jsonl":
+        if p.name == RESULTS_NAME:
             return "chexpercept", p.parent
+        if p.suffix == ".jsonl":  # its folder's results.jsonl would be read instead (or nothing)
+            raise ValueError(
+                f"{p}: not a run's {RESULTS_NAME}: a run is read from its folder ({RESULTS_NAME} beside "
+                f"{RUN_NAME}); give that folder, or the file under its own name"
+            )
         if p.suffix == ".json":
             if p.name == RUN_NAME:
                 return "chexpercept", p.parent

@@ -172,6 +172,13 @@ def read_chexpercept_run(
     if not has_meta:
         notes.append(f"{folder}: no {RUN_NAME}; oracle setting taken from the records, decoding unknown")
     numbered = list(iter_numbered_results(folder / RESULTS_NAME))
+    first_line: dict[str, int] = {}
+    for n, r in numbered:  # named with the file and both lines, as a resume names it
+        if first_line.setdefault(r.key_id, n) != n:
+            raise ValueError(
+                f"{folder / RESULTS_NAME}: case {terminal(r.key_id)} appears twice (lines {first_line[r.key_id]} "
+                f"and {n}); the file was edited or written by two runs at once"
+            )
     records = [r for _n, r in numbered]
     if has_meta and meta.settings:  # records appended by another run would change the scores
         identity = run_identity(meta.settings)

@@ -673,6 +673,28 @@ def test_lines_of_several_runs_are_never_scored_as_one_without_a_run_json(fixtur
             assert "were made by 2 different runs" in said.out + said.err, (variant, command, said)
 
 
+def test_score_names_the_file_and_the_lines_of_what_it_cannot_read(fixture_bundle, tmp_path, capsys):
+    """``score x.jsonl`` (not a run's results.jsonl) said "[Errno 2] No such file or directory:
+    '.../results.jsonl'", a file the user never named; a case twice said "appears twice in the
+    results" without the file or the lines (red team, stop 43)."""
+    from chexpercept.cli import main as cli
+
+    other = tmp_path / "x.jsonl"
+    other.write_text("not json\n")
+    assert cli(["score", str(other)]) == 2
+    err = capsys.readouterr().err
+    assert f"{other}: not a run's results.jsonl" in err and "Errno" not in err, err
+    runs = tmp_path / "runs"
+    assert _run(fixture_bundle, runs, "--model", "baseline:random", "--limit", "2") == 0
+    results = runs / "baseline-random" / "oracle_implicit" / "results.jsonl"
+    with open(results, "a") as f:
+        f.write(results.read_text().splitlines()[0] + "\n")
+    capsys.readouterr()
+    assert cli(["score", str(runs)]) == 2
+    err = capsys.readouterr().err
+    assert f"{results}: case " in err and "appears twice (lines 1 and 3)" in err, err
+
+
 def test_a_resume_refusal_names_every_setting_its_identity_tells_apart():
     """``{"seed": 1}`` then ``{"seed": 1.0}``, ``true``, or a null for an absent field: the identity's
     fingerprints differ, but the refusal compared them as equal and blamed the records (red team)."""
