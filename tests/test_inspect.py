@@ -214,6 +214,43 @@ def test_inspect_refuses_what_the_data_use_agreement_forbids(fixture_bundle, tmp
     assert "192.0.2.7" in text and "not this machine" in text
 
 
+def test_the_vllm_provider_s_server_is_checked_as_every_other_one(fixture_bundle, tmp_path, monkeypatch):
+    """Inspect's vllm provider keeps --model-base-url (or VLLM_BASE_URL) aside until its first call,
+    with ``base_url`` None: the task took it for a server Inspect starts itself and checked nothing,
+    so another account's server, a remote host and a proxy from the environment received the X-rays
+    (red team, stop 43). The URL is now read however the provider keeps it (rules.endpoint_of)."""
+    for var in (
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "ALL_PROXY",
+        "http_proxy",
+        "https_proxy",
+        "all_proxy",
+        "VLLM_BASE_URL",
+    ):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("VLLM_API_KEY", "not-a-key")
+    args = {"data_dir": str(fixture_bundle)}
+    with FakeServer() as server, monkeypatch.context() as patched:
+        patched.setattr("chexpercept.tcp_table.owner", lambda *a: os.geteuid() + 4242)
+        text = error_of(eval_one(args, tmp_path, model=model_at(server), model_base_url=server.url))
+        assert "belongs to account" in text, text
+        patched.setenv("VLLM_BASE_URL", server.url)  # the provider's own variable, no --model-base-url
+        text = error_of(eval_one(args, tmp_path, model=f"vllm/{MODEL}-env"))
+        assert "belongs to account" in text, text
+        assert not [r for r in server.requests if r["path"].endswith("/chat/completions")]
+    with FakeServer() as proxy, FakeServer() as server:
+        monkeypatch.setenv("HTTP_PROXY", proxy.url.rsplit("/v1", 1)[0])
+        text = error_of(eval_one(args, tmp_path, model=model_at(server), model_base_url=server.url))
+        assert f"through the proxy {proxy.url.rsplit('/v1', 1)[0]}" in text, text
+        monkeypatch.delenv("HTTP_PROXY")
+        assert not [r for r in proxy.requests + server.requests if r["path"].endswith("/chat/completions")]
+    text = error_of(
+        eval_one(args, tmp_path, model=f"vllm/{MODEL}-remote", model_base_url="http://192.0.2.7/v1")
+    )
+    assert "192.0.2.7" in text and "not this machine" in text, text
+
+
 def test_inspect_says_what_is_wrong_with_the_data_or_the_model(fixture_bundle, tmp_path, monkeypatch):
     from inspect_ai import eval as inspect_eval
 

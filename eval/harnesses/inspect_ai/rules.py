@@ -26,6 +26,7 @@ run time gets its error explained (``explain_rejection``).
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 from dataclasses import dataclass
@@ -97,7 +98,7 @@ def check_model(model: Any, config: Any, *, declared: bool, images_needed: int) 
         )
     if provider in IN_PROCESS_PROVIDERS:
         return None
-    base_url = getattr(model.api, "base_url", None)
+    base_url = endpoint_of(model, provider)
     if not base_url:
         if provider in LOCAL_SERVER_PROVIDERS:
             return None  # Inspect starts the server on this machine (localhost)
@@ -124,6 +125,27 @@ def check_model(model: Any, config: Any, *, declared: bool, images_needed: int) 
             f"{host} to NO_PROXY, or, {VOUCH}"
         )
     return route(base_url, what=WHAT, declared=False, vouch=VOUCH)
+
+
+#: the environment variable a provider that can start its own server reads an existing server's URL
+#: from (Inspect's vllm and sglang providers)
+SERVER_URL_VARIABLES = {"vllm": "VLLM_BASE_URL", "sglang": "SGLANG_BASE_URL"}
+
+
+def endpoint_of(model: Any, provider: str) -> str | None:
+    """The base URL ``model``'s requests will go to, however its provider keeps it before its first
+    call: ``api.base_url``; else the URL a provider connects to lazily (Inspect's vllm provider
+    leaves ``base_url`` None until its first request and keeps ``--model-base-url`` or a ``port``
+    in ``_init_base_url``); else the provider's environment variable (``VLLM_BASE_URL``). None when
+    there is none: such a provider starts its server on this machine. Until stop 43 only
+    ``api.base_url`` was read, so ``vllm/`` with --model-base-url skipped every check (red team)."""
+    api = getattr(model, "api", None)
+    for attribute in ("base_url", "_init_base_url"):
+        url = getattr(api, attribute, None)
+        if url:
+            return str(url)
+    variable = SERVER_URL_VARIABLES.get(provider)
+    return os.environ.get(variable) or None if variable else None
 
 
 def image_limit(model: Any) -> int | None:
