@@ -251,6 +251,34 @@ def test_the_vllm_provider_s_server_is_checked_as_every_other_one(fixture_bundle
     assert "192.0.2.7" in text and "not this machine" in text, text
 
 
+def test_inspect_s_own_files_of_our_runs_are_private_whatever_the_umask(
+    fixture_bundle, tmp_path, monkeypatch
+):
+    """Inspect wrote its log (every case's key_id, questions and answers) 0644 in a 0755 folder, and its
+    traces likewise, under the user's umask: another account read them (red team, stop 43). A run of
+    our tasks writes them owner-only, and leaves the umask as it found it."""
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    for folder in ("data/inspect_ai", "cache/inspect_ai"):
+        (tmp_path / folder).mkdir(parents=True, mode=0o755)
+        os.chmod(tmp_path / folder, 0o755)
+    before = os.umask(0o022)
+    try:
+        monkeypatch.setenv("VLLM_API_KEY", "not-a-key")
+        with FakeServer() as server:
+            log = eval_one(
+                {"data_dir": str(fixture_bundle)}, tmp_path, model=model_at(server), model_base_url=server.url
+            )
+        assert os.umask(0o022) == 0o022  # as it was
+    finally:
+        os.umask(before)
+    assert log.status == "success"
+    location = Path(log.location)
+    assert location.stat().st_mode & 0o077 == 0  # its folder may be a shared one: its names say nothing
+    for folder in ("data/inspect_ai", "cache/inspect_ai"):
+        assert (tmp_path / folder).stat().st_mode & 0o077 == 0, folder
+
+
 def test_inspect_says_what_is_wrong_with_the_data_or_the_model(fixture_bundle, tmp_path, monkeypatch):
     from inspect_ai import eval as inspect_eval
 
