@@ -137,6 +137,7 @@ def output_file(path: str | os.PathLike[str]) -> str | None:
         return None
     if not name:
         raise ValueError("--output: an empty file name")
+    refuse_foreign_way(name)
     try:
         st, out = os.stat(name), os.fstat(1)
     except OSError:  # missing, or stdout closed: the name as it is (a dangling link: its target)
@@ -146,6 +147,63 @@ def output_file(path: str | os.PathLike[str]) -> str | None:
     if stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode):
         return refuse_inside_ours(os.path.realpath(name), name)
     return name
+
+
+def _trusted(uid: int) -> bool:
+    """Whether an output may go through a link or into a special file of account ``uid``: this
+    account's, and the system's (``/dev/stdout`` is root's link to this process's own descriptor,
+    ``/dev/null`` root's device)."""
+    return uid in (os.geteuid(), 0)
+
+
+def refuse_foreign_way(given: str) -> None:
+    """``OutputRefused`` when the way to ``given`` goes through a link of another account (any
+    component, links followed one by one, as the kernel would), or ends at a pipe, device or socket of
+    another account: ``--output /tmp/shared/scores.json`` wrote the scores into another account's
+    FIFO, which its reader kept, and through a link another account had planted in a shared folder
+    onto a file of this account's (red team, stop 43). ``os.path.realpath`` follows links without
+    asking whose they are, so they are walked here."""
+    pending = list(reversed(os.path.abspath(given).split(os.sep)[1:]))
+    current, hops = os.sep, 0
+    while pending:
+        part = pending.pop()
+        if part in ("", "."):
+            continue
+        if part == "..":
+            current = os.path.dirname(current)
+            continue
+        candidate = os.path.join(current, part)
+        try:
+            info = os.lstat(candidate)
+        except OSError:  # not there yet (the file to be made), or not ours to look at: left to the writer
+            return
+        if stat.S_ISLNK(info.st_mode):
+            if not _trusted(info.st_uid):
+                raise OutputRefused.of(given, f"{terminal(candidate)} is a link of another account "
+                                       f"({_owner(info.st_uid)}), which decides where the output goes; "
+                                       "write it elsewhere")  # fmt: skip
+            hops += 1
+            if hops > 40:  # a loop: the writer says so
+                return
+            target = os.readlink(candidate)
+            pending.extend(reversed(target.split(os.sep)))
+            if os.path.isabs(target):
+                current = os.sep
+            continue
+        current = candidate
+        special = not (stat.S_ISREG(info.st_mode) or stat.S_ISDIR(info.st_mode))
+        if not pending and special and not _trusted(info.st_uid):
+            raise OutputRefused.of(
+                given,
+                f"{terminal(candidate)} is a pipe, device or socket of another account "
+                f"({_owner(info.st_uid)}), which would receive the output; write it elsewhere",
+            )
+
+
+def _owner(uid: int) -> str:
+    from .fileio import owner_name
+
+    return owner_name(uid)
 
 
 class OutputRefused(Refused):

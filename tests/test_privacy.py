@@ -300,3 +300,43 @@ def test_a_run_folder_swapped_by_another_account_gets_nothing(shared, other_acco
     with pytest.raises(fileio.PrivacyError, match="is a link"):
         fileio.append_durable(ours / "results.jsonl", line)
     assert (theirs / "results.jsonl").read_text() == ""
+
+
+def test_an_output_file_never_goes_through_another_accounts_link_or_into_its_pipe(
+    other_account, shared, fixture_bundle, tmp_path, capsys
+):
+    """``score --output /tmp/shared/scores.json``: another account's FIFO there received the scores,
+    and its link planted there replaced a file of this account's with them (the link was followed
+    without asking whose it was). Both are refused before any work; the planted link's target is
+    untouched (red team, stop 43)."""
+    import pwd
+
+    uid = pwd.getpwnam(other_account).pw_uid
+    shared.chmod(0o1777)
+    runs = tmp_path / "runs"
+    assert run_main(["--data-dir", str(fixture_bundle), "--model", "baseline:random", "--limit", "2",
+                     "--output-dir", str(runs), "--no-progress", "--no-score"]) == 0  # fmt: skip
+    fifo = shared / "scores.json"
+    os.mkfifo(fifo, 0o622)
+    os.chown(fifo, uid, -1)
+    mine = tmp_path / "important.txt"
+    mine.write_text("mine")
+    link = shared / "planted.json"
+    link.symlink_to(mine)
+    os.lchown(link, uid, -1)
+    deeper = shared / "dir-link"
+    deeper.symlink_to(tmp_path)
+    os.lchown(deeper, uid, -1)
+    capsys.readouterr()
+    for target, said in ((fifo, "is a pipe, device or socket of another account"),
+                         (link, "is a link of another account"),
+                         (deeper / "important.txt", "is a link of another account")):  # fmt: skip
+        with pytest.raises(SystemExit) as stopped:
+            cli(["score", str(runs), "--output", str(target)])
+        err = capsys.readouterr().err
+        assert stopped.value.code == 2 and said in err and other_account in err, err
+    assert mine.read_text() == "mine"
+    own = shared / "own-link.json"  # this account's own link is followed, as before
+    own.symlink_to(tmp_path / "scores.json")
+    assert cli(["score", str(runs), "--output", str(own)]) == 0
+    assert (tmp_path / "scores.json").is_file() and own.is_symlink()
