@@ -435,3 +435,38 @@ def test_the_vllm_and_openai_backends_send_the_same_messages(fixture_bundle):
         conversation.answer(Response("Answer: 2"))
         checked += 1
     assert checked == len(case.turns)
+
+
+def test_the_engine_s_sockets_and_compiled_code_are_in_folders_of_this_account_alone(
+    fixture_bundle, tmp_path, monkeypatch
+):
+    """vLLM makes its ZMQ sockets in /tmp and torch its compiled-code cache in
+    /tmp/torchinductor_<user>, both under the umask: under umask 000 another account connected to the
+    sockets and hung the run (red team, stop 43), and could have planted code in the cache. The
+    backend points both at owner-only folders of this account unless the user set them; the
+    sockets' folder goes with the engine."""
+    import stat
+
+    bundle = read_bundle(fixture_bundle)
+    monkeypatch.setenv("CHEXPERCEPT_CACHE", str(tmp_path / "cache"))
+    for var in ("VLLM_RPC_BASE_PATH", "TORCHINDUCTOR_CACHE_DIR"):
+        monkeypatch.delenv(var, raising=False)
+    before = os.umask(0)
+    try:
+        backend = make_backend(gpus=["0"])
+        backend.setup(RunContext(root=bundle.root, cases=bundle.cases))
+    finally:
+        os.umask(before)
+    folders = [Path(os.environ[v]) for v in ("VLLM_RPC_BASE_PATH", "TORCHINDUCTOR_CACHE_DIR")]
+    for folder in folders:
+        info = folder.stat()
+        assert info.st_uid == os.geteuid() and stat.S_IMODE(info.st_mode) == 0o700, folder
+    assert folders[1] == tmp_path / "cache" / "torchinductor"
+    backend.close()
+    assert not folders[0].exists() and folders[1].exists()
+    assert "VLLM_RPC_BASE_PATH" not in os.environ  # as it was, for the next engine of the process
+    monkeypatch.setenv("VLLM_RPC_BASE_PATH", str(tmp_path / "mine"))  # the user's own choice stays
+    again = make_backend(gpus=["0"])
+    again.setup(RunContext(root=bundle.root, cases=bundle.cases))
+    assert os.environ["VLLM_RPC_BASE_PATH"] == str(tmp_path / "mine")
+    again.close()

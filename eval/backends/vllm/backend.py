@@ -34,6 +34,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import shutil
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -399,6 +400,8 @@ class VLLMBackend(BackendBase):
             os.environ.update(self.environment)
             for var in _LAUNCHER_ENV:
                 os.environ.pop(var, None)
+        self._private = private_engine_folders()
+        os.environ.update(self._private)
         llm_class, params_class = self._llm_class, self._params_class
         if llm_class is None or params_class is None:
             from vllm import LLM, SamplingParams
@@ -769,6 +772,34 @@ class VLLMBackend(BackendBase):
         shutdown = getattr(engine, "shutdown", None)
         if callable(shutdown):
             shutdown()
+        private, self._private = getattr(self, "_private", {}), {}
+        for var, value in private.items():  # the environment as it was, for the next engine
+            if os.environ.get(var) == value:
+                del os.environ[var]
+        if private.get("VLLM_RPC_BASE_PATH"):  # the engine's sockets, left behind by vLLM
+            shutil.rmtree(private["VLLM_RPC_BASE_PATH"], ignore_errors=True)
+
+
+def private_engine_folders() -> dict[str, str]:
+    """The environment that keeps vLLM's own files this account's alone, where the user set none:
+    ``VLLM_RPC_BASE_PATH``, a fresh owner-only folder for the engine's ZMQ sockets (vLLM makes them in
+    /tmp under the umask: under umask 000 another account connected to them and hung the run, red
+    team stop 43), and ``TORCHINDUCTOR_CACHE_DIR``, an owner-only folder under the toolkit's cache
+    (torch's default /tmp/torchinductor_<user> is made under the umask too, and compiled code another
+    account can write there would run as this one)."""
+    import tempfile
+
+    from chexpercept.file_digest import cache_dir
+    from chexpercept.fileio import private_dir
+
+    out: dict[str, str] = {}
+    if not os.environ.get("VLLM_RPC_BASE_PATH"):
+        out["VLLM_RPC_BASE_PATH"] = tempfile.mkdtemp(prefix="chexpercept-vllm-ipc-")  # mode 0700
+    if not os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        folder = cache_dir() / "torchinductor"
+        private_dir(folder, own=True)  # an existing one tightened; another account's refused
+        out["TORCHINDUCTOR_CACHE_DIR"] = str(folder)
+    return out
 
 
 #: decoded images waiting for their first render, at most: this share of the memory available at
