@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -97,6 +98,26 @@ def loads(
         raise JsonInputError(source, f"not valid JSON: {e}") from None
     if _may_be_deep(text) and depth(value) > MAX_DEPTH:
         raise too_deep(source)
+    if _LONE_SURROGATE.search(text):
+        value = _replace_lone_surrogates(value)
+    return value
+
+
+#: a JSON escape of a UTF-16 surrogate (\ud800 to \udfff): half of a character, or all of one
+#: pair's halves; json.loads keeps a lone one in the string, which then cannot be written as UTF-8
+_LONE_SURROGATE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def _replace_lone_surrogates(value: Any) -> Any:
+    """``value`` with every lone surrogate in its strings (keys too) replaced by U+FFFD, as invalid
+    UTF-8 bytes are: a server's reply holding ``"\udcff"`` ended the whole run when its answer was
+    written (red team, stop 43). A pair of escapes is one character already and stays."""
+    if isinstance(value, str):
+        return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    if isinstance(value, list):
+        return [_replace_lone_surrogates(v) for v in value]
+    if isinstance(value, dict):
+        return {_replace_lone_surrogates(k): _replace_lone_surrogates(v) for k, v in value.items()}
     return value
 
 

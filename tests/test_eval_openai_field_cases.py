@@ -404,3 +404,15 @@ def test_the_chat_template_variables_run_json_records_are_sent(fixture_bundle, t
     with FakeServer() as server:
         assert cli(fixture_bundle, tmp_path / "clash", server, *clash) == 2
     assert "--no-thinking and enable_thinking true" in capsys.readouterr().err
+
+
+def test_a_reply_holding_half_a_character_is_recorded_not_the_end_of_the_run(fixture_bundle, tmp_path):
+    """A reply whose JSON holds a lone surrogate (``"\\udcff"``: half of a UTF-16 pair, no character)
+    ended the whole run when the answer was written, and every rerun ended the same way (red team,
+    stop 43). It is read as invalid UTF-8 bytes are: U+FFFD in its place."""
+    with FakeServer(reply=lambda body: "Answer: 1 \udcff") as server:
+        assert cli(fixture_bundle, tmp_path, server, "--limit", "1", "--no-score") == 0
+    (record,) = [
+        json.loads(line) for line in (tmp_path / "local-vlm" / "oracle_implicit" / "results.jsonl").open()
+    ]
+    assert record["turns"][0]["response"] == "Answer: 1 \ufffd"
