@@ -19,7 +19,7 @@ import datasets
 from chexpercept.bundle import IMAGE_CHECKS, JSON_NAME, CaseRef, check_release_dir, read_case, scan_bundle
 from chexpercept.case import Turn
 from chexpercept.containment import Root, Tree, read_image, resolve_inside
-from chexpercept.fileio import PrivacyError, private_dir
+from chexpercept.fileio import PrivacyError, no_open_way, private_dir
 from chexpercept.input_files import BUNDLE_JSON, IMAGE, check_input_stat, open_input
 from chexpercept.vocab import LESIONS, PATHS
 
@@ -157,10 +157,13 @@ class Chexpercept(datasets.GeneratorBasedBuilder):
         try:
             if output_dir:
                 private_dir(output_dir, own=True, remedy=remedy)
+                no_open_way(output_dir, remedy=remedy)
                 return
             root = FsPath(self._cache_dir_root)
             relative = FsPath(self._cache_dir).relative_to(root)
             private_dir(root / relative.parts[0], own=True, remedy=remedy)
+            # datasets writes below it by name, unchecked: no other account may swap a folder on the way
+            no_open_way(root / relative.parts[0], remedy=remedy)
         except PrivacyError:
             raise
         except (OSError, ValueError) as e:

@@ -153,6 +153,32 @@ def _check_holder(holder: FsPath, path: FsPath, remedy: str) -> None:
         )
 
 
+def no_open_way(folder: str | os.PathLike[str], *, remedy: str = "choose a folder of your own") -> None:
+    """Every folder on the way to ``folder`` (itself and those above it) closed to renames by other
+    accounts, for files written there by a library that does not check each write as ours do
+    (``_open_ours``): a folder every account may write into (o+w) without the sticky bit lets any of
+    them move what is inside away and put a folder of their own in its place, mid-write. One of this
+    account's is closed (its g+w and o+w removed); another account's raises PrivacyError naming it
+    and ``remedy``. A datasets cache made under umask 000 (0777) let another account swap the
+    builder's folder while it wrote, and read the Arrow rows (red team, stop 43)."""
+    path = FsPath(os.path.abspath(folder))
+    for way in [path, *path.parents]:
+        try:
+            info = os.stat(way)
+        except FileNotFoundError:
+            continue
+        if not (info.st_mode & stat.S_IWOTH) or info.st_mode & stat.S_ISVTX:
+            continue
+        if info.st_uid == os.geteuid():
+            os.chmod(way, stat.S_IMODE(info.st_mode) & ~(stat.S_IWGRP | stat.S_IWOTH))
+            continue
+        raise PrivacyError(
+            f"{way} belongs to {owner_name(info.st_uid)} and every account may write into it (mode "
+            f"{stat.S_IMODE(info.st_mode):04o}, no sticky bit): any of them could put a folder of its own "
+            f"in place of the one written below it: {remedy}"
+        )
+
+
 def tighten(path: str | os.PathLike[str], *, remedy: str = "choose a folder of your own") -> None:
     """Make one existing file or folder of ours owner-only (``own`` outputs made by an older version,
     or under a lax umask). PrivacyError, naming the path, its owner and ``remedy`` (what to set

@@ -187,6 +187,34 @@ def test_datasets_cache_is_private(shared, other_account, fixture_bundle):
     assert arrows and not _readable_by(other_account, arrows[0])
 
 
+def test_no_other_account_can_swap_a_folder_on_the_datasets_cache_s_way(
+    shared, other_account, fixture_bundle
+):
+    """Under umask 000 datasets made the cache root 0777 without the sticky bit: another account
+    renamed the builder's private folder away mid-build and put its own in its place, and the Arrow
+    rows were written into it (red team, stop 43). A way folder of this account's is closed to other
+    accounts' writes; one of another account's that every account may write into is refused."""
+    import pwd
+
+    from datasets import load_dataset
+
+    from chexpercept.fileio import PrivacyError
+
+    cache = shared / "open-cache"
+    cache.mkdir()
+    cache.chmod(0o777)
+    load_dataset("chexpercept", data_dir=str(fixture_bundle), cache_dir=str(cache))
+    assert cache.stat().st_mode & 0o022 == 0  # ours: closed to other accounts' writes
+    theirs = shared / "their-open-cache"
+    theirs.mkdir()
+    theirs.chmod(0o777)
+    os.chown(theirs, pwd.getpwnam(other_account).pw_uid, -1)
+    with pytest.raises(PrivacyError) as e:
+        load_dataset("chexpercept", data_dir=str(fixture_bundle), cache_dir=str(theirs))
+    assert str(theirs) in str(e.value) and "no sticky bit" in str(e.value)
+    assert not list(theirs.rglob("*.arrow"))
+
+
 def test_generated_bundle_is_private(shared):
     out = shared / "bundle"
     assert (
