@@ -8,9 +8,12 @@ in a process that imported chexpercept).
 An endpoint is **declared** when the user vouched for it (``--dua-compliant-endpoint``; a Hub
 endpoint that is not loopback, a public service that receives no credentialed data). Then:
 
-- **Proxies**: a declared endpoint may be reached through the proxies of the environment
-  (``HTTP_PROXY``, ``HTTPS_PROXY``, ``ALL_PROXY`` with ``NO_PROXY``), as urllib reads them. Any other
-  endpoint is reached directly, whatever the environment says: a proxy would be the peer.
+- **Proxies**: a declared ``https://`` endpoint may be reached through the proxies of the
+  environment (``HTTPS_PROXY``, ``ALL_PROXY`` with ``NO_PROXY``), as urllib reads them: the proxy
+  then relays a TLS tunnel it cannot read, the endpoint is the peer that reads. Any other endpoint
+  is reached directly, whatever the environment says: a proxy would be the peer. A declared
+  ``http://`` endpoint was reached through ``HTTP_PROXY``, which read the images in the clear (red
+  team, stop 43).
 - **Sockets on this machine**: whatever a URL's host is spelled as (``127.0.0.1``, ``127.1``, ``0``,
   ``2130706433``, ``localhost``, a name in /etc/hosts, this machine's own network address), each new
   connection that is not declared is judged, once made and before a byte is sent, by the address it
@@ -71,9 +74,15 @@ class Route:
 
     def proxy(self, url: str | None = None) -> str | None:
         """The proxy a request to ``url`` (default: the endpoint) goes through: one from the
-        environment for a declared endpoint or one that may be remote (``environment_proxy``), else
-        None (direct)."""
-        return environment_proxy(url or self.url) if self.declared or self.remote_ok else None
+        environment (``environment_proxy``) for one that may be remote (the public Hub) and for an
+        ``https://`` URL of a declared endpoint (the proxy relays TLS it cannot read), else None
+        (direct)."""
+        url = url or self.url
+        if self.remote_ok:  # the public Hub: no credentialed data goes there
+            return environment_proxy(url)
+        if not self.declared or urlsplit(url).scheme.lower() != "https":
+            return None
+        return environment_proxy(url)
 
 
 def is_loopback_host(host: str) -> bool:

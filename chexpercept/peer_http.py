@@ -1,7 +1,7 @@
 """The toolkit's HTTP clients, each built to follow ``chexpercept.peer``'s rule.
 
 - ``images_session(route)``: the openai backend's aiohttp session. Environment proxies only for a
-  declared endpoint (``trust_env``); otherwise a connector that checks each new connection's peer
+  declared ``https://`` endpoint (``trust_env``; ``peer.Route.proxy``); otherwise a connector that checks each new connection's peer
   (``peer.check_peer``) after it is made and before the request is written, and closes it when
   refused.
 - ``guard_hub()``: huggingface_hub's HTTP client (its ``set_client_factory``) with a transport that
@@ -39,7 +39,9 @@ def images_session(r: Route, **kwargs: Any) -> Any:
     import aiohttp
 
     connector = _checked_connector(r) if r.checks_peer else aiohttp.TCPConnector(limit=0)
-    return aiohttp.ClientSession(connector=connector, trust_env=r.declared, **kwargs)
+    # the environment's proxies only where Route.proxy takes them: a declared https:// endpoint
+    through_proxies = r.declared and urlsplit(r.url).scheme.lower() == "https"
+    return aiohttp.ClientSession(connector=connector, trust_env=through_proxies, **kwargs)
 
 
 def _checked_connector(r: Route) -> Any:
