@@ -236,6 +236,28 @@ def test_a_deep_hub_reply_is_a_leaderboard_error(monkeypatch, capsys):
     assert "Traceback" not in err and "org/bench: the Hub's reply is JSON nested too deeply" in err
 
 
+@pytest.mark.parametrize(
+    "value,rank,said",
+    [(float("inf"), 1, "the value inf, not a finite number"), (float("nan"), 1, "the value nan"),
+     ("0.5", 1, "the value '0.5'"), (True, 1, "the value True"), (0.5, 0, "the rank 0, not a whole number")],
+)  # fmt: skip
+def test_a_hub_leaderboard_row_that_is_not_a_number_is_named(monkeypatch, capsys, value, rank, said):
+    """A Hub row whose value was 1e400 (read as infinity) ended ``leaderboard`` in an OverflowError
+    traceback, and ``--format json`` wrote ``Infinity`` (red team, stop 43): each row's value must be a
+    finite number and its rank a whole number from 1, named otherwise."""
+    from types import SimpleNamespace
+
+    from huggingface_hub import HfApi, constants
+
+    row = SimpleNamespace(rank=rank, model_id="org/m", value=value, verified=False, filename="x.yaml",
+                          notes=None, source=None, pull_request=None)  # fmt: skip
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(HfApi, "get_dataset_leaderboard", lambda *a, **k: [row])
+    assert cli(["leaderboard", "org/bench"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and f"org/bench: entry 1 of the Hub's leaderboard has {said}" in err, err
+
+
 def test_no_module_parses_json_itself():
     """Every JSON read from outside goes through chexpercept/input_json.py (bounded in size and depth):
     a new ``json.load``/``json.loads`` elsewhere fails here with its file and line."""

@@ -16,11 +16,12 @@ with where it comes from.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from chexpercept.escape import markdown_cell
+from chexpercept.escape import markdown_cell, terminal
 
 
 class LeaderboardError(RuntimeError):
@@ -50,13 +51,28 @@ class HubEntry:
         return "community" if self.pull_request is not None else "submitted"
 
 
-def _entry(raw: Any) -> HubEntry:
+def _entry(raw: Any, repo: str, n: int) -> HubEntry:
+    """One row of the Hub's leaderboard, its rank a whole number from 1 and its value a finite number
+    (LeaderboardError naming the row otherwise: a value of 1e400, read as infinity, ended
+    ``leaderboard`` in a traceback and was written as ``Infinity`` into its JSON; red team, stop 43)."""
+    from chexpercept.domains import COUNT
+
+    value = getattr(raw, "value", None)
+    rank = getattr(raw, "rank", None)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise LeaderboardError(
+            f"{repo}: entry {n} of the Hub's leaderboard has the value {terminal(repr(value))}, not a finite number"
+        )
+    if not COUNT.contains(rank):
+        raise LeaderboardError(
+            f"{repo}: entry {n} of the Hub's leaderboard has the rank {terminal(repr(rank))}, not {COUNT.describe()}"
+        )
     source = raw.source if isinstance(raw.source, dict) else None
     task = getattr(raw, "taskId", None) or getattr(raw, "task_id", None)
     return HubEntry(
-        rank=int(raw.rank),
+        rank=int(rank),
         model=str(raw.model_id),
-        value=float(raw.value),
+        value=float(value),
         verified=bool(raw.verified),
         filename=str(raw.filename or ""),
         notes=raw.notes,
@@ -97,7 +113,7 @@ def read_leaderboard(
         raise LeaderboardError(
             f"{repo}: the Hub's reply is JSON nested too deeply to read (not a leaderboard)"
         ) from None
-    return sorted((_entry(r) for r in raw), key=lambda e: (e.rank, e.model))
+    return sorted((_entry(r, repo, n) for n, r in enumerate(raw, start=1)), key=lambda e: (e.rank, e.model))
 
 
 # ------------------------------------------------------------------------------------ rendering
