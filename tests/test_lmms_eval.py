@@ -12,6 +12,7 @@ before any engine starts.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -115,9 +116,16 @@ def test_usual_mistakes_are_refused_before_any_request(task_manager, phantom_bun
         f"include: {TASK_DIR / 'chexpercept_implicit.yaml'}\ntask: my_chexpercept\n"
         f"dataset_kwargs:\n  data_dir: {phantom_bundle}\n"
     )
-    (loaded,) = get_task_dict(
-        ["my_chexpercept"], TaskManager(include_path=str(mine), include_defaults=False)
-    ).values()
+    before = os.umask(0o022)
+    try:
+        (loaded,) = get_task_dict(
+            ["my_chexpercept"], TaskManager(include_path=str(mine), include_defaults=False)
+        ).values()
+        # the run's outputs (--output_path, --log_samples: key_ids, questions, answers) owner-only:
+        # lmms-eval writes them under the umask, 0644 in 0755 folders (red team, stop 43)
+        assert os.umask(0o022) == 0o077
+    finally:
+        os.umask(before)
     assert len(loaded.eval_docs) == len(read_bundle(phantom_bundle).cases)
 
     monkeypatch.setenv(DATA_DIR_ENV, str(phantom_bundle))

@@ -16,6 +16,7 @@ benchmark's semantics is ours:
 
 from __future__ import annotations
 
+import os
 from functools import partial
 from typing import Any
 from urllib.parse import urlsplit
@@ -63,6 +64,15 @@ def lmms_messages(request: Request) -> list[dict[str, Any]]:
     return messages
 
 
+def keep_outputs_private() -> None:
+    """From now on, this process (an lmms-eval run of our task) makes its files owner-only: lmms-eval
+    writes ``--output_path`` (its results and, with ``--log_samples``, every case's key_id, questions
+    and answers) with plain ``open()`` under the umask, 0644 in 0755 folders that another account
+    read (red team, stop 43). The umask keeps its own bits and gains 077."""
+    current = os.umask(0o077)
+    os.umask(current | 0o077)
+
+
 class ChexperceptTask(ConfigurableMessagesTask):
     """One oracle setting of CheXpercept (``metadata.oracle``; ``metadata.parse_mode``, default
     ``reference``) over the cases of a local release."""
@@ -72,6 +82,7 @@ class ChexperceptTask(ConfigurableMessagesTask):
         config.pop("class", None)
         task = str(config.get("task", "chexpercept"))
         check_version(task)
+        keep_outputs_private()
         metadata = dict(config.get("metadata") or {})
         self.oracle = check_oracle(str(metadata.get("oracle", "")), f"{task}: metadata.oracle")
         self.parse_mode = str(metadata.get("parse_mode", "reference"))
