@@ -231,3 +231,37 @@ def test_ctrl_c_while_the_processes_start_is_one_line_each(fixture_bundle, tmp_p
     ours = [x for x in err.splitlines() if x.startswith("chexpercept run: process ")]
     assert len(ours) == 2 and all("stopped by SIGINT" in x for x in ours), err[-3000:]
     assert "Traceback" not in err, err[-3000:]
+
+
+def test_the_processes_of_a_run_never_unpickle_what_another_sends():
+    """The processes of a run meet over TCP that any local account can connect to (torch's store on
+    port 29500 and gloo); accelerate's broadcast_object_list unpickled what arrived, which runs code
+    of the sender's choosing (red team, stop 43). Distributed.broadcast sends JSON; no module of the
+    toolkit calls an object collective or unpickles."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    found = []
+    for folder in ("chexpercept", "eval", "metrics", "builder"):
+        for path in (root / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                name = (
+                    node.attr
+                    if isinstance(node, ast.Attribute)
+                    else node.id
+                    if isinstance(node, ast.Name)
+                    else ""
+                )
+                if name in {
+                    "broadcast_object_list",
+                    "gather_object",
+                    "all_gather_object",
+                    "scatter_object_list",
+                } or (
+                    isinstance(node, ast.Attribute)
+                    and name in {"loads", "load"}
+                    and getattr(node.value, "id", "") == "pickle"
+                ):
+                    found.append(f"{path.relative_to(root)}:{node.lineno}")
+    assert found == []

@@ -11,6 +11,7 @@ imports neither torch nor accelerate.
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -152,14 +153,27 @@ class Distributed:
             self.state.wait_for_everyone()
 
     def broadcast(self, obj: Any) -> Any:
-        """The main process's ``obj`` on every process."""
+        """The main process's ``obj`` (JSON: a tuple arrives as a list) on every process, sent as
+        JSON text, never pickled: the processes meet over TCP (torch's store and gloo) that any local
+        account can connect to, and accelerate's ``broadcast_object_list`` unpickled what arrived,
+        which runs code of the sender's choosing (red team, stop 43). ValueError for an object JSON
+        cannot hold."""
         if not self.active:
             return obj
-        from accelerate.utils import broadcast_object_list
+        import torch
+        import torch.distributed as td
 
-        box = [obj]
-        broadcast_object_list(box, from_process=0)
-        return box[0]
+        data = json.dumps(obj, allow_nan=False).encode("utf-8") if self.is_main else b""
+        size = torch.tensor([len(data)], dtype=torch.int64)
+        td.broadcast(size, src=0)
+        if self.is_main:
+            payload = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        else:
+            payload = torch.empty(int(size.item()), dtype=torch.uint8)
+        td.broadcast(payload, src=0)
+        from chexpercept.input_json import loads
+
+        return loads(payload.numpy().tobytes(), source="the main process's broadcast")
 
     def close(self) -> None:
         if self.active:

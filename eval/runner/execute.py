@@ -21,7 +21,7 @@ import contextlib
 import secrets
 import sys
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path as FsPath
 from typing import Any
 
@@ -96,7 +96,7 @@ EXPECTED_ERRORS = (
 
 @dataclass(frozen=True)
 class FolderOutcome:
-    """What the main process found in one setting's folder, told to every process (picklable)."""
+    """What the main process found in one setting's folder, told to every process (as JSON)."""
 
     #: the folder was taken: there is work to do (or to check)
     ok: bool
@@ -114,6 +114,14 @@ class FolderOutcome:
     session: str = ""
     #: turns per served model among the answers kept before this session (usage.served_model)
     served: dict[str, int] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """As JSON, for the other processes (``Distributed.broadcast`` sends JSON, never a pickle)."""
+        return {**asdict(self), "finished": list(self.finished)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> FolderOutcome:
+        return cls(**{**data, "finished": tuple(data["finished"])})
 
 
 @dataclass
@@ -358,7 +366,7 @@ def _take_folders(plan: RunPlan, runs: list[OracleRun], dist: Distributed) -> in
             outcomes.append(outcome)
             if not outcome.ok and outcome.status != 0:
                 break
-    outcomes = dist.broadcast(outcomes)
+    outcomes = [FolderOutcome.from_json(o) for o in dist.broadcast([o.to_json() for o in outcomes])]
     for run, outcome in zip(runs, outcomes):
         run.outcome = outcome
     failed = [o for o in outcomes if not o.ok and o.status != 0]
