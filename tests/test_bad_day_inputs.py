@@ -695,6 +695,31 @@ def test_score_names_the_file_and_the_lines_of_what_it_cannot_read(fixture_bundl
     assert f"{results}: case " in err and "appears twice (lines 1 and 3)" in err, err
 
 
+def test_the_report_never_merges_two_model_folders_of_one_name(fixture_bundle, tmp_path, capsys):
+    """Two --results folders each with a model folder of one name (the same model at another seed):
+    the report refused with a message naming one folder, and a settings folder it did not have (red
+    team, stop 43). The refusal now names both folders (two runs of one setting under one name are
+    refused too)."""
+    from chexpercept.cli import main as cli
+
+    first, second = tmp_path / "runs", tmp_path / "runs3"
+    assert _run(fixture_bundle, first, "--model", "baseline:random", "--limit", "2") == 0
+    assert _run(fixture_bundle, second, "--model", "baseline:random", "--limit", "2", "--seed", "7",
+                "--oracle", "none") == 0  # fmt: skip
+    capsys.readouterr()
+    report = ["report", "--output-dir", str(tmp_path / "rep"), "--no-intervals", "--results"]
+    assert cli([*report, str(first), str(second)]) == 2
+    err = capsys.readouterr().err
+    assert str(first / "baseline-random") in err and str(second / "baseline-random") in err, err
+    assert "its settings folders were made by different models or settings" in err and "seed" in err, err
+    third = tmp_path / "runs4"
+    assert _run(fixture_bundle, third, "--model", "baseline:random", "--limit", "3") == 0
+    capsys.readouterr()
+    assert cli([*report, str(first), str(third)]) == 2
+    err = capsys.readouterr().err
+    assert "two runs of model 'baseline-random' with oracle 'implicit'" in err, err
+
+
 def test_a_resume_refusal_names_every_setting_its_identity_tells_apart():
     """``{"seed": 1}`` then ``{"seed": 1.0}``, ``true``, or a null for an absent field: the identity's
     fingerprints differ, but the refusal compared them as equal and blamed the records (red team)."""

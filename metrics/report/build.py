@@ -304,8 +304,10 @@ def _score(
     for name in models:
         mine = [(rf, run) for rf, run in zip(folders, loaded) if rf.model == name]
         runs = [run for _, run in mine]
-        # one row from one identity, as score (a red team's finding: report mixed them without a word)
-        check_one_identity(mine[0][0].folder.parent, runs)
+        # one row from one identity, as score (a red team's finding: report mixed them without a word);
+        # its settings folders may come from model folders of this name under several --results
+        parents = list(dict.fromkeys(rf.folder.parent for rf, _ in mine))
+        check_one_identity(FsPath(" and ".join(map(str, parents))) if len(parents) > 1 else parents[0], runs)
         scored = {run.oracle: per_run[(name, run.oracle)].scores[run.oracle] for run in runs}
         reports[name] = score_model(runs, mode=mode, name=name, scores=scored)
     return per_run, models, reports
