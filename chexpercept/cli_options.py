@@ -163,8 +163,11 @@ def refuse_foreign_way(given: str) -> None:
     FIFO, which its reader kept, and through a link another account had planted in a shared folder
     onto a file of this account's (red team, stop 43). ``os.path.realpath`` follows links without
     asking whose they are, so they are walked here."""
-    pending = list(reversed(os.path.abspath(given).split(os.sep)[1:]))
-    current, hops = os.sep, 0
+    # the path as given, never normalised first: ``link/..`` is the folder above the link's target,
+    # as the kernel reads it (os.path.abspath dropped both, and the link was never asked about)
+    start = os.sep if os.path.isabs(given) else os.getcwd()
+    pending = list(reversed(given.split(os.sep)))
+    current, hops = start, 0
     while pending:
         part = pending.pop()
         if part in ("", "."):

@@ -327,7 +327,15 @@ def write_atomic(path: str | os.PathLike[str], data: bytes | str, *, encoding: s
         if stat.S_ISSOCK(kind):
             raise OSError(errno.ENXIO, "a socket, which is not written as a file", os.fspath(path))
         # never created here (O_CREAT off): a name that became a file meanwhile is not made public
-        with open(os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_NOCTTY), "wb") as f:
+        fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_NOCTTY)
+        opened = os.fstat(fd)
+        if not stat.S_ISREG(opened.st_mode) and opened.st_uid not in (os.geteuid(), 0):
+            os.close(fd)  # what was opened, not what was checked before: another account's pipe
+            raise PrivacyError(
+                f"{path} is a pipe, device or socket of {owner_name(opened.st_uid)}, which would receive "
+                "the output; write it elsewhere"
+            )
+        with open(fd, "wb") as f:
             f.write(payload)
         return FsPath(path)
     with atomic_file(path, "wb") as f:
