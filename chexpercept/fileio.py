@@ -154,29 +154,41 @@ def _check_holder(holder: FsPath, path: FsPath, remedy: str) -> None:
 
 
 def no_open_way(folder: str | os.PathLike[str], *, remedy: str = "choose a folder of your own") -> None:
-    """Every folder on the way to ``folder`` (itself and those above it) closed to renames by other
-    accounts, for files written there by a library that does not check each write as ours do
-    (``_open_ours``): a folder every account may write into (o+w) without the sticky bit lets any of
-    them move what is inside away and put a folder of their own in its place, mid-write. One of this
-    account's is closed (its g+w and o+w removed); another account's raises PrivacyError naming it
-    and ``remedy``. A datasets cache made under umask 000 (0777) let another account swap the
-    builder's folder while it wrote, and read the Arrow rows (red team, stop 43)."""
-    path = FsPath(os.path.abspath(folder))
+    """Every folder on the way to ``folder`` (itself and those above it, links resolved) closed to
+    renames by other accounts, for files written there by a library that does not check each write
+    as ours do (``_open_ours``): a folder others may write into without the sticky bit lets any of
+    them move what is inside away and put a folder of their own in its place, mid-write, and a
+    folder's owner may do so whatever its mode. One of this account's is closed (its g+w and o+w
+    removed); another account's (root apart) raises PrivacyError naming it and ``remedy``, and so
+    does one of root's that the group or everyone may write into without the sticky bit. A datasets
+    cache made under umask 000 (0777) let another account swap the builder's folder while it wrote,
+    and read the Arrow rows (red team, stop 43); round 2: a group-writable cache, or one below a
+    folder of another account, let them do the same."""
+    path = FsPath(os.path.realpath(folder))
+    me = os.geteuid()
     for way in [path, *path.parents]:
         try:
             info = os.stat(way)
         except FileNotFoundError:
             continue
-        if not (info.st_mode & stat.S_IWOTH) or info.st_mode & stat.S_ISVTX:
+        mode = stat.S_IMODE(info.st_mode)
+        # the sticky bit keeps others from moving what is not theirs (its owner apart)
+        others_write = bool(mode & (stat.S_IWGRP | stat.S_IWOTH)) and not mode & stat.S_ISVTX
+        if info.st_uid == me:
+            if others_write:  # ours: closed to the group's and everyone's renames
+                os.chmod(way, mode & ~(stat.S_IWGRP | stat.S_IWOTH))
             continue
-        if info.st_uid == os.geteuid():
-            os.chmod(way, stat.S_IMODE(info.st_mode) & ~(stat.S_IWGRP | stat.S_IWOTH))
-            continue
-        raise PrivacyError(
-            f"{way} belongs to {owner_name(info.st_uid)} and every account may write into it (mode "
-            f"{stat.S_IMODE(info.st_mode):04o}, no sticky bit): any of them could put a folder of its own "
-            f"in place of the one written below it: {remedy}"
-        )
+        if info.st_uid != 0:  # its owner may rename anything in it, whatever its mode
+            raise PrivacyError(
+                f"{way} belongs to {owner_name(info.st_uid)}, who may move any folder in it and put one "
+                f"of its own in its place, mid-write: {remedy}"
+            )
+        if others_write:  # root's, open to others' writes without the sticky bit
+            raise PrivacyError(
+                f"{way} belongs to {owner_name(info.st_uid)} and other accounts may write into it (mode "
+                f"{mode:04o}, no sticky bit): any of them could put a folder of its own in place of the "
+                f"one written below it: {remedy}"
+            )
 
 
 def tighten(path: str | os.PathLike[str], *, remedy: str = "choose a folder of your own") -> None:

@@ -205,14 +205,23 @@ def test_no_other_account_can_swap_a_folder_on_the_datasets_cache_s_way(
     cache.chmod(0o777)
     load_dataset("chexpercept", data_dir=str(fixture_bundle), cache_dir=str(cache))
     assert cache.stat().st_mode & 0o022 == 0  # ours: closed to other accounts' writes
-    theirs = shared / "their-open-cache"
-    theirs.mkdir()
-    theirs.chmod(0o777)
-    os.chown(theirs, pwd.getpwnam(other_account).pw_uid, -1)
-    with pytest.raises(PrivacyError) as e:
-        load_dataset("chexpercept", data_dir=str(fixture_bundle), cache_dir=str(theirs))
-    assert str(theirs) in str(e.value) and "no sticky bit" in str(e.value)
-    assert not list(theirs.rglob("*.arrow"))
+    group = shared / "group-cache"  # ours, group-writable (a lab's 2775 cache): closed too
+    group.mkdir()
+    group.chmod(0o2775)
+    load_dataset("chexpercept", data_dir=str(fixture_bundle), cache_dir=str(group))
+    assert group.stat().st_mode & 0o022 == 0
+    # another account's folder on the way, whatever its mode (round 2: 2775 and 0755 were taken;
+    # its owner may move any folder in it)
+    uid = pwd.getpwnam(other_account).pw_uid
+    for mode in (0o777, 0o2775, 0o755):
+        theirs = shared / f"theirs-{mode:o}"
+        (theirs / "cache").mkdir(parents=True)
+        theirs.chmod(mode)
+        os.chown(theirs, uid, -1)
+        with pytest.raises(PrivacyError) as e:
+            load_dataset("chexpercept", data_dir=str(fixture_bundle), cache_dir=str(theirs / "cache"))
+        assert str(theirs) in str(e.value) and other_account in str(e.value), mode
+        assert not list(theirs.rglob("*.arrow"))
 
 
 def test_generated_bundle_is_private(shared):
