@@ -249,6 +249,19 @@ def load_runs(path: str | os.PathLike[str], **kwargs: Any) -> list[Run]:
     return runs
 
 
+def _models_of(run: Run) -> set[str]:
+    """The model ids a run's answers were made by: run.json's settings where it records them, else
+    the run identities its lines carry (empty for an older version's or the reference's)."""
+    settings = getattr(getattr(run, "meta", None), "settings", None)
+    if isinstance(settings, dict) and settings.get("model_id"):
+        return {str(settings["model_id"])}
+    return {
+        str(r.run["model"])
+        for r in run.records
+        if isinstance(getattr(r, "run", None), dict) and r.run.get("model")
+    }
+
+
 def check_one_identity(folder: FsPath, runs: list[Run]) -> None:
     """ValueError when the settings folders of one model folder were made by another model or under
     other settings (all but the oracle; eval/runner/identity.py): their numbers would be combined into
@@ -256,8 +269,18 @@ def check_one_identity(folder: FsPath, runs: list[Run]) -> None:
     (older versions, the reference's) are not compared."""
     from chexpercept.eval.runner.identity import setting_folders_mismatch
 
+    models = {f"oracle_{r.oracle}": _models_of(r) for r in runs}
+    named = {m for ms in models.values() for m in ms}
+    if len(named) > 1:  # a folder without settings is still one model's, by its lines (round 2)
+        shown = "; ".join(
+            f"{name}: {', '.join(terminal(m) for m in sorted(ms))}" for name, ms in models.items() if ms
+        )
+        raise ValueError(
+            f"{terminal(str(folder))}: its settings folders hold answers of different models ({shown}), so "
+            "they are not scored together; move one to a model folder of its own"
+        )
     recorded = [(r, getattr(getattr(r, "meta", None), "settings", None)) for r in runs]
-    recorded = [(r, s) for r, s in recorded if isinstance(s, dict)]
+    recorded = [(r, s) for r, s in recorded if isinstance(s, dict) and s]
     if len(recorded) < 2:
         return
     first_run, first = recorded[0]

@@ -720,6 +720,42 @@ def test_the_report_never_merges_two_model_folders_of_one_name(fixture_bundle, t
     assert "two runs of model 'baseline-random' with oracle 'implicit'" in err, err
 
 
+def test_settings_folders_of_two_models_are_never_one_row_when_one_lacks_its_run_json(
+    fixture_bundle, tmp_path, capsys
+):
+    """One model folder holding another model's oracle_none without its run.json (or with empty
+    settings): score and report made one row, End-to-End from one model and Oracle-Passed from the
+    other (red team round 2, stop 43). A folder without settings is compared by its lines' model."""
+    from chexpercept.cli import main as cli
+
+    runs, other, mix = tmp_path / "runs", tmp_path / "other", tmp_path / "mix"
+    assert _run(fixture_bundle, runs, "--model", "baseline:random", "--limit", "3") == 0
+    assert (
+        _run(fixture_bundle, other, "--model", "baseline:constant:1", "--oracle", "none", "--limit", "3") == 0
+    )
+    shutil.copytree(runs / "baseline-random", mix / "baseline-random")
+    shutil.copytree(other / "baseline-constant-1" / "oracle_none", mix / "baseline-random" / "oracle_none")
+    run_json = mix / "baseline-random" / "oracle_none" / "run.json"
+    recorded = json.loads(run_json.read_text())
+    for variant in ("no run.json", "empty settings"):
+        if variant == "no run.json":
+            run_json.unlink()
+        else:
+            run_json.write_text(json.dumps({**recorded, "settings": {}}))
+        for command in (["score", str(mix)], ["report", str(mix), "--output-dir", str(tmp_path / "rep")]):
+            capsys.readouterr()
+            status = cli(command)
+            said = capsys.readouterr()
+            if variant == "empty settings" and command[0] == "report":  # run.json names its model: two rows
+                assert status == 0 and "Report of 2 model(s)" in said.out + said.err, said
+                continue
+            assert status != 0 and "hold answers of different models" in said.out + said.err, (
+                variant,
+                command,
+                said,
+            )
+
+
 def test_a_resume_refusal_names_every_setting_its_identity_tells_apart():
     """``{"seed": 1}`` then ``{"seed": 1.0}``, ``true``, or a null for an absent field: the identity's
     fingerprints differ, but the refusal compared them as equal and blamed the records (red team)."""
