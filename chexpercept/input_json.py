@@ -131,6 +131,8 @@ def raw_decode(decoder: json.JSONDecoder, text: str, pos: int, *, source: object
         raise too_deep(source) from None
     if isinstance(value, (dict, list)) and _may_be_deep(text[pos:end]) and depth(value) > MAX_DEPTH:
         raise too_deep(source)
+    if _LONE_SURROGATE.search(text, pos, end):  # as loads: text that can be written again
+        value = _replace_lone_surrogates(value)
     return value, end
 
 

@@ -90,3 +90,13 @@ def test_a_long_entry_is_read_in_doubling_reads_not_once_per_chunk():
     items = list(iter_object_items(Counting(doc), chunk=1 << 12))
     assert [k for k, _, _ in items] == ["a", "b"] and len(items[0][1]["x"]) == 4 << 20
     assert Counting.reads < 20  # one read per 4 KiB chunk would be over 1,000
+
+
+def test_half_a_character_is_read_as_invalid_utf8_is():
+    """A lone surrogate escape in chexpercept.json (``"\\ud800"``: half of a UTF-16 pair) passed
+    validate and then ended every run when the question was written (red team round 2, stop 43):
+    the streaming reader reads it as ``loads`` does, U+FFFD, keys too; a pair stays one character."""
+    doc = b'{"k\\udcff": {"q": "x\\ud800 \\ud83d\\ude00"}}'
+    assert [(k, v) for k, v, _ in iter_object_items(io.BytesIO(doc), chunk=4)] == [
+        ("k\ufffd", {"q": "x\ufffd \U0001f600"})
+    ]
