@@ -37,7 +37,7 @@ OURS = {"chexpercept", "chexpercept_dataset", "__future__"}
 #: installed: vllm in its own environment, the rest here)
 PROVIDED_BY = {
     "vllm": {"psutil", "torch", "transformers"},  # eval/backends/vllm/placement.py
-    "inspect-ai": {"httpx", "anyio"},  # eval/harnesses/inspect_ai/rules.py
+    "inspect-ai": {"httpx", "anyio", "platformdirs"},  # eval/harnesses/inspect_ai/rules.py, hooks.py
     "transformers": {"safetensors", "tokenizers"},  # eval/tiny_model.py (make-tiny-model, hf extra)
     "datasets": {"pyyaml", "packaging"},  # a core dependency's own requirements (chexpercept/extras.py)
 }
@@ -69,6 +69,10 @@ FEATURE_IMPORTS = {
         "chexpercept.eval.runner.distributed",
         "accelerate",
     ): "only under `accelerate launch` with more than one process",
+    (
+        "chexpercept.eval.runner.distributed",
+        "torch",
+    ): "only under `accelerate launch` with more than one process (accelerate requires torch)",
     ("chexpercept.eval.estimate.local_tokens", "transformers"): "estimate for a local model (its processor)",
     ("chexpercept.registration", "evaluate"): "evaluate.load's registration, when evaluate is installed",
     (

@@ -449,7 +449,7 @@ def test_the_engine_s_sockets_and_compiled_code_are_in_folders_of_this_account_a
 
     bundle = read_bundle(fixture_bundle)
     monkeypatch.setenv("CHEXPERCEPT_CACHE", str(tmp_path / "cache"))
-    for var in ("VLLM_RPC_BASE_PATH", "TORCHINDUCTOR_CACHE_DIR"):
+    for var in ("VLLM_RPC_BASE_PATH", "TORCHINDUCTOR_CACHE_DIR", "VLLM_CACHE_ROOT", "TRITON_CACHE_DIR"):
         monkeypatch.delenv(var, raising=False)
     before = os.umask(0)
     try:
@@ -457,7 +457,8 @@ def test_the_engine_s_sockets_and_compiled_code_are_in_folders_of_this_account_a
         backend.setup(RunContext(root=bundle.root, cases=bundle.cases))
     finally:
         os.umask(before)
-    folders = [Path(os.environ[v]) for v in ("VLLM_RPC_BASE_PATH", "TORCHINDUCTOR_CACHE_DIR")]
+    variables = ("VLLM_RPC_BASE_PATH", "TORCHINDUCTOR_CACHE_DIR", "VLLM_CACHE_ROOT", "TRITON_CACHE_DIR")
+    folders = [Path(os.environ[v]) for v in variables]
     for folder in folders:
         info = folder.stat()
         assert info.st_uid == os.geteuid() and stat.S_IMODE(info.st_mode) == 0o700, folder

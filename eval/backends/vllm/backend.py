@@ -784,9 +784,9 @@ def private_engine_folders() -> dict[str, str]:
     """The environment that keeps vLLM's own files this account's alone, where the user set none:
     ``VLLM_RPC_BASE_PATH``, a fresh owner-only folder for the engine's ZMQ sockets (vLLM makes them in
     /tmp under the umask: under umask 000 another account connected to them and hung the run, red
-    team stop 43), and ``TORCHINDUCTOR_CACHE_DIR``, an owner-only folder under the toolkit's cache
-    (torch's default /tmp/torchinductor_<user> is made under the umask too, and compiled code another
-    account can write there would run as this one)."""
+    team stop 43), and the folders of compiled code (``COMPILED_CODE_FOLDERS``), owner-only under
+    the toolkit's cache (torch's default /tmp/torchinductor_<user> is made under the umask too, and
+    compiled code another account can write there would run as this one)."""
     import tempfile
 
     from chexpercept.file_digest import cache_dir
@@ -795,11 +795,23 @@ def private_engine_folders() -> dict[str, str]:
     out: dict[str, str] = {}
     if not os.environ.get("VLLM_RPC_BASE_PATH"):
         out["VLLM_RPC_BASE_PATH"] = tempfile.mkdtemp(prefix="chexpercept-vllm-ipc-")  # mode 0700
-    if not os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
-        folder = cache_dir() / "torchinductor"
-        private_dir(folder, own=True)  # an existing one tightened; another account's refused
-        out["TORCHINDUCTOR_CACHE_DIR"] = str(folder)
+    # compiled code: torch's, vLLM's own (its compile cache sets torch's below VLLM_CACHE_ROOT when it
+    # compiles, red team round 2) and Triton's kernels
+    for variable, name in COMPILED_CODE_FOLDERS.items():
+        if not os.environ.get(variable):
+            folder = cache_dir() / name
+            private_dir(folder, own=True)  # an existing one tightened; another account's refused
+            out[variable] = str(folder)
     return out
+
+
+#: the environment variables that place compiled code, and their owner-only folders under the
+#: toolkit's cache (``chexpercept.file_digest.cache_dir``)
+COMPILED_CODE_FOLDERS = {
+    "TORCHINDUCTOR_CACHE_DIR": "torchinductor",
+    "VLLM_CACHE_ROOT": "vllm",
+    "TRITON_CACHE_DIR": "triton",
+}
 
 
 #: decoded images waiting for their first render, at most: this share of the memory available at
