@@ -797,7 +797,10 @@ def test_report_never_joins_settings_folders_that_score_refuses(fixture_bundle, 
 @pytest.mark.parametrize(
     "key,value",
     [("model", "/elsewhere/other-model"), ("seed", 5), ("allowed_local_media_path", "/"),
-     ("gpu_memory_utilization", 5), ("tensor_parallel_size", 0), ("max_num_seqs", True)],
+     ("gpu_memory_utilization", 5), ("tensor_parallel_size", 0), ("max_num_seqs", True),
+     # a Hub version outside the snapshot the run fingerprints (red team round 2, stop 43)
+     ("revision", "v2"), ("code_revision", "main"), ("tokenizer_revision", "main"),
+     ("tokenizer", "org/other-tokenizer"), ("hf_config_path", "org/other-config")],
 )  # fmt: skip
 def test_engine_arguments_the_run_sets_itself_are_refused(key, value):
     """``--engine-args '{"model": ...}'`` loaded another model under the recorded model id;
@@ -807,5 +810,5 @@ def test_engine_arguments_the_run_sets_itself_are_refused(key, value):
     from chexpercept.eval.protocol import Sampling
     from chexpercept.eval.registry import resolve
 
-    with pytest.raises(ValueError, match=f"--engine-args (may not set )?{key}"):
+    with pytest.raises(ValueError, match=f"--engine-args (may not set )?{key}"):  # its domain, or refused
         VLLMBackend(resolve("medgemma-1.5-4b"), sampling=Sampling(0, 1, 8, True), engine_args={key: value})

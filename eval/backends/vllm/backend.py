@@ -121,7 +121,15 @@ ENGINE_ARGS_OF_THE_RUN = {
     "model": "the run loads --model, which run.json names",
     "seed": "give --seed",
     "allowed_local_media_path": "the run lets the engine read the bundle's folder alone",
+    # a Hub revision outside the snapshot the run loads and fingerprints (red team round 2, stop 43)
+    "revision": "the run loads the snapshot --revision resolved, which run.json records",
+    "code_revision": "the model's code runs from the commit run.json records (--revision)",
+    "tokenizer_revision": "give tokenizer as a local folder, whose files count in the run's identity",
 }
+#: engine arguments that name model files: a local folder or file only (its content counts in the
+#: run's identity, eval/runner/identity.py: with_file_contents); a Hub id there loads whatever the
+#: cache's refs hold that day, which no identity records
+ENGINE_ARGS_NAMING_FILES = ("tokenizer", "hf_config_path")
 #: engine arguments that are also options: in --engine-args, the option's domain holds as well
 ENGINE_ARG_DOMAINS = {
     "gpu_memory_utilization": SHARE,
@@ -205,6 +213,16 @@ class VLLMBackend(BackendBase):
         for key, domain in ENGINE_ARG_DOMAINS.items():
             if key in self.engine_overrides:
                 domain.require(self.engine_overrides[key], f"--engine-args {key}")
+        for key in ENGINE_ARGS_NAMING_FILES:
+            value = self.engine_overrides.get(key)
+            if value is not None and not (
+                isinstance(value, str) and os.path.exists(os.path.expanduser(value))
+            ):
+                raise ValueError(
+                    f"--engine-args {key} must name a local folder or file (its files then count in the "
+                    f"run's identity), got {value!r}: a Hub id there loads whatever the cache holds that "
+                    "day; fetch it (chexpercept download-model) and give its folder"
+                )
         self.requested_tp = tensor_parallel_size
         self.pipeline_parallel_size = pipeline_parallel_size
         self.executor_backend = distributed_executor_backend
