@@ -812,3 +812,16 @@ def test_engine_arguments_the_run_sets_itself_are_refused(key, value):
 
     with pytest.raises(ValueError, match=f"--engine-args (may not set )?{key}"):  # its domain, or refused
         VLLMBackend(resolve("medgemma-1.5-4b"), sampling=Sampling(0, 1, 8, True), engine_args={key: value})
+
+
+def test_a_local_tokenizer_in_the_engine_arguments_is_taken(tmp_path):
+    """A local folder is what --engine-args may name for a tokenizer: its files count in the run's
+    identity (eval/runner/identity.py: with_file_contents)."""
+    from chexpercept.eval.backends.vllm.backend import VLLMBackend
+    from chexpercept.eval.protocol import Sampling
+    from chexpercept.eval.registry import resolve
+
+    (tmp_path / "tokenizer.json").write_text("{}")
+    args = {"tokenizer": str(tmp_path)}
+    backend = VLLMBackend(resolve("medgemma-1.5-4b"), sampling=Sampling(0, 1, 8, True), engine_args=args)
+    assert backend.engine_overrides["tokenizer"] == str(tmp_path)
