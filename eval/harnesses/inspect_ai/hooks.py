@@ -60,7 +60,7 @@ def _owner_only(path: str | os.PathLike[str]) -> None:
     """``path`` (a local file or folder of this account) no longer open to other accounts; anything
     else (another account's, a remote log's URL, one not there) is left as it is."""
     with contextlib.suppress(OSError, ValueError):
-        info = os.stat(path, follow_symlinks=False)
+        info = os.stat(path)  # a link's target is what holds the files, and what is changed
         if info.st_uid == os.geteuid() and info.st_mode & 0o077:
             os.chmod(path, stat.S_IMODE(info.st_mode) & ~0o077)
 
