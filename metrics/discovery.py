@@ -266,23 +266,18 @@ def check_one_identity(folder: FsPath, runs: list[Run]) -> None:
     """ValueError when the settings folders of one model folder were made by another model or under
     other settings (all but the oracle; eval/runner/identity.py): their numbers would be combined into
     one row (End-to-End from one, Oracle-Passed from another). Folders without a recorded identity
-    (older versions, the reference's) are not compared."""
-    from chexpercept.eval.runner.identity import setting_folders_mismatch
-
-    models = {f"oracle_{r.oracle}": _models_of(r) for r in runs}
-    named = {m for ms in models.values() for m in ms}
-    if len(named) > 1:  # a folder without settings is still one model's, by its lines (round 2)
-        shown = "; ".join(
-            f"{name}: {', '.join(terminal(m) for m in sorted(ms))}" for name, ms in models.items() if ms
-        )
-        raise ValueError(
-            f"{terminal(str(folder))}: its settings folders hold answers of different models ({shown}), so "
-            "they are not scored together; move one to a model folder of its own"
-        )
+    (older versions, the reference's) are compared by the model their lines name, where they name one."""
     recorded = [(r, getattr(getattr(r, "meta", None), "settings", None)) for r in runs]
     recorded = [(r, s) for r, s in recorded if isinstance(s, dict) and s]
-    if len(recorded) < 2:
-        return
+    if len(recorded) >= 2:
+        _check_recorded(folder, recorded)
+    _check_models(folder, runs)
+
+
+def _check_recorded(folder: FsPath, recorded: list[tuple[Run, dict[str, Any]]]) -> None:
+    """``check_one_identity`` of the settings folders that record their settings."""
+    from chexpercept.eval.runner.identity import setting_folders_mismatch
+
     first_run, first = recorded[0]
     others = {f"oracle_{r.oracle}": s for r, s in recorded[1:]}
     diff = setting_folders_mismatch(first, others)
@@ -292,4 +287,19 @@ def check_one_identity(folder: FsPath, runs: list[Run]) -> None:
             f"{terminal(str(folder))}: its settings folders were made by different models or settings, "
             f"compared with oracle_{first_run.oracle} ({shown}), so they are not scored together; "
             "score each settings folder on its own, or move one to a model folder of its own"
+        )
+
+
+def _check_models(folder: FsPath, runs: list[Run]) -> None:
+    """``check_one_identity`` of the models: a folder without settings is still one model's, by its
+    lines (red team round 2, stop 43)."""
+    models = {f"oracle_{r.oracle}": _models_of(r) for r in runs}
+    named = {m for ms in models.values() for m in ms}
+    if len(named) > 1:
+        shown = "; ".join(
+            f"{name}: {', '.join(terminal(m) for m in sorted(ms))}" for name, ms in models.items() if ms
+        )
+        raise ValueError(
+            f"{terminal(str(folder))}: its settings folders hold answers of different models ({shown}), so "
+            "they are not scored together; move one to a model folder of its own"
         )
