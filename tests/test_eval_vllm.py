@@ -444,21 +444,27 @@ def test_the_engine_s_sockets_and_compiled_code_are_in_folders_of_this_account_a
     /tmp/torchinductor_<user>, both under the umask: under umask 000 another account connected to the
     sockets and hung the run (red team, stop 43), and could have planted code in the cache. The
     backend points both at owner-only folders of this account unless the user set them; the
-    sockets' folder goes with the engine."""
+    sockets' folder goes with the engine. vLLM's and Triton's caches of compiled code stay where
+    they are, and are made this account's alone."""
     import stat
 
     bundle = read_bundle(fixture_bundle)
     monkeypatch.setenv("CHEXPERCEPT_CACHE", str(tmp_path / "cache"))
     for var in ("VLLM_RPC_BASE_PATH", "TORCHINDUCTOR_CACHE_DIR", "VLLM_CACHE_ROOT", "TRITON_CACHE_DIR"):
         monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))  # where vLLM's cache is
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))  # the user's own, kept
+    (tmp_path / "triton").mkdir(mode=0o777)
+    os.chmod(tmp_path / "triton", 0o777)  # made under umask 000: tightened
     before = os.umask(0)
     try:
         backend = make_backend(gpus=["0"])
         backend.setup(RunContext(root=bundle.root, cases=bundle.cases))
     finally:
         os.umask(before)
-    variables = ("VLLM_RPC_BASE_PATH", "TORCHINDUCTOR_CACHE_DIR", "VLLM_CACHE_ROOT", "TRITON_CACHE_DIR")
-    folders = [Path(os.environ[v]) for v in variables]
+    # vLLM's and Triton's caches stay where they are (warm), made this account's alone
+    folders = [Path(os.environ[v]) for v in ("VLLM_RPC_BASE_PATH", "TORCHINDUCTOR_CACHE_DIR")]
+    folders += [tmp_path / "xdg" / "vllm", tmp_path / "triton"]
     for folder in folders:
         info = folder.stat()
         assert info.st_uid == os.geteuid() and stat.S_IMODE(info.st_mode) == 0o700, folder

@@ -813,22 +813,26 @@ def private_engine_folders() -> dict[str, str]:
     out: dict[str, str] = {}
     if not os.environ.get("VLLM_RPC_BASE_PATH"):
         out["VLLM_RPC_BASE_PATH"] = tempfile.mkdtemp(prefix="chexpercept-vllm-ipc-")  # mode 0700
-    # compiled code: torch's, vLLM's own (its compile cache sets torch's below VLLM_CACHE_ROOT when it
-    # compiles, red team round 2) and Triton's kernels
-    for variable, name in COMPILED_CODE_FOLDERS.items():
-        if not os.environ.get(variable):
-            folder = cache_dir() / name
-            private_dir(folder, own=True)  # an existing one tightened; another account's refused
-            out[variable] = str(folder)
+    if not os.environ.get("TORCHINDUCTOR_CACHE_DIR"):  # torch's default is in /tmp, where anyone may make it
+        folder = cache_dir() / "torchinductor"
+        private_dir(folder, own=True)  # an existing one tightened; another account's refused
+        out["TORCHINDUCTOR_CACHE_DIR"] = str(folder)
+    # vLLM's cache (its compile cache sets torch's below it when it compiles, red team round 2) and
+    # Triton's kernels stay where they are, warm, and are made this account's alone
+    for variable, default in COMPILED_CODE_FOLDERS.items():
+        private_dir(os.path.expanduser(os.environ.get(variable) or default()), own=True)
     return out
 
 
-#: the environment variables that place compiled code, and their owner-only folders under the
-#: toolkit's cache (``chexpercept.file_digest.cache_dir``)
+def _user_cache() -> str:
+    return os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+
+
+#: the folders of compiled code that stay where the user's environment puts them, made owner-only:
+#: the environment variable, and the default where it is not set (vLLM's and Triton's own)
 COMPILED_CODE_FOLDERS = {
-    "TORCHINDUCTOR_CACHE_DIR": "torchinductor",
-    "VLLM_CACHE_ROOT": "vllm",
-    "TRITON_CACHE_DIR": "triton",
+    "VLLM_CACHE_ROOT": lambda: os.path.join(_user_cache(), "vllm"),
+    "TRITON_CACHE_DIR": lambda: os.path.expanduser("~/.triton/cache"),
 }
 
 
