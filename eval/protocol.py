@@ -209,13 +209,20 @@ class RunContext:
     root: FsPath
     #: every selected case of the run (all shards), e.g. for baseline:prior or image limits
     cases: Sequence[Case]
-    seed: int = 0
+    #: the run's seed: None where none is applied (the openai backend sends none unless one was given:
+    #: ``chexpercept.eval.runner.plan.seed_for``); a local backend applies ``local_seed``
+    seed: int | None = None
     #: process index and count under accelerate (one backend per process)
     process_index: int = 0
     num_processes: int = 1
     #: the same among the processes of this machine (multi-node runs): devices are split by these
     local_process_index: int | None = None
     local_num_processes: int | None = None
+
+    @property
+    def local_seed(self) -> int:
+        """The seed a local engine or a baseline applies: the run's, 0 when none was given."""
+        return 0 if self.seed is None else self.seed
 
     @property
     def local_index(self) -> int:

@@ -145,7 +145,12 @@ def _add_decoding_options(parser: argparse.ArgumentParser) -> None:
         help="most conversations live at once; a finished one's slot goes to the next case at once "
         "(backend default otherwise)",
     )
-    g.add_argument("--seed", type=SEED, default=0, help="seed for sampling and baseline:random (default 0)")
+    g.add_argument(
+        "--seed",
+        type=SEED,
+        help="seed for sampling and baseline:random (default 0); the openai backend sends it as the "
+        "request's seed field only when given (run.json records none otherwise: the server's own)",
+    )
     g.add_argument(
         "--temperature", type=NON_NEGATIVE, help="default: 0 (open models), 1 (API models as in the paper)"
     )

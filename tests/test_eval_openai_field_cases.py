@@ -374,6 +374,66 @@ def test_a_resume_under_another_top_p_is_refused_saying_what_earlier_versions_re
     assert "sampling.top_p: None -> 1.0" in err and "recorded top_p 1.0 where it sent none" in err, err
 
 
+@pytest.mark.parametrize(
+    "extra, seed",
+    [
+        ([], None),  # none given: none sent, none recorded (run.json said 0 before)
+        (["--seed", "0"], 0),
+        (["--seed", "7"], 7),
+        (["--request-extra", '{"seed": 9}'], 9),
+        (["--seed", "9", "--request-extra", '{"seed": 9}'], 9),
+        (["--request-extra", '{"seed": null}'], None),
+    ],
+)
+def test_the_seed_run_json_records_is_the_one_sent(fixture_bundle, tmp_path, extra, seed):
+    """The openai backend never sent a seed while run.json and the run's identity recorded --seed
+    (0 by default): a rerun with the same --seed and a temperature drew other answers than the
+    record promised. A seed is now sent whenever run.json records one, and where none is sent
+    run.json records None: the server's own randomness."""
+    with FakeServer() as server:
+        assert cli(fixture_bundle, tmp_path, server, *extra, "--limit", "1", "--no-score") == 0
+    body = server.requests[0]["body"]
+    assert body.get("seed") == seed and (seed is not None or "seed" not in body)
+    (info,) = [json.loads(p.read_text()) for p in tmp_path.glob("*/oracle_implicit/run.json")]
+    assert info.get("seed") == seed and info["settings"]["seed"] == seed
+
+
+@pytest.mark.parametrize(
+    "extra, says",
+    [
+        (
+            ["--seed", "1", "--request-extra", '{"seed": 2}'],
+            "--seed 1 and seed 2 in --request-extra: give one",
+        ),
+        (["--seed", "1", "--request-extra", '{"seed": null}'], "--seed 1 and seed None"),
+        (["--request-extra", '{"seed": -1}'], "seed in --request-extra must be"),
+        (["--request-extra", '{"seed": "3"}'], "seed in --request-extra must be"),
+        (["--request-extra", '{"seed": 1.5}'], "seed in --request-extra must be"),
+        (["--request-extra", '{"seed": true}'], "seed in --request-extra must be"),
+    ],
+)
+def test_a_seed_run_json_could_not_record_is_refused_before_any_request(
+    fixture_bundle, tmp_path, capsys, extra, says
+):
+    with FakeServer() as server:
+        assert cli(fixture_bundle, tmp_path, server, *extra, "--limit", "1") == 2
+    assert not server.requests and says in capsys.readouterr().err
+    assert not list(tmp_path.glob("*/oracle_*/run.json"))
+
+
+def test_a_resume_of_an_api_run_that_recorded_an_unsent_seed_is_refused_saying_why(
+    fixture_bundle, tmp_path, capsys
+):
+    """An API run of an earlier version recorded seed 0 where it sent none: its answers were made
+    without a seed, which the identity now says (None); a resume is refused naming why."""
+    with FakeServer() as server:
+        assert cli(fixture_bundle, tmp_path, server, "--seed", "0", "--limit", "1", "--no-score") == 0
+        capsys.readouterr()
+        assert cli(fixture_bundle, tmp_path, server, "--limit", "2", "--no-score") == 2
+    err = capsys.readouterr().err
+    assert "seed: 0 -> None" in err and "recorded seed 0 (or --seed) where it sent none" in err, err
+
+
 def test_request_extra_sampling_is_what_run_json_records(fixture_bundle, tmp_path):
     with FakeServer() as server:
         assert (

@@ -99,7 +99,7 @@ class BaselineBackend(BatchBackend):
         self.prior: dict[str, Any] = {}
 
     def setup(self, context: RunContext) -> None:
-        self.seed = context.seed
+        self.seed = context.local_seed
         if self.kind == "constant":  # an option no question has: every answer out of range, scored 0
             most = max((len(t.options) for c in context.cases for t in c.turns), default=0)
             if self.constant > most:

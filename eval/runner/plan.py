@@ -19,7 +19,7 @@ from typing import Any
 from chexpercept.bundle import Bundle, check_release_dir, read_bundle
 from chexpercept.case import Case
 from chexpercept.cli_options import progress_enabled
-from chexpercept.domains import COUNT
+from chexpercept.domains import COUNT, SEED
 from chexpercept.escape import terminal
 from chexpercept.eval.backends import backend_class
 from chexpercept.eval.backends.options import BackendOptions
@@ -57,7 +57,8 @@ class RunPlan:
     parse_mode: str
     #: what a failed request does: "stop" the run, or "record" the case as unfinished
     on_error: str
-    seed: int
+    #: the seed as applied and recorded (``seed_for``): None where the openai backend sends none
+    seed: int | None
     #: the weights' record for run.json (Hub: revision and commit), None without weights
     weights: dict[str, Any] | None
     output_dir: FsPath
@@ -160,6 +161,25 @@ def sampling_for(spec: ModelSpec, args: argparse.Namespace) -> Sampling:
     return Sampling(temperature=temperature, top_p=top_p, max_tokens=max_tokens, greedy=temperature == 0)
 
 
+def seed_for(spec: ModelSpec, args: argparse.Namespace) -> int | None:
+    """The seed as applied, so as recorded: a local backend applies ``--seed`` (0 when not given);
+    the openai backend sends a seed only when one is given (``--seed``, or ``seed`` in the request
+    fields: ``ModelSpec.request_fields``), else None: the server's own randomness. ValueError for two
+    different seeds, or a request field's seed outside ``--seed``'s domain."""
+    given = getattr(args, "seed", None)
+    if spec.backend != "openai":
+        return 0 if given is None else given
+    fields = spec.request_fields(getattr(args, "request_extra", None))
+    if "seed" not in fields:
+        return given
+    seed = fields["seed"]
+    if seed is not None:
+        SEED.require(seed, "seed in --request-extra")
+    if given is not None and seed != given:
+        raise ValueError(f"--seed {given} and seed {seed!r} in --request-extra: give one")
+    return seed
+
+
 def chat_kwargs_for(spec: ModelSpec, args: argparse.Namespace) -> tuple[dict[str, Any], str | None]:
     """chat_template_kwargs and, if --no-thinking does not apply to this model, a note saying so."""
     kwargs: dict[str, Any] = {}
@@ -260,7 +280,7 @@ def build_plan(args: argparse.Namespace, dist: Distributed) -> tuple[RunPlan, Ba
         oracles=oracles,
         parse_mode=args.parse_mode,
         on_error=args.on_error,
-        seed=args.seed,
+        seed=seed_for(spec, args),
         weights=weights.record() if weights is not None else None,
         output_dir=FsPath(args.output_dir),
         run_name=args.run_name,

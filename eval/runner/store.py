@@ -60,6 +60,9 @@ RECORDED_OTHERWISE = {
     "sampling.top_p": "an API run of an earlier version recorded top_p 1.0 where it sent none, so "
     "the server's own applied; this version records that as None and sends a top_p whenever one is "
     "recorded",
+    "seed": "an API run of an earlier version recorded seed 0 (or --seed) where it sent none, so the "
+    "server's own randomness applied; this version records that as None and sends a seed whenever one "
+    "is recorded",
 }
 
 

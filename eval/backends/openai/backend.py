@@ -388,6 +388,8 @@ class OpenAIBackend(BackendBase):
         #: set when a server asks for a wait longer than the policy takes (eval/backends/openai/retries.py)
         self.pause, self.notices = ServerPause(), WaitNotices()
         self.extra_body = spec.request_fields(options.request_extra)
+        #: the fields put over the body's own: ``extra_body``, and the run's seed once ``setup`` knows it
+        self.fields = self.extra_body
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         if self.chat_template_kwargs and "chat_template_kwargs" in self.extra_body:
             raise ValueError(
@@ -431,7 +433,15 @@ class OpenAIBackend(BackendBase):
 
     def identity(self, context: RunContext) -> dict[str, Any]:
         """What is sent besides the conversation and the decoding: every request field."""
-        return {"request_fields": self.extra_body}
+        return {"request_fields": self._fields(context)}
+
+    def _fields(self, context: RunContext) -> dict[str, Any]:
+        """The request fields put over the body's own: ``--request-extra``'s (with the registry's), and
+        the run's seed where one is given (``chexpercept.eval.runner.plan.seed_for``: None, the
+        default, sends none and the server's own randomness applies)."""
+        if context.seed is None or "seed" in self.extra_body:
+            return self.extra_body
+        return {**self.extra_body, "seed": context.seed}
 
     def usage_summary(self, records: Mapping[str, Mapping[str, Any]]) -> str | None:
         """What the server said it used (never a 0 it did not say: chexpercept.usage)."""
@@ -446,6 +456,7 @@ class OpenAIBackend(BackendBase):
 
     def setup(self, context: RunContext) -> None:
         self.root = str(context.root)
+        self.fields = self._fields(context)
         self._tree = Tree(context.root)  # the release's real path, resolved once for every image
 
     # ------------------------------------------------------------------ payload
@@ -480,7 +491,7 @@ class OpenAIBackend(BackendBase):
             payload["top_p"] = s.top_p
         if self.chat_template_kwargs:
             payload["chat_template_kwargs"] = self.chat_template_kwargs
-        payload.update(self.extra_body)
+        payload.update(self.fields)
         # a null in --request-extra removes the field (servers that reject one of ours)
         return {k: v for k, v in payload.items() if v is not None}
 

@@ -290,7 +290,7 @@ class TransformersBackend(BatchBackend):
             ) from e
         self.root = str(context.root)
         self._torch = torch
-        torch.manual_seed(context.seed)
+        torch.manual_seed(context.local_seed)
         if context.process_index != 0:  # one progress display per run: the main process's
             transformers.utils.logging.disable_progress_bar()
         self.resolved_device = pick_device(self.device, context.local_index)

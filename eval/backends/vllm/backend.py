@@ -298,7 +298,7 @@ class VLLMBackend(BackendBase):
             **self.spec.engine_args,
             "limit_mm_per_prompt": {"image": context.max_images_per_case},
             "allowed_local_media_path": str(context.root),
-            "seed": context.seed,
+            "seed": context.local_seed,
         }
         if self.pipeline_parallel_size > 1:
             args["pipeline_parallel_size"] = self.pipeline_parallel_size
@@ -411,7 +411,7 @@ class VLLMBackend(BackendBase):
     # ------------------------------------------------------------------ life cycle
     def setup(self, context: RunContext) -> None:
         self.root = str(context.root)
-        self.seed = context.seed
+        self.seed = context.local_seed
         self.engine_args = self.build_engine_args(context)
         if context.num_processes > 1:
             # one engine per process on its own devices; vLLM's workers must not see our launcher's group
