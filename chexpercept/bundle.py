@@ -88,37 +88,42 @@ class Bundle:
         return fingerprint(self.root)
 
     def images_fingerprint(self, cache: DigestCache | None = None) -> str:
-        """``sha256:`` over every file under the bundle's ``chexpercept/`` folder (the images, masks
-        and overlays its conversations show) and its whole-file sha256 (chexpercept/file_digest.py:
-        each file read once, then known by its device, inode, size and times): an image changed,
-        replaced, added or removed in place changes it. A link is hashed as its target's text and
-        content; a linked folder is entered, its files hashed like any other (chexpercept/tree_walk.py).
-        Part of a run's identity (eval/runner/identity.py); cost in bench/RESULTS.md."""
-        own = cache is None
-        cache = cache or DigestCache()
-        h = hashlib.sha256()
-        try:
-            images = os.path.join(os.fspath(self.root), IMAGES_DIR)
-            for rel in walk_files(images):  # linked folders entered (chexpercept/tree_walk.py)
-                path = os.path.join(images, rel)
-                if os.path.islink(path):
-                    target = os.readlink(path)
-                    try:
-                        digest = f"link:{target}:{cache.digest(path)}"
-                    except OSError:
-                        digest = f"link:{target}:absent"
-                else:
-                    digest = cache.digest(path)
-                h.update(f"{rel}\0{digest}\n".encode())
-        finally:
-            if own:
-                cache.save()
-        return "sha256:" + h.hexdigest()
+        """``images_fingerprint(self.root)``: part of a run's identity (eval/runner/identity.py)."""
+        return images_fingerprint(self.root, cache)
 
 
 def fingerprint(data_dir: str | os.PathLike[str]) -> str:
     """sha256 of chexpercept.json: identifies the questions and answers a run was made on."""
     return _sha256(FsPath(data_dir) / JSON_NAME, BUNDLE_JSON)
+
+
+def images_fingerprint(data_dir: str | os.PathLike[str], cache: DigestCache | None = None) -> str:
+    """``sha256:`` over every file under the bundle's ``chexpercept/`` folder (the images, masks
+    and overlays its conversations show) and its whole-file sha256 (chexpercept/file_digest.py:
+    each file read once, then known by its device, inode, size and times): an image changed,
+    replaced, added or removed in place changes it. A link is hashed as its target's text and
+    content; a linked folder is entered, its files hashed like any other (chexpercept/tree_walk.py).
+    Part of a run's identity (eval/runner/identity.py); cost in bench/RESULTS.md."""
+    own = cache is None
+    cache = cache or DigestCache()
+    h = hashlib.sha256()
+    try:
+        images = os.path.join(os.fspath(data_dir), IMAGES_DIR)
+        for rel in walk_files(images):  # linked folders entered (chexpercept/tree_walk.py)
+            path = os.path.join(images, rel)
+            if os.path.islink(path):
+                target = os.readlink(path)
+                try:
+                    digest = f"link:{target}:{cache.digest(path)}"
+                except OSError:
+                    digest = f"link:{target}:absent"
+            else:
+                digest = cache.digest(path)
+            h.update(f"{rel}\0{digest}\n".encode())
+    finally:
+        if own:
+            cache.save()
+    return "sha256:" + h.hexdigest()
 
 
 def _sha256(path: FsPath, limit: Limit = BUNDLE_JSON) -> str:

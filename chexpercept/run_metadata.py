@@ -218,6 +218,13 @@ class RunMetadata(_Record):
         "selection": Selection,
     }
 
+    @property
+    def images_fingerprint(self) -> str | None:
+        """The fingerprint of the bundle's images the run was made on (its identity's
+        ``bundle_images``: chexpercept.bundle.images_fingerprint); None where not recorded."""
+        value = (self.settings or {}).get("bundle_images")
+        return value if isinstance(value, str) else None
+
     @classmethod
     def from_json(
         cls, data: str | os.PathLike[str] | dict[str, Any] | RunMetadata, source: str | None = None

@@ -23,7 +23,7 @@ from chexpercept.vocab import LESIONS, PATHS, route_stages
 
 from .columns import DERIVED, FLAT_KEYS
 from .inference import DEFAULT_LEVEL, DEFAULT_POWER, Paired, adjust, paired_columns
-from .partial import PARTIAL_COLUMN, heading, partial_models
+from .partial import PARTIAL_COLUMN, bundle_difference, heading, partial_models
 from .tables import TABLES, table_cells
 
 if TYPE_CHECKING:  # annotations only
@@ -178,9 +178,10 @@ def _aligned(
     a: ModelScores, b: ModelScores
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[str]]:
     """(A's values, B's values, where both apply, cells, metric names) on the cases both have."""
-    if a.fingerprint and b.fingerprint and a.fingerprint != b.fingerprint:
+    differ = bundle_difference({a.name: a, b.name: b})
+    if differ:
         raise ValueError(
-            f"{a.name} and {b.name} were run on different bundles; a paired comparison needs the same cases"
+            f"{a.name} and {b.name} were run on {differ}; a paired comparison needs the same cases"
         )
     common = sorted(set(a.matrix.key_ids) & set(b.matrix.key_ids))
     if not common:

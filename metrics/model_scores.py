@@ -28,6 +28,7 @@ from chexpercept.vocab import LESIONS, PATHS, TASKS
 from .columns import FLAT_KEYS, Column, ColumnMatrix, add_derived, column_mean, e2e_columns, op_columns
 from .inference import INTERVAL_METHOD
 from .inference import intervals as design_intervals
+from .partial import bundle_difference
 from .runs import Run
 from .scoring import TASK_INDEX, CaseScores, score_records
 from .tables import nested_tables
@@ -69,6 +70,8 @@ class ModelScores:
     matrix: ColumnMatrix
     scores: dict[str, CaseScores] = field(repr=False, default_factory=dict)
     fingerprint: str | None = None
+    #: the bundle's images the runs were made on (``Run.images_fingerprint``), None where not recorded
+    images_fingerprint: str | None = None
     intervals: dict[str, tuple[float, float] | None] | None = None
     level: float | None = None
     n_resamples: int | None = None
@@ -291,6 +294,7 @@ def score_model(
         matrix=matrix,
         scores=scores,
         fingerprint=next(iter({r.fingerprint for r in runs if r.fingerprint}), None),
+        images_fingerprint=next(iter({r.images_fingerprint for r in runs if r.images_fingerprint}), None),
         partial=[reason for r in runs for reason in r.partial],
     )
 
@@ -305,9 +309,9 @@ def _by_setting(runs: Sequence[Run]) -> dict[str, Run]:
                 "score them separately or compare them"
             )
         by_setting[run.oracle] = run
-    fingerprints = {r.fingerprint for r in runs if r.fingerprint}
-    if len(fingerprints) > 1:
-        raise ValueError("the runs were made on different bundles (run.json bundle fingerprints differ)")
+    differ = bundle_difference({run.label: run for run in runs})
+    if differ:
+        raise ValueError(f"the runs were made on {differ}")
     return by_setting
 
 

@@ -50,6 +50,34 @@ def different_cases_markdown(reports: Any) -> str:
     return f"**Note**: {markdown_cell(line)}\n\n" if line else ""
 
 
+def bundle_difference(items: Mapping[str, Any]) -> str:
+    """The one rule of "made on the same bundle" for models or runs side by side: "" when every item
+    of ``items`` ({name: a Run or ModelScores}, each with ``fingerprint`` and ``images_fingerprint``)
+    was made on the same questions (chexpercept.json's fingerprint) and the same images (where
+    recorded); else what differs, naming each item's fingerprint: "different bundles (...)" or
+    "the same questions with different images (...)". Images replaced under an unchanged
+    chexpercept.json were ranked beside the first images without a word (red team, stop 44)."""
+    for attribute, what, field_name in (
+        ("fingerprint", "different bundles", "run.json's bundle_fingerprint"),
+        (
+            "images_fingerprint",
+            "the same questions with different images",
+            "run.json's settings.bundle_images",
+        ),
+    ):
+        groups: dict[str, list[str]] = {}
+        for name, item in items.items():
+            value = getattr(item, attribute, None)
+            if value:
+                groups.setdefault(str(value), []).append(str(name))
+        if len(groups) > 1:
+            said = "; ".join(
+                f"{', '.join(names)}: {value.removeprefix('sha256:')[:16]}" for value, names in groups.items()
+            )
+            return f"{what} ({said}, {field_name})"
+    return ""
+
+
 def different_cases(reports: Any) -> str:
     """ "" when every model among ``reports`` (a {name: ModelScores} map) was scored on the same
     cases of the same bundle; else a line naming the bundles (their fingerprints differ: scored on
@@ -58,15 +86,11 @@ def different_cases(reports: Any) -> str:
     or one whose other cases failed) side by side are not comparable."""
     if not isinstance(reports, Mapping):
         return ""
-    bundles: dict[str, list[str]] = {}
-    for name, item in reports.items():
-        if getattr(item, "fingerprint", None):
-            bundles.setdefault(str(item.fingerprint), []).append(str(name))
-    if len(bundles) > 1:  # the same key ids may hold other questions or answers (a release fixed)
-        said = "; ".join(f"{', '.join(names)}: {fp[:16]}" for fp, names in bundles.items())
+    differ = bundle_difference(reports)
+    if differ:  # the same key ids may hold other questions, answers or images (a release fixed)
         return (
-            f"the models were run on different bundles ({said}, run.json's bundle_fingerprint); the "
-            "same case may hold other questions or answers in each, so their numbers are not comparable"
+            f"the models were run on {differ}; the same case may hold other questions, answers or "
+            "images in each, so their numbers are not comparable"
         )
     cases = {
         str(name): frozenset(item.matrix.key_ids)

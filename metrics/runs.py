@@ -73,6 +73,10 @@ class Run:
         return self.meta.bundle.fingerprint if self.meta.bundle else None
 
     @property
+    def images_fingerprint(self) -> str | None:
+        return self.meta.images_fingerprint
+
+    @property
     def label(self) -> str:
         where = f" ({self.path})" if self.path else ""
         return f"oracle {self.oracle} run{where}"

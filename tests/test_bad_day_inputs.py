@@ -315,6 +315,55 @@ def test_models_run_on_different_bundles_are_never_ranked_side_by_side_without_a
     assert "bundle fingerprint" in capsys.readouterr().err
 
 
+def test_models_run_on_the_same_questions_with_other_images_are_never_ranked_side_by_side_without_a_word(
+    fixture_bundle, tmp_path, capsys
+):
+    """A bundle copied and its images shrunk, chexpercept.json unchanged: score --table, the report
+    and --compare ranked a model that saw the first images beside one that saw the others without a
+    word, and the report's case viewer showed the first images for both (red team, stop 44). Every
+    check of "made on the same bundle" now compares the images' fingerprint too (partial.
+    bundle_difference), and the report and push-results check it against the bundle they read."""
+    from PIL import Image
+
+    from chexpercept.cli import main as cli
+    from chexpercept.metrics.hub.identifiers import for_runs
+
+    shrunk = tmp_path / "shrunk"
+    shutil.copytree(fixture_bundle, shrunk)
+    images = sorted((shrunk / "chexpercept").rglob("*.png"))
+    assert images
+    for path in images:
+        with Image.open(path) as image:
+            image.resize((max(1, image.width // 2), max(1, image.height // 2))).save(path)
+    assert (shrunk / "chexpercept.json").read_bytes() == (fixture_bundle / "chexpercept.json").read_bytes()
+    first, second = tmp_path / "first", tmp_path / "second"
+    assert _run(fixture_bundle, first, "--model", "baseline:random") == 0
+    assert _run(shrunk, second, "--model", "baseline:oracle") == 0
+    capsys.readouterr()
+    assert cli(["score", str(first), str(second), "--table", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "run on the same questions with different images (baseline-random: " in out, out
+    assert "settings.bundle_images" in out
+    models = [str(first / "baseline-random"), str(second / "baseline-oracle")]
+    assert cli(["score", *models, "--compare"]) == 2
+    assert "the same questions with different images" in capsys.readouterr().err
+    # the report reads one bundle's images, and refuses a run made on others
+    assert cli(["report", "--results", str(first), str(second), "--output-dir", str(tmp_path / "rep"),
+                "--no-intervals"]) == 2  # fmt: skip
+    assert "settings.bundle_images" in capsys.readouterr().err
+    assert cli(["report", str(second), "--data-dir", str(fixture_bundle), "--output-dir",
+                str(tmp_path / "rep2"), "--no-intervals"]) == 2  # fmt: skip
+    assert "made on other images" in capsys.readouterr().err
+    # push-results checks the bundle it reads the identifiers from
+    run_json = json.loads((second / "baseline-oracle" / "oracle_implicit" / "run.json").read_text())
+    recorded = [
+        (str(fixture_bundle), run_json["bundle"]["fingerprint"], run_json["settings"]["bundle_images"])
+    ]
+    with pytest.raises(ValueError, match="not the ones the runs were made on"):
+        for_runs(fixture_bundle, recorded)
+    assert for_runs(shrunk, recorded) is not None
+
+
 def test_a_constant_baseline_beyond_every_questions_options_is_refused(fixture_bundle, tmp_path, capsys):
     """baseline:constant:9 answered "Answer: 9" to every question and scored 0 without a word."""
     runs = tmp_path / "runs"
@@ -825,3 +874,34 @@ def test_a_local_tokenizer_in_the_engine_arguments_is_taken(tmp_path):
     args = {"tokenizer": str(tmp_path)}
     backend = VLLMBackend(resolve("medgemma-1.5-4b"), sampling=Sampling(0, 1, 8, True), engine_args=args)
     assert backend.engine_overrides["tokenizer"] == str(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "model, extra, named",
+    [
+        ("baseline:random", ["--dtype", "float16"], "--dtype (the transformers backend's)"),
+        ("baseline:random", ["--engine-args", '{"dtype": "half"}'], "--engine-args (the vllm backend's)"),
+        ("baseline:random", ["--request-extra", '{"seed": 1}'], "--request-extra (the openai backend's)"),
+        ("baseline:random", ["--trust-remote-code"], "--trust-remote-code (the transformers backend's)"),
+        ("baseline:random", ["--image-urls", "file"], "--image-urls (the openai backend's)"),
+        (
+            "baseline:random",
+            ["--gpu-memory-utilization", "0.5"],
+            "--gpu-memory-utilization (the vllm backend's)",
+        ),
+    ],
+)
+def test_an_option_of_another_backend_is_refused_not_silently_ignored(
+    fixture_bundle, tmp_path, capsys, model, extra, named
+):
+    """--dtype float16 on a vllm or baseline run, --engine-args on a transformers run, --request-extra
+    on a local one: taken and never applied, while run.json's recorded command said it was given (red
+    team, stop 44). An option of another backend given a value other than its default is refused
+    before anything is read or written."""
+    runs = tmp_path / "runs"
+    assert _run(fixture_bundle, runs, "--model", model, *extra) == 2
+    err = capsys.readouterr().err
+    assert named in err and "of another backend" in err, err
+    assert not runs.exists()
+    # the same option with its own backend's default is no option given
+    assert _run(fixture_bundle, runs, "--model", model, "--concurrency", "8", "--limit", "1") == 0

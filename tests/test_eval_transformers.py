@@ -428,3 +428,28 @@ def test_an_answer_ends_where_the_models_context_ends(fixture_bundle, tiny_model
         assert before.text.startswith(after.text)  # greedy: the same answer, ended sooner
     assert any(r.error for r in capped) and any(0 < r.usage.get("output_tokens", 0) < 6 for r in capped)
     assert answer_caps([10, 20], 8, None) == [8, 8] and answer_caps([10, 20], 8, 25) == [8, 5]
+
+
+def test_a_resume_of_the_model_folder_spelled_otherwise_goes_on_under_the_identity_it_continues(
+    fixture_bundle, tiny_model, tmp_path, monkeypatch, capsys
+):
+    """A run made with ``--model tiny`` and resumed with ``--model /abs/tiny/``: the resume check took
+    the two spellings as one folder (same_model_id), but each new line carried the fingerprint of the
+    settings with the new spelling, so the resume then stopped saying its own earlier lines were
+    "made by another run" (red team, stop 44). A resume now goes on under the identity it continues,
+    in every process."""
+    monkeypatch.chdir(tiny_model.parent)
+    out = tmp_path / "runs"
+    assert run_tiny(fixture_bundle, out, tiny_model.name, "--limit", "1", "--no-score") == 0
+    spelled = str(tiny_model) + "/"
+    assert run_tiny(fixture_bundle, out, spelled, "--limit", "2", "--no-score") == 0, capsys.readouterr().err
+    (folder,) = out.glob("*/oracle_*")
+    lines = [json.loads(x) for x in (folder / "results.jsonl").read_text().splitlines()]
+    assert len(lines) == 2 and lines[0]["run"] == lines[1]["run"]
+    info = json.loads((folder / "run.json").read_text())
+    assert info["settings"]["model_id"] == tiny_model.name  # the identity the run continues
+    assert run_tiny(fixture_bundle, out, spelled, "--limit", "2", "--no-score") == 0
+    from chexpercept.cli import main as cli
+
+    capsys.readouterr()
+    assert cli(["score", str(out)]) == 0, capsys.readouterr().err

@@ -66,3 +66,30 @@ def backend_class(name: str) -> type[BackendClass]:
         raise ValueError(f"unknown backend {name!r}; expected one of {', '.join(BACKENDS)}") from None
     module, _, attr = target.partition(":")
     return getattr(importlib.import_module(module), attr)
+
+
+def refuse_other_backends_options(args: argparse.Namespace, backend: str) -> None:
+    """ValueError naming every option of another backend than ``backend`` that the command line gives
+    a value other than its default: ``--dtype float16`` (transformers) on a vllm or baseline run was
+    taken and never applied, while run.json's recorded command said it was given (red team, stop 44)."""
+    from dataclasses import fields
+
+    from chexpercept.eval.backends.options import option_default
+
+    own = {f.name for f in fields(backend_class(backend).Options)}
+    given = []
+    for name in BACKENDS:
+        if name == backend:
+            continue
+        options = backend_class(name).Options
+        for f in fields(options):
+            value = getattr(args, f.name, None)
+            if f.name not in own and value is not None and value != option_default(f):
+                given.append(f"{options.flag(f.name)} (the {name} backend's)")
+    if given:
+        raise ValueError(
+            f"{', '.join(given)} {'is an option' if len(given) == 1 else 'are options'} of another backend: "
+            f"this model runs on the {backend} backend, which does not read {'it' if len(given) == 1 else 'them'}, "
+            "so the run would not apply what its command says; leave "
+            f"{'it' if len(given) == 1 else 'them'} out, or choose that backend with --backend"
+        )

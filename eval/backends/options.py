@@ -156,7 +156,7 @@ class BackendOptions:
             if meta.get("switch"):
                 group.add_argument(cls.flag(f.name), dest=f.name, action="store_true", help=meta["help"])
                 continue
-            kwargs: dict[str, Any] = {"dest": f.name, "help": meta["help"], "default": _default(f)}
+            kwargs: dict[str, Any] = {"dest": f.name, "help": meta["help"], "default": option_default(f)}
             for key in ("type", "choices", "metavar"):
                 if meta.get(key) is not None:
                     kwargs[key] = meta[key]
@@ -186,7 +186,8 @@ class BackendOptions:
         return dataclasses.replace(self, **changes)
 
 
-def _default(f: dataclasses.Field[Any]) -> Any:
+def option_default(f: dataclasses.Field[Any]) -> Any:
+    """The value a field of an ``Options`` takes when its flag is not given (argparse's default)."""
     if f.default is not dataclasses.MISSING:
         return f.default
     if f.default_factory is not dataclasses.MISSING:

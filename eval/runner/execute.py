@@ -369,6 +369,8 @@ def _take_folders(plan: RunPlan, runs: list[OracleRun], dist: Distributed) -> in
     outcomes = [FolderOutcome.from_json(o) for o in dist.broadcast([o.to_json() for o in outcomes])]
     for run, outcome in zip(runs, outcomes):
         run.outcome = outcome
+        if outcome.ok and outcome.info:  # every process goes on under the identity the folder holds
+            run.settings = outcome.info["settings"]
     failed = [o for o in outcomes if not o.ok and o.status != 0]
     if failed or len(outcomes) < len(runs):
         if error is not None:
@@ -439,6 +441,8 @@ def _prepare_locked(plan: RunPlan, run: OracleRun) -> FolderOutcome:
     written = (folder.run_json, folder.results, folder.failures, folder.quarantine)
     remove_stale_temporaries(folder.path, [p.name for p in written])
     previous = folder.check_settings(run.settings)
+    if previous:  # the identity it continues, equal by settings_diff (a model folder however spelled):
+        run.settings = previous["settings"]  # its new lines carry the earlier lines' fingerprint
     _check_setting_folders(folder, run.settings)
     dropped = repair_tail(folder.results)
     repair_tail(folder.failures)
@@ -534,8 +538,8 @@ def recheck_read_only(plan: RunPlan, run: OracleRun, error: OSError) -> int:
     if not folder.run_json.is_file():
         say_end(None, f"error: {what}", advice)
         return 2
-    folder.check_settings(run.settings)  # reads only; names any difference
-    records = read_records(folder.results, run_identity(run.settings))
+    previous = folder.check_settings(run.settings)  # reads only; names any difference
+    records = read_records(folder.results, run_identity(previous["settings"] if previous else run.settings))
     missing = [c.key_id for c in plan.cases if c.key_id not in records]
     if missing:
         say_end(

@@ -271,7 +271,8 @@ def stage_eval_results(
     for run in runs:
         refuse_partial(run, str(run.path or model_dir))
     recorded = [
-        (r.meta.bundle.path, r.meta.bundle.fingerprint) if r.meta.bundle else (None, None) for r in runs
+        (r.meta.bundle.path if r.meta.bundle else None, r.fingerprint, r.meta.images_fingerprint)
+        for r in runs
     ]
     identifiers = for_runs(bundle, recorded)
     synthetic = any(r.meta.bundle is not None and r.meta.bundle.synthetic for r in runs)

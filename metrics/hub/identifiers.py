@@ -211,15 +211,17 @@ class Identifiers:
 
 
 def for_runs(
-    data_dir: str | os.PathLike[str] | None, recorded: Sequence[tuple[str | None, str | None]]
+    data_dir: str | os.PathLike[str] | None,
+    recorded: Sequence[tuple[str | None, str | None, str | None]],
 ) -> Identifiers:
     """The identifiers of the bundle some runs were made on: ``data_dir``, else the first folder their
-    run.json names that is on this disk. ``recorded``: (run.json bundle.path, bundle.fingerprint) per run.
+    run.json names that is on this disk. ``recorded``: (run.json bundle.path, bundle.fingerprint,
+    settings.bundle_images) per run.
 
-    Raises ValueError when no bundle is found or its fingerprint differs from the runs'."""
-    from chexpercept.bundle import fingerprint
+    Raises ValueError when no bundle is found, or its fingerprint or its images' differ from the runs'."""
+    from chexpercept.bundle import fingerprint, images_fingerprint
 
-    candidates = [str(data_dir)] if data_dir else [p for p, _ in recorded if p]
+    candidates = [str(data_dir)] if data_dir else [p for p, _, _ in recorded if p]
     root = next((p for p in candidates if (FsPath(p) / "chexpercept.json").exists()), None)
     if root is None:
         named = f" (run.json names {candidates[0]})" if candidates and not data_dir else ""
@@ -229,11 +231,20 @@ def for_runs(
             "case identifiers; pass --data-dir DIR"
         )
     actual = fingerprint(root)
-    for _, fp in recorded:
+    for _, fp, _ in recorded:
         if fp and fp != actual:
             raise ValueError(
                 f"the bundle at {root} is not the one the runs were made on (fingerprint {actual[:12]}..., "
                 f"run.json says {fp[:12]}...): pass the bundle they were made on with --data-dir"
+            )
+    images = {value for _, _, value in recorded if isinstance(value, str) and value}
+    if images:
+        actual_images = images_fingerprint(root)
+        for value in sorted(images - {actual_images}):
+            raise ValueError(
+                f"the images of the bundle at {root} are not the ones the runs were made on (images "
+                f"{actual_images.removeprefix('sha256:')[:12]}..., run.json's settings.bundle_images "
+                f"{value.removeprefix('sha256:')[:12]}...): pass the bundle they were made on with --data-dir"
             )
     return Identifiers.from_bundle(root)
 

@@ -150,9 +150,13 @@ def _labels(names: Mapping[str, str] | None, folders: Mapping[str, FsPath]) -> d
     return labels
 
 
-def _recorded(metas: Mapping[str, Mapping[str, Any]]) -> list[tuple[str | None, str | None]]:
+def _recorded(metas: Mapping[str, Mapping[str, Any]]) -> list[tuple[str | None, str | None, str | None]]:
     return [
-        ((m.get("bundle") or {}).get("path"), (m.get("bundle") or {}).get("fingerprint"))
+        (
+            (m.get("bundle") or {}).get("path"),
+            (m.get("bundle") or {}).get("fingerprint"),
+            (m.get("settings") or {}).get("bundle_images"),
+        )
         for m in metas.values()
     ]
 

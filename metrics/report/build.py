@@ -151,6 +151,16 @@ def resolve_bundle(
                 f"at {found.root} ({fingerprint[:12]}...): the run was made on other questions; pass the "
                 "bundle it was made on with --data-dir"
             )
+    images = found.images_fingerprint() if any(run.meta.images_fingerprint for run in runs) else None
+    for run in runs:  # the case viewer shows the bundle's images as the ones the model saw
+        recorded_images = run.meta.images_fingerprint
+        if recorded_images and recorded_images != images:
+            raise ValueError(
+                f"{run.folder}: run.json's settings.bundle_images {recorded_images.removeprefix('sha256:')[:12]}"
+                f"... differs from the images of the bundle at {found.root} "
+                f"({(images or '').removeprefix('sha256:')[:12]}...): the run was made on other images; pass the "
+                "bundle it was made on with --data-dir"
+            )
     return found, notes
 
 
