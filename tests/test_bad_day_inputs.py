@@ -849,7 +849,10 @@ def test_report_never_joins_settings_folders_that_score_refuses(fixture_bundle, 
      ("gpu_memory_utilization", 5), ("tensor_parallel_size", 0), ("max_num_seqs", True),
      # a Hub version outside the snapshot the run fingerprints (red team round 2, stop 43)
      ("revision", "v2"), ("code_revision", "main"), ("tokenizer_revision", "main"),
-     ("tokenizer", "org/other-tokenizer"), ("hf_config_path", "org/other-config")],
+     ("tokenizer", "org/other-tokenizer"), ("hf_config_path", "org/other-config"),
+     # code named by its import path, outside every fingerprint (red team, stop 44)
+     ("logits_processors", ["mylp:Biased"]), ("worker_extension_cls", "mymod.Ext"),
+     ("worker_cls", "mymod.Worker"), ("scheduler_cls", "mymod.Scheduler")],
 )  # fmt: skip
 def test_engine_arguments_the_run_sets_itself_are_refused(key, value):
     """``--engine-args '{"model": ...}'`` loaded another model under the recorded model id;
@@ -874,6 +877,46 @@ def test_a_local_tokenizer_in_the_engine_arguments_is_taken(tmp_path):
     args = {"tokenizer": str(tmp_path)}
     backend = VLLMBackend(resolve("medgemma-1.5-4b"), sampling=Sampling(0, 1, 8, True), engine_args=args)
     assert backend.engine_overrides["tokenizer"] == str(tmp_path)
+
+
+@pytest.mark.parametrize("spelling", ["bare", "dotted", "absolute"])
+@pytest.mark.parametrize("files", [["tokenizer.json"], ["tekken.json"], ["tokenizer.model"], ["vocab.txt"]])
+def test_every_file_an_engine_argument_names_counts_however_it_is_spelled(
+    tmp_path, monkeypatch, spelling, files
+):
+    """``--engine-args '{"tokenizer": "tok2"}'`` (a bare folder name) was recorded as the name alone,
+    and a folder holding only ``tekken.json`` or a sentencepiece model was not read at all: a tokenizer
+    rewritten between two sessions was resumed without a word (red team, stop 44). An engine argument
+    that names files (``ENGINE_ARGS_NAMING_FILES``) counts by every file it names, whatever the spelling."""
+    from chexpercept.eval.backends.vllm.backend import VLLMBackend
+    from chexpercept.eval.protocol import RunContext, Sampling
+    from chexpercept.eval.registry import resolve
+    from chexpercept.eval.runner.identity import with_file_contents
+
+    monkeypatch.chdir(tmp_path)
+    folder = tmp_path / "tok2"
+    folder.mkdir()
+    for name in files:
+        (folder / name).write_text("first")
+    given = {"bare": "tok2", "dotted": "./tok2/", "absolute": str(folder)}[spelling]
+
+    def identity():
+        backend = VLLMBackend(
+            resolve("medgemma-1.5-4b"), sampling=Sampling(0, 1, 8, True), engine_args={"tokenizer": given}
+        )
+        return with_file_contents(backend.identity(RunContext(root=tmp_path, cases=[])))
+
+    before = identity()
+    assert json.dumps(before).count('"content"') >= 1, before
+    (folder / files[0]).write_text("second")
+    assert identity() != before
+    # a file named by a bare name counts too (hf_config_path)
+    (tmp_path / "config.yaml").write_text("a")
+    args = {"hf_config_path": "config.yaml"}
+    backend = VLLMBackend(resolve("medgemma-1.5-4b"), sampling=Sampling(0, 1, 8, True), engine_args=args)
+    first = with_file_contents(backend.identity(RunContext(root=tmp_path, cases=[])))
+    (tmp_path / "config.yaml").write_text("b")
+    assert with_file_contents(backend.identity(RunContext(root=tmp_path, cases=[]))) != first
 
 
 @pytest.mark.parametrize(

@@ -141,7 +141,19 @@ MODEL_FOLDER_MARKERS = (
     "processor_config.json",
     "adapter_config.json",
     "generation_config.json",
+    # a tokenizer folder of another format (sentencepiece, Mistral's tekken, BPE's vocabulary files)
+    "tokenizer.model",
+    "tekken.json",
+    "vocab.json",
+    "merges.txt",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "params.json",
 )
+#: engine arguments whose string names files the engine reads, however it is spelled (a bare folder
+#: name too: the vllm backend checks that it exists): the file, or every file of the folder, counts
+ENGINE_ARGS_NAMING_FILES = ("tokenizer", "hf_config_path")
 
 
 def with_file_contents(value: Any, cache: DigestCache | None = None) -> Any:
@@ -174,14 +186,17 @@ def _names_a_path(value: str) -> bool:
     return "/" in value or value.startswith("~") or value.lower().endswith(PATH_SUFFIXES)
 
 
-def _contents(value: Any, cache: DigestCache) -> Any:
+def _contents(value: Any, cache: DigestCache, key: Any = None) -> Any:
     if isinstance(value, Mapping):
-        return {k: _contents(v, cache) for k, v in value.items()}
+        return {k: _contents(v, cache, k) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [_contents(v, cache) for v in value]
-    if isinstance(value, str) and _names_a_path(value):
+    if not isinstance(value, str):
+        return value
+    named = key in ENGINE_ARGS_NAMING_FILES  # a file or folder whatever its spelling: read whole
+    if named or _names_a_path(value):
         path = FsPath(os.path.expanduser(value))
-        if path.is_dir() and any((path / name).is_file() for name in MODEL_FOLDER_MARKERS):
+        if path.is_dir() and (named or any((path / name).is_file() for name in MODEL_FOLDER_MARKERS)):
             return {"path": value, "content": folder_fingerprint(path, cache)}
         if path.is_file():
             return {"path": value, "content": "sha256:" + cache.digest(path)}

@@ -68,6 +68,7 @@ from chexpercept.eval.protocol import (
     Sampling,
 )
 from chexpercept.eval.registry import ModelSpec
+from chexpercept.eval.runner.identity import ENGINE_ARGS_NAMING_FILES
 from chexpercept.eval.runner.interrupts import shielded_children
 from chexpercept.eval.runner.preflight import ContextLimits, model_context_length
 from chexpercept.input_files import IMAGE, open_input
@@ -126,10 +127,9 @@ ENGINE_ARGS_OF_THE_RUN = {
     "code_revision": "the model's code runs from the commit run.json records (--revision)",
     "tokenizer_revision": "give tokenizer as a local folder, whose files count in the run's identity",
 }
-#: engine arguments that name model files: a local folder or file only (its content counts in the
-#: run's identity, eval/runner/identity.py: with_file_contents); a Hub id there loads whatever the
-#: cache's refs hold that day, which no identity records
-ENGINE_ARGS_NAMING_FILES = ("tokenizer", "hf_config_path")
+#: engine arguments that name code by its import path (a module of the working directory or of the
+#: environment): what it does cannot be fingerprinted, so no identity could tell two runs apart
+ENGINE_ARGS_NAMING_CODE = ("logits_processors", "worker_cls", "worker_extension_cls", "scheduler_cls")
 #: engine arguments that are also options: in --engine-args, the option's domain holds as well
 ENGINE_ARG_DOMAINS = {
     "gpu_memory_utilization": SHARE,
@@ -209,6 +209,13 @@ class VLLMBackend(BackendBase):
         if taken:
             raise ValueError(
                 "--engine-args may not set " + "; ".join(f"{k} ({why})" for k, why in taken.items())
+            )
+        code = [k for k in ENGINE_ARGS_NAMING_CODE if k in self.engine_overrides]
+        if code:
+            raise ValueError(
+                f"--engine-args may not set {', '.join(code)}: it names code by its import path, which runs "
+                "outside the model's folder and the run's identity, so a change to it could never be told "
+                "apart on a resume"
             )
         for key, domain in ENGINE_ARG_DOMAINS.items():
             if key in self.engine_overrides:
