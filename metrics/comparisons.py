@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from chexpercept.escape import csv_cell, markdown_cell
 from chexpercept.vocab import LESIONS, PATHS, route_stages
 
 from .columns import DERIVED, FLAT_KEYS
@@ -389,17 +390,17 @@ def csv_rows(
     comparison: Comparison, families: Iterable[str] | None = None
 ) -> tuple[list[str], list[list[Any]]]:
     """(header, rows) of the comparison's CSV: one row per test of the families shown, values as
-    fractions (stages for depth), empty where None."""
+    fractions (stages for depth), empty where None, text escaped for a spreadsheet (``csv_cell``)."""
     rows = []
     for result in _selected(comparison, families):
         for row in result.rows:
             d = row.as_dict()
             d["lo"], d["hi"] = d.pop("interval")
             d["family"] = result.family.id
-            rows.append(["" if d[c] is None else d[c] for c in CSV_COLUMNS])
+            rows.append(["" if d[c] is None else csv_cell(d[c]) for c in CSV_COLUMNS])
     if comparison.partial:  # why the numbers are partial (metrics/partial.py), on every row
         why = "; ".join(f"{name}: {'; '.join(r)}" for name, r in comparison.partial.items())
-        return [*CSV_COLUMNS, PARTIAL_COLUMN], [[*row, why] for row in rows]
+        return [*CSV_COLUMNS, PARTIAL_COLUMN], [[*row, csv_cell(why)] for row in rows]
     return list(CSV_COLUMNS), rows
 
 
@@ -427,7 +428,9 @@ def render_comparison(
         writer.writerow(header)
         writer.writerows(rows)
         return buf.getvalue()
-    a, b = comparison.a, comparison.b
+    # the models' names come from run.json: escaped for markdown as --table escapes them (red team,
+    # stop 44: a | or <img> in a name broke the table and put HTML in it)
+    a, b = markdown_cell(comparison.a), markdown_cell(comparison.b)
     parts = [f"**Paired comparison: {a} - {b}** on the {comparison.cases:,} cases both were scored on", ""]
     mark = heading(comparison.partial)
     if mark:

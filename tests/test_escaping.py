@@ -134,6 +134,32 @@ def test_a_hostile_model_name_stays_in_its_table_cell(work, capsys):
     assert rows[1][0] == '\'=HYPERLINK("http://x","y")'
 
 
+def test_a_hostile_model_name_stays_in_its_cell_in_a_comparison(work, capsys):
+    """score A B --compare and the report's comparisons put run.json's names into markdown and CSV
+    unescaped: a | broke the table's columns, <img> went into the markdown, ESC reached the terminal
+    (red team, stop 44). They are escaped as --table escapes them."""
+    hostile = "x | 1.0\n| fake \x1b[2J<img src=y>"
+    _set_meta(work, display_name=hostile, model=hostile)
+    args = ["--data-dir", str(work / "bundle"), "--model", "baseline:oracle", "--oracle", "none"]
+    assert run_main([*args, "--output-dir", str(work / "runs"), "--no-progress", "--no-score"]) == 0
+    models = [str(work / "runs" / "baseline-random"), str(work / "runs" / "baseline-oracle")]
+    capsys.readouterr()
+    assert cli(["score", *models, "--compare"]) == 0
+    captured = capsys.readouterr()
+    inert(captured.out + captured.err)
+    header = next(line for line in captured.out.splitlines() if line.startswith("| Metric"))
+    assert "\\<img src=y\\>" in header and header.replace("\\|", "").count("|") == 10, header
+    report = work / "report"
+    assert cli(["report", "--results", str(work / "runs"), "--output-dir", str(report), "--no-plots",
+                "--no-intervals"]) == 0  # fmt: skip
+    md = (report / "comparisons.md").read_text()
+    assert "**Paired comparison: " in md
+    inert(md)
+    assert "<img" not in md.replace("\\<img", ""), md
+    rows = list(csv.reader(io.StringIO((report / "comparisons.csv").read_text())))
+    assert all("\x1b" not in cell for row in rows for cell in row)
+
+
 def test_a_failure_reason_from_a_file_is_shown_escaped(work, capsys):
     folder = _results(work).parent
     lines = _results(work).read_text().splitlines()

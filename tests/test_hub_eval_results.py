@@ -5,6 +5,7 @@ in a pull request), ``benchmark-card`` (README.md and eval.yaml), ``leaderboard`
 from __future__ import annotations
 
 import json
+import socket
 import shutil
 from pathlib import Path
 
@@ -277,6 +278,16 @@ def test_leaderboard_errors_name_the_repo(hub, capsys, monkeypatch):
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     assert cli(["leaderboard", BENCH]) == 1
     assert "HF_HUB_OFFLINE=1" in capsys.readouterr().err
+    # a Hub that cannot be reached (nothing listens there): one line, never the HTTP client's
+    # traceback (red team, stop 44)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+    assert cli(["leaderboard", BENCH]) == 1
+    err = capsys.readouterr().err
+    assert f"{BENCH}: the Hub could not be reached (ConnectError" in err and "Traceback" not in err, err
 
 
 def test_report_shows_the_hub_rows_beside_local_runs(runs, board, tmp_path, capsys):

@@ -113,6 +113,11 @@ def read_leaderboard(
         raise LeaderboardError(
             f"{repo}: the Hub's reply is JSON nested too deeply to read (not a leaderboard)"
         ) from None
+    except Exception as e:  # the Hub's HTTP client (httpx2's ConnectError, a timeout...): one line, as
+        # push-results says it (red team, stop 44: no DNS printed a traceback)
+        raise LeaderboardError(
+            f"{repo}: the Hub could not be reached ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'no reason given'})"
+        ) from e
     return sorted((_entry(r, repo, n) for n, r in enumerate(raw, start=1)), key=lambda e: (e.rank, e.model))
 
 

@@ -37,6 +37,7 @@ from pathlib import Path as FsPath
 from typing import Any
 
 from chexpercept.bundle import Bundle
+from chexpercept.escape import csv_cell, markdown_cell
 from chexpercept.fileio import copy_file, private_dir, replaced_dir, write_atomic
 from chexpercept.input_files import IMAGE
 from chexpercept.metrics.discovery import (
@@ -421,7 +422,7 @@ def _write_comparisons(
         try:
             comparison = compare(reports[a], reports[b])
         except ValueError as e:  # other bundles, no shared case: said, not fatal
-            blocks += [f"**{a} - {b}**: not compared: {e}.", ""]
+            blocks += [f"**{markdown_cell(a)} - {markdown_cell(b)}**: not compared: {markdown_cell(e)}.", ""]
             continue
         if not explained:  # how to read the tables, once
             blocks += [how_to_read(comparison), ""]
@@ -429,7 +430,7 @@ def _write_comparisons(
         blocks.append(render_comparison(comparison, families=["2"], explain=False))
         names, pair_rows = csv_rows(comparison, families=["all"])
         header = max(header, ["model_a", "model_b", *names], key=len)  # with a partial column if any
-        rows += [[a, b, *row] for row in pair_rows]
+        rows += [[csv_cell(a), csv_cell(b), *row] for row in pair_rows]
     rows = [row + [""] * (len(header) - len(row)) for row in rows]  # whole pairs: an empty partial cell
     markdown = "\n".join(blocks)
     md = _write(out / "comparisons.md", f"# {title}: paired comparisons\n\n{markdown}")
