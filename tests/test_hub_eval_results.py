@@ -5,8 +5,8 @@ in a pull request), ``benchmark-card`` (README.md and eval.yaml), ``leaderboard`
 from __future__ import annotations
 
 import json
-import socket
 import shutil
+import socket
 from pathlib import Path
 
 import pytest
