@@ -130,8 +130,9 @@ def output_file(path: str | os.PathLike[str]) -> str | None:
     to a folder is then refused as the folder is), so that the file is written and the link kept;
     a device or a pipe as it is (``chexpercept.fileio.write_atomic`` writes into it). Replacing a
     link turned ``--output /dev/stdout`` into a file in /dev as root, and left the file a link named
-    untouched. Raises ValueError for an empty name, and ``chexpercept.errors.Refused`` for a file
-    inside a run's folder or a release (``refuse_inside_ours``)."""
+    untouched. Raises ValueError for an empty name or a folder that does not exist
+    (``_require_folder``), and ``chexpercept.errors.Refused`` for a file inside a run's folder or a
+    release (``refuse_inside_ours``)."""
     name = os.fspath(path)
     if name == "-":
         return None
@@ -141,12 +142,29 @@ def output_file(path: str | os.PathLike[str]) -> str | None:
     try:
         st, out = os.stat(name), os.fstat(1)
     except OSError:  # missing, or stdout closed: the name as it is (a dangling link: its target)
-        return refuse_inside_ours(os.path.realpath(name), name)
+        target = refuse_inside_ours(os.path.realpath(name), name)
+        _require_folder(target or name)
+        return target
     if (st.st_dev, st.st_ino) == (out.st_dev, out.st_ino):
         return None
     if stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode):
         return refuse_inside_ours(os.path.realpath(name), name)
     return name
+
+
+def _require_folder(name: str) -> None:
+    """ValueError unless the folder ``name`` would be written in exists: a file is written only into
+    a folder that does, as a shell's ``>`` writes it (a typo made a tree of folders; red team, stop 44)."""
+    folder = os.path.dirname(os.path.abspath(name))
+    if os.path.isdir(folder):
+        return
+    missing = folder
+    while not os.path.isdir(os.path.dirname(missing)) and os.path.dirname(missing) != missing:
+        missing = os.path.dirname(missing)
+    raise ValueError(
+        f"{terminal(name)}: the folder {terminal(missing)} does not exist (a file is written only into a "
+        "folder that does, as a shell's > writes it); make it first, or give another file"
+    )
 
 
 def _trusted(uid: int) -> bool:

@@ -597,6 +597,13 @@ def test_an_output_file_never_replaces_a_runs_files_or_lands_in_a_release(fixtur
     assert stored.read_bytes() == before["results.jsonl"]
     assert cli(["score", str(runs), "--output", str(runs / "scores.json")]) == 0  # beside the models
     assert (runs / "scores.json").stat().st_size > 0
+    # a folder that does not exist is not made: a typo never makes a tree of folders (red team, stop 44)
+    for argv in (["score", str(runs)], ["power"]):
+        typo = tmp_path / "typo" / "sub" / "x.json"
+        assert _status(lambda a=argv: cli([*a, "--output", str(typo)])) == 2
+        err = capsys.readouterr().err
+        assert f"the folder {tmp_path / 'typo'} does not exist" in err and "Traceback" not in err, err
+        assert not (tmp_path / "typo").exists()
 
 
 def test_every_output_file_option_is_checked_as_it_is_parsed():
