@@ -598,8 +598,8 @@ def test_an_output_file_never_replaces_a_runs_files_or_lands_in_a_release(fixtur
     assert cli(["score", str(runs), "--output", str(runs / "scores.json")]) == 0  # beside the models
     assert (runs / "scores.json").stat().st_size > 0
     # a folder that does not exist is not made: a typo never makes a tree of folders (red team, stop 44)
+    typo = tmp_path / "typo" / "sub" / "x.json"
     for argv in (["score", str(runs)], ["power"]):
-        typo = tmp_path / "typo" / "sub" / "x.json"
         assert _status(lambda a=argv: cli([*a, "--output", str(typo)])) == 2
         err = capsys.readouterr().err
         assert f"the folder {tmp_path / 'typo'} does not exist" in err and "Traceback" not in err, err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -213,7 +214,10 @@ def test_from_run_needs_a_timed_run_of_the_same_model(bundle, tmp_path, capsys):
     assert "cannot time 'gpt-5.4-2026-03-05'" in capsys.readouterr().err
     with pytest.raises(SystemExit):  # one way to give the throughput
         cli([*args, "--from-run", str(out), "--tokens-per-second", "10"])
-    target = tmp_path / "new" / "folder" / "e.md"
+    target = tmp_path / "new" / "folder" / "e.md"  # written into a folder that exists, as > writes
+    assert cli([*args, "--output", str(target)]) == 2 and not target.parent.parent.exists()
+    assert "does not exist" in capsys.readouterr().err
+    target.parent.mkdir(parents=True)
     assert cli([*args, "--output", str(target)]) == 0 and target.is_file()
 
 
@@ -318,6 +322,15 @@ def test_from_run_times_the_answer_length_asked_for(tiny_model, tmp_path, capsys
     assert any(n.startswith("time from ") for n in estimates[4]["notes"])
     assert not any("far from --answer-tokens" in n for n in estimates[4]["notes"])
     assert any("far from --answer-tokens 400" in n for n in estimates[400]["notes"])
+    # a trial run on another bundle (the same key ids, other questions) times nothing (red team, stop 44)
+    other = tmp_path / "other"
+    shutil.copytree(root, other)
+    index = other / "chexpercept.json"
+    index.write_text(index.read_text().replace("Is any finding", "Is there any finding", 3))
+    args = ["estimate", "--data-dir", str(other), "--model", str(tiny_model), "--backend", "transformers",
+            "--oracle", "implicit", "--limit", "4", "--from-run", str(folder)]  # fmt: skip
+    assert cli(args) == 2
+    assert "the trial was run on another bundle" in capsys.readouterr().err
 
 
 def test_a_trial_runs_json_with_a_time_that_is_not_one_is_refused(tmp_path):

@@ -156,19 +156,32 @@ def timed_session(run_dir: str, model_id: str) -> tuple[dict[str, Any], float, i
     return info, seconds, cases
 
 
-def measured_throughput(run_dir: str, spec: Any, cases: list[Any], counter: Any) -> Throughput:
+def measured_throughput(
+    run_dir: str, spec: Any, cases: list[Any], counter: Any, *, fingerprint: str | None = None
+) -> Throughput:
     """Tokens per second of a timed trial run of the same model: the conversations it had, replayed
     and counted as the estimate counts (uncached input plus output tokens, each answer as long as
     the run reported), over the seconds its last session took. The estimate's time is then its own
     count at ``--answer-tokens`` over this rate, so it follows the answer length asked for.
 
-    Raises ValueError naming the file (see ``timed_session``; also: no case of this bundle)."""
+    ``fingerprint``: the bundle's (chexpercept.bundle.fingerprint), which the trial's run.json must
+    record: the same key ids in another bundle hold other conversations (red team, stop 44).
+
+    Raises ValueError naming the file (see ``timed_session``; also: another bundle, no case of it)."""
     from chexpercept.eval.estimate.count import estimate_recorded
     from chexpercept.results import RESULTS_NAME, iter_results
     from chexpercept.usage import count
 
     info, seconds, session_cases = timed_session(run_dir, spec.model_id)
     folder = FsPath(run_dir)
+    recorded = (info.get("bundle") or {}).get("fingerprint") if isinstance(info.get("bundle"), dict) else None
+    if fingerprint is not None and recorded != fingerprint:
+        shown = f"{str(recorded)[:12]}..." if recorded else "none recorded"
+        raise ValueError(
+            f"{folder / 'run.json'}: the trial was run on another bundle (bundle fingerprint {shown}; "
+            f"--data-dir's is {fingerprint[:12]}...), whose cases hold other conversations; time a trial "
+            "on this bundle"
+        )
     selected = {c.key_id for c in cases}
     results = [r for r in iter_results(folder / RESULTS_NAME) if r.key_id in selected]
     answers = [t for r in results for t in r.turns]
@@ -335,7 +348,11 @@ def run(args: argparse.Namespace) -> int:
         counter = _counter(
             spec, bundle.root, args.answer_tokens, chat_kwargs, lambda: sample_calls(cases, settings)
         )
-        measured = measured_throughput(args.from_run, spec, bundle.cases, counter) if args.from_run else None
+        measured = (
+            measured_throughput(args.from_run, spec, bundle.cases, counter, fingerprint=bundle.fingerprint())
+            if args.from_run
+            else None
+        )
         rate = measured.tokens_per_second if measured else args.tokens_per_second
         rows, lows, highs = [], [], []
         for oracle in settings:
