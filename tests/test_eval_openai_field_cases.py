@@ -434,6 +434,38 @@ def test_a_resume_of_an_api_run_that_recorded_an_unsent_seed_is_refused_saying_w
     assert "seed: 0 -> None" in err and "recorded seed 0 (or --seed) where it sent none" in err, err
 
 
+def test_a_vllm_server_gets_the_neutral_value_of_every_field_it_would_fill_from_the_generation_config(
+    fixture_bundle, tmp_path, capsys
+):
+    """A vllm serve fills each sampling field a request leaves out from the model's
+    generation_config.json (Qwen2.5-VL's repetition_penalty 1.05 under a run recorded as greedy; a
+    server restarted with another --generation-config changed answers under the same identity: red
+    team, stop 44). Towards a server that says it is vLLM the run sends the neutral value of each
+    (VLLM_NEUTRAL_SAMPLING, as the offline engine applies none), a field --request-extra sets wins,
+    and the run's identity holds them; a server that is not vLLM gets none of them."""
+    from chexpercept.eval.backends.openai.image_ids import VLLM_NEUTRAL_SAMPLING
+
+    with FakeServer(vllm=True) as server:
+        extra = ["--request-extra", '{"repetition_penalty": 1.2}', "--limit", "1", "--no-score"]
+        assert cli(fixture_bundle, tmp_path / "vllm", server, *extra) == 0
+    bodies = [r["body"] for r in server.requests]
+    assert bodies and all(b["repetition_penalty"] == 1.2 for b in bodies)
+    for key, value in VLLM_NEUTRAL_SAMPLING.items():
+        if key != "repetition_penalty":
+            assert all(b[key] == value for b in bodies), key
+    (info,) = [json.loads(p.read_text()) for p in (tmp_path / "vllm").glob("*/oracle_implicit/run.json")]
+    sent = info["settings"]["backend_identity"]["request_fields"]
+    assert sent == {**VLLM_NEUTRAL_SAMPLING, "repetition_penalty": 1.2}
+    with FakeServer() as server:  # not vLLM: an OpenAI API refuses fields it does not know
+        assert cli(fixture_bundle, tmp_path / "api", server, "--limit", "1", "--no-score") == 0
+    assert not any(key in r["body"] for r in server.requests for key in VLLM_NEUTRAL_SAMPLING)
+    # the same folder, now answered by a server that is not vLLM: the resume is refused
+    capsys.readouterr()
+    with FakeServer() as server:
+        assert cli(fixture_bundle, tmp_path / "vllm", server, "--limit", "2", "--no-score") == 2
+    assert "request_fields.top_k: -1 -> (absent)" in capsys.readouterr().err
+
+
 def test_request_extra_sampling_is_what_run_json_records(fixture_bundle, tmp_path):
     with FakeServer() as server:
         assert (

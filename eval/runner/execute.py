@@ -248,7 +248,11 @@ def execute(plan: RunPlan, backend: Backend, dist: Distributed, children: ChildP
     header = header_of(plan, dist)
     # weights and images are hashed once per command, by the main process only (every process of an
     # accelerate run would otherwise read a model not yet in the digest cache whole at once)
-    shared = _shared_settings(plan, backend, context, dist)
+    try:
+        shared = _shared_settings(plan, backend, context, dist)
+    except BaseException:
+        _close_unused(backend)
+        raise
     runs = [
         OracleRun(
             oracle,
@@ -275,6 +279,9 @@ def execute(plan: RunPlan, backend: Backend, dist: Distributed, children: ChildP
         finally:
             _remove_created(runs)
         raise
+    finally:
+        if not taken:  # refused, or every setting complete: the backend never ran (_run_all closes it)
+            _close_unused(backend)
     try:
         _forget_unsaved(runs, dist, ran=taken)
         _let_go(runs, dist, children)
@@ -283,6 +290,13 @@ def execute(plan: RunPlan, backend: Backend, dist: Distributed, children: ChildP
     finally:
         _remove_created(runs)
     return status
+
+
+def _close_unused(backend: Backend) -> None:
+    """Close a backend that never ran (what it started to make the run's identity: the openai
+    backend's question of what its server is); a close that fails is not the error to tell."""
+    with contextlib.suppress(Exception):
+        backend.close()
 
 
 def _forget_unsaved(runs: list[OracleRun], dist: Distributed, *, ran: bool) -> None:

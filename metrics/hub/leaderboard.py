@@ -92,6 +92,8 @@ def read_leaderboard(
     from huggingface_hub import constants
     from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled, RepositoryNotFoundError
 
+    from chexpercept.errors import Refused
+
     from .commit import hub_api
 
     if constants.HF_HUB_OFFLINE:
@@ -113,6 +115,8 @@ def read_leaderboard(
         raise LeaderboardError(
             f"{repo}: the Hub's reply is JSON nested too deeply to read (not a leaderboard)"
         ) from None
+    except Refused:  # refused on purpose (another account's server on the Hub's port): its own line
+        raise
     except Exception as e:  # the Hub's HTTP client (httpx2's ConnectError, a timeout...): one line, as
         # push-results says it (red team, stop 44: no DNS printed a traceback)
         raise LeaderboardError(

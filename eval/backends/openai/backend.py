@@ -72,6 +72,7 @@ from chexpercept.eval.backends.occupancy import InFlightClock, WorkLedger, ratio
 from chexpercept.eval.backends.openai.image_ids import (
     ASK_SECONDS,
     MODELS_REPLY_LIMIT,
+    VLLM_NEUTRAL_SAMPLING,
     ImageIds,
     is_cache_miss,
     refuses_ids,
@@ -417,6 +418,8 @@ class OpenAIBackend(BackendBase):
         #: images a vLLM server holds, sent by id alone (eval/backends/openai/image_ids.py)
         self.ids = ImageIds(options.image_ids)
         self._asked_server: Any = None
+        #: what the server said it is (``_server``): asked once, before the run's identity is made
+        self._server_says: tuple[bool, str | None] | None = None
         #: bytes of the request bodies sent, every attempt counted
         self.bytes_sent = 0
         self._builders: ThreadPoolExecutor | None = None
@@ -436,12 +439,29 @@ class OpenAIBackend(BackendBase):
         return {"request_fields": self._fields(context)}
 
     def _fields(self, context: RunContext) -> dict[str, Any]:
-        """The request fields put over the body's own: ``--request-extra``'s (with the registry's), and
-        the run's seed where one is given (``chexpercept.eval.runner.plan.seed_for``: None, the
-        default, sends none and the server's own randomness applies)."""
-        if context.seed is None or "seed" in self.extra_body:
-            return self.extra_body
-        return {**self.extra_body, "seed": context.seed}
+        """The request fields put over the body's own: ``--request-extra``'s (with the registry's); the
+        run's seed where one is given (``chexpercept.eval.runner.plan.seed_for``: None, the default,
+        sends none and the server's own randomness applies); and, to a server that says it is vLLM,
+        the neutral value of each sampling field it would otherwise fill from the model's generation
+        config (``VLLM_NEUTRAL_SAMPLING``: Qwen2.5-VL's repetition_penalty 1.05 applied under a run
+        recorded as greedy; red team, stop 44)."""
+        fields = dict(self.extra_body)
+        if context.seed is not None and "seed" not in fields:
+            fields["seed"] = context.seed
+        if self._server()[0]:
+            fields = {**{k: v for k, v in VLLM_NEUTRAL_SAMPLING.items() if k not in fields}, **fields}
+        return fields
+
+    def _server(self) -> tuple[bool, str | None]:
+        """(whether the server says it is vLLM, why it is sent no image by id or None), asked once
+        (``GET /models`` and ``GET /version``, within ``ASK_SECONDS``): before the run's identity is
+        made, since what is sent depends on it. A server that cannot be asked is no vLLM (its
+        requests then say why)."""
+        if self._server_says is None:
+            if self._loop is None:
+                self._loop = _LoopThread(self.route)
+            self._server_says = self._loop.start(self._ask_server()).result(timeout=ASK_SECONDS + 5)
+        return self._server_says
 
     def usage_summary(self, records: Mapping[str, Mapping[str, Any]]) -> str | None:
         """What the server said it used (never a 0 it did not say: chexpercept.usage)."""
@@ -547,8 +567,9 @@ class OpenAIBackend(BackendBase):
     def submit(self, requests: Sequence[Request]) -> None:
         """Each request goes out at once (within the in-flight limit) on the backend's event loop;
         its new images start encoding at once and its body is built on a thread of its own."""
-        if self._loop is None:
+        if self._loop is None:  # started here, or by the question of what the server is (_server)
             self._loop = _LoopThread(self.route)
+        if self._builders is None:
             self._builders = ThreadPoolExecutor(BODY_WORKERS, thread_name_prefix="chexpercept-body")
         images = [i for r in requests for i in r.images]
         held = self.ids.held(images)  # sent by id alone: nothing to encode
@@ -581,10 +602,13 @@ class OpenAIBackend(BackendBase):
     async def _answer(self, request: Request) -> None:
         answer: Response | BaseException
         try:
-            if self.ids.on is None:  # ids auto: ask the server once, whoever comes first
-                if self._asked_server is None:
-                    self._asked_server = asyncio.ensure_future(self._ask_server())
-                why_not = await asyncio.shield(self._asked_server)
+            if self.ids.on is None:  # ids auto: what the server said it is (asked before any request)
+                if self._server_says is not None:
+                    why_not = self._server_says[1]
+                else:  # a backend driven without setup: ask once, whoever comes first
+                    if self._asked_server is None:
+                        self._asked_server = asyncio.ensure_future(self._ask_server())
+                    why_not = (await asyncio.shield(self._asked_server))[1]
                 if self.ids.on is None:
                     self.ids.decided(why_not)
             answer = await self._send(request, resend=False)
@@ -622,9 +646,10 @@ class OpenAIBackend(BackendBase):
             self.images.drop(carried)
         return answer
 
-    async def _ask_server(self) -> str | None:
-        """Why this endpoint is sent no image by id, or None: its ``GET /models`` and ``GET /version``
-        (eval/backends/openai/image_ids.py). No clear answer within ``ASK_SECONDS`` is a no."""
+    async def _ask_server(self) -> tuple[bool, str | None]:
+        """(whether the server says it is vLLM, why this endpoint is sent no image by id or None): its
+        ``GET /models`` and ``GET /version`` (eval/backends/openai/image_ids.py). No clear answer
+        within ``ASK_SECONDS`` is a no."""
         assert self._loop is not None
         parts = urlsplit(self.url)
         base = parts.path.rsplit("/chat/completions", 1)[0]
@@ -641,16 +666,17 @@ class OpenAIBackend(BackendBase):
                     data += chunk
                 return data
 
-        async def both() -> str | None:
+        async def both() -> tuple[bool, str | None]:
             models = await read(base + "/models")  # /version is asked of a vLLM only
-            return why_not_vllm(models, await read(root + "/version") if says_vllm(models) else b"")
+            vllm = says_vllm(models)
+            return vllm, why_not_vllm(models, await read(root + "/version") if vllm else b"")
 
         try:
             return await asyncio.wait_for(both(), ASK_SECONDS)
         except asyncio.TimeoutError:
-            return f"the server did not say what it is within {ASK_SECONDS:g} s"
+            return False, f"the server did not say what it is within {ASK_SECONDS:g} s"
         except Exception as e:  # refused, unreachable: the requests themselves say so
-            return f"the server could not be asked what it is ({type(e).__name__})"
+            return False, f"the server could not be asked what it is ({type(e).__name__})"
 
     async def _one(self, request: Request, body: tuple[bytes, ...], *, by_id: bool = False) -> Response:
         where = f"{request.key_id} ({request.task})"

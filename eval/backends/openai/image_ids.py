@@ -100,6 +100,21 @@ def why_not_vllm(models_reply: bytes, version_reply: bytes) -> str | None:
     return None
 
 
+#: the sampling fields a vLLM server fills from the model's generation config (``generation_config.json``:
+#: Qwen2.5-VL's repetition_penalty 1.05, Gemma 3's top_k 64) when a request leaves them out
+#: (vllm/entrypoints/openai/chat_completion/protocol.py: ``to_sampling_params``), at the values vLLM's
+#: offline engine takes when they are not given (``SamplingParams``: none of them applied; top_k -1,
+#: "disabled", which every vLLM takes). Sent to a server that says it is vLLM, unless the request's
+#: fields set them, so that its decoding is the one run.json records, as the vllm backend's is.
+VLLM_NEUTRAL_SAMPLING: dict[str, float | int] = {
+    "repetition_penalty": 1.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "top_k": -1,
+    "min_p": 0.0,
+}
+
+
 class ImageIds:
     """The ids of a run's images and which of them the server holds (thread-safe: request bodies
     are built on worker threads, replies arrive on the event loop)."""
