@@ -151,6 +151,8 @@ class FakeServer:
         self.split_models = False
         #: image parts without pixels refused as vLLM before 0.11 refuses them (a 400 naming image_url)
         self.refuse_ids = False
+        #: the models GET /models lists besides "m": served name -> root (where vLLM loaded it from)
+        self.roots: dict[str, str] = {}
         #: uuid -> image URL (vllm=True)
         self.held: dict[str, str] = {}
         server = self
@@ -162,7 +164,9 @@ class FakeServer:
             def do_GET(self):
                 if self.path.endswith("/models"):
                     owner = "vllm" if server.vllm else "organization-owner"
-                    reply = {"object": "list", "data": [{"id": "m", "owned_by": owner}]}
+                    listed = [{"id": "m", "owned_by": owner}]
+                    listed += [{"id": k, "owned_by": owner, "root": v} for k, v in server.roots.items()]
+                    reply = {"object": "list", "data": listed}
                 elif self.path == "/version" and server.vllm and server.vllm_version:
                     reply = {"version": server.vllm_version}
                 else:

@@ -466,6 +466,25 @@ def test_a_vllm_server_gets_the_neutral_value_of_every_field_it_would_fill_from_
     assert "request_fields.top_k: -1 -> (absent)" in capsys.readouterr().err
 
 
+def test_another_checkpoint_served_under_the_same_name_at_the_same_url_stops_the_resume(
+    fixture_bundle, tmp_path, capsys
+):
+    """vllm serve restarted on another checkpoint under the same --served-model-name and port: the
+    resume went on without a word, mixing the two checkpoints' answers (red team, stop 44). What the
+    server says it loaded the model from (vLLM's ``root`` in GET /models) is part of the identity."""
+    with FakeServer(vllm=True) as server:
+        server.roots["local-vlm"] = "/ckpt/step1000"
+        assert cli(fixture_bundle, tmp_path, server, "--limit", "1", "--no-score") == 0
+        assert cli(fixture_bundle, tmp_path, server, "--limit", "2", "--no-score") == 0  # the same: goes on
+        server.roots["local-vlm"] = "/ckpt/step9000"
+        capsys.readouterr()
+        assert cli(fixture_bundle, tmp_path, server, "--limit", "3", "--no-score") == 2
+    err = capsys.readouterr().err
+    assert "backend_identity.served_root: '/ckpt/step1000' -> '/ckpt/step9000'" in err, err
+    (info,) = [json.loads(p.read_text()) for p in tmp_path.glob("*/oracle_implicit/run.json")]
+    assert info["settings"]["backend_identity"]["served_root"] == "/ckpt/step1000"
+
+
 def test_request_extra_sampling_is_what_run_json_records(fixture_bundle, tmp_path):
     with FakeServer() as server:
         assert (

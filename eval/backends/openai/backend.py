@@ -74,9 +74,11 @@ from chexpercept.eval.backends.openai.image_ids import (
     MODELS_REPLY_LIMIT,
     VLLM_NEUTRAL_SAMPLING,
     ImageIds,
+    ServerSays,
     is_cache_miss,
     refuses_ids,
     says_vllm,
+    served_root,
     why_not_vllm,
 )
 from chexpercept.eval.backends.openai.inflight import OK, OTHER, THROTTLED, AdaptiveLimit
@@ -419,7 +421,7 @@ class OpenAIBackend(BackendBase):
         self.ids = ImageIds(options.image_ids)
         self._asked_server: Any = None
         #: what the server said it is (``_server``): asked once, before the run's identity is made
-        self._server_says: tuple[bool, str | None] | None = None
+        self._server_says: ServerSays | None = None
         #: bytes of the request bodies sent, every attempt counted
         self.bytes_sent = 0
         self._builders: ThreadPoolExecutor | None = None
@@ -435,8 +437,11 @@ class OpenAIBackend(BackendBase):
         self._outstanding = 0
 
     def identity(self, context: RunContext) -> dict[str, Any]:
-        """What is sent besides the conversation and the decoding: every request field."""
-        return {"request_fields": self._fields(context)}
+        """What is sent besides the conversation and the decoding: every request field; and where the
+        server says what it loaded the model from (vLLM's ``root``), that: another checkpoint served
+        under the same name at the same URL is another model (red team, stop 44)."""
+        root = self._server().root
+        return {"request_fields": self._fields(context), **({"served_root": root} if root else {})}
 
     def _fields(self, context: RunContext) -> dict[str, Any]:
         """The request fields put over the body's own: ``--request-extra``'s (with the registry's); the
@@ -448,12 +453,12 @@ class OpenAIBackend(BackendBase):
         fields = dict(self.extra_body)
         if context.seed is not None and "seed" not in fields:
             fields["seed"] = context.seed
-        if self._server()[0]:
+        if self._server().vllm:
             fields = {**{k: v for k, v in VLLM_NEUTRAL_SAMPLING.items() if k not in fields}, **fields}
         return fields
 
-    def _server(self) -> tuple[bool, str | None]:
-        """(whether the server says it is vLLM, why it is sent no image by id or None), asked once
+    def _server(self) -> ServerSays:
+        """What the server says it is (vLLM or not, why it is sent no image by id, its model's root), asked once
         (``GET /models`` and ``GET /version``, within ``ASK_SECONDS``): before the run's identity is
         made, since what is sent depends on it. A server that cannot be asked is no vLLM (its
         requests then say why)."""
@@ -604,11 +609,11 @@ class OpenAIBackend(BackendBase):
         try:
             if self.ids.on is None:  # ids auto: what the server said it is (asked before any request)
                 if self._server_says is not None:
-                    why_not = self._server_says[1]
+                    why_not = self._server_says.why_no_ids
                 else:  # a backend driven without setup: ask once, whoever comes first
                     if self._asked_server is None:
                         self._asked_server = asyncio.ensure_future(self._ask_server())
-                    why_not = (await asyncio.shield(self._asked_server))[1]
+                    why_not = (await asyncio.shield(self._asked_server)).why_no_ids
                 if self.ids.on is None:
                     self.ids.decided(why_not)
             answer = await self._send(request, resend=False)
@@ -646,10 +651,9 @@ class OpenAIBackend(BackendBase):
             self.images.drop(carried)
         return answer
 
-    async def _ask_server(self) -> tuple[bool, str | None]:
-        """(whether the server says it is vLLM, why this endpoint is sent no image by id or None): its
-        ``GET /models`` and ``GET /version`` (eval/backends/openai/image_ids.py). No clear answer
-        within ``ASK_SECONDS`` is a no."""
+    async def _ask_server(self) -> ServerSays:
+        """What the server says it is: its ``GET /models`` and ``GET /version``
+        (eval/backends/openai/image_ids.py). No clear answer within ``ASK_SECONDS`` is a no."""
         assert self._loop is not None
         parts = urlsplit(self.url)
         base = parts.path.rsplit("/chat/completions", 1)[0]
@@ -666,17 +670,18 @@ class OpenAIBackend(BackendBase):
                     data += chunk
                 return data
 
-        async def both() -> tuple[bool, str | None]:
+        async def both() -> ServerSays:
             models = await read(base + "/models")  # /version is asked of a vLLM only
             vllm = says_vllm(models)
-            return vllm, why_not_vllm(models, await read(root + "/version") if vllm else b"")
+            why_not = why_not_vllm(models, await read(root + "/version") if vllm else b"")
+            return ServerSays(vllm, why_not, served_root(models, self.spec.model_id) if vllm else None)
 
         try:
             return await asyncio.wait_for(both(), ASK_SECONDS)
         except asyncio.TimeoutError:
-            return False, f"the server did not say what it is within {ASK_SECONDS:g} s"
+            return ServerSays(False, f"the server did not say what it is within {ASK_SECONDS:g} s")
         except Exception as e:  # refused, unreachable: the requests themselves say so
-            return False, f"the server could not be asked what it is ({type(e).__name__})"
+            return ServerSays(False, f"the server could not be asked what it is ({type(e).__name__})")
 
     async def _one(self, request: Request, body: tuple[bytes, ...], *, by_id: bool = False) -> Response:
         where = f"{request.key_id} ({request.task})"

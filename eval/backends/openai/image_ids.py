@@ -37,6 +37,7 @@ import secrets
 import sys
 import threading
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from chexpercept.escape import terminal
@@ -83,6 +84,31 @@ def says_vllm(models_reply: bytes) -> bool:
     listing = _json(models_reply, "the server's /models")
     data = listing.get("data") if isinstance(listing, dict) else None
     return isinstance(data, list) and any(isinstance(c, dict) and c.get("owned_by") == "vllm" for c in data)
+
+
+@dataclass(frozen=True)
+class ServerSays:
+    """What a server said it is (``GET /v1/models``, ``GET /version``), asked once before a run."""
+
+    #: it says it is vLLM (``owned_by: "vllm"``)
+    vllm: bool
+    #: why it is sent no image by id (not vLLM, too old, not asked), or None
+    why_no_ids: str | None
+    #: what it loaded the model from (vLLM's ``root``: the path or Hub id given to ``vllm serve``),
+    #: None where it does not say
+    root: str | None = None
+
+
+def served_root(models_reply: bytes, model_id: str) -> str | None:
+    """The ``root`` that a ``GET /v1/models`` reply gives for the model ``model_id`` (vLLM: where the
+    served model was loaded from), bounded to 4,096 characters; None where there is none."""
+    listing = _json(models_reply, "the server's /models")
+    data = listing.get("data") if isinstance(listing, dict) else None
+    for entry in data if isinstance(data, list) else []:
+        if isinstance(entry, dict) and entry.get("id") == model_id:
+            root = entry.get("root")
+            return root[:4096] if isinstance(root, str) and root else None
+    return None
 
 
 def why_not_vllm(models_reply: bytes, version_reply: bytes) -> str | None:
