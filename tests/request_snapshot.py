@@ -10,7 +10,9 @@ hash of what each backend makes of its bytes with the toolkit's own code: the op
 URL, the transformers backend's decoded RGB pixels and those pixels after its fixed resize (56x56,
 bicubic: the tiny model's). The vllm backend hands vLLM the file (a file:// URL and the file's
 sha256 as its id): its decoding is vLLM's, whose version is part of a local run's identity, as
-the file's bytes are (``bundle_images``).
+the file's bytes are (``bundle_images``). ``messy`` records the same conversations answered in
+messy real-style ways (``MESSY``) and read in every parse mode: each call's hash and how each turn's
+reply was read, so that a change to the parser is under the same version as the prompts.
 
 Regenerate after a deliberate change of what is sent (then review the diff of the JSON file):
 
@@ -80,6 +82,73 @@ def record_requests(root: Path, oracle: str) -> list[dict[str, Any]]:
     return sorted(sent, key=lambda e: (order[e["key_id"]], e["messages"]))
 
 
+#: how a model's reply may put the baseline's answer (``{a}``: "1" or "1, 3"): the parser reads each
+#: differently, or not at all, and what it reads decides the oracle's triggers and the histories
+MESSY = (
+    "Answer: {a}",
+    "**Answer:** {a}",
+    "answer:{a}\n",
+    "The answer is {a}.",
+    "Final answer: \\boxed{{{a}}}",
+    "<think>Option 2 looks likely, but</think>\nAnswer: {a}",
+    "<think>still thinking about {a}",
+    "{a}",
+    "Answer: ({a})",
+    "I think it is {a} or maybe 2.",
+    "Answer: None",
+    "",
+    "I cannot determine this from the image.",
+    "Answer: {a}<end_of_turn>",
+    "Option {a}, because the opacity is in the lower lobe. Answer: {a}",
+)
+#: the parse modes the conversations are read with
+PARSE_MODES = ("reference", "strict")
+
+
+def record_parses(root: Path, oracle: str, parse_mode: str) -> list[dict[str, Any]]:
+    """Every call of the conversations answered in ``MESSY``'s ways (one per case and turn, fixed),
+    and how each turn's reply was read: what the parser and the conversation make of real replies,
+    which decides every later request (the oracle's triggers, the patched histories), under the
+    snapshot as the prompts are."""
+    from chexpercept.bundle import read_bundle
+    from chexpercept.eval.backends.baselines import BaselineBackend
+    from chexpercept.eval.engine import run_conversations
+    from chexpercept.eval.protocol import Response, RunContext
+
+    bundle = read_bundle(root)
+    sent: list[dict[str, Any]] = []
+    read: list[dict[str, Any]] = []
+
+    class Messy(BaselineBackend):
+        def generate(self, requests: Sequence[Any]) -> list[Any]:
+            for r in requests:  # the call's hash alone: its text is the snapshot's above
+                entry = request_entry(r)
+                sent.append({k: entry[k] for k in ("key_id", "task", "messages", "sha256")})
+            out = []
+            for request, answer in zip(requests, super().generate(requests)):
+                pick = hashlib.sha256(f"{request.key_id}\0{request.task}".encode()).digest()[0] % len(MESSY)
+                given = answer.text.split(":", 1)[1].strip()
+                out.append(Response(MESSY[pick].format(a=given)))
+            return out
+
+    def finished(results: Sequence[Any]) -> None:
+        for r in results:
+            for t in r.turns:
+                entry = {"key_id": r.key_id, "task": t.task, "parsed": t.parsed, "status": t.parse_status}
+                read.append({**entry, "correct": t.correct, "patched_to": t.patched_to})
+
+    backend = Messy(BASELINE)
+    backend.setup(RunContext(root=bundle.root, cases=bundle.cases, seed=0))
+    run_conversations(
+        bundle.cases, backend, oracle=oracle, parse_mode=parse_mode, batch_size=7, on_finished=finished
+    )
+    order = {c.key_id: i for i, c in enumerate(bundle.cases)}
+    return [
+        {"calls": sorted(sent, key=lambda e: (order[e["key_id"]], e["messages"]))},
+        {"turns": sorted(read, key=lambda e: (order[e["key_id"]], e["task"]))},
+    ]
+
+
 def image_entries(root: Path, paths: Sequence[str]) -> dict[str, dict[str, str]]:
     """Per image: the sha256 (32 hex) of what each backend's own code makes of its bytes."""
     from types import SimpleNamespace
@@ -113,6 +182,11 @@ def snapshot() -> dict[str, Any]:
         root = write_fixture_bundle(Path(tmp) / "bundle", per_cell=1, seed=0)
         data: dict[str, Any] = {oracle: record_requests(root, oracle) for oracle in ORACLES}
         data["images"] = image_entries(root, [p for o in ORACLES for e in data[o] for p in e["images"]])
+        data["messy"] = {
+            f"{oracle}/{mode}": record_parses(root, oracle, mode)
+            for oracle in ORACLES
+            for mode in PARSE_MODES
+        }
         return data
 
 
@@ -124,14 +198,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     data = snapshot()
     stored = json.loads(SNAPSHOT.read_text(encoding="utf-8")) if SNAPSHOT.exists() else {}
-    same = {o: stored.get(o) for o in (*ORACLES, "images")} == data
+    same = {o: stored.get(o) for o in (*ORACLES, "images", "messy")} == data
     if not args.update:
         print("request snapshot: " + ("unchanged" if same else f"DIFFERS from {SNAPSHOT}"))
         return 0 if same else 1
-    first_images = "images" not in stored and {o: stored.get(o) for o in ORACLES} == {
-        o: data[o] for o in ORACLES
-    }
-    if not same and stored.get("prompt_version") == PROMPT_VERSION and not first_images:
+    # a part added to the snapshot is recorded once under the version it describes
+    new_part_only = all(stored.get(o) == data[o] for o in ORACLES) and all(
+        part not in stored or stored[part] == data[part] for part in ("images", "messy")
+    )
+    if not same and stored.get("prompt_version") == PROMPT_VERSION and not new_part_only:
         print(
             f"the requests differ from {SNAPSHOT} but PROMPT_VERSION is still {PROMPT_VERSION}: raise it in "
             "eval/runner/identity.py (runs made before the change must not be resumed by this version), then update",

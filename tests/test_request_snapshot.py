@@ -12,7 +12,7 @@ from chexpercept.eval.runner.identity import PROMPT_VERSION
 def test_every_request_equals_the_committed_snapshot():
     expected = json.loads(SNAPSHOT.read_text(encoding="utf-8"))
     now = snapshot()
-    assert set(now) == {*ORACLES, "images"}
+    assert set(now) == {*ORACLES, "images", "messy"}
     assert expected["prompt_version"] == PROMPT_VERSION, (
         "the snapshot was recorded under another PROMPT_VERSION: run python tests/request_snapshot.py --update"
     )
@@ -66,3 +66,39 @@ def test_what_each_backend_makes_of_the_image_bytes_equals_the_snapshot():
         f"e.g. {changed[0]}: {expected[changed[0]]} -> {now[changed[0]]}. If the change is meant, raise "
         "PROMPT_VERSION in eval/runner/identity.py, run python tests/request_snapshot.py --update and review."
     )
+
+
+def test_how_real_replies_are_read_equals_the_committed_snapshot():
+    """The parser and the conversation's reading of replies decide every later request (the
+    oracle's triggers, the patched histories), so they are under PROMPT_VERSION as the prompts are:
+    conversations answered in messy real-style ways (request_snapshot.MESSY), read in every parse
+    mode, against the snapshot. A parser change that kept the prompts was resumed beside answers
+    read the old way (red team, stop 44)."""
+    expected = json.loads(SNAPSHOT.read_text(encoding="utf-8"))["messy"]
+    now = snapshot()["messy"]
+    assert set(now) == set(expected)
+    for key in expected:
+        assert now[key] == expected[key], (
+            f"{key}: the replies are read otherwise than in tests/data/request_snapshot.json. If the change "
+            "is meant, raise PROMPT_VERSION in eval/runner/identity.py, run python tests/request_snapshot.py "
+            "--update and review the diff."
+        )
+
+
+def test_a_parser_change_cannot_be_recorded_under_the_same_prompt_version(monkeypatch, tmp_path):
+    import re
+
+    import request_snapshot
+
+    import chexpercept.answers as answers
+
+    copy = tmp_path / "snapshot.json"
+    copy.write_bytes(SNAPSHOT.read_bytes())
+    monkeypatch.setattr(request_snapshot, "SNAPSHOT", copy)
+    monkeypatch.setattr(answers, "_ANSWER", re.compile(r"ANSWER\s*:\s*(\d+)"))  # case-sensitive now
+    answers._parse_cached.cache_clear()  # parses are memoised
+    try:
+        assert request_snapshot.main(["--update"]) == 1
+    finally:
+        answers._parse_cached.cache_clear()
+    assert copy.read_bytes() == SNAPSHOT.read_bytes()

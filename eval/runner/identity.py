@@ -7,8 +7,8 @@ arguments, the request fields, what a baseline derives from the selected cases; 
 name by its content, ``with_file_contents``), a local engine's library versions
 (``Backend.engine_packages``), the decoding (``sampling``), the chat template variables, the oracle
 setting and parse mode, the seed, the bundle (chexpercept.json and every image whole:
-``bundle_images``), and the toolkit's prompt version (``PROMPT_VERSION``: the system message, question templates, oracle texts, and how
-a conversation is built). A resume compares all of it with what this command would run and refuses
+``bundle_images``), and the toolkit's prompt version (``PROMPT_VERSION``: the system message, question templates, oracle texts, how
+a conversation is built, and how its replies are read). A resume compares all of it with what this command would run and refuses
 any difference, naming it; each record carries a fingerprint of it (``chexpercept.results.
 run_identity``), so that no line made under another identity is kept or scored. The served model
 (``usage.served_model``, where a server names one) is part of each answer's record: one per run
@@ -32,9 +32,10 @@ from chexpercept.file_digest import DigestCache, files_digest
 from chexpercept.tree_walk import walk_files
 
 #: the toolkit's prompt version: raise it whenever a request the runner sends changes (the system
-#: message, a question template, an oracle text, the order of turns or images). The request snapshot
-#: test (tests/test_request_snapshot.py) fails, naming this constant, when the requests change and
-#: it did not.
+#: message, a question template, an oracle text, the order of turns or images) or a reply is read
+#: otherwise (the parser, which decides the oracle's triggers and the patched histories). The request
+#: snapshot test (tests/test_request_snapshot.py) fails, naming this constant, when the requests or
+#: the reading of messy replies change and it did not.
 PROMPT_VERSION = 1
 
 #: what of a model folder is not the model: the only files a fingerprint leaves out (every other
