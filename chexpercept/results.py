@@ -406,8 +406,28 @@ class CaseResult:
         file and line, is named on a bad value); its key_id must be a safe name (ValueError otherwise)."""
         read_typed(cls, d, where)
         check_record_key(d)
+        for i, turn in enumerate(d["turns"]):
+            check_turn_answers(turn, f"{where}: field turns[{i}]")
         turns = [TurnResult(**t) for t in d["turns"]]
         return cls(**{**d, "turns": turns})
+
+
+def check_turn_answers(turn: Mapping[str, Any], where: str) -> None:
+    """RecordFieldError unless a turn's options add up: ``n_options`` at least 1, ``gold`` one or more
+    distinct options among them, ``none_index`` (where there is one) one of them. A gold of 9 on a
+    question of 2 options was scored as the run's answer key (red team, stop 44); ``parsed`` may be
+    anything a model wrote."""
+    n = turn["n_options"]
+    if n < 1:
+        raise RecordFieldError(f"{where}.n_options: expected at least 1 option, got {n}")
+    gold = turn["gold"]
+    if not gold or len(set(gold)) != len(gold) or any(not 1 <= g <= n for g in gold):
+        raise RecordFieldError(
+            f"{where}.gold: expected distinct options from 1 to n_options {n}, got {_shown(gold)}"
+        )
+    none = turn.get("none_index")
+    if none is not None and not 1 <= none <= n:
+        raise RecordFieldError(f"{where}.none_index: expected an option from 1 to n_options {n}, got {none}")
 
 
 def check_record_key(record: Mapping[str, Any]) -> str:

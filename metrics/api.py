@@ -9,7 +9,7 @@ from chexpercept.bundle import Bundle
 
 from .discovery import load_runs
 from .model_scores import ModelScores, score_model
-from .runs import Run, open_bundle
+from .runs import Run, check_answer_key, open_bundle
 
 
 def score_path(
@@ -38,23 +38,10 @@ def score_path(
 
 
 def check_against_bundle(run: Run, bundle: Bundle) -> list[str]:
-    """Notes on coverage; raises when a record's gold answers or route disagree with the bundle."""
+    """Notes on coverage; raises when a record's gold answers or route disagree with the bundle
+    (``check_answer_key``)."""
+    check_answer_key(run, bundle)
     cases = {c.key_id: c for c in bundle.cases}
-    for rec in run.records:
-        case = cases.get(rec.key_id)
-        if case is None:
-            raise ValueError(f"{run.label}: case {rec.key_id} is not in the bundle {bundle.root}")
-        if case.path.value != rec.path:
-            raise ValueError(
-                f"{run.label}: case {rec.key_id} ran on path {rec.path}, the bundle says {case.path.value}"
-            )
-        gold = {t.task: list(t.answer_index) for t in case.turns}
-        for t in rec.turns:
-            if t.task in gold and sorted(gold[t.task]) != sorted(t.gold):
-                raise ValueError(
-                    f"{run.label}: case {rec.key_id}, {t.task}: gold {t.gold} differs from the bundle's "
-                    f"{gold[t.task]}; the run was made on another release"
-                )
     notes = []
     if run.fingerprint and run.fingerprint != bundle.fingerprint():
         notes.append(

@@ -26,7 +26,15 @@ from chexpercept.results import ORACLE_SETTINGS, REFERENCE_RESULTS_NAME, RESULTS
 from chexpercept.run_metadata import RunMetadata
 
 from .reference import read_reference_results, reference_model_name
-from .runs import NoFinishedCases, Run, oracle_from_folder, read_chexpercept_run
+from .runs import (
+    NoFinishedCases,
+    Run,
+    check_answer_key,
+    open_bundle,
+    oracle_from_folder,
+    read_chexpercept_run,
+    recorded_bundle,
+)
 
 Layout = Literal["chexpercept", "reference"]
 
@@ -227,7 +235,11 @@ def load_run(
         return read_reference_results(
             where, bundle, oracle=oracle, greedy=greedy, model=model, missing=missing
         )
-    return read_chexpercept_run(where, oracle=oracle, greedy=greedy, model=model)
+    run = read_chexpercept_run(where, oracle=oracle, greedy=greedy, model=model)
+    against = open_bundle(bundle) if bundle is not None else recorded_bundle(run)
+    if against is not None:  # the answer key a line carries is the bundle's (red team, stop 44)
+        check_answer_key(run, against)
+    return run
 
 
 def load_runs(path: str | os.PathLike[str], **kwargs: Any) -> list[Run]:

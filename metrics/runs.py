@@ -116,6 +116,54 @@ def open_bundle(bundle: Bundle | str | os.PathLike[str] | None) -> Bundle | None
     return read_bundle(bundle, check_images="none")
 
 
+#: bundles read for their answer keys, by (path, fingerprint): one read per command
+_ANSWER_KEYS: dict[tuple[str, str], Bundle] = {}
+
+
+def recorded_bundle(run: Run) -> Bundle | None:
+    """The bundle a run's run.json names, where it is on this disk with the fingerprint the run
+    records (read once per command for its questions); None otherwise (moved, changed, not named)."""
+    from chexpercept.bundle import JSON_NAME, fingerprint
+
+    path, recorded = (run.meta.bundle.path, run.fingerprint) if run.meta.bundle else (None, None)
+    if not path or not recorded or not (FsPath(path) / JSON_NAME).is_file():
+        return None
+    key = (os.path.realpath(path), recorded)
+    if key not in _ANSWER_KEYS:
+        try:
+            if fingerprint(path) != recorded:
+                return None
+            _ANSWER_KEYS[key] = read_bundle(path, check_images="none")
+        except (OSError, ValueError):  # unreadable there: scored on the lines, as without a bundle
+            return None
+    return _ANSWER_KEYS[key]
+
+
+def check_answer_key(run: Run, bundle: Bundle) -> None:
+    """ValueError unless each record of ``run`` carries the bundle's answer key: the case is in the
+    bundle, on its route, and every turn's gold is the bundle's. Every reader of our runs asks it
+    wherever the bundle is known (given, or the one run.json names, on disk with its fingerprint:
+    ``recorded_bundle``): a gold edited in results.jsonl changed the numbers of score, the report
+    and push-results without a word (red team, stop 44)."""
+    cases = {c.key_id: c for c in bundle.cases}
+    for rec in run.records:
+        case = cases.get(rec.key_id)
+        if case is None:
+            raise ValueError(f"{run.label}: case {rec.key_id} is not in the bundle {bundle.root}")
+        if case.path.value != rec.path:
+            raise ValueError(
+                f"{run.label}: case {rec.key_id} ran on path {rec.path}, the bundle says {case.path.value}"
+            )
+        gold = {t.task: list(t.answer_index) for t in case.turns}
+        for t in rec.turns:
+            if t.task not in gold or sorted(gold[t.task]) != sorted(t.gold):
+                raise ValueError(
+                    f"{run.label}: case {rec.key_id}, {t.task}: gold {t.gold} differs from the bundle's "
+                    f"{gold.get(t.task, 'none (no such question)')} at {bundle.root}; the run was made on "
+                    "another release, or its results.jsonl was edited"
+                )
+
+
 class NoFinishedCases(ValueError):
     """A run folder (or every run folder of a model) holds no finished case: nothing to score. A
     command that scores several runs or models says so and scores the others

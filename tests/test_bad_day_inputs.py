@@ -955,3 +955,38 @@ def test_an_option_of_another_backend_is_refused_not_silently_ignored(
     assert not runs.exists()
     # the same option with its own backend's default is no option given
     assert _run(fixture_bundle, runs, "--model", model, "--concurrency", "8", "--limit", "1") == 0
+
+
+def test_a_gold_answer_edited_in_results_is_never_scored_as_the_answer_key(fixture_bundle, tmp_path, capsys):
+    """A gold edited in results.jsonl changed the numbers of score, the report and push-results
+    without a word; a gold of 9 on a question of 2 options was taken (red team, stop 44). Every line's
+    options must add up (results.check_turn_answers), and wherever the bundle is known (given, or the
+    one run.json names, on disk with its fingerprint) every line carries its answer key
+    (runs.check_answer_key)."""
+    from chexpercept.cli import main as cli
+
+    runs = tmp_path / "runs"
+    assert _run(fixture_bundle, runs, "--model", "baseline:random", "--limit", "3") == 0
+    results = runs / "baseline-random" / "oracle_implicit" / "results.jsonl"
+    pristine = results.read_text()
+    lines = [json.loads(x) for x in pristine.splitlines()]
+    first = dict(lines[0]["turns"][0])
+    other = next(i for i in range(1, first["n_options"] + 1) if [i] != first["gold"])
+
+    def edited(gold):
+        lines[0]["turns"][0]["gold"] = gold
+        results.write_text("".join(json.dumps(x) + "\n" for x in lines))
+
+    capsys.readouterr()
+    edited([other])  # another option: the bundle on disk says otherwise
+    assert cli(["score", str(runs)]) == 2
+    err = capsys.readouterr().err
+    assert f"gold [{other}] differs from the bundle's {first['gold']}" in err and "was edited" in err, err
+    assert cli(["report", str(runs), "--output-dir", str(tmp_path / "rep"), "--no-intervals"]) == 2
+    assert "differs from the bundle's" in capsys.readouterr().err
+    edited([9])  # no such option
+    assert cli(["score", str(runs)]) == 2
+    err = capsys.readouterr().err
+    assert "turns[0].gold: expected distinct options from 1 to n_options" in err and "got [9]" in err, err
+    results.write_text(pristine)  # the run as it was made
+    assert cli(["score", str(runs)]) == 0
