@@ -80,6 +80,11 @@ def records_from_inputs(
             options = tuple(_option_text(o) for o in t.get("options") or ())
             gold = t.get("answer_index")
             gold = [int(g) for g in (gold if isinstance(gold, (list, tuple)) else [gold])]
+            if not options or not gold or any(not 1 <= g <= len(options) for g in gold):
+                raise ValueError(  # the answer key names options the question has (red team, stop 44)
+                    f"case {key}: turn {j} ({task}): answer_index {gold} must name options 1 to "
+                    f"{len(options)} of its options"
+                )
             multi = bool(t.get("multi_select", task in MULTI_SELECT_TASKS))
             turn = Turn(TASK_STAGE[task], task, "", (), options, tuple(gold), "", multi)
             turns.append(judge_turn(turn, response, mode=mode, model=model))

@@ -112,6 +112,11 @@ def test_classlabel_ids_and_input_errors(bundle, answered):
     bad[0] = {**bad[0], "turns": [{**bad[0]["turns"][0], "task": "guessing"}]}
     with pytest.raises(ValueError, match="unknown task 'guessing'"):
         metric.compute(predictions=[p[:1] for p in predictions[:1]], references=bad[:1])
+    # an answer key naming an option the question does not have (red team, stop 44)
+    first = bad[0] = {**refs[0], "turns": [{**refs[0]["turns"][0], "answer_index": [9]}]}
+    n = len(first["turns"][0]["options"])
+    with pytest.raises(ValueError, match=rf"turn 0 \(\w+\): answer_index \[9\] must name options 1 to {n}"):
+        metric.compute(predictions=[p[:1] for p in predictions[:1]], references=bad[:1])
 
 
 def _child(code, env):
