@@ -23,7 +23,7 @@ from chexpercept.cli_options import (
 from chexpercept.domains import COUNT_OR_NONE, LEVEL, SEED
 from chexpercept.errors import BundleValidationError, ReleaseNotFoundError
 from chexpercept.escape import terminal, terminal_lines
-from chexpercept.results import ORACLE_SETTINGS, RESULTS_NAME
+from chexpercept.results import ORACLE_SETTINGS
 
 from .tables import TABLE_IDS, table_choices
 
@@ -129,15 +129,13 @@ def _names(args: argparse.Namespace) -> list[str | None]:
 def _expanded(paths: list[str], names: list[str | None]) -> list[tuple[str, str | None]]:
     """(model path, name) per model: a folder of several models (``run --output-dir``) stands for
     each of them, said on stderr."""
-    from .discovery import model_folders, runs_without_results
+    from .discovery import model_folders, unread_entries
 
     out: list[tuple[str, str | None]] = []
     for path, name in zip(paths, names):
         folders = model_folders(path)
-        for empty in runs_without_results(path):
-            print(
-                f"chexpercept score: note: {terminal(empty)}: no {RESULTS_NAME}: not scored", file=sys.stderr
-            )
+        for entry, why in unread_entries(path):
+            print(f"chexpercept score: note: {terminal(entry)}: {why}: not scored", file=sys.stderr)
         if folders != [FsPath(path)]:
             if name is not None:
                 raise ValueError(

@@ -118,16 +118,31 @@ def _runs_under(root: FsPath) -> list[RunFolder]:
     return runs
 
 
-def runs_without_results(root: str | os.PathLike[str]) -> list[FsPath]:
-    """The ``oracle_<setting>`` folders at or below ``root`` that hold a run.json but no results file
-    (a run refused or stopped before its first case): nothing to score there, said by the commands
-    that score a folder of runs (never passed over without a word)."""
+def unread_entries(root: str | os.PathLike[str]) -> list[tuple[FsPath, str]]:
+    """(entry, why it is not read) for every entry at or below ``root`` named as a settings folder
+    (``oracle_*``, in any case) that is not read as a run: a run.json without a results file (a run
+    refused or stopped before its first case), an empty folder, a file, a name in other letters
+    (``Oracle_None``). Said by the commands that score a folder of runs: an End-to-End number was
+    quietly taken from another setting while ``oracle_none`` was a file (red team, stop 44)."""
     found = []
-    for dirpath, dirnames, filenames in os.walk(FsPath(root).expanduser()):
+    start = FsPath(root).expanduser()
+    for dirpath, dirnames, filenames in os.walk(start):
         dirnames.sort()
-        folder = FsPath(dirpath)
-        if folder.name.startswith("oracle_") and RUN_NAME in filenames and find_run(folder) is None:
-            found.append(folder)
+        here = FsPath(dirpath)
+        for name in sorted([*dirnames, *filenames]):
+            entry = here / name
+            if not name.lower().startswith("oracle_"):
+                continue
+            if not entry.is_dir():
+                found.append((entry, "a file where a settings folder would be"))
+            elif not name.startswith("oracle_"):
+                found.append((entry, "not a settings folder's name (oracle_ in lower case)"))
+            elif find_run(entry) is None:
+                has = {p.name for p in entry.iterdir()}
+                why = f"no {RESULTS_NAME}" if RUN_NAME in has else "no run's files"
+                found.append((entry, why))
+    if start.name.lower().startswith("oracle_") and start.is_dir() and find_run(start) is None:
+        found.append((start, f"no {RESULTS_NAME}" if (start / RUN_NAME).exists() else "no run's files"))
     return found
 
 

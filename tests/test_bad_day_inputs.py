@@ -990,3 +990,30 @@ def test_a_gold_answer_edited_in_results_is_never_scored_as_the_answer_key(fixtu
     assert "turns[0].gold: expected distinct options from 1 to n_options" in err and "got [9]" in err, err
     results.write_text(pristine)  # the run as it was made
     assert cli(["score", str(runs)]) == 0
+
+
+def test_an_entry_named_as_a_settings_folder_that_is_not_read_is_said(fixture_bundle, tmp_path, capsys):
+    """``oracle_none`` as a file, an empty ``oracle_none/``, ``Oracle_Explicit``: score and report
+    passed over them without a word, and End-to-End was quietly taken from the implicit run (red
+    team, stop 44). Each is named, with why it is not read (discovery.unread_entries)."""
+    from chexpercept.cli import main as cli
+
+    runs = tmp_path / "runs"
+    assert _run(fixture_bundle, runs, "--model", "baseline:random", "--limit", "2") == 0
+    model = runs / "baseline-random"
+    (model / "oracle_none").write_text("x")
+    (model / "Oracle_Explicit").mkdir()
+    other = tmp_path / "other" / "m"
+    (other / "oracle_none").mkdir(parents=True)  # an empty settings folder beside a run
+    shutil.copytree(model / "oracle_implicit", other / "oracle_implicit")
+    capsys.readouterr()
+    assert cli(["score", str(runs)]) == 0
+    err = capsys.readouterr().err
+    assert f"{model / 'oracle_none'}: a file where a settings folder would be: not scored" in err, err
+    assert f"{model / 'Oracle_Explicit'}: not a settings folder's name" in err, err
+    assert cli(["score", str(other)]) == 0
+    assert f"{other / 'oracle_none'}: no run's files: not scored" in capsys.readouterr().err
+    out = tmp_path / "rep"
+    assert cli(["report", str(runs), "--output-dir", str(out), "--no-intervals", "--no-plots"]) == 0
+    said = capsys.readouterr()
+    assert "oracle_none: a file where a settings folder would be: not reported" in said.out + said.err

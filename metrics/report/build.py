@@ -45,14 +45,14 @@ from chexpercept.metrics.discovery import (
     check_one_identity,
     discover_runs,
     load_run,
-    runs_without_results,
+    unread_entries,
 )
 from chexpercept.metrics.leaderboard import leaderboard_rows, render_leaderboard, write_leaderboard_csv
 from chexpercept.metrics.model_scores import score_model
 from chexpercept.metrics.partial import csv_value, different_cases, different_cases_markdown, markdown_line
 from chexpercept.metrics.runs import NoFinishedCases, open_bundle
 from chexpercept.metrics.tables import TABLE_IDS, legend, render_table, zero_width
-from chexpercept.results import ORACLE_SETTINGS, RESULTS_NAME
+from chexpercept.results import ORACLE_SETTINGS
 from chexpercept.vocab import LESIONS, PATHS
 
 from ..answer_warnings import (
@@ -611,9 +611,7 @@ def _write_into(
     roots = [results] if isinstance(results, (str, os.PathLike)) else list(results)
     folders = discover_runs(*roots)
     bundle_obj, notes = resolve_bundle(bundle, folders)
-    notes += [
-        f"{empty}: no {RESULTS_NAME}: not reported" for root in roots for empty in runs_without_results(root)
-    ]
+    notes += [f"{entry}: {why}: not reported" for root in roots for entry, why in unread_entries(root)]
     folders, loaded, empty = _load(folders, bundle_obj)
     notes.extend(empty)
     clock.lap("load")
