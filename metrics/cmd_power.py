@@ -16,6 +16,7 @@ import io
 import json
 import math
 import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -27,7 +28,8 @@ from chexpercept.cli_options import (
 )
 from chexpercept.domains import ALPHA, FAMILY, POWER, SHARE, real, whole
 from chexpercept.errors import BundleValidationError, ReleaseNotFoundError
-from chexpercept.escape import terminal_lines
+from chexpercept.escape import csv_cell, markdown_cell, terminal_lines
+from chexpercept.metrics.partial import PARTIAL_COLUMN, heading, partial_models
 
 RELEASE_PER_CELL = 100
 FORMATS = ("markdown", "csv", "json")
@@ -189,25 +191,39 @@ def _int(v: int | None) -> str:
     return "–" if v is None else f"{v:,}"
 
 
-def render(rows: list[PowerRow], args: argparse.Namespace, names: tuple[str, str] | None) -> str:
-    """The rows in ``args.format``: markdown (title, assumptions, table), csv or json."""
+def render(
+    rows: list[PowerRow],
+    args: argparse.Namespace,
+    names: tuple[str, str] | None,
+    partial: Mapping[str, Sequence[str]] | None = None,
+) -> str:
+    """The rows in ``args.format``: markdown (title, assumptions, table), csv or json. ``partial``:
+    {model: reasons} of runs that are not whole (metrics/partial.py), said in every format: a torn
+    run's 20 of 21 cases were used without a word (red team, stop 44)."""
+    partial = {name: list(why) for name, why in (partial or {}).items() if why}
     if args.format == "json":
-        return (
-            json.dumps({"settings": _settings(args, names), "rows": [asdict(r) for r in rows]}, indent=2)
-            + "\n"
-        )
+        data: dict[str, Any] = {"settings": _settings(args, names), "rows": [asdict(r) for r in rows]}
+        return json.dumps({**data, **({"partial": partial} if partial else {})}, indent=2) + "\n"
     if args.format == "csv":
         buf = io.StringIO()
         writer = csv.writer(buf, lineterminator="\n")
         fields = list(asdict(rows[0])) if rows else []
-        writer.writerow(fields)
-        writer.writerows([["" if v is None else v for v in asdict(r).values()] for r in rows])
+        why = "; ".join(f"{name}: {'; '.join(r)}" for name, r in partial.items())
+        writer.writerow([*fields, PARTIAL_COLUMN] if why else fields)
+        writer.writerows(
+            [
+                *["" if v is None else csv_cell(v) for v in asdict(r).values()],
+                *([csv_cell(why)] if why else []),
+            ]
+            for r in rows
+        )
         return buf.getvalue()
     design = "the release" if args.per_cell == RELEASE_PER_CELL else "a subset"
     level = f"α = {args.alpha:g}" + (
         f"/{args.tests} (a family of {args.tests} tests)" if args.tests > 1 else ""
     )
-    lines = [
+    lines = [heading(partial).rstrip("\n"), ""] if partial else []
+    lines += [
         f"**Paired comparison of two models on {design} ({args.per_cell} cases per lesion x path cell): "
         "minimum detectable difference (MDE) and cases needed**",
         "",
@@ -219,7 +235,7 @@ def render(rows: list[PowerRow], args: argparse.Namespace, names: tuple[str, str
             "two models with independent errors reach, correlated errors lower it and with it every "
             "MDE. Give two runs of the same cases to use their own."
             if names is None
-            else f"From the runs: {names[0]} vs {names[1]}, the per-case SD of their paired difference "
+            else f"From the runs: {markdown_cell(names[0])} vs {markdown_cell(names[1])}, the per-case SD of their paired difference "
             "within cells (Discordance: share of the runs' cases on which their verdicts differ)."
         )
         + f" Cases for {args.difference:g} pp: cases the metric needs, spread over its cells (Per cell).",
@@ -283,11 +299,12 @@ def run(args: argparse.Namespace) -> int:
             from .api import score_path
 
             a, b = (score_path(p, bundle=args.data_dir, mode=args.parse_mode) for p in args.runs)
-            rows, names = run_rows(args, a, b), (a.name, b.name)
+            rows, names = run_rows(args, a, b), (a.name, b.name if b.name != a.name else f"{b.name} (2)")
+            partial = partial_models(dict(zip(names, (a, b))))
         else:
-            rows, names = assumed_rows(args), None
+            rows, names, partial = assumed_rows(args), None, {}
     except (ValueError, FileNotFoundError, BundleValidationError, ReleaseNotFoundError) as e:
         print(f"chexpercept power: error: {terminal_lines(e)}", file=sys.stderr)
         return 2
-    write_output(args.output, render(rows, args, names))
+    write_output(args.output, render(rows, args, names, partial))
     return 0

@@ -284,7 +284,7 @@ def _output(args: argparse.Namespace, reports: list[Any], intervals: bool) -> st
         return "\n".join(parts)
     if args.details:
         data = [r.to_dict(cases=args.cases) for r in reports]
-    else:
-        data = [r.flat for r in reports]
+    else:  # a partial model's reasons in its numbers' own object (said on stderr alone before)
+        data = [{**r.flat, **({"partial": list(r.partial)} if r.partial else {})} for r in reports]
     payload = data[0] if len(reports) == 1 else {r.name: d for r, d in zip(reports, data)}
     return json.dumps(payload, indent=2) + "\n"

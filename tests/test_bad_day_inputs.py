@@ -1017,3 +1017,28 @@ def test_an_entry_named_as_a_settings_folder_that_is_not_read_is_said(fixture_bu
     assert cli(["report", str(runs), "--output-dir", str(out), "--no-intervals", "--no-plots"]) == 0
     said = capsys.readouterr()
     assert "oracle_none: a file where a settings folder would be: not reported" in said.out + said.err
+
+
+def test_partial_numbers_are_marked_in_every_output_of_score_and_power(fixture_bundle, tmp_path, capsys):
+    """A torn results.jsonl: score's flat JSON (and --output) and power A B said nothing, so a file
+    of partial numbers read as whole (red team, stop 44). Each output carries the reasons."""
+    from chexpercept.cli import main as cli
+
+    whole, torn = tmp_path / "whole", tmp_path / "torn"
+    assert _run(fixture_bundle, whole, "--model", "baseline:random", "--limit", "6") == 0
+    shutil.copytree(whole, torn)
+    results = torn / "baseline-random" / "oracle_implicit" / "results.jsonl"
+    data = results.read_bytes()
+    results.write_bytes(data[: data.rstrip(b"\n").rfind(b"\n") + 40])  # the last line cut short
+    capsys.readouterr()
+    out = tmp_path / "s.json"
+    assert cli(["score", str(torn / "baseline-random"), "--output", str(out)]) == 0
+    flat = json.loads(out.read_text())
+    assert any("its last line is torn" in why for why in flat["partial"]), flat
+    assert cli(["score", str(whole / "baseline-random")]) == 0
+    assert "partial" not in json.loads(capsys.readouterr().out)
+    pair = [str(torn / "baseline-random"), str(whole / "baseline-random")]
+    for fmt, said in (("markdown", "**Partial numbers**"), ("json", '"partial"'), ("csv", ",partial\n")):
+        assert cli(["power", *pair, "--per-cell", "2", "--format", fmt]) == 0
+        text = capsys.readouterr().out
+        assert said in text and "its last line is torn" in text, text[:400]
