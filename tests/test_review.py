@@ -407,3 +407,33 @@ def test_export_then_generate_review(sources, tmp_path, capsys):
     assert keys <= {k for k, v in marks.items() if v == "y"}
     assert all(e["provenance"]["reviewed"] for e in bundle_json.values())
     assert rc in (0, 1)  # 1 only when a cell ran short of accepted candidates (reported, not hidden)
+
+
+def test_export_says_what_of_the_decisions_it_leaves_out(sources, tmp_path, capsys):
+    """review export passed over a decisions file of an annotator the review does not have,
+    decisions for cases it does not hold and a torn last line, counted a line naming annotator B in
+    A's file as A's, and an export without any decision said nothing (red team, stop 44)."""
+    rev = tmp_path / "rev"
+    prepare(rev, _src(sources), annotators=2, reviews_per_case=1, progress=False)
+    assert cli(["review", "export", str(rev)]) == 0
+    assert "no annotator has recorded a decision yet" in capsys.readouterr().out
+    store = DecisionStore(rev, "A")
+    key = next(
+        i["key_id"] for i in json.loads((rev / "review.json").read_text())["items"] if "A" in i["annotators"]
+    )
+    store.append(key, "accept")
+    folder = rev / "decisions"
+    line = (folder / "A.jsonl").read_text().splitlines()[0]
+    (folder / "C.jsonl").write_text(line + "\n")  # an annotator the review does not have
+    record = json.loads(line)
+    with (folder / "A.jsonl").open("a") as f:
+        f.write(json.dumps({**record, "key_id": "pneumothorax_s9_positive_0"}) + "\n")
+        f.write('{"key_id": "torn')  # a write cut short
+    assert cli(["review", "export", str(rev)]) == 0
+    out = capsys.readouterr().out
+    assert "C.jsonl: annotator 'C' is not in the review's review.json: not exported" in out, out
+    assert "A.jsonl: decisions for 1 case(s) this review does not hold" in out, out
+    assert "A.jsonl: its last line is torn" in out, out
+    (folder / "A.jsonl").write_text(json.dumps({**record, "annotator": "B"}) + "\n")
+    assert cli(["review", "export", str(rev)]) == 2
+    assert "says annotator 'B', in A's file" in capsys.readouterr().err

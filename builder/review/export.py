@@ -27,13 +27,13 @@ from pathlib import Path as FsPath
 
 import numpy as np
 
-from chexpercept.escape import csv_cell
+from chexpercept.escape import csv_cell, terminal
 from chexpercept.fileio import replaced_dir, write_atomic
 from chexpercept.vocab import CARDIOMEGALY
 
 from .kappa import cohen_kappa, fleiss_kappa
 from .manifest import load_manifest
-from .store import decisions_path, latest, read_decisions
+from .store import DECISIONS_DIR, StoreError, decisions_path, latest, read_decisions
 
 EXPORT_DIR = "export"
 POSITIVE_SHEET = "positive_labeling_sheet.csv"
@@ -80,9 +80,12 @@ class ExportResult:
     undecided: int = 0
     disagreements: int = 0
     agreement: list[dict] = field(default_factory=list)
+    #: what of the decisions folder was not exported, and why (said, never passed over)
+    notes: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
-        lines = [
+        lines = [f"note: {terminal(note)}" for note in self.notes]
+        lines += [
             f"wrote {self.out}/{POSITIVE_SHEET} and {NEGATIVE_SHEET}: {self.accepted} accepted, "
             f"{self.rejected} not accepted, {self.undecided} without a decision (not accepted)",
             f"  {self.disagreements} disagreement(s) to adjudicate: {self.out}/{DISAGREEMENTS}",
@@ -117,10 +120,10 @@ def export(review_dir: str | os.PathLike[str], rule: str = "unanimous") -> Expor
     manifest = load_manifest(root)
     annotators = manifest["annotators"]
     k = int(manifest["reviews_per_case"])
-    # annotator -> key_id -> last record (decisions for cases not in this review are ignored)
+    # annotator -> key_id -> last record (decisions for cases not in this review are said and left out)
     last = {a: latest(read_decisions(decisions_path(root, a))) for a in annotators}
     out = root / EXPORT_DIR
-    result = ExportResult(out)
+    result = ExportResult(out, notes=_unexported(root, annotators, {i["key_id"] for i in manifest["items"]}))
     positives, negatives, disagreements = [], [], []
     for item in manifest["items"]:
         records = {a: last[a][item["key_id"]] for a in annotators if item["key_id"] in last[a]}
@@ -163,6 +166,53 @@ def export(review_dir: str | os.PathLike[str], rule: str = "unanimous") -> Expor
             ),
         )
     return result
+
+
+def _unexported(root: FsPath, annotators: list[str], keys: set[str]) -> list[str]:
+    """What of ``decisions/`` the export leaves out, one line each: a file of an annotator the review
+    does not have, decisions for cases it does not hold, a torn last line (a write cut short: ``review
+    serve`` repairs it). A line that names another annotator than its file's is an error
+    (StoreError): whose decision it is cannot be told. None was said before (red team, stop 44)."""
+    folder = root / DECISIONS_DIR
+    notes = []
+    if folder.is_dir():
+        for path in sorted(folder.glob("*.jsonl")):
+            if path.stem not in annotators:
+                notes.append(
+                    f"{path}: annotator {path.stem!r} is not in the review's review.json: not exported"
+                )
+    total = 0
+    for annotator in annotators:
+        path = decisions_path(root, annotator)
+        records = read_decisions(path)
+        total += len(records)
+        for n, record in enumerate(records, 1):
+            said = record.get("annotator", annotator)
+            if said != annotator:
+                raise StoreError(
+                    f"{path}: decision {n} (case {record['key_id']!r}) says annotator {said!r}, in "
+                    f"{annotator}'s file: whose decision it is cannot be told; move or remove that line"
+                )
+        strangers = sorted({r["key_id"] for r in records} - keys)
+        if strangers:
+            notes.append(
+                f"{path}: decisions for {len(strangers)} case(s) this review does not hold (e.g. "
+                f"{strangers[0]!r}): not exported"
+            )
+        if path.is_file() and path.stat().st_size and not _ends_a_line(path):
+            notes.append(
+                f"{path}: its last line is torn (a write was cut short) and is not exported; "
+                "chexpercept review serve repairs it"
+            )
+    if total == 0:
+        notes.append("no annotator has recorded a decision yet: every case is without one (not accepted)")
+    return notes
+
+
+def _ends_a_line(path: FsPath) -> bool:
+    with open(path, "rb") as f:
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) == b"\n"
 
 
 def _positive_row(item: dict, ok: bool) -> dict:
