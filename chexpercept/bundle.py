@@ -332,6 +332,9 @@ def scan_bundle(
         entry_problems = validate_entry(key_id, entry)
         if entry_problems:
             problems.extend(entry_problems)
+            # its images are checked as well where the entry still names them (a wrong answer_index
+            # hid a missing or truncated image until the JSON was fixed; red team, stop 44)
+            problems.extend(_images_of_a_faulty_entry(root, key_id, entry, check_images, workers))
             continue
         case = Case.from_entry(key_id, entry, copy=False)
         if case.lesion not in lesion_set or case.path not in path_set:
@@ -348,6 +351,21 @@ def scan_bundle(
     if problems:
         raise BundleValidationError(root, problems)
     return refs
+
+
+def _images_of_a_faulty_entry(
+    root: FsPath, key_id: str, entry: Any, mode: ImageCheck, workers: int
+) -> list[Problem]:
+    """``check_case_images`` of an entry that has problems of its own, where its turns' images can
+    still be told (its structure is whole: a value out of range, a missing text); else nothing."""
+    try:
+        case = Case.from_entry(key_id, entry, copy=False)
+        case.turns  # noqa: B018 (its images, from every QA of its route)
+    except (
+        Exception
+    ):  # the structure itself is broken: its images cannot be told; the entry's problems say why
+        return []
+    return check_case_images(root, [case], mode=mode, workers=workers)
 
 
 def check_case_images(

@@ -1042,3 +1042,27 @@ def test_partial_numbers_are_marked_in_every_output_of_score_and_power(fixture_b
         assert cli(["power", *pair, "--per-cell", "2", "--format", fmt]) == 0
         text = capsys.readouterr().out
         assert said in text and "its last line is torn" in text, text[:400]
+
+
+def test_validate_names_the_image_problems_of_a_case_whose_annotations_are_wrong(
+    fixture_bundle, tmp_path, capsys
+):
+    """A case with an answer_index out of range had its missing image named only after the JSON was
+    fixed, one round later (red team, stop 44): where the entry still names its images, they are
+    checked in the same round."""
+    from chexpercept.cli import main as cli
+
+    bundle = tmp_path / "bundle"
+    shutil.copytree(fixture_bundle, bundle)
+    index = bundle / "chexpercept.json"
+    entries = json.loads(index.read_text())
+    key = next(iter(entries))
+    entries[key]["detection_qa"]["answer_index"] = 7
+    index.write_text(json.dumps(entries))
+    (bundle / "chexpercept" / key / "detection_qa" / "xray.png").unlink()
+    capsys.readouterr()
+    assert cli(["validate", str(bundle)]) != 0
+    said = capsys.readouterr()
+    text = said.out + said.err
+    assert f"{key}: detection_qa.answer_index: 7 out of range" in text, text
+    assert f"{key}: chexpercept/{key}/detection_qa/xray.png: image file is missing" in text, text
