@@ -66,7 +66,9 @@ _KINDS: dict[str, tuple[Any, str]] = {
         "a JSON object whose 'commit' is a git commit (40 lower-case hex digits)",
     ),
     "str": (lambda v: isinstance(v, str), "a string"),
-    "int": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
+    # every whole number run.json holds is a count or a seed (n_results -3 was read as "24 more than
+    # the run wrote"; red team, stop 44)
+    "int": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "a whole number from 0"),
     "number": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "a number"),
     "bool": (lambda v: isinstance(v, bool), "true or false"),
     "object": (lambda v: isinstance(v, dict), "a JSON object"),

@@ -288,6 +288,10 @@ def test_leaderboard_errors_name_the_repo(hub, capsys, monkeypatch):
     assert cli(["leaderboard", BENCH]) == 1
     err = capsys.readouterr().err
     assert f"{BENCH}: the Hub could not be reached (ConnectError" in err and "Traceback" not in err, err
+    # a repo id the Hub would not take is named before anything is asked (red team, stop 44)
+    for bad in ("me/b b", "nope", "a/b/c"):
+        assert cli(["leaderboard", bad]) == 2
+        assert "the benchmark repo must be ORG/NAME" in capsys.readouterr().err
 
 
 def test_report_shows_the_hub_rows_beside_local_runs(runs, board, tmp_path, capsys):

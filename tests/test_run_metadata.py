@@ -72,8 +72,9 @@ def test_a_file_is_read_and_named_in_errors(tmp_path):
     ("field", "value", "message"),
     [
         ("model", 3, "field 'model' must be a string, got 3"),
-        ("seed", 1.5, "field 'seed' must be an integer, got 1.5"),
-        ("seed", True, "field 'seed' must be an integer, got True"),
+        ("seed", 1.5, "field 'seed' must be a whole number from 0, got 1.5"),
+        ("seed", True, "field 'seed' must be a whole number from 0, got True"),
+        ("n_results", -3, "field 'n_results' must be a whole number from 0, got -3"),  # red team, stop 44
         ("bundle", "b", "field 'bundle' must be a JSON object, got 'b'"),
         ("bundle", {"synthetic": "yes"}, "field 'bundle.synthetic' must be true or false, got 'yes'"),
         ("selection", {"lesions": ["a", 1]}, "field 'selection.lesions' must be a list of strings"),
@@ -94,7 +95,7 @@ def test_scorer_and_report_refuse_a_malformed_run_json(tmp_path):
     records = simulate_records(fixture_cases(per_cell=1), lambda case, turn: True, oracle="none")
     (folder / "results.jsonl").write_text("".join(r.to_json() + "\n" for r in records))
     (folder / "run.json").write_text(json.dumps({"model": "m", "oracle": "none", "bundle": {"n_cases": "4"}}))
-    expected = f"{folder / 'run.json'}: field 'bundle.n_cases' must be an integer, got '4'"
+    expected = f"{folder / 'run.json'}: field 'bundle.n_cases' must be a whole number from 0, got '4'"
     with pytest.raises(ValueError, match="bundle.n_cases"):
         load_run(folder)
     with pytest.raises(ValueError) as e:

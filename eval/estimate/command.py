@@ -19,7 +19,7 @@ from typing import Any
 
 from chexpercept.cli_options import add_data_dir_option, add_output_option, write_output
 from chexpercept.domains import COUNT, COUNT_OR_NONE, POSITIVE, RATE
-from chexpercept.escape import terminal_lines
+from chexpercept.escape import markdown_cell, terminal_lines
 from chexpercept.eval.backends import BACKENDS
 from chexpercept.eval.oracle import ORACLE_CHOICES, end_to_end_note, oracles_for
 from chexpercept.eval.runner.selection import add_selection_options
@@ -298,7 +298,8 @@ def render(
     """Markdown: per oracle setting the range of the two scenarios, then the total; then why any
     column is N/A."""
     lines = [
-        f"**Estimate for {model}** (tokens counted by {counter}{'' if exact else ', approximate'})",
+        f"**Estimate for {markdown_cell(model)}** (tokens counted by {markdown_cell(counter)}"
+        f"{'' if exact else ', approximate'})",
         "",
         "| oracle | cases | calls | input tokens (text + image) | image tokens | cached input | output tokens "
         "| USD | USD without caching | time |",

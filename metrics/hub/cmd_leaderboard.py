@@ -41,9 +41,12 @@ def run(args: argparse.Namespace) -> int:
         read_leaderboard,
         render_hub_leaderboard,
     )
+    from chexpercept.metrics.hub.names import NameRefused, check_repo_id
 
-    if args.repo.count("/") != 1:
-        print(f"{PROG}: the repo must be ORG/NAME, got {args.repo!r}", file=sys.stderr)
+    try:  # the Hub's rule for a repo id, as push-results checks it ("me/b b" was taken)
+        check_repo_id(args.repo, "the benchmark repo")
+    except NameRefused as e:
+        print(f"{PROG}: {terminal_lines(e)}", file=sys.stderr)
         return 2
     try:
         entries = read_leaderboard(args.repo, all_models=args.all_models)
