@@ -29,6 +29,7 @@ import numpy as np
 
 from chexpercept.escape import csv_cell, terminal
 from chexpercept.fileio import replaced_dir, write_atomic
+from chexpercept.input_files import RESULTS, read_input
 from chexpercept.vocab import CARDIOMEGALY
 
 from .kappa import cohen_kappa, fleiss_kappa
@@ -199,7 +200,7 @@ def _unexported(root: FsPath, annotators: list[str], keys: set[str]) -> list[str
                 f"{path}: decisions for {len(strangers)} case(s) this review does not hold (e.g. "
                 f"{strangers[0]!r}): not exported"
             )
-        if path.is_file() and path.stat().st_size and not _ends_a_line(path):
+        if path.is_file() and path.stat().st_size and not _ends_a_line(path):  # read_decisions took it
             notes.append(
                 f"{path}: its last line is torn (a write was cut short) and is not exported; "
                 "chexpercept review serve repairs it"
@@ -210,9 +211,8 @@ def _unexported(root: FsPath, annotators: list[str], keys: set[str]) -> list[str
 
 
 def _ends_a_line(path: FsPath) -> bool:
-    with open(path, "rb") as f:
-        f.seek(-1, os.SEEK_END)
-        return f.read(1) == b"\n"
+    """Whether the decisions file's last byte ends a line (read through chexpercept.input_files)."""
+    return read_input(path, RESULTS, what="decisions file").endswith(b"\n")
 
 
 def _positive_row(item: dict, ok: bool) -> dict:

@@ -298,7 +298,7 @@ def render(
     """Markdown: per oracle setting the range of the two scenarios, then the total; then why any
     column is N/A."""
     lines = [
-        f"**Estimate for {markdown_cell(model)}** (tokens counted by {markdown_cell(counter)}"
+        f"**Estimate for {markdown_cell(model)}** (tokens counted by {counter}"
         f"{'' if exact else ', approximate'})",
         "",
         "| oracle | cases | calls | input tokens (text + image) | image tokens | cached input | output tokens "
