@@ -143,7 +143,9 @@ def output_file(path: str | os.PathLike[str]) -> str | None:
         st, out = os.stat(name), os.fstat(1)
     except OSError:  # missing, or stdout closed: the name as it is (a dangling link: its target)
         target = refuse_inside_ours(os.path.realpath(name), name)
-        _require_folder(target or name)
+        _require_folder(name)  # the name as the kernel reads it (nodir/.. needs nodir)
+        if target is not None and target != name:
+            _require_folder(target)  # a dangling link's target
         return target
     if (st.st_dev, st.st_ino) == (out.st_dev, out.st_ino):
         return None
@@ -155,15 +157,18 @@ def output_file(path: str | os.PathLike[str]) -> str | None:
 def _require_folder(name: str) -> None:
     """ValueError unless the folder ``name`` would be written in exists: a file is written only into
     a folder that does, as a shell's ``>`` writes it (a typo made a tree of folders; red team, stop 44)."""
-    folder = os.path.dirname(os.path.abspath(name))
+    folder = os.path.dirname(name) or "."  # as the kernel reads it: nodir/.. needs nodir
     if os.path.isdir(folder):
         return
-    missing = folder
-    while not os.path.isdir(os.path.dirname(missing)) and os.path.dirname(missing) != missing:
-        missing = os.path.dirname(missing)
+    parts = folder.split(os.sep)
+    for n in range(1, len(parts) + 1):  # the first part of the way that is not a folder
+        way = os.sep.join(parts[:n]) or os.sep
+        if not os.path.isdir(way):
+            break
+    what = "is a file, not a folder" if os.path.lexists(way) else "does not exist"
     raise ValueError(
-        f"{terminal(name)}: the folder {terminal(missing)} does not exist (a file is written only into a "
-        "folder that does, as a shell's > writes it); make it first, or give another file"
+        f"{terminal(name)}: {terminal(way)} {what} (a file is written only into a folder that exists, as a "
+        "shell's > writes it); make the folder first, or give another file"
     )
 
 

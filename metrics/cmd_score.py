@@ -195,6 +195,7 @@ def _check_formats(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     from .answer_warnings import warning_lines
     from .api import score_path
+    from .partial import bundle_difference
     from .runs import NoFinishedCases
 
     try:
@@ -244,6 +245,12 @@ def run(args: argparse.Namespace) -> int:
     if args.cases and not args.details:
         print(
             "note: --cases adds every case's verdicts to --details; without --details it does nothing",
+            file=sys.stderr,
+        )
+    differ = bundle_difference({r.name: r for r in reports})
+    if differ and not args.compare and not (args.table and args.format == "markdown"):  # those say it
+        print(  # JSON, --details and CSV carry no note of their own (red team, stop 44)
+            f"chexpercept score: note: the models were run on {terminal(differ)}: their numbers are not comparable",
             file=sys.stderr,
         )
     try:

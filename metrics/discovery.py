@@ -100,16 +100,31 @@ def find_run(folder: FsPath) -> RunFolder | None:
     return None
 
 
+#: the names of settings folders: the only ones read in a folder of runs (``oracle_none.old``, a run
+#: set aside, was scored as the none setting; red team, stop 44); ``unread_entries`` names the others
+SETTINGS_FOLDERS = frozenset(f"oracle_{setting}" for setting in ORACLE_SETTINGS)
+
+
 def _runs_under(root: FsPath) -> list[RunFolder]:
     if not root.is_dir():
         raise FileNotFoundError(f"results folder {no_such_path(root)}")
     runs: list[RunFolder] = []
     for dirpath, dirnames, _ in os.walk(root):
         dirnames.sort()
-        run = find_run(FsPath(dirpath))
+        here = FsPath(dirpath)
+        if here != root and here.name.lower().startswith("oracle_") and here.name not in SETTINGS_FOLDERS:
+            dirnames[:] = []  # set aside under another name: said by unread_entries
+            continue
+        run = find_run(here)
         if run is not None:
             runs.append(run)
             dirnames[:] = []
+            continue
+        for name in dirnames:  # a linked settings folder is read as score reads it (walk does not enter it)
+            if name in SETTINGS_FOLDERS and (here / name).is_symlink():
+                linked = find_run(here / name)
+                if linked is not None:
+                    runs.append(linked)
     if not runs:
         raise FileNotFoundError(
             f"no runs found under {root}: expected <model>/oracle_<setting>/{RESULTS_NAME} (this toolkit) "
@@ -135,8 +150,9 @@ def unread_entries(root: str | os.PathLike[str]) -> list[tuple[FsPath, str]]:
                 continue
             if not entry.is_dir():
                 found.append((entry, "a file where a settings folder would be"))
-            elif not name.startswith("oracle_"):
-                found.append((entry, "not a settings folder's name (oracle_ in lower case)"))
+            elif name not in SETTINGS_FOLDERS:
+                names = ", ".join(sorted(SETTINGS_FOLDERS))
+                found.append((entry, f"not a settings folder's name ({names}): set aside, not read"))
             elif find_run(entry) is None:
                 has = {p.name for p in entry.iterdir()}
                 why = f"no {RESULTS_NAME}" if RUN_NAME in has else "no run's files"
@@ -222,7 +238,11 @@ def model_folders(path: str | os.PathLike[str]) -> list[FsPath]:
 
 
 def _run_folders(p: FsPath) -> list[FsPath]:
-    return [d for d in sorted(p.glob("oracle_*")) if d.is_dir() and results_layout(d) is not None]
+    return [
+        d
+        for d in sorted(p.glob("oracle_*"))
+        if d.name in SETTINGS_FOLDERS and d.is_dir() and results_layout(d) is not None
+    ]
 
 
 def load_run(
@@ -251,9 +271,11 @@ def load_run(
             where, bundle, oracle=oracle, greedy=greedy, model=model, missing=missing
         )
     run = read_chexpercept_run(where, oracle=oracle, greedy=greedy, model=model)
-    against = open_bundle(bundle) if bundle is not None else recorded_bundle(run)
+    against, unchecked = (open_bundle(bundle), None) if bundle is not None else recorded_bundle(run)
     if against is not None:  # the answer key a line carries is the bundle's (red team, stop 44)
         check_answer_key(run, against)
+    elif unchecked:  # said, never passed over
+        run.notes.append(unchecked)
     return run
 
 

@@ -120,23 +120,30 @@ def open_bundle(bundle: Bundle | str | os.PathLike[str] | None) -> Bundle | None
 _ANSWER_KEYS: dict[tuple[str, str], Bundle] = {}
 
 
-def recorded_bundle(run: Run) -> Bundle | None:
-    """The bundle a run's run.json names, where it is on this disk with the fingerprint the run
-    records (read once per command for its questions); None otherwise (moved, changed, not named)."""
+def recorded_bundle(run: Run) -> tuple[Bundle | None, str | None]:
+    """(the bundle a run's run.json names, where it is on this disk with the fingerprint the run
+    records, read once per command for its questions; else None and why its answer key cannot be
+    checked, or None where run.json names no bundle)."""
     from chexpercept.bundle import JSON_NAME, fingerprint
 
     path, recorded = (run.meta.bundle.path, run.fingerprint) if run.meta.bundle else (None, None)
-    if not path or not recorded or not (FsPath(path) / JSON_NAME).is_file():
-        return None
+    if not path or not recorded:
+        return None, None
+    unchecked = (
+        f"{run.label}: its answer key (each line's gold) is not checked against a bundle: the bundle its "
+        f"run.json names ({terminal(path)}) {{}}; pass the bundle it was made on with --data-dir"
+    )
+    if not (FsPath(path) / JSON_NAME).is_file():
+        return None, unchecked.format("is not on this disk")
     key = (os.path.realpath(path), recorded)
     if key not in _ANSWER_KEYS:
         try:
             if fingerprint(path) != recorded:
-                return None
+                return None, unchecked.format("has changed since the run (another fingerprint)")
             _ANSWER_KEYS[key] = read_bundle(path, check_images="none")
-        except (OSError, ValueError):  # unreadable there: scored on the lines, as without a bundle
-            return None
-    return _ANSWER_KEYS[key]
+        except (OSError, ValueError) as e:
+            return None, unchecked.format(f"cannot be read ({terminal(str(e))[:200]})")
+    return _ANSWER_KEYS[key], None
 
 
 def check_answer_key(run: Run, bundle: Bundle) -> None:
@@ -154,14 +161,37 @@ def check_answer_key(run: Run, bundle: Bundle) -> None:
             raise ValueError(
                 f"{run.label}: case {rec.key_id} ran on path {rec.path}, the bundle says {case.path.value}"
             )
-        gold = {t.task: list(t.answer_index) for t in case.turns}
+        if case.lesion != rec.lesion:
+            raise ValueError(
+                f"{run.label}: case {rec.key_id} is recorded as lesion {rec.lesion}, the bundle says "
+                f"{case.lesion}; its results.jsonl was edited"
+            )
+        turns = {t.task: t for t in case.turns}
         for t in rec.turns:
-            if t.task not in gold or sorted(gold[t.task]) != sorted(t.gold):
-                raise ValueError(
-                    f"{run.label}: case {rec.key_id}, {t.task}: gold {t.gold} differs from the bundle's "
-                    f"{gold.get(t.task, 'none (no such question)')} at {bundle.root}; the run was made on "
-                    "another release, or its results.jsonl was edited"
+            turn = turns.get(t.task)
+            key = answer_key(turn) if turn is not None else None
+            mine = {"gold": sorted(t.gold), "n_options": t.n_options, "multi_select": t.multi_select,
+                    "none_index": t.none_index}  # fmt: skip
+            differ = [k for k in mine if key is None or mine[k] != key[k]]
+            if differ:
+                theirs = (
+                    "none (no such question)" if key is None else ", ".join(f"{k} {key[k]}" for k in differ)
                 )
+                raise ValueError(
+                    f"{run.label}: case {rec.key_id}, {t.task}: {', '.join(f'{k} {mine[k]}' for k in differ)} "
+                    f"differs from the bundle's {theirs} at {bundle.root}; the run was made on another "
+                    "release, or its results.jsonl was edited"
+                )
+
+
+def answer_key(turn: Any) -> dict[str, Any]:
+    """What a bundle turn says of its answers, as a result line records it (``TurnResult``)."""
+    return {
+        "gold": sorted(turn.answer_index),
+        "n_options": len(turn.options),
+        "multi_select": turn.multi_select,
+        "none_index": turn.none_index,
+    }
 
 
 class NoFinishedCases(ValueError):

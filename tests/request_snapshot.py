@@ -100,12 +100,33 @@ MESSY = (
     "I cannot determine this from the image.",
     "Answer: {a}<end_of_turn>",
     "Option {a}, because the opacity is in the lower lobe. Answer: {a}",
+    # red team, stop 44: forms whose reading the first MESSY did not pin down
+    "Answer: 2\nWait, let me look again. Answer: {a}",  # the last statement, not the first
+    "The final answer is {a}",
+    "Answer: ({a}) Yes",
+    "{a}. No",
+    "Answer: $\\text{{{a}}}$",
+    "Answer: $ {a} $",
+    "Answer: {wide}",  # full-width digits
+    "Answer\uff1a{a}",  # a full-width colon (read through NFKC)
+    "Answer: {joined}",  # "1 and 3"
+    "Answer: {amp}",  # "1 & 3"
+    "<|begin_of_box|>{a}<|end_of_box|>",  # GLM's answer box (read under a GLM model's name)
+)
+#: how a reply may list several options (a multi-select answer)
+MULTI = ("Answer: {joined}", "Answer: {amp}", "Answer: [{a}]", "The answers are {a}")
+#: replies whose text, whole text and refusal differ (``Response.full_text``, ``Response.refusal``):
+#: the parser reads the whole text, and a refusal is an answer scored as unparsed
+SPECIAL = (
+    ("", "<think>it could be 2</think>Answer: {a}", None),  # the answer in the whole text alone
+    ("Answer: 2", "<think>unsure</think>Answer: {a}", None),  # the whole text says otherwise
+    ("Answer: {a}", None, "declined by the content filter"),  # a refusal, whatever its text says
 )
 #: the parse modes the conversations are read with
 PARSE_MODES = ("reference", "strict")
 
 
-def record_parses(root: Path, oracle: str, parse_mode: str) -> list[dict[str, Any]]:
+def record_parses(root: Path, oracle: str, parse_mode: str, model: str = "") -> list[dict[str, Any]]:
     """Every call of the conversations answered in ``MESSY``'s ways (one per case and turn, fixed),
     and how each turn's reply was read: what the parser and the conversation make of real replies,
     which decides every later request (the oracle's triggers, the patched histories), under the
@@ -126,9 +147,26 @@ def record_parses(root: Path, oracle: str, parse_mode: str) -> list[dict[str, An
                 sent.append({k: entry[k] for k in ("key_id", "task", "messages", "sha256")})
             out = []
             for request, answer in zip(requests, super().generate(requests)):
-                pick = hashlib.sha256(f"{request.key_id}\0{request.task}".encode()).digest()[0] % len(MESSY)
+                digest = hashlib.sha256(f"{request.key_id}\0{request.task}".encode()).digest()
+                kind, pick = digest[0], digest[1]  # two bytes: every form can meet every reply kind
                 given = answer.text.split(":", 1)[1].strip()
-                out.append(Response(MESSY[pick].format(a=given)))
+                forms = {
+                    "a": given,
+                    "wide": given.translate({ord(d): 0xFF10 + int(d) for d in "0123456789"}),
+                    "joined": " and ".join(x.strip() for x in given.split(",")),
+                    "amp": " & ".join(x.strip() for x in given.split(",")),
+                }
+                if "," in given and kind % 2:  # half the multi-select answers in a list's other spellings
+                    out.append(Response(MULTI[pick % len(MULTI)].format(**forms)))
+                elif kind % 5 == 4:  # one reply in five carries a whole text or a refusal of its own
+                    text, full, refusal = SPECIAL[pick % len(SPECIAL)]
+                    out.append(
+                        Response(
+                            text.format(**forms), full_text=full and full.format(**forms), refusal=refusal
+                        )
+                    )
+                else:
+                    out.append(Response(MESSY[pick % len(MESSY)].format(**forms)))
             return out
 
     def finished(results: Sequence[Any]) -> None:
@@ -140,7 +178,13 @@ def record_parses(root: Path, oracle: str, parse_mode: str) -> list[dict[str, An
     backend = Messy(BASELINE)
     backend.setup(RunContext(root=bundle.root, cases=bundle.cases, seed=0))
     run_conversations(
-        bundle.cases, backend, oracle=oracle, parse_mode=parse_mode, batch_size=7, on_finished=finished
+        bundle.cases,
+        backend,
+        oracle=oracle,
+        parse_mode=parse_mode,
+        model=model,
+        batch_size=7,
+        on_finished=finished,
     )
     order = {c.key_id: i for i, c in enumerate(bundle.cases)}
     return [
@@ -187,6 +231,8 @@ def snapshot() -> dict[str, Any]:
             for oracle in ORACLES
             for mode in PARSE_MODES
         }
+        # a model-specific reading: GLM's answer box is unwrapped under a GLM model's name only
+        data["messy"]["none/reference/glm"] = record_parses(root, "none", "reference", model="glm-4.5v")
         return data
 
 

@@ -347,6 +347,12 @@ def test_models_run_on_the_same_questions_with_other_images_are_never_ranked_sid
     models = [str(first / "baseline-random"), str(second / "baseline-oracle")]
     assert cli(["score", *models, "--compare"]) == 2
     assert "the same questions with different images" in capsys.readouterr().err
+    # the outputs without a note of their own say it on stderr (red team, stop 44)
+    for extra in ([], ["--details"], ["--table", "2", "--format", "csv"]):
+        assert cli(["score", *models, *extra]) == 0
+        assert (
+            "note: the models were run on the same questions with different images" in capsys.readouterr().err
+        )
     # the report reads one bundle's images, and refuses a run made on others
     assert cli(["report", "--results", str(first), str(second), "--output-dir", str(tmp_path / "rep"),
                 "--no-intervals"]) == 2  # fmt: skip
@@ -602,8 +608,18 @@ def test_an_output_file_never_replaces_a_runs_files_or_lands_in_a_release(fixtur
     for argv in (["score", str(runs)], ["power"]):
         assert _status(lambda a=argv: cli([*a, "--output", str(typo)])) == 2
         err = capsys.readouterr().err
-        assert f"the folder {tmp_path / 'typo'} does not exist" in err and "Traceback" not in err, err
+        assert f"{tmp_path / 'typo'} does not exist" in err and "Traceback" not in err, err
         assert not (tmp_path / "typo").exists()
+    # the way as the kernel reads it (nodir/.. needs nodir), and a file in the way named as a file
+    (tmp_path / "afile").write_text("x")
+    for target, said in (
+        (tmp_path / "nodir" / ".." / "s.json", f"{tmp_path / 'nodir'} does not exist"),
+        (tmp_path / "afile" / "x.json", f"{tmp_path / 'afile'} is a file, not a folder"),
+    ):
+        assert _status(lambda t=target: cli(["power", "--output", str(t)])) == 2
+        err = capsys.readouterr().err
+        assert said in err, err
+    assert not (tmp_path / "s.json").exists()
 
 
 def test_every_output_file_option_is_checked_as_it_is_parsed():
@@ -981,7 +997,9 @@ def test_a_gold_answer_edited_in_results_is_never_scored_as_the_answer_key(fixtu
     edited([other])  # another option: the bundle on disk says otherwise
     assert cli(["score", str(runs)]) == 2
     err = capsys.readouterr().err
-    assert f"gold [{other}] differs from the bundle's {first['gold']}" in err and "was edited" in err, err
+    assert f"gold [{other}] differs from the bundle's gold {first['gold']}" in err and "was edited" in err, (
+        err
+    )
     assert cli(["report", str(runs), "--output-dir", str(tmp_path / "rep"), "--no-intervals"]) == 2
     assert "differs from the bundle's" in capsys.readouterr().err
     edited([9])  # no such option
@@ -1066,3 +1084,85 @@ def test_validate_names_the_image_problems_of_a_case_whose_annotations_are_wrong
     text = said.out + said.err
     assert f"{key}: detection_qa.answer_index: 7 out of range" in text, text
     assert f"{key}: chexpercept/{key}/detection_qa/xray.png: image file is missing" in text, text
+
+
+def test_push_results_checks_the_answer_key_against_the_bundle_it_is_given(fixture_bundle, tmp_path, capsys):
+    """push-results --data-dir used the bundle for its identifiers alone: the gold of a moved
+    bundle's run, edited to the run's own answers, staged a 100.0 leaderboard (red team, stop 44)."""
+    from chexpercept.cli import main as cli
+
+    bundle = tmp_path / "bundle"
+    shutil.copytree(fixture_bundle, bundle)
+    runs = tmp_path / "runs"
+    assert _run(bundle, runs, "--model", "baseline:random", "--limit", "4") == 0
+    results = runs / "baseline-random" / "oracle_implicit" / "results.jsonl"
+    lines = [json.loads(x) for x in results.read_text().splitlines()]
+    for line in lines:
+        for turn in line["turns"]:
+            turn["gold"], turn["correct"] = list(turn["parsed"]) if turn["parsed"] != [-1] else [1], True
+    results.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    moved = tmp_path / "moved"
+    bundle.rename(moved)
+    capsys.readouterr()
+    assert cli(["score", str(runs)]) == 0  # nothing to check against: said
+    assert "is not checked against a bundle: the bundle its run.json names" in capsys.readouterr().err
+    out = tmp_path / "staged"
+    status = cli(["push-results", "--repo", "o/n", "--dry-run", "--data-dir", str(moved), "--output-dir",
+                  str(out), str(runs)])  # fmt: skip
+    assert status != 0 and "differs from the bundle's" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("multi_select", "flip"), ("none_index", 1), ("n_options", "more"), ("lesion", "effusion")],
+)
+def test_every_field_of_the_answer_key_is_the_bundles(fixture_bundle, tmp_path, capsys, field, value):
+    """multi_select, none_index or the lesion edited in results.jsonl changed the scores while
+    only gold was checked against the bundle (red team, stop 44)."""
+    from chexpercept.cli import main as cli
+
+    runs = tmp_path / "runs"
+    assert _run(fixture_bundle, runs, "--model", "baseline:random", "--limit", "3") == 0
+    results = runs / "baseline-random" / "oracle_implicit" / "results.jsonl"
+    lines = [json.loads(x) for x in results.read_text().splitlines()]
+    turn = lines[0]["turns"][0]
+    if field == "lesion":
+        lines[0]["lesion"] = "edema" if lines[0]["lesion"] != "edema" else "effusion"
+    elif value == "flip":
+        turn[field] = not turn[field]
+    elif value == "more":
+        turn[field] += 1
+    else:
+        turn[field] = value
+    results.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    capsys.readouterr()
+    assert cli(["score", str(runs)]) == 2
+    err = capsys.readouterr().err
+    assert "its results.jsonl was edited" in err, err
+
+
+def test_a_settings_folder_set_aside_or_linked_is_read_the_same_by_score_and_report(
+    fixture_bundle, tmp_path, capsys
+):
+    """oracle_none.old (a run set aside) was scored as the none setting; a linked oracle_none was
+    read by score and skipped by the report without a word (red team, stop 44). Only the settings
+    folders' own names are read, links as score reads them, and every other one is named."""
+    from chexpercept.cli import main as cli
+
+    runs, other = tmp_path / "runs", tmp_path / "other"
+    assert _run(fixture_bundle, runs, "--model", "baseline:random", "--limit", "2") == 0
+    assert _run(fixture_bundle, other, "--model", "baseline:random", "--limit", "2", "--oracle", "none") == 0
+    model = runs / "baseline-random"
+    shutil.copytree(other / "baseline-random" / "oracle_none", model / "oracle_none.old")
+    capsys.readouterr()
+    assert cli(["score", str(model)]) == 0
+    err = capsys.readouterr().err
+    assert "oracle_none.old: not a settings folder's name" in err and "oracle none run" not in err, err
+    (model / "oracle_none.old").rename(tmp_path / "aside")
+    (model / "oracle_none").symlink_to(other / "baseline-random" / "oracle_none")
+    assert cli(["score", str(model)]) == 0
+    assert "End-to-End: oracle none run" in capsys.readouterr().err
+    out = tmp_path / "rep"
+    assert cli(["report", str(runs), "--output-dir", str(out), "--no-intervals", "--no-plots"]) == 0
+    said = capsys.readouterr()
+    assert "2 run(s)" in said.out + said.err or "oracle_none" in (out / "metrics.json").read_text()

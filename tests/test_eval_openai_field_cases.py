@@ -370,8 +370,20 @@ def test_a_resume_under_another_top_p_is_refused_saying_what_earlier_versions_re
         assert cli(fixture_bundle, tmp_path, server, *first) == 0
         capsys.readouterr()
         assert cli(fixture_bundle, tmp_path, server, "--limit", "2", "--no-score") == 2
+        err = capsys.readouterr().err  # made by this very version: no earlier version is blamed
+        assert "sampling.top_p: None -> 1.0" in err and "where it sent none" not in err, err
+        made_by_an_earlier_version(tmp_path)
+        assert cli(fixture_bundle, tmp_path, server, "--limit", "2", "--no-score") == 2
     err = capsys.readouterr().err
     assert "sampling.top_p: None -> 1.0" in err and "recorded top_p 1.0 where it sent none" in err, err
+
+
+def made_by_an_earlier_version(out):
+    """Every run.json under ``out`` says its last session was made by an earlier version."""
+    for path in out.glob("*/oracle_*/run.json"):
+        info = json.loads(path.read_text())
+        info["sessions"][-1]["versions"]["chexpercept"] = "0.0.1"
+        path.write_text(json.dumps(info))
 
 
 @pytest.mark.parametrize(
@@ -428,6 +440,7 @@ def test_a_resume_of_an_api_run_that_recorded_an_unsent_seed_is_refused_saying_w
     without a seed, which the identity now says (None); a resume is refused naming why."""
     with FakeServer() as server:
         assert cli(fixture_bundle, tmp_path, server, "--seed", "0", "--limit", "1", "--no-score") == 0
+        made_by_an_earlier_version(tmp_path)
         capsys.readouterr()
         assert cli(fixture_bundle, tmp_path, server, "--limit", "2", "--no-score") == 2
     err = capsys.readouterr().err
@@ -483,6 +496,23 @@ def test_another_checkpoint_served_under_the_same_name_at_the_same_url_stops_the
     assert "backend_identity.served_root: '/ckpt/step1000' -> '/ckpt/step9000'" in err, err
     (info,) = [json.loads(p.read_text()) for p in tmp_path.glob("*/oracle_implicit/run.json")]
     assert info["settings"]["backend_identity"]["served_root"] == "/ckpt/step1000"
+
+
+def test_the_same_body_resumes_and_a_refusal_blames_no_earlier_version_of_this_one(
+    fixture_bundle, tmp_path, capsys
+):
+    """{"seed": null} without --seed sends what no field sends, yet was refused as another identity,
+    and explained as "not recorded by the version that made that run" although this version made it
+    (red team, stop 44). A null that removes nothing is no field; an earlier version is blamed only
+    where another one made the run."""
+    with FakeServer() as server:
+        assert cli(fixture_bundle, tmp_path, server, "--limit", "1", "--no-score") == 0
+        extra = ["--request-extra", '{"seed": null, "logprobs": null}', "--limit", "2", "--no-score"]
+        assert cli(fixture_bundle, tmp_path, server, *extra) == 0
+        capsys.readouterr()
+        assert cli(fixture_bundle, tmp_path, server, "--seed", "3", "--limit", "3", "--no-score") == 2
+    err = capsys.readouterr().err
+    assert "seed: None -> 3" in err and "earlier version" not in err and "not recorded by" not in err, err
 
 
 def test_request_extra_sampling_is_what_run_json_records(fixture_bundle, tmp_path):

@@ -288,6 +288,22 @@ def test_leaderboard_errors_name_the_repo(hub, capsys, monkeypatch):
     assert cli(["leaderboard", BENCH]) == 1
     err = capsys.readouterr().err
     assert f"{BENCH}: the Hub could not be reached (ConnectError" in err and "Traceback" not in err, err
+    # a Hub that takes the connection and never answers: the call has a deadline (red team, stop 44)
+    import chexpercept.peer_http as peer_http
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{silent.getsockname()[1]}")
+        monkeypatch.setattr(peer_http, "HUB_TIMEOUT", 1.0)
+        from huggingface_hub.utils import _http
+
+        _http.close_session()  # the next client is made with the deadline above
+        try:
+            assert cli(["leaderboard", BENCH]) == 1
+        finally:
+            _http.close_session()  # no client of that deadline is left for the next test
+    assert "the Hub could not be reached" in capsys.readouterr().err
     # a repo id the Hub would not take is named before anything is asked (red team, stop 44)
     for bad in ("me/b b", "nope", "a/b/c"):
         assert cli(["leaderboard", bad]) == 2

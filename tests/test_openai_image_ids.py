@@ -154,6 +154,13 @@ def test_what_counts_as_vllm_and_as_a_cache_miss():
     assert "0.11 or later" in why_not_vllm(vllm, b'{"version": "0.10.2"}')
     assert "no version" in why_not_vllm(vllm, b"") and "no version" in why_not_vllm(vllm, b'{"version": 11}')
     assert "does not say vLLM" in why_not_vllm(b'{"data": [{"id": "gpt", "owned_by": "openai"}]}', b"")
+    # behind a router that serves several kinds, the requested model's entry decides (red team, stop 44)
+    mixed = b'{"data": [{"id": "gpt", "owned_by": "openai"}, {"id": "q", "owned_by": "vllm"}]}'
+    assert "does not say vLLM" in why_not_vllm(mixed, b'{"version": "0.32.0"}', "gpt")
+    assert why_not_vllm(mixed, b'{"version": "0.32.0"}', "q") is None
+    assert (
+        why_not_vllm(vllm, b'{"version": "0.32.0"}', "not-listed") is None
+    )  # a vllm serve lists vLLM's alone
     assert why_not_vllm(b"not json", b"") and why_not_vllm(b'{"data": "vllm"}', b"")
     assert why_not_vllm(vllm + b" " * (1 << 20), b'{"version": "0.32.0"}')  # over the limit read
     assert is_cache_miss(

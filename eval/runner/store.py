@@ -66,6 +66,20 @@ RECORDED_OTHERWISE = {
 }
 
 
+def _made_by_another_version(previous: Mapping[str, Any]) -> bool:
+    """Whether the last session of an earlier run (run.json) was made by another version of the
+    toolkit than this one (its version or its commit), or does not say; a refusal then explains the
+    parts that version recorded otherwise, and only then (red team, stop 44: a run of this very
+    version was told an earlier version had recorded its seed)."""
+    from chexpercept import __version__
+    from chexpercept.eval.runner.provenance import git_commit
+
+    sessions = previous.get("sessions") or []
+    last = sessions[-1] if sessions and isinstance(sessions[-1], Mapping) else previous
+    made = ((last.get("versions") or {}).get("chexpercept"), last.get("git_commit"))
+    return made != (__version__, git_commit())
+
+
 class RunLockedError(RuntimeError):
     """Another live run holds the folder."""
 
@@ -333,8 +347,10 @@ class RunStore:
         before = previous.get("settings") or {}
         diffs = settings_diff(before, settings)
         if diffs:
-            # a part the earlier run's version did not record (top level or nested: weights.folder)
-            newer = sorted(line.split(": ", 1)[0] for line in diffs if ": (absent) -> " in line)
+            # a part the earlier run's version did not record (top level or nested: weights.folder),
+            # said only where another version made it (the same version's absent part was not sent)
+            other = _made_by_another_version(previous)
+            newer = sorted(line.split(": ", 1)[0] for line in diffs if ": (absent) -> " in line and other)
             why = (
                 f"\n({', '.join(newer)}: not recorded by the version that made that run; a later version "
                 "added it to the identity, so those answers cannot be shown to match)"
@@ -344,6 +360,7 @@ class RunStore:
             why += "".join(
                 f"\n({RECORDED_OTHERWISE[key]})"
                 for key in sorted({line.split(": ", 1)[0] for line in diffs} & set(RECORDED_OTHERWISE))
+                if other
             )
             raise StoreError(
                 f"{self.path} holds a run made with other settings, so its results cannot be "

@@ -265,7 +265,7 @@ def stage_eval_results(
         repos.append(check_repo_id(model_repo, "--model-repo"))
     check_source_url(source_url, repos, os.environ.get("HF_ENDPOINT"))
 
-    runs = load_runs(model_dir)
+    runs = load_runs(model_dir, bundle=bundle)  # each line's answer key checked against it
     if not runs:
         raise ValueError(f"{model_dir}: no runs")
     for run in runs:

@@ -89,9 +89,13 @@ def read_leaderboard(
 
     Raises LeaderboardError naming the repo when the Hub has none, cannot be reached or is switched
     off (HF_HUB_OFFLINE=1)."""
-    from huggingface_hub import constants
-    from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled, RepositoryNotFoundError
+    try:  # huggingface_hub reads HF_ENDPOINT as it is imported: a malformed one raises there
+        from huggingface_hub import constants
+        from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled, RepositoryNotFoundError
+    except ValueError as e:
+        raise LeaderboardError(f"{repo}: HF_ENDPOINT is not a URL the Hub's client takes ({e})") from None
 
+    from chexpercept import peer_http
     from chexpercept.errors import Refused
 
     from .commit import hub_api
@@ -100,9 +104,11 @@ def read_leaderboard(
         raise LeaderboardError(
             f"{repo}: the leaderboard is read from the Hub, and HF_HUB_OFFLINE=1 keeps it offline; unset it"
         )
-    api = hub_api(endpoint, token)
     try:
-        raw = api.get_dataset_leaderboard(repo, base_model_only=False if all_models else None)
+        api = hub_api(endpoint, token)  # a port out of range raises here (red team, stop 44)
+        raw = api.get_dataset_leaderboard(  # a deadline: a Hub that never answers ended no call
+            repo, base_model_only=False if all_models else None, timeout=peer_http.HUB_TIMEOUT
+        )
     except RepositoryNotFoundError as e:
         raise LeaderboardError(
             f"{repo}: no such dataset repo on {api.endpoint} (or it is private and the token cannot see it)"

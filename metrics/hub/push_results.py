@@ -204,7 +204,7 @@ def stage(
         model = models[folder_name]
         metas = {setting: publish_as(provenance(m), model) for setting, m in all_metas[folder_name].items()}
         display = model.name
-        report = score_path(folder, mode=parse_mode, name=display)
+        report = score_path(folder, bundle=bundle, mode=parse_mode, name=display)
         refuse_partial(report, str(folder))
         if bootstrap:
             report.with_intervals(bootstrap, seed=seed)

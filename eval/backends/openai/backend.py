@@ -262,6 +262,12 @@ def api_key_from_env(name: str | None) -> str | None:
     )
 
 
+#: the fields a request body holds before the request fields go over it (``_payload``): a null in
+#: --request-extra removes one of them, and is recorded
+BODY_FIELDS = frozenset(
+    {"model", "messages", "max_completion_tokens", "temperature", "top_p", "chat_template_kwargs"}
+)
+
 #: --image-urls: how an image's pixels travel (base64 in the request, or the server reads the file)
 IMAGE_URLS = ("data", "file")
 
@@ -450,7 +456,9 @@ class OpenAIBackend(BackendBase):
         the neutral value of each sampling field it would otherwise fill from the model's generation
         config (``VLLM_NEUTRAL_SAMPLING``: Qwen2.5-VL's repetition_penalty 1.05 applied under a run
         recorded as greedy; red team, stop 44)."""
-        fields = dict(self.extra_body)
+        # a null removes a field of the body's own; one that removes nothing sends what no field
+        # sends (seed null without --seed was another identity for the same body: red team, stop 44)
+        fields = {k: v for k, v in self.extra_body.items() if v is not None or k in BODY_FIELDS}
         if context.seed is not None and "seed" not in fields:
             fields["seed"] = context.seed
         if self._server().vllm:
@@ -672,8 +680,8 @@ class OpenAIBackend(BackendBase):
 
         async def both() -> ServerSays:
             models = await read(base + "/models")  # /version is asked of a vLLM only
-            vllm = says_vllm(models)
-            why_not = why_not_vllm(models, await read(root + "/version") if vllm else b"")
+            vllm = says_vllm(models, self.spec.model_id)
+            why_not = why_not_vllm(models, await read(root + "/version") if vllm else b"", self.spec.model_id)
             return ServerSays(vllm, why_not, served_root(models, self.spec.model_id) if vllm else None)
 
         try:

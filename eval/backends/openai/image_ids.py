@@ -79,11 +79,16 @@ def _json(reply: bytes, source: str) -> Any:
         return None
 
 
-def says_vllm(models_reply: bytes) -> bool:
-    """Whether a ``GET /v1/models`` reply lists a model that vLLM serves (``owned_by: "vllm"``)."""
+def says_vllm(models_reply: bytes, model_id: str | None = None) -> bool:
+    """Whether a ``GET /v1/models`` reply says that vLLM serves ``model_id``: its entry says
+    ``owned_by: "vllm"``, or, where it lists no entry of that id, every entry does (a ``vllm
+    serve``). Behind a router that serves several kinds, another model's vLLM entry made an
+    OpenAI model get vLLM's fields (red team, stop 44)."""
     listing = _json(models_reply, "the server's /models")
     data = listing.get("data") if isinstance(listing, dict) else None
-    return isinstance(data, list) and any(isinstance(c, dict) and c.get("owned_by") == "vllm" for c in data)
+    entries = [c for c in data if isinstance(c, dict)] if isinstance(data, list) else []
+    own = [c for c in entries if model_id is not None and c.get("id") == model_id]
+    return bool(own or entries) and all(c.get("owned_by") == "vllm" for c in (own or entries))
 
 
 @dataclass(frozen=True)
@@ -111,10 +116,10 @@ def served_root(models_reply: bytes, model_id: str) -> str | None:
     return None
 
 
-def why_not_vllm(models_reply: bytes, version_reply: bytes) -> str | None:
+def why_not_vllm(models_reply: bytes, version_reply: bytes, model_id: str | None = None) -> str | None:
     """Why a server whose ``GET /v1/models`` and ``GET /version`` gave these replies is not sent
-    ids (not vLLM, or a vLLM older than ``MIN_VLLM``); None when it is."""
-    if not says_vllm(models_reply):
+    ids for ``model_id`` (not vLLM, or a vLLM older than ``MIN_VLLM``); None when it is."""
+    if not says_vllm(models_reply, model_id):
         return "the server's /models does not say vLLM"
     answer = _json(version_reply, "the server's /version")
     version = answer.get("version") if isinstance(answer, dict) else None
