@@ -288,6 +288,19 @@ def test_models_scored_on_different_cases_are_never_ranked_side_by_side_without_
     assert "different cases" not in capsys.readouterr().out
 
 
+def _two_models_scored(bundle, other, tmp_path, capsys):
+    """(runs folder of baseline:random on ``bundle``, of baseline:oracle on ``other``, score --table 2
+    of both)."""
+    from chexpercept.cli import main as cli
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    assert _run(bundle, first, "--model", "baseline:random") == 0
+    assert _run(other, second, "--model", "baseline:oracle") == 0
+    capsys.readouterr()
+    assert cli(["score", str(first), str(second), "--table", "2"]) == 0
+    return first, second, capsys.readouterr().out
+
+
 def test_models_run_on_different_bundles_are_never_ranked_side_by_side_without_a_word(
     fixture_bundle, tmp_path, capsys
 ):
@@ -302,12 +315,7 @@ def test_models_run_on_different_bundles_are_never_ranked_side_by_side_without_a
     index = fixed / "chexpercept.json"
     index.write_text(index.read_text().replace("Is any finding", "Is there any finding", 3))
     assert index.read_bytes() != (fixture_bundle / "chexpercept.json").read_bytes()
-    first, second = tmp_path / "first", tmp_path / "second"
-    assert _run(fixture_bundle, first, "--model", "baseline:random") == 0
-    assert _run(fixed, second, "--model", "baseline:oracle") == 0
-    capsys.readouterr()
-    assert cli(["score", str(first), str(second), "--table", "2"]) == 0
-    out = capsys.readouterr().out
+    first, second, out = _two_models_scored(fixture_bundle, fixed, tmp_path, capsys)
     assert "run on different bundles (baseline-random: " in out, out
     # the report reads one bundle, and refuses a run made on another
     assert cli(["report", "--results", str(first), str(second), "--output-dir", str(tmp_path / "rep"),
@@ -336,12 +344,7 @@ def test_models_run_on_the_same_questions_with_other_images_are_never_ranked_sid
         with Image.open(path) as image:
             image.resize((max(1, image.width // 2), max(1, image.height // 2))).save(path)
     assert (shrunk / "chexpercept.json").read_bytes() == (fixture_bundle / "chexpercept.json").read_bytes()
-    first, second = tmp_path / "first", tmp_path / "second"
-    assert _run(fixture_bundle, first, "--model", "baseline:random") == 0
-    assert _run(shrunk, second, "--model", "baseline:oracle") == 0
-    capsys.readouterr()
-    assert cli(["score", str(first), str(second), "--table", "2"]) == 0
-    out = capsys.readouterr().out
+    first, second, out = _two_models_scored(fixture_bundle, shrunk, tmp_path, capsys)
     assert "run on the same questions with different images (baseline-random: " in out, out
     assert "settings.bundle_images" in out
     models = [str(first / "baseline-random"), str(second / "baseline-oracle")]

@@ -228,6 +228,7 @@ def test_a_folder_of_an_older_version_is_refused_as_such(fixture_bundle, tmp_pat
     assert "None ->" not in err
 
     info["settings"] = {k: v for k, v in settings.items() if k != "bundle_images"}
+    info["sessions"][-1]["versions"]["chexpercept"] = "0.0.1"  # another version, whose identity lacked it
     run_json.write_text(json.dumps(info))  # made by a version whose identity lacked a part this one has
     assert _run(fixture_bundle, tmp_path, "baseline:constant:1", "--limit", "2") == 2
     assert "bundle_images: not recorded by the version that made that run" in capsys.readouterr().err
