@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -449,6 +450,11 @@ def test_a_resume_of_the_model_folder_spelled_otherwise_goes_on_under_the_identi
     info = json.loads((folder / "run.json").read_text())
     assert info["settings"]["model_id"] == tiny_model.name  # the identity the run continues
     assert run_tiny(fixture_bundle, out, spelled, "--limit", "2", "--no-score") == 0
+    # the recorded relative name from another working folder: the same files, so the same model
+    # (it was refused, the name read against the current folder; red team round 2, stop 44)
+    monkeypatch.chdir(tmp_path)
+    assert run_tiny(fixture_bundle, out, os.path.relpath(tiny_model), "--limit", "3", "--no-score") == 0
+    assert len((folder / "results.jsonl").read_text().splitlines()) == 3
     from chexpercept.cli import main as cli
 
     capsys.readouterr()

@@ -95,14 +95,21 @@ def settings_diff(before: Mapping[str, Any], now: Mapping[str, Any]) -> list[str
     from chexpercept.redaction import redact_field
 
     out: list[str] = []
+    # a local model is its files: two spellings of one folder, or the same folder named from another
+    # working folder (a recorded relative name is read against the current one), whose whole
+    # fingerprint is the same (red team, stop 44: such a resume was refused)
+    weights = [side.get("weights") if isinstance(side, Mapping) else None for side in (before, now)]
+    same_files = (
+        weights[0] == weights[1] and isinstance(weights[0], Mapping) and bool(weights[0].get("folder"))
+    )
 
     def walk(prefix: str, a: Any, b: Any) -> None:
         if isinstance(a, Mapping) and isinstance(b, Mapping):
             for key in sorted(set(a) | set(b), key=str):
                 walk(f"{prefix}.{key}" if prefix else str(key), a.get(key, _ABSENT), b.get(key, _ABSENT))
             return
-        if prefix == "model_id" and same_model_id(a, b):
-            return  # the same folder however spelled
+        if prefix == "model_id" and (same_files or same_model_id(a, b)):
+            return  # the same folder however spelled, or the same files
         # as the identity's JSON tells them apart: 1, 1.0 and true differ, and so do null and absent
         if json.dumps(a, sort_keys=True, default=repr) != json.dumps(b, sort_keys=True, default=repr):
             key = prefix.rpartition(".")[2]
