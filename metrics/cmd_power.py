@@ -29,7 +29,7 @@ from chexpercept.cli_options import (
 from chexpercept.domains import ALPHA, FAMILY, POWER, SHARE, real, whole
 from chexpercept.errors import BundleValidationError, ReleaseNotFoundError
 from chexpercept.escape import csv_cell, markdown_cell, terminal_lines
-from chexpercept.metrics.partial import PARTIAL_COLUMN, heading, partial_models
+from chexpercept.metrics.partial import PARTIAL_COLUMN, heading, partial_models, partial_reasons
 
 RELEASE_PER_CELL = 100
 FORMATS = ("markdown", "csv", "json")
@@ -208,7 +208,7 @@ def render(
         buf = io.StringIO()
         writer = csv.writer(buf, lineterminator="\n")
         fields = list(asdict(rows[0])) if rows else []
-        why = "; ".join(f"{name}: {'; '.join(r)}" for name, r in partial.items())
+        why = partial_reasons(partial)
         writer.writerow([*fields, PARTIAL_COLUMN] if why else fields)
         writer.writerows(
             [

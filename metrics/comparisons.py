@@ -24,7 +24,7 @@ from chexpercept.vocab import LESIONS, PATHS, route_stages
 
 from .columns import DERIVED, FLAT_KEYS
 from .inference import DEFAULT_LEVEL, DEFAULT_POWER, Paired, adjust, paired_columns
-from .partial import PARTIAL_COLUMN, bundle_difference, heading, partial_models
+from .partial import PARTIAL_COLUMN, bundle_difference, heading, partial_models, partial_reasons
 from .tables import TABLES, table_cells
 
 if TYPE_CHECKING:  # annotations only
@@ -399,7 +399,7 @@ def csv_rows(
             d["family"] = result.family.id
             rows.append(["" if d[c] is None else csv_cell(d[c]) for c in CSV_COLUMNS])
     if comparison.partial:  # why the numbers are partial (metrics/partial.py), on every row
-        why = "; ".join(f"{name}: {'; '.join(r)}" for name, r in comparison.partial.items())
+        why = partial_reasons(comparison.partial)
         return [*CSV_COLUMNS, PARTIAL_COLUMN], [[*row, csv_cell(why)] for row in rows]
     return list(CSV_COLUMNS), rows
 

@@ -107,12 +107,16 @@ def different_cases(reports: Any) -> str:
     )
 
 
+def partial_reasons(partial: Mapping[str, Sequence[str]]) -> str:
+    """{model name: reasons} as one line: ``model: reason; reason; model: reason`` ("" when none)."""
+    return "; ".join(f"{name}: {'; '.join(why)}" for name, why in partial.items() if why)
+
+
 def heading(partial: Mapping[str, Sequence[str]]) -> str:
     """``markdown_line`` of {model name: reasons} (models without reasons are complete)."""
-    partial = {name: why for name, why in partial.items() if why}
-    if not partial:
+    said = partial_reasons(partial)
+    if not said:
         return ""
-    said = "; ".join(f"{name}: {'; '.join(why)}" for name, why in partial.items())
     return (
         f"**Partial numbers** (not the whole run; rerun the same `chexpercept run` command to complete "
         f"it, then score again): {markdown_cell(said)}\n\n"
