@@ -358,12 +358,11 @@ def _images_of_a_faulty_entry(
 ) -> list[Problem]:
     """``check_case_images`` of an entry that has problems of its own, where its turns' images can
     still be told (its structure is whole: a value out of range, a missing text); else nothing."""
+    # a broken structure: its images cannot be told, and the entry's problems say why
     try:
         case = Case.from_entry(key_id, entry, copy=False)
         case.turns  # noqa: B018 (its images, from every QA of its route)
-    except (
-        Exception
-    ):  # the structure itself is broken: its images cannot be told; the entry's problems say why
+    except Exception:
         return []
     return check_case_images(root, [case], mode=mode, workers=workers)
 

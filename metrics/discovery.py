@@ -154,12 +154,15 @@ def unread_entries(root: str | os.PathLike[str]) -> list[tuple[FsPath, str]]:
                 names = ", ".join(sorted(SETTINGS_FOLDERS))
                 found.append((entry, f"not a settings folder's name ({names}): set aside, not read"))
             elif find_run(entry) is None:
-                has = {p.name for p in entry.iterdir()}
-                why = f"no {RESULTS_NAME}" if RUN_NAME in has else "no run's files"
-                found.append((entry, why))
+                found.append((entry, _without_a_run(entry)))
     if start.name.lower().startswith("oracle_") and start.is_dir() and find_run(start) is None:
-        found.append((start, f"no {RESULTS_NAME}" if (start / RUN_NAME).exists() else "no run's files"))
+        found.append((start, _without_a_run(start)))
     return found
+
+
+def _without_a_run(folder: FsPath) -> str:
+    """Why a settings folder that holds no run is not read: a run.json without results, or nothing."""
+    return f"no {RESULTS_NAME}" if os.path.lexists(folder / RUN_NAME) else "no run's files"
 
 
 def discover_runs(*results: str | os.PathLike[str]) -> list[RunFolder]:

@@ -29,7 +29,7 @@ import numpy as np
 
 from chexpercept.escape import csv_cell, terminal
 from chexpercept.fileio import replaced_dir, write_atomic
-from chexpercept.input_files import RESULTS, read_input
+from chexpercept.input_files import RESULTS, open_input
 from chexpercept.vocab import CARDIOMEGALY
 
 from .kappa import cohen_kappa, fleiss_kappa
@@ -122,9 +122,10 @@ def export(review_dir: str | os.PathLike[str], rule: str = "unanimous") -> Expor
     annotators = manifest["annotators"]
     k = int(manifest["reviews_per_case"])
     # annotator -> key_id -> last record (decisions for cases not in this review are said and left out)
-    last = {a: latest(read_decisions(decisions_path(root, a))) for a in annotators}
+    decided = {a: read_decisions(decisions_path(root, a)) for a in annotators}
+    last = {a: latest(records) for a, records in decided.items()}
     out = root / EXPORT_DIR
-    result = ExportResult(out, notes=_unexported(root, annotators, {i["key_id"] for i in manifest["items"]}))
+    result = ExportResult(out, notes=_unexported(root, decided, {i["key_id"] for i in manifest["items"]}))
     positives, negatives, disagreements = [], [], []
     for item in manifest["items"]:
         records = {a: last[a][item["key_id"]] for a in annotators if item["key_id"] in last[a]}
@@ -169,8 +170,9 @@ def export(review_dir: str | os.PathLike[str], rule: str = "unanimous") -> Expor
     return result
 
 
-def _unexported(root: FsPath, annotators: list[str], keys: set[str]) -> list[str]:
-    """What of ``decisions/`` the export leaves out, one line each: a file of an annotator the review
+def _unexported(root: FsPath, decided: dict[str, list[dict]], keys: set[str]) -> list[str]:
+    """What of ``decisions/`` the export leaves out (``decided``: each annotator's decisions as read),
+    one line each: a file of an annotator the review
     does not have, decisions for cases it does not hold, a torn last line (a write cut short: ``review
     serve`` repairs it). A line that names another annotator than its file's is an error
     (StoreError): whose decision it is cannot be told. None was said before (red team, stop 44)."""
@@ -178,15 +180,12 @@ def _unexported(root: FsPath, annotators: list[str], keys: set[str]) -> list[str
     notes = []
     if folder.is_dir():
         for path in sorted(folder.glob("*.jsonl")):
-            if path.stem not in annotators:
+            if path.stem not in decided:
                 notes.append(
                     f"{path}: annotator {path.stem!r} is not in the review's review.json: not exported"
                 )
-    total = 0
-    for annotator in annotators:
+    for annotator, records in decided.items():
         path = decisions_path(root, annotator)
-        records = read_decisions(path)
-        total += len(records)
         for n, record in enumerate(records, 1):
             said = record.get("annotator", annotator)
             if said != annotator:
@@ -205,14 +204,17 @@ def _unexported(root: FsPath, annotators: list[str], keys: set[str]) -> list[str
                 f"{path}: its last line is torn (a write was cut short) and is not exported; "
                 "chexpercept review serve repairs it"
             )
-    if total == 0:
+    if not any(decided.values()):
         notes.append("no annotator has recorded a decision yet: every case is without one (not accepted)")
     return notes
 
 
 def _ends_a_line(path: FsPath) -> bool:
-    """Whether the decisions file's last byte ends a line (read through chexpercept.input_files)."""
-    return read_input(path, RESULTS, what="decisions file").endswith(b"\n")
+    """Whether the decisions file's last byte ends a line (its last byte alone, through
+    chexpercept.input_files)."""
+    with open_input(path, RESULTS, what="decisions file") as f:
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) == b"\n"
 
 
 def _positive_row(item: dict, ok: bool) -> dict:

@@ -174,7 +174,8 @@ def measured_throughput(
 
     info, seconds, session_cases = timed_session(run_dir, spec.model_id)
     folder = FsPath(run_dir)
-    recorded = (info.get("bundle") or {}).get("fingerprint") if isinstance(info.get("bundle"), dict) else None
+    trial_bundle = info.get("bundle")
+    recorded = trial_bundle.get("fingerprint") if isinstance(trial_bundle, dict) else None
     if fingerprint is not None and recorded != fingerprint:
         shown = f"{str(recorded)[:12]}..." if recorded else "none recorded"
         raise ValueError(

@@ -240,11 +240,12 @@ def for_runs(
     images = {value for _, _, value in recorded if isinstance(value, str) and value}
     if images:
         actual_images = images_fingerprint(root)
-        for value in sorted(images - {actual_images}):
+        other = sorted(images - {actual_images})
+        if other:
             raise ValueError(
                 f"the images of the bundle at {root} are not the ones the runs were made on (images "
                 f"{actual_images.removeprefix('sha256:')[:12]}..., run.json's settings.bundle_images "
-                f"{value.removeprefix('sha256:')[:12]}...): pass the bundle they were made on with --data-dir"
+                f"{other[0].removeprefix('sha256:')[:12]}...): pass the bundle they were made on with --data-dir"
             )
     return Identifiers.from_bundle(root)
 

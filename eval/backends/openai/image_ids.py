@@ -79,14 +79,19 @@ def _json(reply: bytes, source: str) -> Any:
         return None
 
 
+def _models(models_reply: bytes) -> list[dict[str, Any]]:
+    """The entries (objects) a ``GET /v1/models`` reply lists under ``data``; none where it is not one."""
+    listing = _json(models_reply, "the server's /models")
+    data = listing.get("data") if isinstance(listing, dict) else None
+    return [c for c in data if isinstance(c, dict)] if isinstance(data, list) else []
+
+
 def says_vllm(models_reply: bytes, model_id: str | None = None) -> bool:
     """Whether a ``GET /v1/models`` reply says that vLLM serves ``model_id``: its entry says
     ``owned_by: "vllm"``, or, where it lists no entry of that id, every entry does (a ``vllm
     serve``). Behind a router that serves several kinds, another model's vLLM entry made an
     OpenAI model get vLLM's fields (red team, stop 44)."""
-    listing = _json(models_reply, "the server's /models")
-    data = listing.get("data") if isinstance(listing, dict) else None
-    entries = [c for c in data if isinstance(c, dict)] if isinstance(data, list) else []
+    entries = _models(models_reply)
     own = [c for c in entries if model_id is not None and c.get("id") == model_id]
     return bool(own or entries) and all(c.get("owned_by") == "vllm" for c in (own or entries))
 
@@ -107,10 +112,8 @@ class ServerSays:
 def served_root(models_reply: bytes, model_id: str) -> str | None:
     """The ``root`` that a ``GET /v1/models`` reply gives for the model ``model_id`` (vLLM: where the
     served model was loaded from), bounded to 4,096 characters; None where there is none."""
-    listing = _json(models_reply, "the server's /models")
-    data = listing.get("data") if isinstance(listing, dict) else None
-    for entry in data if isinstance(data, list) else []:
-        if isinstance(entry, dict) and entry.get("id") == model_id:
+    for entry in _models(models_reply):
+        if entry.get("id") == model_id:
             root = entry.get("root")
             return root[:4096] if isinstance(root, str) and root else None
     return None
