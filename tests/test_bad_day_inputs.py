@@ -976,6 +976,49 @@ def test_an_option_of_another_backend_is_refused_not_silently_ignored(
     assert _run(fixture_bundle, runs, "--model", model, "--concurrency", "8", "--limit", "1") == 0
 
 
+@pytest.mark.parametrize(
+    "extra, named",
+    [
+        (["--temperature", "0.7"], "--temperature"),
+        (["--temperature", "0"], "--temperature"),  # a baseline's own value, still not read
+        (["--top-p", "0.5"], "--top-p"),
+        (["--max-tokens", "16"], "--max-tokens"),
+        (["--no-thinking"], "--no-thinking"),
+        (["--chat-template-kwargs", '{"x": 1}'], "--chat-template-kwargs"),
+        (["--max-tokens", "16", "--top-p", "0.5"], "--top-p, --max-tokens"),
+    ],
+)
+@pytest.mark.parametrize("model", ["baseline:random", "baseline:constant:1"])
+def test_a_decoding_option_on_a_baseline_is_refused_not_silently_ignored(
+    fixture_bundle, tmp_path, capsys, model, extra, named
+):
+    """--temperature 0.7 on a baseline was taken while its run.json recorded temperature 0, and
+    --chat-template-kwargs was recorded though no template is read: a baseline writes its answers
+    itself. Every decoding option (protocol.DECODING_OPTIONS) given to a backend that does not read
+    them (``reads_decoding``) is refused before anything is written; a model that reads them takes
+    them."""
+    runs = tmp_path / "runs"
+    assert _run(fixture_bundle, runs, "--model", model, *extra) == 2
+    err = capsys.readouterr().err
+    assert f"{named}: a baseline model writes its answers itself" in err, err
+    assert not runs.exists()
+    assert _run(fixture_bundle, runs, "--model", model, "--seed", "3", "--limit", "1") == 0
+
+
+def test_every_decoding_option_is_one_the_run_command_has():
+    """DECODING_OPTIONS names the run command's own flags: a flag renamed there would leave the
+    refusal above checking nothing."""
+    from chexpercept.cli_options import CommandParser
+    from chexpercept.eval.protocol import DECODING_OPTIONS
+    from chexpercept.eval.run import configure
+
+    parser = CommandParser(prog="eval/run.py")
+    configure(parser)
+    flags = {a.dest: a.option_strings for a in parser._actions}
+    for dest, flag in DECODING_OPTIONS.items():
+        assert flag in flags.get(dest, ()), (dest, flag)
+
+
 def test_a_gold_answer_edited_in_results_is_never_scored_as_the_answer_key(fixture_bundle, tmp_path, capsys):
     """A gold edited in results.jsonl changed the numbers of score, the report and push-results
     without a word; a gold of 9 on a question of 2 options was taken (red team, stop 44). Every line's

@@ -68,15 +68,19 @@ def backend_class(name: str) -> type[BackendClass]:
     return getattr(importlib.import_module(module), attr)
 
 
-def refuse_other_backends_options(args: argparse.Namespace, backend: str) -> None:
-    """ValueError naming every option of another backend than ``backend`` that the command line gives
-    a value other than its default: ``--dtype float16`` (transformers) on a vllm or baseline run was
-    taken and never applied, while run.json's recorded command said it was given (red team, stop 44)."""
+def refuse_unread_options(args: argparse.Namespace, backend: str) -> None:
+    """ValueError naming every option the command line gives (a value other than its default) that
+    the ``backend`` the model runs on does not read, so that no run's recorded command says what it
+    did not apply: another backend's options (``--dtype float16`` on a vllm or baseline run, red team
+    stop 44), and the decoding options (``protocol.DECODING_OPTIONS``) on a backend that writes its
+    answers itself (``--temperature 0.7`` on a baseline: its run.json said temperature 0)."""
     from dataclasses import fields
 
     from chexpercept.eval.backends.options import option_default
+    from chexpercept.eval.protocol import DECODING_OPTIONS
 
-    own = {f.name for f in fields(backend_class(backend).Options)}
+    chosen = backend_class(backend)
+    own = {f.name for f in fields(chosen.Options)}
     given = []
     for name in BACKENDS:
         if name == backend:
@@ -93,3 +97,16 @@ def refuse_other_backends_options(args: argparse.Namespace, backend: str) -> Non
             "so the run would not apply what its command says; leave "
             f"{'it' if len(given) == 1 else 'them'} out, or choose that backend with --backend"
         )
+    decoding = [flag for dest, flag in DECODING_OPTIONS.items() if _given(getattr(args, dest, None))]
+    if decoding and not chosen.reads_decoding:
+        raise ValueError(
+            f"{', '.join(decoding)}: a {backend} model writes its answers itself and decodes nothing, so "
+            f"the run would not apply {'it' if len(decoding) == 1 else 'them'}; leave "
+            f"{'it' if len(decoding) == 1 else 'them'} out"
+        )
+
+
+def _given(value: object) -> bool:
+    """An option's value as the command line gave it: None is not given, nor a switch left off
+    (``False``); ``0`` is (``--temperature 0``)."""
+    return value is not None and value is not False

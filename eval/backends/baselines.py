@@ -70,6 +70,7 @@ class BaselineBackend(BatchBackend):
 
     name = "baseline"
     default_batch_size = 256
+    reads_decoding = False
 
     def __init__(self, spec: ModelSpec | str, **run: Any):
         """``spec``: the model (``baseline:<kind>``), or its name. No options: the model string says

@@ -21,7 +21,7 @@ from chexpercept.case import Case
 from chexpercept.cli_options import progress_enabled
 from chexpercept.domains import COUNT, SEED
 from chexpercept.escape import terminal
-from chexpercept.eval.backends import backend_class, refuse_other_backends_options
+from chexpercept.eval.backends import backend_class, refuse_unread_options
 from chexpercept.eval.backends.options import BackendOptions
 from chexpercept.eval.oracle import end_to_end_note, oracles_for
 from chexpercept.eval.protocol import Backend, Sampling
@@ -243,7 +243,7 @@ def build_plan(args: argparse.Namespace, dist: Distributed) -> tuple[RunPlan, Ba
         run_folder_name(args.run_name)
     check_output_dir(args.output_dir, model=args.model, data_dir=args.data_dir)
     spec = resolve(args.model, backend=args.backend, model_id=args.model_id)
-    refuse_other_backends_options(args, spec.backend)
+    refuse_unread_options(args, spec.backend)
     sampling = sampling_for(spec, args)
     chat_kwargs, note = chat_kwargs_for(spec, args)
     if note and dist.is_main:
