@@ -289,6 +289,17 @@ class Backend(Protocol):
         asked before ``setup`` (a resume is refused before any engine loads)."""
         ...
 
+    def identity_facts(self) -> Any:
+        """What the backend learned from outside while making its ``identity`` (the openai backend:
+        what its server said it is), as JSON; the main process makes the run's identity and tells
+        every other process these facts, so that each sends what the identity records."""
+        ...
+
+    def use_identity_facts(self, facts: Any) -> None:
+        """Take the main process's ``identity_facts`` instead of learning them again (called before
+        ``setup`` in every other process of a run)."""
+        ...
+
     def describe(self) -> dict[str, Any]:
         """Backend settings for run.json (engine arguments, chat kwargs, dtype...)."""
         ...
@@ -385,6 +396,12 @@ class BackendBase:
 
     def identity(self, context: RunContext) -> dict[str, Any]:
         return self.options.answers()
+
+    def identity_facts(self) -> Any:
+        return None  # nothing learned from outside: every process makes the same identity
+
+    def use_identity_facts(self, facts: Any) -> None:
+        pass
 
     def usage_summary(self, records: Mapping[str, Mapping[str, Any]]) -> str | None:
         """A line on what the backend's service reported using over ``records`` (results.jsonl's

@@ -153,6 +153,10 @@ class FakeServer:
         self.refuse_ids = False
         #: the models GET /models lists besides "m": served name -> root (where vLLM loaded it from)
         self.roots: dict[str, str] = {}
+        #: the ``owned_by`` of each GET /models reply in turn, before ``vllm``'s (a balancer in front
+        #: of several servers); ``models_asked`` counts the GET /models
+        self.owners: list[str] = []
+        self.models_asked = 0
         #: uuid -> image URL (vllm=True)
         self.held: dict[str, str] = {}
         server = self
@@ -163,7 +167,10 @@ class FakeServer:
 
             def do_GET(self):
                 if self.path.endswith("/models"):
-                    owner = "vllm" if server.vllm else "organization-owner"
+                    with server.lock:
+                        server.models_asked += 1
+                        owner = server.owners.pop(0) if server.owners else None
+                    owner = owner or ("vllm" if server.vllm else "organization-owner")
                     listed = [{"id": "m", "owned_by": owner}]
                     listed += [{"id": k, "owned_by": owner, "root": v} for k, v in server.roots.items()]
                     reply = {"object": "list", "data": listed}

@@ -57,6 +57,110 @@ def test_two_processes_with_the_tiny_model(fixture_bundle, tmp_path):
     assert two.read_bytes() == one.read_bytes()
 
 
+@pytest.mark.slow
+def test_every_process_of_a_data_parallel_api_run_sends_what_the_run_records(fixture_bundle, tmp_path):
+    """The processes of a data-parallel API run each asked the server what it is, and only the main
+    process's answer was in the run's identity: behind a balancer that told the other process it is
+    not vLLM, that process sent neither the neutral sampling fields run.json records nor images by
+    id (left alone at stop 44). The main process tells every process what the identity was made of
+    (``identity_facts``): the server is asked once, and every request carries what run.json says."""
+    from fake_openai import FakeServer
+
+    from chexpercept.eval.backends.openai.image_ids import VLLM_NEUTRAL_SAMPLING
+
+    with FakeServer(vllm=True, delay=0.05) as server:
+        server.owners = ["vllm"] + ["organization-owner"] * 8  # the first to ask is told vLLM
+        launch_two(
+            "--data-dir", str(fixture_bundle), "--model", "m", "--backend", "openai", "--base-url", server.url,
+            "--batch-size", "2", "--output-dir", str(tmp_path), "--no-progress", "--no-score",
+        )  # fmt: skip
+    info = json.loads((tmp_path / "m" / "oracle_implicit" / "run.json").read_text())
+    assert info["num_processes"] == 2 and info["finished"] and info["n_results"] == 21
+    recorded = info["settings"]["backend_identity"]["request_fields"]
+    assert recorded == VLLM_NEUTRAL_SAMPLING
+    assert server.models_asked == 1
+    bodies = [r["body"] for r in server.requests]
+    assert len(bodies) > 21 and all({k: b.get(k) for k in recorded} == recorded for b in bodies)
+    later = [b for b in bodies if len(b["messages"]) > 1]
+    assert later and all(
+        p.get("uuid") for b in later for m in b["messages"] if isinstance(m["content"], list)
+        for p in m["content"] if p["type"] == "image_url"
+    )  # fmt: skip
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_two_machines(data_dirs, *args: str) -> list[subprocess.CompletedProcess]:
+    """One process on each of two "machines" (two launches on this one, ranks 0 and 1), each given
+    its own --data-dir, as each machine of a multi-node run reads its own copy."""
+    port = str(_free_port())
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]
+    launch += ["--num_machines", "2", "--main_process_ip", "127.0.0.1", "--main_process_port", port]
+    launch += ["--mixed_precision", "no", "--dynamo_backend", "no"]
+    procs = [
+        subprocess.Popen(
+            [*launch, "--machine_rank", str(rank), str(RUN_SCRIPT), "--data-dir", str(data_dir), *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank, data_dir in enumerate(data_dirs)
+    ]
+    out = []
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=300)
+        out.append(subprocess.CompletedProcess(p.args, p.returncode, stdout, stderr))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("change", ["none", "a question", "an image"])
+def test_every_machine_of_a_run_holds_what_the_run_records(fixture_bundle, tmp_path, change):
+    """Each machine of a multi-node run reads its own copy of the release (and of the model and the
+    engine), and only the main process hashed its own: a machine with another copy ran other
+    questions under the main process's identity. The first process of every other machine makes the
+    identity too, and any difference ends the run before anything is written, naming the machine and
+    the field; copies that are the same run as one."""
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(fixture_bundle, copy)
+    if change == "a question":
+        path = copy / "chexpercept.json"
+        text = path.read_text()
+        path.write_text(text.replace("visible in the image", "seen in the image", 1))
+    elif change == "an image":
+        image = next((copy / "chexpercept").rglob("*.png"))
+        image.write_bytes(image.read_bytes() + b"\0")
+    runs = tmp_path / "runs"
+    procs = launch_two_machines(
+        [fixture_bundle, copy],
+        "--model",
+        "baseline:random",
+        "--output-dir",
+        str(runs),
+        "--no-progress",
+        "--no-score",
+    )
+    if change == "none":
+        assert [p.returncode for p in procs] == [0, 0], procs[0].stderr[-3000:] + procs[1].stderr[-3000:]
+        info = json.loads((runs / "baseline-random" / "oracle_implicit" / "run.json").read_text())
+        assert info["num_processes"] == 2 and info["finished"] and info["n_results"] == 21
+        return
+    assert all(p.returncode != 0 for p in procs)
+    field = "bundle_fingerprint" if change == "a question" else "bundle_images"
+    said = procs[0].stderr
+    assert "process 1 (" in said and "holds other files than the main process" in said, said[-3000:]
+    assert f"{field}: " in said and "Every machine of a run must hold what the run records" in said
+    assert not runs.exists()
+
+
 def test_a_launch_that_runs_fewer_processes_than_asked_is_named():
     from chexpercept.eval.runner.distributed import launch_mismatch
 

@@ -175,6 +175,29 @@ class Distributed:
 
         return loads(payload.numpy().tobytes(), source="the main process's broadcast")
 
+    def gather(self, obj: Any) -> list[Any]:
+        """Every process's ``obj``, in process order, on every process; sent as JSON text, never
+        pickled (see ``broadcast``). ValueError for an object JSON cannot hold."""
+        if not self.active:
+            return [obj]
+        import torch
+        import torch.distributed as td
+
+        data = json.dumps(obj, allow_nan=False).encode("utf-8")
+        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.count)]
+        td.all_gather(sizes, torch.tensor([len(data)], dtype=torch.int64))
+        longest = max(int(s.item()) for s in sizes)
+        mine = torch.zeros(longest, dtype=torch.uint8)
+        mine[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else mine[:0]
+        payloads = [torch.empty(longest, dtype=torch.uint8) for _ in range(self.count)]
+        td.all_gather(payloads, mine)
+        from chexpercept.input_json import loads
+
+        return [
+            loads(p[: int(s.item())].numpy().tobytes(), source=f"process {i}'s part of a gather")
+            for i, (p, s) in enumerate(zip(payloads, sizes))
+        ]
+
     def close(self) -> None:
         if self.active:
             self.state.destroy_process_group()

@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import secrets
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path as FsPath
 from typing import Any
@@ -36,6 +36,7 @@ from chexpercept.eval.runner.identity import (
     ServedModelGuard,
     engine_versions,
     setting_folders_mismatch,
+    settings_diff,
     weights_identity,
     with_file_contents,
 )
@@ -181,23 +182,57 @@ def settings_of(plan: RunPlan, backend: Backend, context: RunContext, oracle: st
 def _shared_settings(
     plan: RunPlan, backend: Backend, context: RunContext, dist: Distributed
 ) -> dict[str, Any]:
-    """``settings_of`` made by the main process and told to every process; an error there (an
-    unreadable weight file) ends every process, the main process with the error itself."""
+    """``settings_of`` made by the main process and told to every process, with what its backend
+    learned from outside to make them (``identity_facts``), which every other backend then uses: each
+    process sends what the identity records. An error there (an unreadable weight file) ends every
+    process, the main process with the error itself."""
     settings: dict[str, Any] | None = None
+    facts: Any = None
     error: BaseException | None = None
     if dist.is_main:
         try:
             settings = settings_of(plan, backend, context, "")
+            facts = backend.identity_facts()
         except Exception as e:
             error = e
-    settings, message = dist.broadcast(
-        (settings, None if error is None else f"{type(error).__name__}: {error}")
+    settings, facts, message = dist.broadcast(
+        (settings, facts, None if error is None else f"{type(error).__name__}: {error}")
     )
     if error is not None:
         raise error
     if settings is None:
         raise ValueError(f"the main process could not establish the run's identity ({message})")
+    if not dist.is_main:
+        backend.use_identity_facts(facts)
+    differences = [d for d in dist.gather(_machine_difference(plan, backend, context, dist, settings)) if d]
+    if differences:
+        raise ValueError(
+            f"{'; '.join(differences)}. Every machine of a run must hold what the run records (the same "
+            "model files, release, engine versions and settings): make the machines' copies the same"
+        )
     return settings
+
+
+def _machine_difference(
+    plan: RunPlan, backend: Backend, context: RunContext, dist: Distributed, settings: Mapping[str, Any]
+) -> str | None:
+    """How the run's identity as the first process of another machine than the main process's makes
+    it differs from ``settings`` (the main process's), or None: each machine reads its own copies of
+    the model, the release and the engine, and the main process hashed only its own (a machine with
+    another copy of the release ran other questions under the main process's identity). The other
+    processes of a machine read what its first one checked."""
+    if dist.is_main or dist.local_index != 0:
+        return None
+    import socket
+
+    try:
+        diff = settings_diff(settings, settings_of(plan, backend, context, ""))
+    except Exception as e:
+        return f"process {dist.index} ({socket.gethostname()}) could not make the run's identity: {type(e).__name__}: {e}"
+    if not diff:
+        return None
+    shown = ", ".join(diff[:6]) + (f" and {len(diff) - 6} more" if len(diff) > 6 else "")
+    return f"process {dist.index} ({socket.gethostname()}) holds other files than the main process: {shown}"
 
 
 def header_of(plan: RunPlan, dist: Distributed) -> RunMetadata:
@@ -526,7 +561,6 @@ def _note_session_changes(folder: FsPath, previous: dict[str, Any], session: dic
     """One line on a resume whose backend options outside the identity changed since the last
     session (another --base-url: for a local server that may be other weights under the same name;
     the served model, where the server names one, is checked per answer)."""
-    from chexpercept.eval.runner.identity import settings_diff
     from chexpercept.redaction import redact_text
 
     sessions = previous.get("sessions") or []

@@ -61,7 +61,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -448,6 +448,16 @@ class OpenAIBackend(BackendBase):
         under the same name at the same URL is another model (red team, stop 44)."""
         root = self._server().root
         return {"request_fields": self._fields(context), **({"served_root": root} if root else {})}
+
+    def identity_facts(self) -> dict[str, Any] | None:
+        """What the server said it is (``ServerSays``), as the identity was made of it: told to the
+        other processes of a data-parallel run, which send what it records (a server behind a
+        balancer may tell each process otherwise)."""
+        return None if self._server_says is None else asdict(self._server_says)
+
+    def use_identity_facts(self, facts: Any) -> None:
+        if facts is not None:
+            self._server_says = ServerSays(**facts)
 
     def _fields(self, context: RunContext) -> dict[str, Any]:
         """The request fields put over the body's own: ``--request-extra``'s (with the registry's); the
