@@ -7,7 +7,7 @@ import sys
 
 from chexpercept.cli_options import add_option, add_progress_option, progress_enabled, require
 from chexpercept.domains import COUNT, PROCESSES, SEED
-from chexpercept.escape import terminal_lines
+from chexpercept.escape import shell_word, terminal, terminal_lines
 from chexpercept.fileio import claim_output_dir
 from chexpercept.vocab import LESIONS
 
@@ -76,10 +76,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"chexpercept synth-sources: {terminal_lines(e)}", file=sys.stderr)
         return 2
     anatomy = root / "anatomy" / CHEXMASK_NAME if args.anatomy_format == "chexmask-csv" else root / "anatomy"
-    print(f"phantom sources (testing only) written to {root}")
+    print(f"phantom sources (testing only) written to {terminal(root)}")
     print(
-        f"next: chexpercept generate --mimic-cxr-jpg {root / 'mimic-cxr-jpg'} --mimic-ils {root / 'mimic-ils'} "
-        f"--anatomy {anatomy} --output-dir BUNDLE --per-cell {args.per_cell}"
+        f"next: chexpercept generate --mimic-cxr-jpg {shell_word(root / 'mimic-cxr-jpg')} --mimic-ils "
+        f"{shell_word(root / 'mimic-ils')} --anatomy {shell_word(anatomy)} --output-dir BUNDLE --per-cell {args.per_cell}"
     )
     return 0
 
@@ -98,10 +98,11 @@ def _run_reference(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"chexpercept synth-sources: {terminal_lines(e)}", file=sys.stderr)
         return 2
-    print(f"phantom sources in the reference layout (testing only) written to {root}")
+    print(f"phantom sources in the reference layout (testing only) written to {terminal(root)}")
     print(
-        f"next: chexpercept generate --cxr-png {root / 'mimic_cxr'} --mimic-ils {root / 'mimic_ils'} "
-        f"--anatomy {root / 'chexmasku_pred'} --cxas {root / 'cxas_pred'} "
-        f"[--rosalia-pred {root / 'rosalia_pred'}] --output-dir BUNDLE --per-cell {args.per_cell}"
+        f"next: chexpercept generate --cxr-png {shell_word(root / 'mimic_cxr')} --mimic-ils "
+        f"{shell_word(root / 'mimic_ils')} --anatomy {shell_word(root / 'chexmasku_pred')} --cxas "
+        f"{shell_word(root / 'cxas_pred')} [--rosalia-pred {shell_word(root / 'rosalia_pred')}] --output-dir "
+        f"BUNDLE --per-cell {args.per_cell}"
     )
     return 0

@@ -333,6 +333,21 @@ def add_parse_mode_option(parser: Any, *, help: str, **kwargs: Any) -> None:
     )
 
 
+def add_decoding_override_options(parser: Any) -> None:
+    """``--greedy`` / ``--sampled`` (dest ``greedy``: True, False, or None when neither is given): how
+    the runs were decoded, where run.json does not say (a loop of one's own writes no run.json); over
+    a recorded value a WARNING. Greedy decoding lets End-to-End be read from an oracle run."""
+    decoding = parser.add_mutually_exclusive_group()
+    decoding.add_argument(
+        "--greedy",
+        dest="greedy",
+        action="store_true",
+        default=None,
+        help="decoding was greedy (if not recorded; over a recorded one: a WARNING)",
+    )
+    decoding.add_argument("--sampled", dest="greedy", action="store_false", help="decoding was sampled")
+
+
 class CommandParser(argparse.ArgumentParser):
     """The parser of every command (``chexpercept <command>``, ``eval/run.py``): an option is
     spelled whole (``--max-token`` is not taken for ``--max-tokens``: an abbreviation that means

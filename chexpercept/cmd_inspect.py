@@ -70,7 +70,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from .bundle import read_bundle
     from .errors import BundleValidationError, ReleaseNotFoundError
-    from .escape import terminal_lines
+    from .escape import shell_word, terminal, terminal_lines
 
     data_dir = data_dir_of(args, "chexpercept inspect")
     if not data_dir:
@@ -83,9 +83,11 @@ def run(args: argparse.Namespace) -> int:
     questions = sum(len(c.turns) for c in bundle.cases)
     kind = "phantom bundle (synthetic: for testing software only)" if bundle.synthetic else "bundle"
     print(
-        f"{kind} {bundle.root}: load_dataset('chexpercept', data_dir={data_dir!r}) gives "
+        f"{kind} {terminal(bundle.root)}: load_dataset('chexpercept', data_dir={terminal(repr(data_dir))}) gives "
         f"{len(bundle.cases)} cases (config sequences), {questions} questions (config items)"
     )
     print(composition_table((c.lesion, c.path.value, len(c.turns)) for c in bundle.cases))
-    print(f"every image a question needs exists; `chexpercept validate {data_dir}` checks their contents")
+    print(
+        f"every image a question needs exists; `chexpercept validate {shell_word(data_dir)}` checks their contents"
+    )
     return 0

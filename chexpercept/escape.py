@@ -65,6 +65,16 @@ def terminal(text: object) -> str:
     return "".join(c if c.isprintable() else _escape_char(c) for c in s)
 
 
+def shell_word(value: object) -> str:
+    """``value`` as one word of a command printed for the user to paste into a POSIX shell: quoted
+    where the shell would split or expand it (``shlex.quote``: a path with a space, ``&``, ``$`` or a
+    quote), then ``terminal`` (one line that writes only what it shows). Every value that a printed
+    command names goes through it (tests/test_escaping.py holds the commands to it)."""
+    import shlex
+
+    return terminal(shlex.quote(str(value)))
+
+
 def terminal_lines(text: object) -> str:
     """``terminal`` for each line of ``text``, the newlines between them kept (for our own messages
     of several lines; values quoted into them must have gone through ``terminal`` already)."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from chexpercept.escape import terminal_lines
+from chexpercept.escape import shell_word, terminal, terminal_lines
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -57,14 +57,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"chexpercept download-model: error: {terminal_lines(e)}", file=sys.stderr)
         return 2
     if weights.source == "local":
-        print(f"{model_id} is a local folder: nothing to download")
+        print(f"{terminal(model_id)} is a local folder: nothing to download")
         return 0
     size = f", {human_size(weights.size)}" if weights.size is not None else ""
     how = {"cache": "already in the cache", "download": f"downloaded {human_size(weights.downloaded)}"}
-    print(f"{model_id} commit {weights.commit} ({how[weights.source]}{size})")
-    print(f"  {weights.path}")
+    print(f"{terminal(model_id)} commit {terminal(weights.commit)} ({how[weights.source]}{size})")
+    print(f"  {terminal(weights.path)}")
     print(
-        f"offline runs read it from the cache: HF_HUB_OFFLINE=1 chexpercept run --model {args.name} "
-        f"--revision {weights.commit} ..."
+        f"offline runs read it from the cache: HF_HUB_OFFLINE=1 chexpercept run --model {shell_word(args.name)} "
+        f"--revision {shell_word(weights.commit)} ..."
     )
     return 0

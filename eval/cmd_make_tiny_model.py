@@ -7,6 +7,7 @@ import argparse
 
 from chexpercept.cli_options import add_output_dir_option, require
 from chexpercept.domains import SEED
+from chexpercept.escape import shell_word, terminal
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -27,9 +28,11 @@ def run(args: argparse.Namespace) -> int:
 
     require(args, "chexpercept make-tiny-model", "--output-dir")
     out = build_tiny_model(args.output_dir, arch=args.arch, seed=args.seed)
-    print(f"tiny random {args.arch} VLM written to {out} (random weights: for testing software only)")
     print(
-        f"use it with: chexpercept run --data-dir DIR --model {out} --backend transformers|vllm --max-tokens 8 "
+        f"tiny random {args.arch} VLM written to {terminal(out)} (random weights: for testing software only)"
+    )
+    print(
+        f"use it with: chexpercept run --data-dir DIR --model {shell_word(out)} --backend transformers|vllm --max-tokens 8 "
         "(random weights never stop on their own: a small budget keeps the run short)"
     )
     return 0

@@ -37,7 +37,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path as FsPath
 from typing import Any
 
-from chexpercept.escape import terminal
+from chexpercept.escape import shell_word, terminal
 from chexpercept.fileio import write_atomic, write_json_atomic
 from chexpercept.input_files import TEXT_FILE, read_input_text
 from chexpercept.input_json import read_json
@@ -430,10 +430,10 @@ def _snapshot_weights(
 def fetch_hint(model_id: str, revision: str | None, cache: FsPath, processor_only: bool) -> str:
     """The download-model command that fetches what is missing (``processor_only``: no weights)."""
     return (
-        f"`chexpercept download-model {model_id}"
-        + (f" --revision {revision}" if revision else "")
+        f"`chexpercept download-model {shell_word(model_id)}"
+        + (f" --revision {shell_word(revision)}" if revision else "")
         + (" --processor-only" if processor_only else "")
-        + f" --cache-dir {cache}`"
+        + f" --cache-dir {shell_word(cache)}`"
         + (" (the processor's files only: a few MB, not the weights)" if processor_only else "")
     )
 

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from chexpercept.escape import terminal
+from chexpercept.escape import shell_word, terminal
 from chexpercept.vocab import TASKS
 
 if TYPE_CHECKING:  # annotations only (model_scores imports this module inside a method)
@@ -136,7 +136,7 @@ class AnswerWarning:
             files = " and ".join(f"{p}/results.jsonl" for p in paths)
             return (
                 f"the raw replies: `response` in {terminal(files)}, per case: "
-                f"chexpercept score {terminal(paths[0])} --details --cases, or the report's Cases tab"
+                f"chexpercept score {shell_word(paths[0])} --details --cases, or the report's Cases tab"
             )
         return "the raw replies (per case: return_cases=True, or chexpercept score RUN --details --cases)"
 

@@ -61,7 +61,7 @@ def print_model_scores(
     row, where each number comes from, notes and answer warnings (the end of ``chexpercept run``)."""
     import sys
 
-    from chexpercept.escape import terminal
+    from chexpercept.escape import shell_word, terminal
 
     from .answer_warnings import warning_lines
     from .tables import render_table
@@ -76,4 +76,4 @@ def print_model_scores(
         print(f"note: {terminal(note)}", file=sys.stderr)
     for line in warning_lines(report):
         print(line, file=sys.stderr)
-    print(f"all numbers: chexpercept score {model_dir} --details")
+    print(f"all numbers: chexpercept score {shell_word(model_dir)} --details")

@@ -16,6 +16,7 @@ from typing import Any
 
 from chexpercept.cli_options import (
     add_data_dir_option,
+    add_decoding_override_options,
     add_output_option,
     add_parse_mode_option,
     write_output,
@@ -49,15 +50,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="oracle setting, when the run does not say (over a recorded one: a WARNING, the reference's way, "
         "docs/differences.md)",
     )
-    decoding = parser.add_mutually_exclusive_group()
-    decoding.add_argument(
-        "--greedy",
-        dest="greedy",
-        action="store_true",
-        default=None,
-        help="decoding was greedy (if not recorded; over a recorded one: a WARNING)",
-    )
-    decoding.add_argument("--sampled", dest="greedy", action="store_false", help="decoding was sampled")
+    add_decoding_override_options(parser)
     parser.add_argument(
         "--missing",
         choices=("wrong", "skip"),

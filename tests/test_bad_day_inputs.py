@@ -1212,3 +1212,28 @@ def test_a_settings_folder_set_aside_or_linked_is_read_the_same_by_score_and_rep
     assert cli(["report", str(runs), "--output-dir", str(out), "--no-intervals", "--no-plots"]) == 0
     said = capsys.readouterr()
     assert "2 run(s)" in said.out + said.err or "oracle_none" in (out / "metrics.json").read_text()
+
+
+def test_the_report_takes_the_greedy_its_note_advises_as_score_does(fixture_bundle, tmp_path, capsys):
+    """Results of a loop of one's own (no run.json: decoding unknown) had End-to-End as "–" in the
+    report, whose note advised "pass --greedy", an option the report did not have (new user, stop
+    45). score and report share --greedy/--sampled (cli_options.add_decoding_override_options): with
+    it the report's End-to-End numbers are score's."""
+    from chexpercept.cli import main as cli
+
+    runs = tmp_path / "runs"
+    assert _run(fixture_bundle, runs, "--model", "baseline:random") == 0
+    (runs / "baseline-random" / "oracle_implicit" / "run.json").unlink()
+    capsys.readouterr()
+    assert cli(["report", str(runs), "--output-dir", str(tmp_path / "r1"), "--no-plots", "--no-html"]) == 0
+    said = capsys.readouterr().out
+    assert "End-to-End numbers are N/A" in said and "pass --greedy" in said
+    assert cli(["score", str(runs), "--greedy", "--data-dir", str(fixture_bundle)]) == 0
+    scored = json.loads(capsys.readouterr().out)
+    out = tmp_path / "r2"
+    assert cli(["report", str(runs), "--greedy", "--output-dir", str(out), "--no-plots", "--no-html"]) == 0
+    said = capsys.readouterr().out
+    assert "End-to-End numbers are N/A" not in said
+    row = next(line for line in said.splitlines() if line.startswith("| baseline-random"))
+    e2e_s2 = row.split("|")[3].strip()
+    assert e2e_s2 == f"{100 * scored['e2e/stage2/all']:.1f}", (row, scored)

@@ -301,3 +301,68 @@ def test_a_hub_error_body_and_endpoint_password_are_shown_escaped_and_redacted(t
     inert(err)
     assert "s3cretpw" not in err and "alice" not in err and "KEYSECRET" not in err, err
     assert "http://***@127.0.0.1" in err and "\\nOK: 0 problems" in err, err
+
+
+# ------------------------------------------------------------------ commands printed for pasting
+#: a path a user may well have: a space, an ampersand, a quote, a dollar sign
+AWKWARD = "my runs & Bob's $HOME copy"
+#: a value read from the pattern below that is prose, not a command's word
+PROSE = {("eval/runner/distributed.py", "what")}
+
+
+def test_every_value_in_a_command_printed_for_pasting_goes_through_shell_word():
+    """A command the toolkit prints for the user to paste (``all numbers: chexpercept score DIR
+    --details``, ``chexpercept validate DIR``, ``--allowed-local-media-path DIR``) put a path with a
+    space or ``&`` in raw, and the pasted command failed (new user, stop 45). Every value in such a
+    command goes through ``escape.shell_word``: checked here line by line in the source, for the
+    commands and flags a printed command starts with."""
+    import re
+
+    root = Path(__file__).resolve().parents[1]
+    starts = r"(?:\bchexpercept [a-z][a-z-]+ |eval/run\.py |accelerate launch |vllm serve |--allowed-local-media-path )"
+    pattern = re.compile(starts + r"[^\"']*?\{(?!shell_word\()([^}]*)\}")
+    raw = []
+    for folder in ("eval", "chexpercept", "metrics", "builder"):
+        for path in sorted((root / folder).rglob("*.py")):
+            relative = path.relative_to(root).as_posix()
+            for number, line in enumerate(path.read_text().splitlines(), 1):
+                if 'f"' in line or "f'" in line:
+                    raw += [
+                        f"{relative}:{number}: {{{m.group(1)}}}"
+                        for m in pattern.finditer(line)
+                        if (relative, m.group(1)) not in PROSE
+                    ]
+    assert not raw, "values put raw into printed commands:\n" + "\n".join(raw)
+
+
+def _pasted(printed: str, start: str) -> list[str]:
+    """The words a POSIX shell makes of the command that ``printed`` gives after ``start``."""
+    import shlex
+
+    line = next(x for x in printed.splitlines() if start in x)
+    command = line[line.index(start) :].rstrip("`").split("`")[0]
+    return shlex.split(command)
+
+
+def test_a_printed_command_pasted_into_a_shell_names_the_awkward_path_whole(tmp_path, capsys):
+    """The commands the toolkit prints, pasted into a shell, name a path with a space, ``&``, ``'``
+    and ``$`` as one word, the path itself: the end of a run, inspect, make-tiny-model."""
+    awkward = tmp_path / AWKWARD
+    awkward.mkdir()
+    bundle = write_fixture_bundle(awkward / "bundle")
+    capsys.readouterr()
+    assert run_main(["--data-dir", str(bundle), "--model", "baseline:prior", "--output-dir", str(awkward),
+                     "--no-progress"]) == 0  # fmt: skip
+    words = _pasted(capsys.readouterr().out, "chexpercept score ")
+    assert words == ["chexpercept", "score", str(awkward / "baseline-prior"), "--details"], words
+    assert cli(words[1:]) == 0
+    capsys.readouterr()
+    assert cli(["inspect", str(bundle)]) == 0
+    assert _pasted(capsys.readouterr().out, "chexpercept validate ") == [
+        "chexpercept",
+        "validate",
+        str(bundle),
+    ]
+    assert cli(["make-tiny-model", "--output-dir", str(awkward / "tiny")]) == 0
+    words = _pasted(capsys.readouterr().out, "chexpercept run ")
+    assert words[words.index("--model") + 1] == str(awkward / "tiny"), words

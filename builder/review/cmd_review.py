@@ -14,7 +14,7 @@ import sys
 
 from chexpercept.cli_options import add_output_dir_option, add_progress_option, progress_enabled
 from chexpercept.domains import ANNOTATORS, COUNT, PORT, SEED
-from chexpercept.escape import terminal, terminal_lines
+from chexpercept.escape import shell_word, terminal, terminal_lines
 from chexpercept.vocab import LESIONS
 
 from ..cmd_generate import add_candidate_sources
@@ -136,7 +136,8 @@ def run(args: argparse.Namespace) -> int:
         f"ssh -L {port}:{LOOPBACK}:{port} this-host, then open the link there"
     )
     print(
-        f"decisions: {review_dir}/decisions/<annotator>.jsonl; afterwards: chexpercept review export {review_dir}"
+        f"decisions: {terminal(review_dir)}/decisions/<annotator>.jsonl; afterwards: chexpercept review export "
+        f"{shell_word(review_dir)}"
     )
     try:
         server.serve_forever()

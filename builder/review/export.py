@@ -27,7 +27,7 @@ from pathlib import Path as FsPath
 
 import numpy as np
 
-from chexpercept.escape import csv_cell, terminal
+from chexpercept.escape import csv_cell, shell_word, terminal
 from chexpercept.fileio import replaced_dir, write_atomic
 from chexpercept.input_files import RESULTS, open_input
 from chexpercept.vocab import CARDIOMEGALY
@@ -95,7 +95,8 @@ class ExportResult:
             kappa = "n/a" if row["kappa"] == "" else f"{float(row['kappa']):.3f}"
             lines.append(f"  {row['measure']} {row['annotators']}: kappa {kappa} over {row['cases']} case(s)")
         lines.append(
-            f"next: chexpercept generate ... --review {self.out / POSITIVE_SHEET} {self.out / NEGATIVE_SHEET}"
+            f"next: chexpercept generate ... --review {shell_word(self.out / POSITIVE_SHEET)} "
+            f"{shell_word(self.out / NEGATIVE_SHEET)}"
         )
         return "\n".join(lines)
 

@@ -23,6 +23,7 @@ import os
 from pathlib import Path as FsPath
 from typing import Any
 
+from chexpercept.escape import shell_word
 from chexpercept.input_files import TEXT_FILE, read_input_text
 
 from . import DEFAULT_FRAMEWORK
@@ -111,8 +112,8 @@ def render_card(card_text: str, repo: str, *, source: str = "dataset_card.md") -
         "",
         "A model's scores live in its own repository as `.eval_results/*.yaml` files, one per variant (oracle "
         "setting, answer parsing, thinking on or off), proposed as a pull request by "
-        f"`chexpercept push-results RUNS_DIR --model-repo ORG/MODEL --benchmark {repo}`. "
-        f"`chexpercept leaderboard {repo}` reads the leaderboard back.",
+        f"`chexpercept push-results RUNS_DIR --model-repo ORG/MODEL --benchmark {shell_word(repo)}`. "
+        f"`chexpercept leaderboard {shell_word(repo)}` reads the leaderboard back.",
         "",
     ]
     text = "---\n" + yaml_text(kept) + "---\n\n" + "\n".join(lines).rstrip("\n") + "\n" + "\n".join(extra)

@@ -35,7 +35,7 @@ from functools import cache
 from typing import Any
 
 from chexpercept.errors import Refused
-from chexpercept.escape import terminal
+from chexpercept.escape import shell_word, terminal
 
 #: the marker ``push_results.scrub`` puts where a run.json held a local path
 LOCAL = "<local path removed>"
@@ -213,7 +213,7 @@ def published_model(folder: str, metas: Mapping[str, Mapping[str, Any]], label: 
     ids = {str(m.get("model_id") or "") for m in metas.values()}
     models = {str(m.get("model") or "") for m in metas.values()}
     if label is not None:
-        check_label(label, f"--name {terminal(folder)}=LABEL")
+        check_label(label, f"--name {shell_word(folder)}=LABEL")
         specs = [lookup(x) for x in sorted(models | ids)]
         same = next((s.model_id for s in specs if s is not None and {s.model_id} == ids), None)
         return PublishedModel(label, label, same)
@@ -226,11 +226,10 @@ def published_model(folder: str, metas: Mapping[str, Mapping[str, Any]], label: 
         return PublishedModel(
             spec.name, spec.display or spec.name, spec.model_id if ids == {spec.model_id} else None
         )
-    folder = terminal(folder)
     shown = ", ".join(sorted(repr(m) for m in models | ids if m))
     raise NameRefused(
-        f"models/{folder}: the runs are of {shown}, which is not a model of the registry nor a baseline; only "
-        f"those names, or one you give, are published (a name taken from a run could carry anything). Name "
-        f"it with --name {folder}=LABEL, LABEL being {LABEL_RULE}; or run a registry model by its name "
+        f"models/{terminal(folder)}: the runs are of {shown}, which is not a model of the registry nor a baseline; "
+        f"only those names, or one you give, are published (a name taken from a run could carry anything). Name "
+        f"it with --name {shell_word(folder)}=LABEL, LABEL being {LABEL_RULE}; or run a registry model by its name "
         "(chexpercept run --list-models)"
     )

@@ -166,10 +166,10 @@ def resolve_bundle(
 
 
 def _load(
-    folders: Sequence[RunFolder], bundle: Bundle | None
+    folders: Sequence[RunFolder], bundle: Bundle | None, *, greedy: bool | None = None
 ) -> tuple[list[RunFolder], list[Any], list[str]]:
     """(the run folders that hold a finished case, their runs, a note for each that holds none:
-    left out of every table, the other runs reported)."""
+    left out of every table, the other runs reported); ``greedy``: ``load_run``'s override."""
     kept, loaded, notes = [], [], []
     for rf in folders:
         if rf.layout == "reference" and bundle is None:
@@ -178,7 +178,7 @@ def _load(
                 "they were made on with --data-dir DIR"
             )
         try:
-            loaded.append(load_run(rf.folder, bundle=bundle, model=rf.model))
+            loaded.append(load_run(rf.folder, bundle=bundle, model=rf.model, greedy=greedy))
         except NoFinishedCases as e:
             notes.append(f"{e}: not reported")
             continue
@@ -588,6 +588,7 @@ def _write_into(
     *,
     bundle: str | os.PathLike[str] | Bundle | None = None,
     mode: str = "reference",
+    greedy: bool | None = None,
     embed_images: bool = False,
     intervals: bool = True,
     n_resamples: int | None = None,
@@ -603,6 +604,8 @@ def _write_into(
     intervals: the tables' 95% intervals (design-based, metrics/inference.py). n_resamples, seed: the
     earlier bootstrap's; n_resamples=0 still means no intervals, other values and seed are not used.
     na_as_zero: write the reference's 0.0 instead of an empty cell where a CSV cell does not apply.
+    greedy: how every run was decoded where its run.json does not say (None: as recorded; over a
+    recorded value a WARNING), as ``chexpercept score --greedy/--sampled``.
     hub_leaderboard: a leaderboard read from the Hub (``chexpercept.metrics.hub.leaderboard.read_leaderboard``) to show
     beside the local runs, marked as taken from the Hub.
     """
@@ -612,7 +615,7 @@ def _write_into(
     folders = discover_runs(*roots)
     bundle_obj, notes = resolve_bundle(bundle, folders)
     notes += [f"{entry}: {why}: not reported" for root in roots for entry, why in unread_entries(root)]
-    folders, loaded, empty = _load(folders, bundle_obj)
+    folders, loaded, empty = _load(folders, bundle_obj, greedy=greedy)
     notes.extend(empty)
     clock.lap("load")
     notes.extend(_notes_once((rf.label, note) for rf in folders for note in rf.notes))

@@ -7,7 +7,12 @@ import argparse
 import sys
 from pathlib import Path
 
-from chexpercept.cli_options import add_data_dir_option, add_output_dir_option, add_parse_mode_option
+from chexpercept.cli_options import (
+    add_data_dir_option,
+    add_decoding_override_options,
+    add_output_dir_option,
+    add_parse_mode_option,
+)
 from chexpercept.domains import COUNT_OR_NONE, SEED
 from chexpercept.escape import terminal, terminal_lines
 
@@ -38,6 +43,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "results and for images in the case viewer",
     )
     add_parse_mode_option(parser, help="answer parsing (default: reference)")
+    add_decoding_override_options(parser)
     parser.add_argument(
         "--embed-images",
         action="store_true",
@@ -93,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
     if output_dir is None:
         output_dir = DEFAULT_OUTPUT_DIR
         print(
-            f"chexpercept report: no --output-dir given: writing to {Path(output_dir).resolve()}",
+            f"chexpercept report: no --output-dir given: writing to {terminal(Path(output_dir).resolve())}",
             file=sys.stderr,
         )
     hub = None
@@ -111,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
             output_dir,
             bundle=args.data_dir,
             mode=args.parse_mode,
+            greedy=args.greedy,
             embed_images=args.embed_images,
             intervals=intervals,
             na_as_zero=args.reference_zeros,
@@ -129,8 +136,8 @@ def run(args: argparse.Namespace) -> int:
         print("\n".join(warning.lines()), file=sys.stderr)
     print(
         f"Report of {len(result.models)} model(s), {len(result.runs)} run(s), {result.cases} cases "
-        f"written in {result.seconds:.1f} s to {result.out.resolve()}/"
+        f"written in {result.seconds:.1f} s to {terminal(result.out.resolve())}/"
     )
     if result.index_html is not None:
-        print(f"Open {result.index_html.resolve().as_uri()}")
+        print(f"Open {terminal(result.index_html.resolve().as_uri())}")
     return 0

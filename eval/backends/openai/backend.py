@@ -67,7 +67,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from chexpercept.containment import ContainmentError, Tree, image_file, read_image
 from chexpercept.domains import COUNT, COUNT_OR_NONE, POSITIVE
-from chexpercept.escape import terminal
+from chexpercept.escape import shell_word, terminal
 from chexpercept.eval.backends.occupancy import InFlightClock, WorkLedger, ratio, schedule_record
 from chexpercept.eval.backends.openai.image_ids import (
     ASK_SECONDS,
@@ -811,7 +811,7 @@ class OpenAIBackend(BackendBase):
         if self.options.image_urls == "file" and refuses_files(status, text):
             raise _RunLevel(
                 f"HTTP {status} from {self.shown_url}: {detail}. With --image-urls file the server reads "
-                f"the bundle's files itself: start it with --allowed-local-media-path {terminal(self.root)} "
+                f"the bundle's files itself: start it with --allowed-local-media-path {shell_word(self.root)} "
                 "(or a folder above it), or rerun with --image-urls data",
                 advice="",
             )
