@@ -65,6 +65,20 @@ def terminal(text: object) -> str:
     return "".join(c if c.isprintable() else _escape_char(c) for c in s)
 
 
+def shown(text: object, limit: int, *, one_line: bool = False) -> str:
+    """At most ``limit`` characters of outside text (a server's error body, an engine's message, a
+    value read from a file), shown with ``terminal``: redacted whole *before* it is cut, so that a
+    secret cut in two never shows its first part (red team, stop 45: 20 characters of an API key
+    passed a 500-character cut), then cut (``...`` where it was). ``one_line``: runs of whitespace
+    made one space first."""
+    s = redact_text(text if isinstance(text, str) else str(text))
+    if one_line:
+        s = " ".join(s.split())
+    if len(s) > limit:
+        s = s[: max(0, limit - 3)] + "..."
+    return terminal(s)
+
+
 def shell_word(value: object) -> str:
     """``value`` as one word of a command printed for the user to paste into a POSIX shell: quoted
     where the shell would split or expand it (``shlex.quote``: a path with a space, ``&``, ``$`` or a

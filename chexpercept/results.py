@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path as FsPath
 from typing import TYPE_CHECKING, Any
 
-from .escape import terminal
+from .escape import shown, terminal
 from .input_files import RESULTS, iter_lines, open_input
 from .input_json import JsonInputError, loads
 
@@ -245,7 +245,7 @@ def read_typed(cls: type, data: Any, where: str, field_prefix: str = "") -> dict
 
 def _shown(value: Any) -> str:
     text = json.dumps(value, ensure_ascii=False)
-    return terminal(text if len(text) <= 80 else text[:77] + "...")
+    return shown(text, 80)
 
 
 class ForeignRecordError(ValueError):

@@ -206,7 +206,8 @@ def run(args: argparse.Namespace) -> int:
         return e.exit_status
     except (*EXPECTED_ERRORS, OSError) as e:
         if isinstance(e, OSError) and e.errno is not None:  # the system's: its real cause named
-            what, advice = os_error_text(e, FsPath(args.output_dir))  # before the folder was taken
+            # before the folder was taken: nothing of this command is saved
+            what, advice = os_error_text(e, FsPath(args.output_dir), saved=False)
             say_end(None, f"error: {what}", advice)
         elif isinstance(e, EXPECTED_ERRORS):
             print(redact_text(f"chexpercept run: error: {terminal_lines(e)}"), file=sys.stderr)

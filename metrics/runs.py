@@ -14,7 +14,7 @@ from pathlib import Path as FsPath
 from typing import Any
 
 from chexpercept.bundle import Bundle, read_bundle
-from chexpercept.escape import terminal
+from chexpercept.escape import shown, terminal
 from chexpercept.input_files import RESULTS
 from chexpercept.input_json import read_json
 from chexpercept.results import (
@@ -142,7 +142,7 @@ def recorded_bundle(run: Run) -> tuple[Bundle | None, str | None]:
                 return None, unchecked.format("has changed since the run (another fingerprint)")
             _ANSWER_KEYS[key] = read_bundle(path, check_images="none")
         except (OSError, ValueError) as e:
-            return None, unchecked.format(f"cannot be read ({terminal(str(e))[:200]})")
+            return None, unchecked.format(f"cannot be read ({shown(e, 200)})")
     return _ANSWER_KEYS[key], None
 
 
@@ -331,7 +331,7 @@ def read_chexpercept_run(
     failed = {f.key_id: f for f in read_failures(folder / FAILURES_NAME) if f.key_id not in finished}
     if failed:
         listed = "; ".join(
-            f"{f.key_id} ({terminal(f.task)}): {terminal(f.error[:160])}" for f in list(failed.values())[:5]
+            f"{f.key_id} ({terminal(f.task)}): {shown(f.error, 160)}" for f in list(failed.values())[:5]
         )
         more = f"; and {len(failed) - 5} more" if len(failed) > 5 else ""
         notes.append(

@@ -157,6 +157,10 @@ class FakeServer:
         #: of several servers); ``models_asked`` counts the GET /models
         self.owners: list[str] = []
         self.models_asked = 0
+        #: the status of each GET /models reply in turn before 200s (an error body with it), and
+        #: seconds each GET /models waits before its reply
+        self.models_status: list[int] = []
+        self.models_delay = 0.0
         #: uuid -> image URL (vllm=True)
         self.held: dict[str, str] = {}
         server = self
@@ -169,6 +173,12 @@ class FakeServer:
                 if self.path.endswith("/models"):
                     with server.lock:
                         server.models_asked += 1
+                        status = server.models_status.pop(0) if server.models_status else 200
+                    time.sleep(server.models_delay)
+                    if status != 200:
+                        self.send_error(status)
+                        return
+                    with server.lock:
                         owner = server.owners.pop(0) if server.owners else None
                     owner = owner or ("vllm" if server.vllm else "organization-owner")
                     listed = [{"id": "m", "owned_by": owner}]

@@ -1237,3 +1237,16 @@ def test_the_report_takes_the_greedy_its_note_advises_as_score_does(fixture_bund
     row = next(line for line in said.splitlines() if line.startswith("| baseline-random"))
     e2e_s2 = row.split("|")[3].strip()
     assert e2e_s2 == f"{100 * scored['e2e/stage2/all']:.1f}", (row, scored)
+
+
+def test_an_error_before_any_case_ran_never_advises_a_resume(fixture_bundle, tmp_path, capsys):
+    """--output-dir naming a file said "rerun the same command to resume (a line cut off by the failed
+    write is repaired ...)": nothing had run, and the same command fails the same way (new user,
+    stop 45). The advice of an operating-system error speaks of a resume only where the run has saved
+    cases (outcome.os_error_text's ``saved``)."""
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    assert _run(fixture_bundle, afile, "--model", "baseline:random") == 2
+    err = capsys.readouterr().err
+    assert "is a file, not a folder" in err and "rerun the same command" in err, err
+    assert "resume" not in err and "repaired" not in err, err

@@ -242,16 +242,16 @@ def test_a_null_in_request_extra_removes_the_field(fixture_bundle, tmp_path):
     with FakeServer() as server:
         extra = '{"max_completion_tokens": null, "max_tokens": 64, "seed": 3}'
         assert cli(fixture_bundle, tmp_path, server, "--request-extra", extra, "--no-score") == 0
+        spec = resolve("gpt-5.4")
+        backend = OpenAIBackend(
+            spec,
+            sampling=Sampling(**spec.sampling, greedy=False),
+            base_url=server.url,
+            request_extra={"reasoning_effort": None, "temperature": None},
+        )
+        backend.setup(RunContext(root=read_bundle(fixture_bundle).root, cases=[]))
     body = server.requests[0]["body"]
     assert "max_completion_tokens" not in body and body["max_tokens"] == 64 and body["seed"] == 3
-    spec = resolve("gpt-5.4")
-    backend = OpenAIBackend(
-        spec,
-        sampling=Sampling(**spec.sampling, greedy=False),
-        base_url="http://127.0.0.1:9/v1",
-        request_extra={"reasoning_effort": None, "temperature": None},
-    )
-    backend.setup(RunContext(root=read_bundle(fixture_bundle).root, cases=[]))
     payload = backend.build_payload(Conversation(read_bundle(fixture_bundle).cases[0], oracle="none").pending)
     assert "reasoning_effort" not in payload and "temperature" not in payload
     assert payload["frequency_penalty"] == 0.0  # the registry's other fields stay
@@ -557,3 +557,45 @@ def test_a_reply_holding_half_a_character_is_recorded_not_the_end_of_the_run(fix
         json.loads(line) for line in (tmp_path / "local-vlm" / "oracle_implicit" / "results.jsonl").open()
     ]
     assert record["turns"][0]["response"] == "Answer: 1 \ufffd"
+
+
+@pytest.mark.parametrize(
+    "statuses, delay, vllm",
+    [
+        ([503, 502], 0.0, True),  # busy twice, then it says: a vLLM
+        ([500], 0.0, True),
+        ([], 1.0, None),  # never within the time allowed
+        ([503, 503, 503], 0.0, None),  # never says
+        ([404], 0.0, False),  # an answer: it lists no models (not vLLM)
+        ([501], 0.0, False),
+    ],
+)
+def test_a_server_that_does_not_say_what_it_is_is_never_taken_for_another(
+    fixture_bundle, tmp_path, capsys, monkeypatch, statuses, delay, vllm
+):
+    """A vLLM whose GET /v1/models failed once (a 503 while busy) or answered late was run as a
+    server that is not vLLM, without a word: its requests left out the neutral sampling fields (so it
+    decoded with the model's generation config) and run.json recorded no field (red team, stop 45).
+    What a server does not say is unknown: it is asked again (ASK_WAITS), and a server that never
+    says stops the run before any request; a status that is an answer (404, 501) is a server that is
+    no vLLM."""
+    from chexpercept.eval.backends.openai import backend as openai_backend
+    from chexpercept.eval.backends.openai.image_ids import VLLM_NEUTRAL_SAMPLING
+
+    monkeypatch.setattr(openai_backend, "ASK_SECONDS", 0.5)
+    monkeypatch.setattr(openai_backend, "ASK_WAITS", (0.0, 0.1, 0.2))
+    with FakeServer(vllm=True) as server:
+        server.models_status = list(statuses)
+        server.models_delay = delay
+        status = cli(fixture_bundle, tmp_path, server, "--limit", "1", "--no-score")
+    err = capsys.readouterr().err
+    if vllm is None:
+        assert status == 2 and "did not say what it is" in err and "nothing was sent" in err, err
+        assert not server.requests and not list(tmp_path.glob("*/oracle_*"))
+        return
+    assert status == 0, err
+    (info,) = [json.loads(p.read_text()) for p in tmp_path.glob("*/oracle_implicit/run.json")]
+    fields = info["settings"]["backend_identity"]["request_fields"]
+    assert fields == (VLLM_NEUTRAL_SAMPLING if vllm else {})
+    assert all({k: b["body"].get(k) for k in fields} == fields for b in server.requests)
+    assert server.models_asked == len(statuses) + 1 - (not vllm)

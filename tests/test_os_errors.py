@@ -191,14 +191,17 @@ def test_an_image_that_is_a_folder_is_not_called_undecodable(fresh_bundle, capsy
 def test_each_cause_is_named_when_writing_results(
     fixture_bundle, tmp_path, capsys, monkeypatch, code, expected
 ):
-    """The error raised where the runner appends a case, as the system raises it; the run's last line
-    names the cause and its remedy, and a rerun resumes."""
+    """The error raised where the runner appends a case, as the system raises it, after the first
+    case was saved; the run's last line names the cause and its remedy, and a rerun resumes."""
     from chexpercept.eval.runner.store import RunStore
 
     results = tmp_path / "m" / "oracle_implicit" / "results.jsonl"
+    append = RunStore.append
 
-    def fail(*_args, **_kwargs):
-        raise OSError(code, os.strerror(code), str(results))
+    def fail(self, *args, **kwargs):
+        if results.is_file() and results.read_bytes():
+            raise OSError(code, os.strerror(code), str(results))
+        return append(self, *args, **kwargs)
 
     monkeypatch.setattr(RunStore, "append", fail)
     assert main(run_args(fixture_bundle, tmp_path, "--run-name", "m")) == 2

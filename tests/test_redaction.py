@@ -257,3 +257,45 @@ def test_a_secret_digest_is_stable_and_slow_to_try_candidates_against():
     for data in (b"hunter2", json.dumps("hunter2").encode()):
         assert tail not in (hashlib.sha256(data).hexdigest()[:16], hashlib.sha512(data).hexdigest()[:16])
     assert DIGEST_ITERATIONS >= 100_000
+
+
+@pytest.mark.parametrize("pad", [451, 480, 495, 0])
+def test_a_secret_cut_by_a_shortened_server_text_shows_no_part_of_itself(
+    fixture_bundle, tmp_path, capsys, monkeypatch, pad
+):
+    """A server's error body is shown cut to 500 characters; it was cut before it was redacted, so an
+    API key that straddled the cut showed its first 20 characters on stderr and in failures.jsonl
+    (red team, stop 45). Outside text is redacted whole, then cut (``escape.shown``): no prefix of
+    the key is written anywhere, wherever the cut falls."""
+    key = "sk-ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstu"
+    monkeypatch.setenv("MYKEY", key)
+    body = {"error": {"message": "a" * pad + f" Incorrect API key provided: {key}."}}
+    with FakeServer(failures=[{"status": 400, "body": body}] * 8) as server:
+        argv = run_argv(
+            fixture_bundle, tmp_path, server.url, "--api-key-env", "MYKEY", "--on-error", "record"
+        )
+        assert main([*argv, "--limit", "2"]) == 3
+    err = capsys.readouterr().err
+    written = everything_written(tmp_path)
+    prefix = key[:8]  # "sk-ABCDE": any cut of the key shows at least this much of it
+    assert "HTTP 400" in err and prefix not in err, err[-2000:]
+    assert prefix not in written
+    if not pad:  # the whole message fits: the key is masked in it
+        assert "Incorrect API key provided: ***" in err
+
+
+def test_outside_text_is_never_cut_before_it_is_shown():
+    """The rule above, for every place: no ``terminal(<text>[:N])`` (cut, then redacted) in the
+    toolkit's source; such text goes through ``escape.shown``."""
+    import re
+
+    root = Path(__file__).resolve().parents[1]
+    pattern = re.compile(r"terminal\([^()]*(?:\([^()]*\))?[^()]*\[:\s*\d+\s*\]\s*\)")
+    found = [
+        f"{path.relative_to(root)}:{n}: {line.strip()}"
+        for folder in ("eval", "chexpercept", "metrics", "builder")
+        for path in sorted((root / folder).rglob("*.py"))
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if pattern.search(line)
+    ]
+    assert not found, "\n".join(found)

@@ -27,7 +27,7 @@ from typing import Any
 
 from chexpercept.case import Case
 from chexpercept.errors import BundleValidationError, Refused, ReleaseNotFoundError
-from chexpercept.escape import terminal
+from chexpercept.escape import shown, terminal
 from chexpercept.eval.engine import EngineStats, admission_order, run_conversations
 from chexpercept.eval.protocol import Backend, BackendError, RunContext
 from chexpercept.eval.runner.distributed import Distributed
@@ -41,7 +41,7 @@ from chexpercept.eval.runner.identity import (
     with_file_contents,
 )
 from chexpercept.eval.runner.interrupts import ChildProcesses, RunInterrupted, deferred
-from chexpercept.eval.runner.outcome import READ_ONLY, Session, end_of, os_error_text, say_end
+from chexpercept.eval.runner.outcome import READ_ONLY, Session, count_lines, end_of, os_error_text, say_end
 from chexpercept.eval.runner.plan import RunPlan
 from chexpercept.eval.runner.provenance import git_commit, now, versions
 from chexpercept.eval.runner.store import (
@@ -582,7 +582,7 @@ def recheck_read_only(plan: RunPlan, run: OracleRun, error: OSError) -> int:
     """A folder that cannot be written: a finished run with this identity is checked without
     writing (0); anything else is one line saying why it cannot go on (2)."""
     folder = run.folder
-    what, advice = os_error_text(error, folder.path)
+    what, advice = os_error_text(error, folder.path, saved=count_lines(folder.results) > 0)
     if not folder.run_json.is_file():
         say_end(None, f"error: {what}", advice)
         return 2
@@ -663,7 +663,7 @@ def set_up(backend: Backend, context: RunContext, plan: RunPlan) -> None:
         package = f" ({e.name})" if getattr(e, "name", None) else ""
         raise BackendError(
             f"the {plan.model.backend} backend cannot load {plan.model.name}: a package it needs is not "
-            f"installed in this environment{package}: {' '.join(str(e).split()).rstrip('.')[:400]}. Install it (pip "
+            f"installed in this environment{package}: {shown(str(e).rstrip('.'), 400, one_line=True)}. Install it (pip "
             "install <package>; torchvision on a CPU-only torch: docs/install.md), then rerun"
         ) from e
 

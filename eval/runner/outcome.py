@@ -16,7 +16,7 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path as FsPath
 
-from chexpercept.escape import terminal_lines
+from chexpercept.escape import shown, terminal_lines
 from chexpercept.fileio import write_atomic
 from chexpercept.input_files import RESULTS, InputFileError, open_input
 from chexpercept.os_errors import explain_os_error
@@ -24,11 +24,13 @@ from chexpercept.redaction import redact_text
 
 #: errno values of a folder that cannot be written (a finished run there is checked read-only)
 READ_ONLY = frozenset({errno.EROFS, errno.EACCES, errno.EPERM})
-#: how the advice for an operating-system error ends: whatever the cause, a rerun resumes
+#: how the advice for an operating-system error ends where the run has saved cases: a rerun resumes
 RESUME = (
     "then rerun the same command to resume (a line cut off by the failed write is repaired when the "
     "run resumes)"
 )
+#: and where it has saved none (the error came before any case ran)
+RERUN = "then rerun the same command"
 
 
 @dataclass
@@ -67,10 +69,11 @@ def count_lines(path: FsPath) -> int:
         return 0
 
 
-def os_error_text(error: OSError, folder: FsPath) -> tuple[str, str]:
+def os_error_text(error: OSError, folder: FsPath, *, saved: bool) -> tuple[str, str]:
     """(what happened, what to do) for an operating-system error while running in ``folder``: the
-    toolkit's one reading of such errors (chexpercept.os_errors), its advice ending with the resume."""
-    text = explain_os_error(error, folder, then=RESUME)
+    toolkit's one reading of such errors (chexpercept.os_errors), its advice ending with the resume
+    where the run has ``saved`` cases (else with a rerun: there is nothing to resume or repair)."""
+    text = explain_os_error(error, folder, then=RESUME if saved else RERUN)
     return text.what, text.advice
 
 
@@ -99,7 +102,7 @@ def say_bug(session: Session | None, error: BaseException) -> None:
         sys.stderr.write(text)
     say_end(
         session,
-        f"internal error ({type(error).__name__}: {' '.join(str(error).split())[:300]})",
+        f"internal error ({type(error).__name__}: {shown(error, 300, one_line=True)})",
         f"rerun the same command to resume; if it happens again, please report it ({detail})",
     )
 
@@ -142,7 +145,7 @@ def end_of(
         say_end(session, f"error: {error}", resume if saved else f"fix it, then {resume}")
         return 2
     if isinstance(error, OSError) and error.errno is not None:  # the system's (not PIL's)
-        what, advice = os_error_text(error, folder)
+        what, advice = os_error_text(error, folder, saved=saved)
         say_end(session, f"error: {what}", advice)
         return 2
     if isinstance(error, OSError):

@@ -67,10 +67,11 @@ from urllib.parse import urlsplit, urlunsplit
 
 from chexpercept.containment import ContainmentError, Tree, image_file, read_image
 from chexpercept.domains import COUNT, COUNT_OR_NONE, POSITIVE
-from chexpercept.escape import shell_word, terminal
+from chexpercept.escape import shell_word, shown, terminal
 from chexpercept.eval.backends.occupancy import InFlightClock, WorkLedger, ratio, schedule_record
 from chexpercept.eval.backends.openai.image_ids import (
     ASK_SECONDS,
+    ASK_WAITS,
     MODELS_REPLY_LIMIT,
     VLLM_NEUTRAL_SAMPLING,
     ImageIds,
@@ -79,6 +80,7 @@ from chexpercept.eval.backends.openai.image_ids import (
     refuses_ids,
     says_vllm,
     served_root,
+    unsaid,
     why_not_vllm,
 )
 from chexpercept.eval.backends.openai.inflight import OK, OTHER, THROTTLED, AdaptiveLimit
@@ -477,13 +479,14 @@ class OpenAIBackend(BackendBase):
 
     def _server(self) -> ServerSays:
         """What the server says it is (vLLM or not, why it is sent no image by id, its model's root), asked once
-        (``GET /models`` and ``GET /version``, within ``ASK_SECONDS``): before the run's identity is
-        made, since what is sent depends on it. A server that cannot be asked is no vLLM (its
-        requests then say why)."""
+        (``GET /models`` and ``GET /version``; ``_ask_server``): before the run's identity is made,
+        since what is sent depends on it. BackendError when the server does not say (never taken for
+        a "no": a vLLM asked while busy would be sent another request than run.json records)."""
         if self._server_says is None:
             if self._loop is None:
                 self._loop = _LoopThread(self.route)
-            self._server_says = self._loop.start(self._ask_server()).result(timeout=ASK_SECONDS + 5)
+            waited = len(ASK_WAITS) * (ASK_SECONDS + 1) + sum(ASK_WAITS) + 5
+            self._server_says = self._loop.start(self._ask_server()).result(timeout=waited)
         return self._server_says
 
     def usage_summary(self, records: Mapping[str, Mapping[str, Any]]) -> str | None:
@@ -671,35 +674,76 @@ class OpenAIBackend(BackendBase):
 
     async def _ask_server(self) -> ServerSays:
         """What the server says it is: its ``GET /models`` and ``GET /version``
-        (eval/backends/openai/image_ids.py). No clear answer within ``ASK_SECONDS`` is a no."""
+        (eval/backends/openai/image_ids.py), each asking within ``ASK_SECONDS``, asked again after
+        each of ``ASK_WAITS`` while the server does not say (no answer in time, a refused
+        connection, a status that ``unsaid``). BackendError when it never says: what is sent, and
+        so the run's identity, depends on it (red team, stop 45: a busy vLLM was run as another
+        server, without its neutral sampling fields). A status that is an answer (404, 501: no
+        listing) is a server that is no vLLM."""
         assert self._loop is not None
         parts = urlsplit(self.url)
         base = parts.path.rsplit("/chat/completions", 1)[0]
         root = base[: -len("/v1")] if base.endswith("/v1") else base
         session = await self._loop.session()
 
-        async def read(path: str) -> bytes:
+        async def read(path: str) -> tuple[int, bytes]:
             url = urlunsplit(parts._replace(path=path))
             async with session.get(url, headers=self._headers(), allow_redirects=False) as reply:
-                if reply.status != 200:
-                    return b""
-                data = b""
-                while len(data) <= MODELS_REPLY_LIMIT and (chunk := await reply.content.read(1 << 16)):
-                    data += chunk
-                return data
+                chunks: list[bytes] = []
+                size = 0
+                while size <= MODELS_REPLY_LIMIT and (chunk := await reply.content.read(1 << 16)):
+                    chunks.append(chunk)
+                    size += len(chunk)
+                return reply.status, b"".join(chunks)
 
-        async def both() -> ServerSays:
-            models = await read(base + "/models")  # /version is asked of a vLLM only
+        async def both() -> ServerSays | str:
+            status, models = await read(base + "/models")
+            if unsaid(status):
+                return f"GET {base}/models answered HTTP {status}"
+            if status != 200:
+                return ServerSays(False, f"the server's /models answered HTTP {status}: no vLLM listing")
             vllm = says_vllm(models, self.spec.model_id)
-            why_not = why_not_vllm(models, await read(root + "/version") if vllm else b"", self.spec.model_id)
+            version = b""
+            if vllm:  # /version is asked of a vLLM only; without it, no image goes by id (same answers)
+                version_status, version = await read(root + "/version")
+                version = version if version_status == 200 else b""
+            why_not = why_not_vllm(models, version, self.spec.model_id)
             return ServerSays(vllm, why_not, served_root(models, self.spec.model_id) if vllm else None)
 
-        try:
-            return await asyncio.wait_for(both(), ASK_SECONDS)
-        except asyncio.TimeoutError:
-            return ServerSays(False, f"the server did not say what it is within {ASK_SECONDS:g} s")
-        except Exception as e:  # refused, unreachable: the requests themselves say so
-            return ServerSays(False, f"the server could not be asked what it is ({type(e).__name__})")
+        import aiohttp
+
+        why = ""
+        for wait in ASK_WAITS:
+            await asyncio.sleep(wait)
+            try:
+                said = await asyncio.wait_for(both(), ASK_SECONDS)
+            except asyncio.TimeoutError:
+                said = f"no answer to GET {base}/models within {ASK_SECONDS:g} s"
+            except PeerRefused as e:  # another account's socket: nothing was asked
+                raise BackendError(str(e)) from e
+            except aiohttp.ClientConnectorError as e:  # nothing listens there (yet)
+                if wait == ASK_WAITS[-1]:
+                    raise BackendError(self._unreachable(e)) from e
+                said = f"{type(e).__name__}: {redact_text(str(e))}"
+            except Exception as e:  # reset, closed
+                said = f"{type(e).__name__}: {redact_text(str(e))}"
+            if isinstance(said, ServerSays):
+                return said
+            why = said
+        raise BackendError(
+            f"{self.shown_url} did not say what it is ({len(ASK_WAITS)} times asked over "
+            f"{sum(ASK_WAITS):g} s; the last: {terminal(why)}). What the run sends depends on it (a vLLM "
+            "server is sent the neutral value of each sampling field it would take from the model's "
+            "generation config), so nothing was sent: is the server up? rerun the same command once it "
+            "answers GET /v1/models"
+        )
+
+    def _unreachable(self, error: BaseException) -> str:
+        """A server never reached in this run: what to do (its URL redacted)."""
+        return (
+            f"cannot reach {self.shown_url}: {redact_text(str(error))}; it has not answered once in this run "
+            "(is the server up? rerun the same command once it answers)"
+        )
 
     async def _one(self, request: Request, body: tuple[bytes, ...], *, by_id: bool = False) -> Response:
         where = f"{request.key_id} ({request.task})"
@@ -793,9 +837,7 @@ class OpenAIBackend(BackendBase):
             # never reached in this run (a mistyped host, a port nothing listens on): retrying for minutes
             # would not help; once the server has answered, the same error is an outage, waited out
             if not self._reached:
-                raise _RunLevel(
-                    f"cannot reach {self.shown_url}: {redact_text(str(e))}; it has not answered once in this run (is the server up? rerun the same command once it answers)"
-                ) from e
+                raise _RunLevel(self._unreachable(e)) from e
             raise _Retryable(f"cannot reach {self.shown_url}: {redact_text(str(e))}") from e
         except (aiohttp.ClientError, OSError) as e:  # a reset or closed connection
             raise _Retryable(f"{type(e).__name__}: {redact_text(str(e))}") from e
@@ -803,7 +845,7 @@ class OpenAIBackend(BackendBase):
         text = raw.decode("utf-8", "replace")
         if 200 <= status < 300:
             return _reply_object(text, headers.get("Content-Type") or "", self.shown_url)
-        detail = terminal(text[:500])  # the server's words, shown on one line and inert on a terminal
+        detail = shown(text, 500)  # the server's words, shown on one line and inert on a terminal
         if is_cache_miss(status, text):  # an image sent by id that the server no longer holds
             raise _Resend(f"HTTP {status}: {detail}")
         if by_id and refuses_ids(status, text):  # not the vLLM it says it is
@@ -835,7 +877,7 @@ class OpenAIBackend(BackendBase):
         try:
             parsed = read_chat_reply(reply)
         except ReplyShapeError as e:  # the case's error, recorded like any other (--on-error)
-            return _failed(f"{where}: {e}: {terminal(json.dumps(reply)[:300])}")
+            return _failed(f"{where}: {e}: {shown(json.dumps(reply), 300)}")
         text, reasoning, refusal = parsed.content, parsed.reasoning, parsed.refusal
         usage: dict[str, Any] = read_usage(reply.get("usage"))  # None where the server said nothing
         usage["cost_usd"] = call_cost(
@@ -1002,11 +1044,11 @@ def _reply_object(text: str, content_type: str, url: str) -> dict[str, Any]:
             "cut off, or not an API's reply"
         ) from e
     if not isinstance(data, dict):
-        raise BackendError(f"{url} replied with JSON that is not an object: {terminal(text[:200])}")
+        raise BackendError(f"{url} replied with JSON that is not an object: {shown(text, 200)}")
     error = data.get("error") if not data.get("choices") else None
     if error:  # an error inside a 200 reply (some gateways): retried where its code says so
         code = error.get("code") if isinstance(error, dict) else None
-        detail = json.dumps(data)[:500]
+        detail = shown(json.dumps(data), 500)
         if isinstance(code, int) and code in RETRY_STATUS:
             raise _Retryable(f"error in the reply: {detail}")
         raise BackendError(f"error in the reply from {url}: {detail}")
@@ -1028,9 +1070,7 @@ def _from_events(text: str) -> dict[str, Any]:
         try:
             chunks.append(loads(data, source="a streamed chunk", limit=REPLY))
         except JsonInputError as e:
-            raise _Retryable(
-                f"a streamed reply holds a chunk that is not JSON: {terminal(data[:200])}"
-            ) from e
+            raise _Retryable(f"a streamed reply holds a chunk that is not JSON: {shown(data, 200)}") from e
     try:
         reply, finished = merge_stream(chunks)
     except ReplyShapeError as e:  # recorded as the case's error (BackendError in _post)

@@ -23,7 +23,9 @@ it must be sent again (after a cache miss), so that an id never stands for two v
 No other client of the server can guess an id (and so cannot put other pixels in the cache under
 it), and nothing is hashed. Whether the server is vLLM is read once from ``GET /v1/models``
 (``owned_by: "vllm"``) and ``GET /version`` (at least ``MIN_VLLM``, the first vLLM that takes an
-image by its id alone); ``--image-ids on`` skips that question, ``off`` never sends an id. A server
+image by its id alone); a server that does not say (``unsaid``) is asked again, and one that never
+says stops the run (what is sent depends on it). ``--image-ids on`` sends ids whatever the answer,
+``off`` never sends an id. A server
 that refuses a part without its pixels all the same (a 400 or 422 about ``image_url`` or ``uuid``: a
 proxy or a fork that calls itself vLLM) gets the request again with every image's pixels, and no id
 for the rest of the run, with one note saying so. A server that takes such a part without error but
@@ -50,8 +52,21 @@ MODES = ("auto", "on", "off")
 CACHE_MISS_MARKERS = ("Cache miss for image", "not in the receiver (P1) cache")
 #: bytes of the /models and /version replies read at most
 MODELS_REPLY_LIMIT = 1 << 20
-#: seconds the question may take before the run goes on without ids
+#: seconds one asking may take; a server that has not answered within them is asked again
 ASK_SECONDS = 10.0
+#: times a server is asked what it is, and the seconds waited before each later time
+ASK_WAITS = (0.0, 1.0, 3.0)
+#: statuses of ``GET /v1/models`` that say nothing of what the server is (it may answer otherwise in
+#: a moment): asked again, and never read as "not vLLM"; any other status is an answer
+UNSAID_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
+
+
+def unsaid(status: int) -> bool:
+    """Whether an HTTP status of ``GET /v1/models`` leaves what the server is unknown (a server
+    busy or failing now, a proxy's timeout); 501 and the other 4xx say it lists no vLLM model."""
+    return status in UNSAID_STATUSES or (status >= 500 and status != 501)
+
+
 #: the first vLLM whose OpenAI-compatible server takes an image part by its uuid alone
 MIN_VLLM = (0, 11)
 

@@ -43,6 +43,7 @@ from typing import Any
 
 from chexpercept.containment import image_file
 from chexpercept.domains import COUNT, SHARE
+from chexpercept.escape import shown
 from chexpercept.eval.backends.occupancy import IdleClock, WorkLedger, ratio, schedule_record
 from chexpercept.eval.backends.options import BackendOptions, json_object, option
 from chexpercept.eval.backends.prefetch import ImagePrefetch
@@ -937,13 +938,13 @@ def _fatal_errors() -> tuple[type[BaseException], ...]:
 
 def refusal(error: BaseException) -> str:
     """The failure text of a request vLLM refused."""
-    return f"vLLM refused the request: {type(error).__name__}: {str(error).strip()[:500]}"
+    return f"vLLM refused the request: {type(error).__name__}: {shown(str(error).strip(), 500)}"
 
 
 def engine_error(error: BaseException) -> BackendError:
     """A dead engine as one line: what vLLM said (the root cause is in its log above)."""
     name = type(error).__name__
-    detail = " ".join(str(error).split())[:300]
+    detail = shown(error, 300, one_line=True)
     return BackendError(
         f"vLLM's engine stopped ({name}: {detail}); its own log above says why (e.g. out of memory). "
         "The engine cannot go on"

@@ -34,6 +34,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from chexpercept.errors import Refused
+from chexpercept.escape import shown
 from chexpercept.peer import PeerRefused, Route, check_peer, environment_proxy, is_loopback_host, route
 
 #: the task parameter that declares the endpoint DUA-compliant
@@ -248,7 +249,7 @@ def explain_rejection(error: BaseException, *, key_id: str, task: str, images: i
         return None
     return (
         f"case {key_id}, turn {task}: the model's server rejected the request's {images} image(s): "
-        f"{text.strip()[:500]}\nA CheXpercept request re-sends every image of its conversation so far; "
+        f"{shown(text.strip(), 500)}\nA CheXpercept request re-sends every image of its conversation so far; "
         "the model must take several images in one multi-turn chat (for vLLM: "
         "--limit-mm-per-prompt, or Inspect's -M limit_mm_per_prompt=...). A text-only model cannot "
         "run CheXpercept"
