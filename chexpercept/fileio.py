@@ -588,8 +588,13 @@ def replaced_dir(path: str | os.PathLike[str], *, marker: str | None) -> Iterato
 
 
 def replace_json_lines(path: str | os.PathLike[str], records: Mapping[str, Any] | list[Any]) -> None:
-    """Rewrite a JSON-lines file whole from ``records`` (a list, or a mapping's values in order)."""
+    """Rewrite a JSON-lines file whole from ``records`` (a list, or a mapping's values in order), each
+    line one its reader takes (``input_files.json_line``: LineTooLong before anything is replaced)."""
+    from .input_files import json_line
+
     values = list(records.values()) if isinstance(records, Mapping) else list(records)
-    with atomic_file(path, "w", encoding="utf-8") as f:
-        for value in values:
-            f.write(json.dumps(value, ensure_ascii=False, separators=(",", ":")) + "\n")
+    with atomic_file(path, "wb") as f:
+        for n, value in enumerate(values, 1):
+            f.write(
+                json_line(json.dumps(value, ensure_ascii=False, separators=(",", ":")), what=f"record {n}")
+            )

@@ -139,6 +139,25 @@ def _size(n: int) -> str:
     return f"{n} bytes"
 
 
+class LineTooLong(ValueError):
+    """A JSON-lines record longer than ``MAX_LINE``: never written, since no reader would take it."""
+
+
+def json_line(text: str, *, what: str) -> bytes:
+    """``text`` (one JSON record, no newline in it) and its newline as UTF-8, for a JSON-lines file
+    that ``iter_lines`` reads back: every writer of such a file goes through it, so that nothing is
+    written that its reader refuses (red team, stop 45: a server's 60 MB replies made a results line
+    of 1 GB, and the run could then neither resume nor be scored). LineTooLong naming ``what`` (the
+    case) when the record is over ``MAX_LINE``."""
+    data = text.encode("utf-8")
+    if len(data) > MAX_LINE:
+        raise LineTooLong(
+            f"{what}: its record is {_size(len(data))}, over the {_size(MAX_LINE)} a line of a results file "
+            "may hold: not written"
+        )
+    return data + b"\n"
+
+
 def stat_problem(st: os.stat_result, limit: Limit) -> str | None:
     """Why a file with this ``stat`` may not be read as ``limit``'s kind, or None (rules 1 and 2)."""
     mode = st.st_mode

@@ -599,3 +599,35 @@ def test_a_server_that_does_not_say_what_it_is_is_never_taken_for_another(
     assert fields == (VLLM_NEUTRAL_SAMPLING if vllm else {})
     assert all({k: b["body"].get(k) for k in fields} == fields for b in server.requests)
     assert server.models_asked == len(statuses) + 1 - (not vllm)
+
+
+@pytest.mark.parametrize("on_error", ["record", "stop"])
+def test_a_case_whose_record_no_reader_takes_is_never_written(
+    fixture_bundle, tmp_path, capsys, monkeypatch, on_error
+):
+    """A server's replies of 60 MB made a results line of 1 GB, longer than the 64 MiB a results
+    line may hold: every rerun and ``score`` then refused the file (red team, stop 45). Every
+    JSON-lines record goes through ``input_files.json_line``, and a finished case whose record is
+    over the bound is that case's failure (--on-error record: in failures.jsonl, the others saved;
+    stop: the run ends naming it); nothing unreadable is written, and a rerun resumes. The bound is
+    lowered here to 20 KB (replies of 30 KB) to keep the test small."""
+    from chexpercept import input_files
+
+    monkeypatch.setattr(input_files, "MAX_LINE", 20_000)
+    folder = tmp_path / "local-vlm" / "oracle_implicit"
+    with FakeServer(reply=lambda body: "Answer: 1 " + "x" * 30_000) as server:
+        status = cli(fixture_bundle, tmp_path, server, "--limit", "2", "--on-error", on_error, "--no-score")
+    err = capsys.readouterr().err
+    assert "a line of a results file may hold" in err, err[-2000:]
+    assert not (folder / "results.jsonl").is_file() or not (folder / "results.jsonl").read_text()
+    if on_error == "record":
+        assert status == EXIT_UNFINISHED
+        failures = read_failures(folder / "failures.jsonl")
+        assert len(failures) == 2 and all("--max-tokens bounds them" in f.error for f in failures)
+    else:
+        assert status == 2 and "--on-error record records such a case" in err
+    with FakeServer() as server:  # the same command, short replies: it resumes and finishes
+        assert (
+            cli(fixture_bundle, tmp_path, server, "--limit", "2", "--on-error", on_error, "--no-score") == 0
+        )
+    assert len(list(iter_results(folder / "results.jsonl"))) == 2

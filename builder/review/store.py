@@ -25,7 +25,7 @@ from pathlib import Path as FsPath
 from typing import Any
 
 from chexpercept.fileio import append_durable, cut_tail, open_private, private_dir
-from chexpercept.input_files import RESULTS, open_input, read_input
+from chexpercept.input_files import RESULTS, json_line, open_input, read_input
 from chexpercept.input_json import JsonInputError, loads
 
 DECISIONS_DIR = "decisions"
@@ -185,7 +185,9 @@ class DecisionStore:
             "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             **extra,
         }
-        line = (json.dumps(record, ensure_ascii=False, sort_keys=True) + "\n").encode("utf-8")
+        line = json_line(
+            json.dumps(record, ensure_ascii=False, sort_keys=True), what=f"the decision on {key_id}"
+        )
         client_id = extra.get("client_id")
         with self._locked():
             self._repair()  # a torn line left by another process that crashed

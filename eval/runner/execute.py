@@ -61,7 +61,7 @@ from chexpercept.fileio import (
     remove_stale_temporaries,
     write_json_atomic,
 )
-from chexpercept.input_files import RESULTS, open_input
+from chexpercept.input_files import RESULTS, LineTooLong, json_line, open_input
 from chexpercept.progress import progress_bar
 from chexpercept.results import (
     RESULTS_NAME,
@@ -790,6 +790,16 @@ def _converse(
             served.check(r.key_id, (t.usage for t in r.turns))
         for r in results:
             r.run = identity
+        too_long = [f for f in map(_unwritable, results) if f is not None]
+        if too_long:  # the case's failure: a line its reader would refuse is never written
+            if plan.on_error != "record":
+                first = too_long[0]
+                raise BackendError(
+                    f"{terminal(first.key_id)}: {first.error}. --on-error record records such a case as "
+                    "unfinished and goes on with the others"
+                )
+            on_failed(too_long)
+            results = [r for r in results if r.key_id not in {f.key_id for f in too_long}]
         with deferred():  # a stop signal waits until the cases are saved and counted (what the end line says)
             folder.append(results)
             session.finished_now += len(results)
@@ -815,6 +825,27 @@ def _converse(
         on_failed=on_failed if plan.on_error == "record" else None,
         on_empty=EmptyAnswerWarning(plan.model.model_id),
     )
+
+
+def _unwritable(result: CaseResult) -> CaseFailure | None:
+    """The failure of a finished case whose record is longer than a results line may hold
+    (``input_files.json_line``): its answers are that long (a server's replies of megabytes are no
+    model's answers), and a line no reader takes would leave the run unable to resume or be scored."""
+    try:
+        json_line(result.to_json(), what="the case")
+    except LineTooLong as e:
+        last = result.turns[-1] if result.turns else None
+        return CaseFailure(
+            key_id=result.key_id,
+            lesion=result.lesion,
+            path=result.path,
+            task=last.task if last is not None else "",
+            turn_index=max(0, len(result.turns) - 1),
+            error=f"{e} (its answers are that long: not a model's answers; --max-tokens bounds them)",
+            time=now(),
+            run=result.run,
+        )
+    return None
 
 
 def _sign_off(

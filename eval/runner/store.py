@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path as FsPath
 from typing import Any
 
+from chexpercept.escape import terminal
 from chexpercept.eval.runner.identity import settings_diff
 from chexpercept.eval.runner.interrupts import deferred, process_exists
 from chexpercept.eval.runner.provenance import now
@@ -34,7 +35,7 @@ from chexpercept.fileio import (
     write_atomic,
 )
 from chexpercept.fileio import write_json_atomic as write_json_atomic
-from chexpercept.input_files import JSON_FILE, RESULTS
+from chexpercept.input_files import JSON_FILE, RESULTS, json_line
 from chexpercept.input_json import JsonInputError, loads
 from chexpercept.input_json import read_json as read_json_file
 from chexpercept.results import (
@@ -250,7 +251,7 @@ def read_records(
 def append_results(results: str | os.PathLike[str], cases: Iterable[CaseResult | CaseFailure]) -> None:
     """Append finished cases (or failures, to failures.jsonl) as whole lines in one locked write,
     then flush them to disk (``chexpercept.fileio.append_durable``)."""
-    payload = "".join(c.to_json() + "\n" for c in cases).encode("utf-8")
+    payload = b"".join(json_line(c.to_json(), what=f"case {terminal(c.key_id)}") for c in cases)
     with deferred():  # a stop signal waits until the lines are whole and on disk
         append_durable(results, payload)
 
