@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path as FsPath
 from typing import Any
 
@@ -167,22 +168,47 @@ def _interval_options(args: argparse.Namespace) -> bool:
 
 
 def _check_formats(args: argparse.Namespace) -> None:
-    """--format json is for --compare; other formats say when they do nothing."""
+    """--format json is for --compare; every option given where it does nothing says so, one note
+    each (``_IDLE_OPTIONS``: --intervals without --table or --details printed the flat JSON without a
+    word; new user, stop 45)."""
     if args.format == "json" and args.table:
         raise ValueError("--table prints markdown or csv; --format json is for --compare")
-    if args.format != "markdown" and not (args.table or args.compare):
-        print(
-            f"note: --format {args.format} applies to --table and --compare; the flat metrics are JSON",
-            file=sys.stderr,
-        )
-    if args.family and not args.compare:
-        print(
-            "note: --family chooses what --compare shows; without --compare it does nothing", file=sys.stderr
-        )
-    if args.compare and args.intervals:
-        print(
-            "note: --compare gives every difference its interval; --intervals adds nothing", file=sys.stderr
-        )
+    for idle, note in _IDLE_OPTIONS:
+        if idle(args):
+            print(f"note: {note.format(args=args)}", file=sys.stderr)
+
+
+#: (given where it does nothing, what to say): each option of score that applies to some outputs only
+_IDLE_OPTIONS: tuple[tuple[Callable[[argparse.Namespace], bool], str], ...] = (
+    (
+        lambda a: a.format != "markdown" and not (a.table or a.compare),
+        "--format {args.format} applies to --table and --compare; the flat metrics are JSON",
+    ),
+    (
+        lambda a: bool(a.family) and not a.compare,
+        "--family chooses what --compare shows; without --compare it does nothing",
+    ),
+    (
+        lambda a: a.compare and a.intervals,
+        "--compare gives every difference its interval; --intervals adds nothing",
+    ),
+    (
+        lambda a: a.intervals and not (a.table or a.details or a.compare),
+        "--intervals adds intervals to --table and --details; the flat metrics have none",
+    ),
+    (
+        lambda a: a.level != 0.95 and not (a.intervals or a.compare or a.bootstrap),
+        "--level sets the level of --intervals and --compare's intervals; without them it does nothing",
+    ),
+    (
+        lambda a: a.adjust != "holm" and not a.compare,
+        "--adjust is --compare's multiplicity adjustment; without --compare it does nothing",
+    ),
+    (
+        lambda a: a.cases and not a.details,
+        "--cases adds every case's verdicts to --details; without --details it does nothing",
+    ),
+)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -235,11 +261,6 @@ def run(args: argparse.Namespace) -> int:
             print(line, file=sys.stderr)
         if intervals and not args.compare:
             report.with_intervals(level=args.level)
-    if args.cases and not args.details:
-        print(
-            "note: --cases adds every case's verdicts to --details; without --details it does nothing",
-            file=sys.stderr,
-        )
     differ = bundle_difference({r.name: r for r in reports})
     if differ and not args.compare and not (args.table and args.format == "markdown"):  # those say it
         print(  # JSON, --details and CSV carry no note of their own (red team, stop 44)

@@ -1250,3 +1250,32 @@ def test_an_error_before_any_case_ran_never_advises_a_resume(fixture_bundle, tmp
     err = capsys.readouterr().err
     assert "is a file, not a folder" in err and "rerun the same command" in err, err
     assert "resume" not in err and "repaired" not in err, err
+
+
+@pytest.mark.parametrize(
+    "extra, said",
+    [
+        (["--intervals"], "--intervals adds intervals to --table and --details"),
+        (["--level", "0.9"], "--level sets the level"),
+        (["--adjust", "bh"], "--adjust is --compare's multiplicity adjustment"),
+        (["--cases"], "--cases adds every case's verdicts to --details"),
+        (["--family", "2"], "--family chooses what --compare shows"),
+        (["--format", "csv"], "--format csv applies to --table and --compare"),
+    ],
+)
+def test_a_score_option_given_where_it_does_nothing_says_so(fixture_bundle, tmp_path, capsys, extra, said):
+    """``score RUN --intervals`` printed the flat JSON with no interval and no word, while --cases
+    and --family in the same place said they do nothing (new user, stop 45). Every option of score
+    that applies to some outputs only says so where it does nothing (cmd_score._IDLE_OPTIONS); where
+    it applies, it says nothing."""
+    from chexpercept.cli import main as cli
+
+    runs = tmp_path / "runs"
+    assert _run(fixture_bundle, runs, "--model", "baseline:random", "--limit", "4") == 0
+    capsys.readouterr()
+    assert cli(["score", str(runs / "baseline-random"), *extra]) == 0
+    assert f"note: {said}" in capsys.readouterr().err
+    if extra[0] in ("--intervals", "--level"):
+        applied = ["--intervals", "--table", "2", *(extra if extra[0] == "--level" else [])]
+        assert cli(["score", str(runs / "baseline-random"), *applied]) == 0
+        assert "note: --" not in capsys.readouterr().err
