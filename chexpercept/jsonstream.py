@@ -41,6 +41,13 @@ class _Reader:
         self.base = 0  # byte offset of buf[0] in the file
         self.eof = False
         self._pending = b""  # bytes of an incomplete UTF-8 sequence
+        # where buf[0] is in the file as json.loads counts: characters before it, lines before it,
+        # and its column's characters before it on its line
+        self.chars = 0
+        self.lines = 0
+        self.column = 0
+        #: the key of the entry being read (None before the first)
+        self.key: str | None = None
 
     def more(self, at_least: int = 0) -> bool:
         """Read the next chunk: ``chunk`` bytes, or ``at_least`` when more (a value being decoded
@@ -70,7 +77,14 @@ class _Reader:
     def consume(self) -> None:
         """Drop text before pos (keeping byte accounting right)."""
         if self.pos:
-            self.base += len(self.buf[: self.pos].encode("utf-8"))
+            consumed = self.buf[: self.pos]
+            self.base += len(consumed.encode("utf-8"))
+            self.chars += len(consumed)
+            newlines = consumed.count("\n")
+            self.lines += newlines
+            self.column = (
+                len(consumed) - consumed.rfind("\n") - 1 if newlines else self.column + len(consumed)
+            )
             self.buf = self.buf[self.pos :]
             self.pos = 0
 
@@ -80,6 +94,21 @@ class _Reader:
                 self.pos += 1
             if self.pos < len(self.buf) or not self.more():
                 return
+
+    def in_file(self, error: json.JSONDecodeError, key: str | None) -> json.JSONDecodeError:
+        """``error`` (raised on ``buf``) with the line, column and character json.loads would give
+        for the whole file, and the entry it is in: the positions counted from the entry's start sent
+        a user editing chexpercept.json to the wrong place (new user, stop 45)."""
+        before = error.doc[: error.pos]
+        newlines = before.count("\n")
+        line = self.lines + newlines + 1
+        column = (error.pos - before.rfind("\n")) if newlines else self.column + error.pos + 1
+        where = f"{error.msg} (in the entry {key!r})" if key is not None else error.msg
+        moved = json.JSONDecodeError.__new__(json.JSONDecodeError)
+        ValueError.__init__(moved, f"{where}: line {line} column {column} (char {self.chars + error.pos})")
+        moved.msg, moved.doc, moved.pos = where, "", self.chars + error.pos
+        moved.lineno, moved.colno = line, column
+        return moved
 
     def offset(self) -> int:
         """The byte offset in the file of ``pos``."""
@@ -128,6 +157,13 @@ def iter_object_items(
         value, _, _ = r.decode()
         raise TypeError(type(value).__name__)
     r.pos += 1
+    try:
+        yield from _items(r, source)
+    except json.JSONDecodeError as e:
+        raise r.in_file(e, r.key) from None
+
+
+def _items(r: _Reader, source: str) -> Iterator[tuple[str, Any, Span]]:
     expect_item, items = True, 0
     while True:
         c = r.peek()
@@ -152,6 +188,7 @@ def iter_object_items(
         if c != '"' or not expect_item:
             raise json.JSONDecodeError("Expecting property name or '}'", r.buf, r.pos)
         key, _, _ = r.decode()
+        r.key = key
         if r.peek() != ":":
             raise json.JSONDecodeError("Expecting ':' delimiter", r.buf, r.pos)
         r.pos += 1

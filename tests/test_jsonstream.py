@@ -100,3 +100,40 @@ def test_half_a_character_is_read_as_invalid_utf8_is():
     assert [(k, v) for k, v, _ in iter_object_items(io.BytesIO(doc), chunk=4)] == [
         ("k\ufffd", {"q": "x\ufffd \U0001f600"})
     ]
+
+
+def _broken_files() -> list[tuple[str, str]]:
+    """(text, the entry the mistake is in) of files broken as an edit by hand breaks them, far from
+    the start, some with characters of several bytes before the mistake."""
+    entries = {
+        f"case_{i}": {"question": f"Is there ü {i}?\nOptions:\n(1) Yes", "answer": [1, 2]} for i in range(40)
+    }
+    text = json.dumps(entries, indent=2, ensure_ascii=False)
+    at = text.index('"case_30"')
+    doubled = text[:at] + text[at:].replace('"answer"', ',"answer"', 1)
+    missing = text[:at] + text[at:].replace("[", "[,", 1)
+    return [
+        (doubled, "case_30"),
+        (missing, "case_30"),
+        (text[: text.index('"case_21"') + 40], "case_21"),  # cut off in an entry
+        (text[:at] + text[at:].replace('"question":', '"question"', 1), "case_30"),
+    ]
+
+
+@pytest.mark.parametrize("chunk", [7, 1 << 20])
+@pytest.mark.parametrize("case", range(4))
+def test_a_json_mistake_is_placed_as_json_loads_places_it_and_its_entry_named(tmp_path, chunk, case):
+    """chexpercept.json with a doubled comma on line 286 was reported at "line 6 column 15 (char
+    217)": counted from the start of the entry being read, without naming it (new user, stop 45).
+    The streaming reader gives the line, column and character json.loads gives for the whole file,
+    whatever its chunk size, and names the entry."""
+    text, entry = _broken_files()[case]
+    path = tmp_path / "chexpercept.json"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(json.JSONDecodeError) as expected:
+        json.loads(text)
+    with open(path, "rb") as f, pytest.raises(json.JSONDecodeError) as found:
+        list(iter_object_items(f, chunk=chunk))
+    e, want = found.value, expected.value
+    assert (e.lineno, e.colno, e.pos) == (want.lineno, want.colno, want.pos), (str(e), str(want))
+    assert f"(in the entry '{entry}')" in str(e) and f"line {want.lineno} column {want.colno}" in str(e)
