@@ -379,7 +379,14 @@ class CommandParser(argparse.ArgumentParser):
         import re
 
         unknown = re.findall(r"(?:unrecognized arguments|ambiguous option): (\S+)", message)
-        spelled = [s for a in self._actions for s in a.option_strings if s.startswith("--")]
+        # the spellings --help shows: an earlier one (--bundle) still works, but is never suggested
+        spelled = [
+            s
+            for a in self._actions
+            if a.help != argparse.SUPPRESS
+            for s in a.option_strings
+            if s.startswith("--")
+        ]
         near = difflib.get_close_matches(unknown[0].split("=", 1)[0], spelled, n=3) if unknown else []
         hint = f" (did you mean {' or '.join(near)}?)" if near else ""
         self.exit(2, f"{self.prog}: error: {message}{hint}\nRun '{self.prog} --help' for its options.\n")

@@ -32,9 +32,14 @@ if __name__ == "__main__":
     start_program("chexpercept run")  # before the imports (seconds): streams, and a stop says one line
 
 try:
-    from chexpercept.answers import PARSE_MODES
     from chexpercept.bundle import IMAGE_CHECKS
-    from chexpercept.cli_options import CommandParser, add_progress_option
+    from chexpercept.cli_options import (
+        CommandParser,
+        add_data_dir_option,
+        add_output_dir_option,
+        add_parse_mode_option,
+        add_progress_option,
+    )
     from chexpercept.domains import COUNT, NON_NEGATIVE, SEED, SHARE
     from chexpercept.entry_point import Stopped, launched_as, program_started, run_program
     from chexpercept.escape import terminal_lines
@@ -70,9 +75,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def _add_run_options(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("what to run")
-    g.add_argument(
-        "--data-dir", metavar="DIR", help="folder of the release bundle (chexpercept.json + chexpercept/)"
-    )
+    add_data_dir_option(g, help="folder of the release bundle (chexpercept.json + chexpercept/)")
     g.add_argument(
         "--model",
         help="registry name (see --list-models), Hugging Face id, local folder, or "
@@ -95,11 +98,8 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
         "own folder. paper (default): what the paper's numbers need for this model: implicit for greedy "
         "decoding (it gives End-to-End exactly too), none and implicit for a sampling model (API models)",
     )
-    g.add_argument(
-        "--parse-mode",
-        choices=PARSE_MODES,
-        default="reference",
-        help="how answers are read during the run, which drives oracle triggers (default: reference)",
+    add_parse_mode_option(
+        g, help="how answers are read during the run, which drives oracle triggers (default: reference)"
     )
     g.add_argument(
         "--on-error",
@@ -125,8 +125,8 @@ def _add_selection_options(parser: argparse.ArgumentParser) -> None:
 
 def _add_output_options(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("output")
-    g.add_argument(
-        "--output-dir", default="runs", metavar="DIR", help="results go to DIR/<model>/oracle_<setting>/"
+    add_output_dir_option(
+        g, default="runs", help="results go to DIR/<model>/oracle_<setting>/ (default: runs, in this folder)"
     )
     g.add_argument("--run-name", help="folder name instead of the model's")
     add_progress_option(g)

@@ -1279,3 +1279,35 @@ def test_a_score_option_given_where_it_does_nothing_says_so(fixture_bundle, tmp_
         applied = ["--intervals", "--table", "2", *(extra if extra[0] == "--level" else [])]
         assert cli(["score", str(runs / "baseline-random"), *applied]) == 0
         assert "note: --" not in capsys.readouterr().err
+
+
+def test_the_earlier_spellings_work_on_every_command_and_are_never_suggested(
+    fixture_bundle, tmp_path, capsys
+):
+    """docs/commands.md says --bundle, --out and --mode still work: on the run command they were
+    unrecognized, and `chexpercept estimate DIR` suggested "did you mean --bundle?", the deprecated
+    name (new user, stop 45). The run command takes them through the same options as every other
+    command (cli_options.add_data_dir_option, add_output_dir_option, add_parse_mode_option), with a
+    note; a suggestion names only what --help shows."""
+    from chexpercept.cli import main as cli
+
+    out = tmp_path / "runs"
+    argv = [
+        "--bundle",
+        str(fixture_bundle),
+        "--model",
+        "baseline:random",
+        "--out",
+        str(out),
+        "--mode",
+        "strict",
+    ]
+    assert main([*argv, "--limit", "1", "--no-progress", "--no-score"]) == 0
+    err = capsys.readouterr().err
+    assert all(f"note: --{old} is deprecated" in err for old in ("bundle", "out", "mode")), err
+    info = json.loads((out / "baseline-random" / "oracle_implicit" / "run.json").read_text())
+    assert info["parse_mode"] == "strict"
+    with pytest.raises(SystemExit):
+        cli(["estimate", "demo/bundle", "--model", "gpt-5.4"])
+    err = capsys.readouterr().err
+    assert "unrecognized arguments: demo/bundle" in err and "--bundle" not in err, err
