@@ -27,7 +27,7 @@ from .export import WORK_DIR
 from .pipeline import generate
 from .summary import GenerationSummary
 from .synth_sources import synthesize_sources
-from .workspace import PHANTOM_SOURCES_DIR
+from .workspace import PHANTOM_SOURCES_DIR, Workspace
 
 STAMP = "phantom-sources.json"
 
@@ -73,9 +73,7 @@ def synthesize_run(
     checked before anything is drawn (SourceError names an unknown one)."""
     out = FsPath(out_dir)
     parse_lesions(lesions)  # raises for an unknown lesion; the draw keeps the order given
-    sources = phantom_sources(
-        out, per_cell=per_cell, seed=seed, lesions=lesions, num_proc=num_proc, progress=progress
-    )
+    sources = out / WORK_DIR / PHANTOM_SOURCES_DIR
     config = GenerateConfig(
         out=str(out),
         per_cell=per_cell,
@@ -90,6 +88,10 @@ def synthesize_run(
         overwrite=overwrite,
         progress=progress,
     )
+    # a folder that refuses these settings refuses them before the sources are drawn (seconds to
+    # minutes), as generate would after
+    Workspace(out).check(config.fingerprint(), overwrite)
+    phantom_sources(out, per_cell=per_cell, seed=seed, lesions=lesions, num_proc=num_proc, progress=progress)
     return generate(config)
 
 

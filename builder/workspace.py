@@ -37,8 +37,15 @@ class Workspace:
     def summary_file(self) -> FsPath:
         return self.work / SUMMARY_FILE
 
-    def prepare(self, fingerprint: dict[str, Any], overwrite: bool) -> None:
-        """Make the folder ready for a run with these settings: resume, start over, or refuse."""
+    def check(self, fingerprint: dict[str, Any], overwrite: bool) -> None:
+        """SourceError where ``prepare`` would refuse a run with these settings; nothing is written
+        (``chexpercept synth`` asks before it draws its phantom sources, which takes seconds to
+        minutes: it refused only after drawing them; new user, stop 45)."""
+        self._previous(fingerprint, overwrite)
+
+    def _previous(self, fingerprint: dict[str, Any], overwrite: bool) -> dict[str, Any] | None:
+        """The run record of the folder (None without one), or SourceError where a run with these
+        settings may not go on in it (other settings, or files of no run, without ``overwrite``)."""
         root = self.root
         run_file = self.work / RUN_FILE
         if run_file.exists():
@@ -48,29 +55,38 @@ class Workspace:
                 raise SourceError(f"{root}: its run record cannot be read ({e}); pass --overwrite") from e
             if not isinstance(previous, dict):
                 raise SourceError(f"{run_file}: not a run record; pass --overwrite")
-            if previous != fingerprint:
-                if not overwrite:
-                    changed = sorted(
-                        k for k in set(previous) | set(fingerprint) if previous.get(k) != fingerprint.get(k)
-                    )
-                    raise SourceError(
-                        f"{root} holds a run with different settings ({', '.join(changed)}); "
-                        "use a new --output-dir folder, or --overwrite to start over"
-                    )
-                self.clear()
-        elif root.is_dir() and any(root.iterdir()):
+            if previous != fingerprint and not overwrite:
+                changed = sorted(
+                    k for k in set(previous) | set(fingerprint) if previous.get(k) != fingerprint.get(k)
+                )
+                raise SourceError(
+                    f"{root} holds a run with different settings ({', '.join(changed)}); "
+                    "use a new --output-dir folder, or --overwrite to start over"
+                )
+            return previous
+        if root.is_dir() and any(root.iterdir()) and not overwrite:
             # no run record: whatever is here was not written by a generate or synth run, a release
             # (chexpercept/, chexpercept.json) downloaded or copied here included, so it is never cleared
             # without --overwrite
             foreign = [p.name for p in root.iterdir() if p.name != WORK_DIR]
-            if foreign and not overwrite:
+            if foreign:
                 raise SourceError(
                     f"--output-dir {root} is not empty and holds no record of a generate or synth run "
                     f"({', '.join(sorted(foreign)[:5])}): nothing was changed. Use a new --output-dir, or "
                     "--overwrite to replace what is there"
                 )
-            if overwrite:
+        return None
+
+    def prepare(self, fingerprint: dict[str, Any], overwrite: bool) -> None:
+        """Make the folder ready for a run with these settings: resume, start over, or refuse."""
+        root = self.root
+        run_file = self.work / RUN_FILE
+        previous = self._previous(fingerprint, overwrite)
+        if previous is not None:
+            if previous != fingerprint:  # overwrite
                 self.clear()
+        elif overwrite and root.is_dir() and any(root.iterdir()):
+            self.clear()
         private_dir(self.work)
         write_atomic(run_file, json.dumps(fingerprint, indent=1, sort_keys=True).encode("utf-8"))
 

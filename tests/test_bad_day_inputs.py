@@ -1311,3 +1311,28 @@ def test_the_earlier_spellings_work_on_every_command_and_are_never_suggested(
         cli(["estimate", "demo/bundle", "--model", "gpt-5.4"])
     err = capsys.readouterr().err
     assert "unrecognized arguments: demo/bundle" in err and "--bundle" not in err, err
+
+
+def test_synth_refuses_a_folder_of_other_settings_before_it_draws_anything(tmp_path, capsys):
+    """`chexpercept synth --output-dir B --per-cell 1` on a bundle made with --per-cell 2 drew all its
+    phantom sources again (11 to 23 s) and rewrote them, and only then said the folder holds a run
+    with other settings (new user, stop 45). The folder is checked first (Workspace.check): the
+    refusal comes before any drawing, and the phantom sources stay as they were."""
+    from chexpercept.builder.synth import STAMP
+    from chexpercept.builder.workspace import PHANTOM_SOURCES_DIR
+    from chexpercept.cli import main as cli
+
+    out = tmp_path / "bundle"
+    assert (
+        cli(["synth", "--output-dir", str(out), "--per-cell", "1", "--lesions", "edema", "--no-progress"])
+        == 0
+    )
+    stamp = out / ".chexpercept-work" / PHANTOM_SOURCES_DIR / STAMP
+    before = (stamp.read_bytes(), stamp.stat().st_mtime_ns)
+    capsys.readouterr()
+    assert (
+        cli(["synth", "--output-dir", str(out), "--per-cell", "2", "--lesions", "edema", "--no-progress"])
+        == 2
+    )
+    assert "holds a run with different settings (per_cell)" in capsys.readouterr().err
+    assert (stamp.read_bytes(), stamp.stat().st_mtime_ns) == before
