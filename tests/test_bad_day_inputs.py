@@ -1336,3 +1336,41 @@ def test_synth_refuses_a_folder_of_other_settings_before_it_draws_anything(tmp_p
     )
     assert "holds a run with different settings (per_cell)" in capsys.readouterr().err
     assert (stamp.read_bytes(), stamp.stat().st_mtime_ns) == before
+
+
+@pytest.mark.parametrize(
+    "files, sent",
+    [
+        ({"chat_template.jinja": "{% for m in messages %}{{ m.content }}{% endfor %}"}, False),
+        ({"chat_template.jinja": "{% if enable_thinking is false %}<no_think>{% endif %}"}, True),
+        ({"tokenizer_config.json": json.dumps({"chat_template": "{{ enable_thinking }}"})}, True),
+        (
+            {
+                "tokenizer_config.json": json.dumps(
+                    {"chat_template": [{"name": "default", "template": "{{ x }}"}]}
+                )
+            },
+            False,
+        ),
+        ({}, True),  # no template to read: sent, as for a model served elsewhere
+    ],
+)
+def test_no_thinking_on_a_local_model_is_sent_only_where_its_template_reads_it(tmp_path, capsys, files, sent):
+    """--no-thinking on a local model outside the registry was recorded (enable_thinking false in
+    run.json) and sent to a template that has no such switch, with 20 warnings from transformers
+    instead of the note the docs promise (new user, stop 45). A local model's chat template is read
+    (plan.template_reads): without the switch, the note, and nothing recorded or sent."""
+    import argparse
+
+    from chexpercept.eval.registry import resolve
+    from chexpercept.eval.runner.plan import chat_kwargs_for
+
+    folder = tmp_path / "my-vlm"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "gemma3"}))
+    for name, text in files.items():
+        (folder / name).write_text(text)
+    spec = resolve(str(folder), backend="transformers")
+    kwargs, note = chat_kwargs_for(spec, argparse.Namespace(no_thinking=True, chat_template_kwargs=None))
+    assert kwargs == ({"enable_thinking": False} if sent else {})
+    assert (note is None) == sent and (sent or "has no effect" in note)

@@ -180,12 +180,54 @@ def seed_for(spec: ModelSpec, args: argparse.Namespace) -> int | None:
     return seed
 
 
+#: the files of a model folder that may hold its chat template (a ``chat_template`` field in the JSON ones)
+TEMPLATE_FILES = (
+    "chat_template.jinja",
+    "chat_template.json",
+    "tokenizer_config.json",
+    "processor_config.json",
+)
+
+
+def template_reads(folder: str, variable: str) -> bool | None:
+    """Whether the chat template of the local model ``folder`` reads ``variable`` (its name appears
+    in a template); None where that cannot be told here (not a local folder, no template in it, a
+    file that cannot be read)."""
+    import json
+
+    from chexpercept.input_files import MODEL_FILE, read_input_text
+
+    if not os.path.isdir(folder):
+        return None
+    texts: list[str] = []
+    try:
+        for name in TEMPLATE_FILES:
+            path = os.path.join(folder, name)
+            if not os.path.isfile(path):
+                continue
+            text = read_input_text(path, MODEL_FILE, what="chat template")
+            if name.endswith(".jinja"):
+                texts.append(text)
+                continue
+            template = json.loads(text).get("chat_template")
+            if isinstance(template, str):
+                texts.append(template)
+            elif isinstance(template, list):  # named templates: [{"name": ..., "template": ...}]
+                texts += [t.get("template", "") for t in template if isinstance(t, dict)]
+    except (OSError, ValueError, AttributeError):
+        return None
+    return any(variable in t for t in texts) if texts else None
+
+
 def chat_kwargs_for(spec: ModelSpec, args: argparse.Namespace) -> tuple[dict[str, Any], str | None]:
-    """chat_template_kwargs and, if --no-thinking does not apply to this model, a note saying so."""
+    """chat_template_kwargs and, if --no-thinking does not apply to this model, a note saying so: a
+    registry model says whether its template has the switch; a local model's template is read for
+    it (``template_reads``); elsewhere (a Hub or served model outside the registry) it is sent."""
     kwargs: dict[str, Any] = {}
     note = None
     if args.no_thinking:
-        if spec.thinking_switch or not spec.in_registry:
+        reads = None if spec.in_registry else template_reads(spec.model_id, "enable_thinking")
+        if spec.thinking_switch or (not spec.in_registry and reads is not False):
             kwargs["enable_thinking"] = False
         else:
             note = f"--no-thinking has no effect on {spec.name} (its chat template has no thinking switch)"
