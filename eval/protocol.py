@@ -310,17 +310,6 @@ class Backend(Protocol):
         ...
 
 
-#: the command line's decoding options (argparse destination -> flag): what a backend that
-#: ``reads_decoding`` applies to every request
-DECODING_OPTIONS = {
-    "temperature": "--temperature",
-    "top_p": "--top-p",
-    "max_tokens": "--max-tokens",
-    "no_thinking": "--no-thinking",
-    "chat_template_kwargs": "--chat-template-kwargs",
-}
-
-
 class BackendBase:
     """What every backend class provides besides answering requests, with the defaults.
 
@@ -337,8 +326,9 @@ class BackendBase:
     #: change an answer. None for an API (its client sends the same request whatever its version)
     #: or a baseline.
     engine_packages: ClassVar[tuple[str, ...]] = ()
-    #: whether the run's decoding options (``DECODING_OPTIONS``: --temperature, --top-p, --max-tokens,
-    #: --no-thinking, --chat-template-kwargs) reach the model; a baseline writes its answers itself
+    #: whether the run's decoding options (``chexpercept.eval.backends.DECODING_OPTIONS``: --temperature,
+    #: --top-p, --max-tokens, --no-thinking, --chat-template-kwargs) reach the model; a baseline writes
+    #: its answers itself
     reads_decoding: ClassVar[bool] = True
     options: BackendOptions
 

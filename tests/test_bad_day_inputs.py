@@ -994,7 +994,7 @@ def test_a_decoding_option_on_a_baseline_is_refused_not_silently_ignored(
 ):
     """--temperature 0.7 on a baseline was taken while its run.json recorded temperature 0, and
     --chat-template-kwargs was recorded though no template is read: a baseline writes its answers
-    itself. Every decoding option (protocol.DECODING_OPTIONS) given to a backend that does not read
+    itself. Every decoding option (backends.DECODING_OPTIONS) given to a backend that does not read
     them (``reads_decoding``) is refused before anything is written; a model that reads them takes
     them."""
     runs = tmp_path / "runs"
@@ -1009,7 +1009,7 @@ def test_every_decoding_option_is_one_the_run_command_has():
     """DECODING_OPTIONS names the run command's own flags: a flag renamed there would leave the
     refusal above checking nothing."""
     from chexpercept.cli_options import CommandParser
-    from chexpercept.eval.protocol import DECODING_OPTIONS
+    from chexpercept.eval.backends import DECODING_OPTIONS
     from chexpercept.eval.run import configure
 
     parser = CommandParser(prog="eval/run.py")

@@ -61,10 +61,11 @@ def test_request_forms_are_those_the_backends_send(fixture_bundle):
     conv.answer("Answer: 1")
     request = conv.pending
     context = RunContext(root=fixture_bundle, cases=[conv.case])
-    api = OpenAIBackend(
-        resolve("gpt-5.4"), sampling=Sampling(1.0, 1.0, 8, False), base_url="http://127.0.0.1:9/v1"
-    )
-    api.setup(context)
+    from fake_openai import FakeServer
+
+    with FakeServer() as server:  # asked what it is at setup
+        api = OpenAIBackend(resolve("gpt-5.4"), sampling=Sampling(1.0, 1.0, 8, False), base_url=server.url)
+        api.setup(context)
     assert request.chat_messages(images="data_url") == api.build_payload(request)["messages"]
     engine = VLLMBackend(resolve("medgemma-1.5-4b"), sampling=Sampling(0.0, 1.0, 8, True), image_ids=False)
     engine.root = str(fixture_bundle)

@@ -96,16 +96,27 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch_two_machines(data_dirs, *args: str) -> list[subprocess.CompletedProcess]:
+def launch_two_machines(
+    data_dirs, *args: str, base_urls=None, models=None
+) -> list[subprocess.CompletedProcess]:
     """One process on each of two "machines" (two launches on this one, ranks 0 and 1), each given
-    its own --data-dir, as each machine of a multi-node run reads its own copy."""
+    its own --data-dir (and, where given, its own --base-url or --model), as each machine of a
+    multi-node run reads its own copies and asks its own local server."""
     port = str(_free_port())
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]
     launch += ["--num_machines", "2", "--main_process_ip", "127.0.0.1", "--main_process_port", port]
     launch += ["--mixed_precision", "no", "--dynamo_backend", "no"]
+
+    def own(rank: int) -> list[str]:
+        mine = list(args)
+        for flag, values in (("--base-url", base_urls), ("--model", models)):
+            if values is not None:
+                mine[mine.index(flag) + 1] = str(values[rank])
+        return mine
+
     procs = [
         subprocess.Popen(
-            [*launch, "--machine_rank", str(rank), str(RUN_SCRIPT), "--data-dir", str(data_dir), *args],
+            [*launch, "--machine_rank", str(rank), str(RUN_SCRIPT), "--data-dir", str(data_dir), *own(rank)],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -156,7 +167,7 @@ def test_every_machine_of_a_run_holds_what_the_run_records(fixture_bundle, tmp_p
     assert all(p.returncode != 0 for p in procs)
     field = "bundle_fingerprint" if change == "a question" else "bundle_images"
     said = procs[0].stderr
-    assert "process 1 (" in said and "holds other files than the main process" in said, said[-3000:]
+    assert "process 1 (" in said and "makes another run identity than the main process" in said, said[-3000:]
     assert f"{field}: " in said and "Every machine of a run must hold what the run records" in said
     assert not runs.exists()
 
@@ -369,3 +380,64 @@ def test_the_processes_of_a_run_never_unpickle_what_another_sends():
                 ):
                     found.append(f"{path.relative_to(root)}:{node.lineno}")
     assert found == []
+
+
+@pytest.mark.slow
+def test_machines_whose_servers_or_folders_differ_never_run_as_one(fixture_bundle, tmp_path):
+    """Two machines, each with its own local server (a vllm serve per node) or its own copy of the
+    model at another path: machine 1's server, which is not vLLM, was never asked and got vLLM's
+    neutral fields under the main process's identity; a model folder at another path named another
+    run folder, where machine 1 failed while machine 0 waited for it for ever (red team, stop 45).
+    The first process of each machine asks its own server, and every process names the main
+    process's run folder or the run is refused; a machine that fails mid-run ends the wait."""
+    from fake_openai import FakeServer
+
+    common = ["--model", "m", "--backend", "openai", "--output-dir", str(tmp_path / "runs"), "--no-progress"]
+    common += ["--no-score", "--batch-size", "1", "--max-retries", "0"]
+    with FakeServer(vllm=True) as vllm, FakeServer() as other:
+        vllm.roots["m"] = "/models/a"
+        procs = launch_two_machines(
+            [fixture_bundle, fixture_bundle], *common, "--base-url", vllm.url, base_urls=[vllm.url, other.url]
+        )
+        assert all(p.returncode != 0 for p in procs)
+        said = procs[0].stderr
+        assert "makes another run identity than the main process" in said, said[-3000:]
+        assert "backend_identity.request_fields.repetition_penalty: 1.0 -> (absent)" in said
+        assert not other.requests and not (tmp_path / "runs").exists()
+        # the same kind of server on both machines, but machine 1's fails every request mid-run
+        failing = FakeServer(failures=[{"status": 401, "body": {"error": {"message": "bad key"}}}] * 50)
+        with FakeServer() as fine, failing:
+            procs = launch_two_machines(
+                [fixture_bundle, fixture_bundle],
+                *common,
+                "--base-url",
+                fine.url,
+                base_urls=[fine.url, failing.url],
+            )
+        assert all(p.returncode != 0 for p in procs)
+        assert "process(es) 1 of the run ended with an error" in procs[0].stderr, procs[0].stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_a_model_copied_to_another_path_on_a_machine_names_the_same_run_folder_or_is_refused(
+    fixture_bundle, tmp_path
+):
+    """The same model at another path on machine 1 (its copy) named another model folder: machine 1
+    failed there while machine 0 waited for it for ever (red team, stop 45). Without --run-name the run
+    is refused before anything is written, naming it; with one, the copies run as one model."""
+    import shutil
+
+    model = tmp_path / "tiny"
+    assert cli(["make-tiny-model", "--output-dir", str(model)]) == 0
+    shutil.copytree(model, tmp_path / "tiny2")
+    runs = tmp_path / "runs"
+    common = ["--model", str(model), "--backend", "transformers", "--max-tokens", "2", "--limit", "2"]
+    common += ["--output-dir", str(runs), "--no-progress", "--no-score"]
+    models = [model, tmp_path / "tiny2"]
+    procs = launch_two_machines([fixture_bundle, fixture_bundle], *common, models=models)
+    assert all(p.returncode != 0 for p in procs)
+    assert "give every machine the same --run-name" in procs[1].stderr + procs[0].stderr
+    assert not runs.exists()
+    procs = launch_two_machines([fixture_bundle, fixture_bundle], *common, "--run-name", "t", models=models)
+    assert [p.returncode for p in procs] == [0, 0], procs[0].stderr[-3000:] + procs[1].stderr[-3000:]
+    assert json.loads((runs / "t" / "oracle_implicit" / "run.json").read_text())["n_results"] == 2

@@ -631,3 +631,50 @@ def test_a_case_whose_record_no_reader_takes_is_never_written(
             cli(fixture_bundle, tmp_path, server, "--limit", "2", "--on-error", on_error, "--no-score") == 0
         )
     assert len(list(iter_results(folder / "results.jsonl"))) == 2
+
+
+@pytest.mark.parametrize("sign", ["503", "cache miss"])
+def test_a_server_restarted_on_another_checkpoint_mid_run_has_no_answer_taken(
+    fixture_bundle, tmp_path, capsys, sign
+):
+    """vllm serve restarted on another checkpoint in the middle of a run: the run went on and kept
+    the new checkpoint's answers under the first one's identity (red team, stop 45). After a sign
+    that the server may have restarted (a connection lost, a gateway's 502/503/504, an image id it
+    no longer holds), it is asked what it is before any answer is taken, and the run stops where it
+    now says another root: no answer of the new checkpoint is saved, and the ones before are."""
+    state = {"n": 0, "switch": 12}
+
+    def reply(body):
+        state["n"] += 1
+        if state["n"] == state["switch"]:  # restarted on another checkpoint after this answer
+            server.roots["local-vlm"] = "/ckpt/step9000"
+            if sign == "503":
+                server.failures.append(503)
+            else:
+                server.forget()
+        return "Answer: 1" if state["n"] <= state["switch"] else "Answer: 2"
+
+    with FakeServer(vllm=True, reply=reply) as server:
+        server.roots["local-vlm"] = "/ckpt/step1000"
+        extra = [
+            "--paths",
+            "RR",
+            "--batch-size",
+            "1",
+            "--concurrency",
+            "1",
+            "--no-score",
+            "--max-retries",
+            "3",
+        ]
+        status = main(
+            ["--data-dir", str(fixture_bundle), "--model", "local-vlm", "--backend", "openai", "--base-url",
+             server.url, "--output-dir", str(tmp_path), "--no-progress", *extra]
+        )  # fmt: skip
+    err = capsys.readouterr().err
+    assert status == 2 and "now says it is vLLM serving /ckpt/step9000" in err, err[-3000:]
+    assert "the run began with vLLM serving /ckpt/step1000" in err
+    results = tmp_path / "local-vlm" / "oracle_implicit" / "results.jsonl"
+    saved = list(iter_results(results)) if results.is_file() else []
+    assert state["n"] > state["switch"]  # the new checkpoint answered: none of it was taken
+    assert saved and all(t.response == "Answer: 1" for r in saved for t in r.turns)

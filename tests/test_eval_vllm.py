@@ -407,8 +407,11 @@ def test_the_vllm_and_openai_backends_send_the_same_messages(fixture_bundle):
     case = bundle.cases[0]
     vllm_backend = make_backend()
     vllm_backend.setup(RunContext(root=bundle.root, cases=bundle.cases))
-    api = OpenAIBackend(resolve("qwen3.6-27b"), sampling=GREEDY, base_url="http://127.0.0.1:9/v1")
-    api.setup(RunContext(root=bundle.root, cases=bundle.cases))
+    from fake_openai import FakeServer
+
+    with FakeServer() as server:  # asked what it is at setup
+        api = OpenAIBackend(resolve("qwen3.6-27b"), sampling=GREEDY, base_url=server.url)
+        api.setup(RunContext(root=bundle.root, cases=bundle.cases))
     conversation = Conversation(case, oracle="implicit")
     checked = 0
     while not conversation.done:

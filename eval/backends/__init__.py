@@ -68,16 +68,26 @@ def backend_class(name: str) -> type[BackendClass]:
     return getattr(importlib.import_module(module), attr)
 
 
+#: the command line's decoding options (argparse destination -> flag): what a backend that
+#: ``reads_decoding`` applies to every request
+DECODING_OPTIONS = {
+    "temperature": "--temperature",
+    "top_p": "--top-p",
+    "max_tokens": "--max-tokens",
+    "no_thinking": "--no-thinking",
+    "chat_template_kwargs": "--chat-template-kwargs",
+}
+
+
 def refuse_unread_options(args: argparse.Namespace, backend: str) -> None:
     """ValueError naming every option the command line gives (a value other than its default) that
     the ``backend`` the model runs on does not read, so that no run's recorded command says what it
     did not apply: another backend's options (``--dtype float16`` on a vllm or baseline run, red team
-    stop 44), and the decoding options (``protocol.DECODING_OPTIONS``) on a backend that writes its
+    stop 44), and the decoding options (``DECODING_OPTIONS``) on a backend that writes its
     answers itself (``--temperature 0.7`` on a baseline: its run.json said temperature 0)."""
     from dataclasses import fields
 
     from chexpercept.eval.backends.options import option_default
-    from chexpercept.eval.protocol import DECODING_OPTIONS
 
     chosen = backend_class(backend)
     own = {f.name for f in fields(chosen.Options)}

@@ -10,11 +10,12 @@ imports neither torch nor accelerate.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from chexpercept.entry_point import stop_at_once_while
@@ -113,6 +114,20 @@ def launch_mismatch(
     )
 
 
+@contextlib.contextmanager
+def _peers_lost() -> Iterator[None]:
+    """torch's error when another process of the run has gone (it ended with its own error, on this
+    machine or another) as one line, not a traceback of torch's: ValueError."""
+    try:
+        yield
+    except RuntimeError as e:  # gloo's "Connection closed by peer", a timeout
+        first = " ".join(str(e).split())[:200]
+        raise ValueError(
+            "another process of the run ended before the processes met (its own output, on its machine, "
+            f"says why), so this one stops too (torch: {first})"
+        ) from None
+
+
 class Distributed:
     """Process index/count, a barrier and a broadcast from the main process."""
 
@@ -165,12 +180,13 @@ class Distributed:
 
         data = json.dumps(obj, allow_nan=False).encode("utf-8") if self.is_main else b""
         size = torch.tensor([len(data)], dtype=torch.int64)
-        td.broadcast(size, src=0)
-        if self.is_main:
-            payload = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-        else:
-            payload = torch.empty(int(size.item()), dtype=torch.uint8)
-        td.broadcast(payload, src=0)
+        with _peers_lost():
+            td.broadcast(size, src=0)
+            if self.is_main:
+                payload = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+            else:
+                payload = torch.empty(int(size.item()), dtype=torch.uint8)
+            td.broadcast(payload, src=0)
         from chexpercept.input_json import loads
 
         return loads(payload.numpy().tobytes(), source="the main process's broadcast")
@@ -185,12 +201,13 @@ class Distributed:
 
         data = json.dumps(obj, allow_nan=False).encode("utf-8")
         sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.count)]
-        td.all_gather(sizes, torch.tensor([len(data)], dtype=torch.int64))
-        longest = max(int(s.item()) for s in sizes)
-        mine = torch.zeros(longest, dtype=torch.uint8)
-        mine[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else mine[:0]
-        payloads = [torch.empty(longest, dtype=torch.uint8) for _ in range(self.count)]
-        td.all_gather(payloads, mine)
+        with _peers_lost():
+            td.all_gather(sizes, torch.tensor([len(data)], dtype=torch.int64))
+            longest = max(int(s.item()) for s in sizes)
+            mine = torch.zeros(longest, dtype=torch.uint8)
+            mine[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else mine[:0]
+            payloads = [torch.empty(longest, dtype=torch.uint8) for _ in range(self.count)]
+            td.all_gather(payloads, mine)
         from chexpercept.input_json import loads
 
         return [

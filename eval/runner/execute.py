@@ -183,9 +183,11 @@ def _shared_settings(
     plan: RunPlan, backend: Backend, context: RunContext, dist: Distributed
 ) -> dict[str, Any]:
     """``settings_of`` made by the main process and told to every process, with what its backend
-    learned from outside to make them (``identity_facts``), which every other backend then uses: each
-    process sends what the identity records. An error there (an unreadable weight file) ends every
-    process, the main process with the error itself."""
+    learned from outside to make them (``identity_facts``) and the run's folder: each process sends
+    what the identity records. The first process of every other machine makes the identity itself,
+    from its own copies and its own server (``_machine_difference``), the others of a machine use the
+    main process's facts. An error there (an unreadable weight file) ends every process, the main
+    process with the error itself."""
     settings: dict[str, Any] | None = None
     facts: Any = None
     error: BaseException | None = None
@@ -195,16 +197,24 @@ def _shared_settings(
             facts = backend.identity_facts()
         except Exception as e:
             error = e
-    settings, facts, message = dist.broadcast(
-        (settings, facts, None if error is None else f"{type(error).__name__}: {error}")
+    settings, facts, folder, message = dist.broadcast(
+        (
+            settings,
+            facts,
+            plan.model_folder().name,
+            None if error is None else f"{type(error).__name__}: {error}",
+        )
     )
     if error is not None:
         raise error
     if settings is None:
         raise ValueError(f"the main process could not establish the run's identity ({message})")
-    if not dist.is_main:
+    if not dist.is_main and dist.local_index != 0:
         backend.use_identity_facts(facts)
-    differences = [d for d in dist.gather(_machine_difference(plan, backend, context, dist, settings)) if d]
+    here = _machine_difference(plan, backend, context, dist, settings, folder)
+    if not dist.is_main and dist.local_index == 0 and here is None:
+        backend.use_identity_facts(facts)  # learned the same here
+    differences = [d for d in dist.gather(here) if d]
     if differences:
         raise ValueError(
             f"{'; '.join(differences)}. Every machine of a run must hold what the run records (the same "
@@ -214,17 +224,32 @@ def _shared_settings(
 
 
 def _machine_difference(
-    plan: RunPlan, backend: Backend, context: RunContext, dist: Distributed, settings: Mapping[str, Any]
+    plan: RunPlan,
+    backend: Backend,
+    context: RunContext,
+    dist: Distributed,
+    settings: Mapping[str, Any],
+    folder: str,
 ) -> str | None:
-    """How the run's identity as the first process of another machine than the main process's makes
-    it differs from ``settings`` (the main process's), or None: each machine reads its own copies of
-    the model, the release and the engine, and the main process hashed only its own (a machine with
-    another copy of the release ran other questions under the main process's identity). The other
-    processes of a machine read what its first one checked."""
-    if dist.is_main or dist.local_index != 0:
-        return None
+    """How this process's run differs from the main process's, or None: its model folder's name
+    (``folder``: the main process's; each process names it from its own --model, and a model folder
+    at another path took another run folder, where it failed while the main process waited for it);
+    and, as the first process of another machine than the main process's, the run's identity as it
+    makes it from its own copies of the model, the release and the engine and its own server's
+    answers (``settings``: the main process's). The main process hashed only its own copies: a machine
+    with another copy of the release ran other questions, and one whose local server served other
+    weights answered, under the main process's identity. The other processes of a machine read what
+    its first one checked."""
     import socket
 
+    if not dist.is_main and plan.model_folder().name != folder:
+        return (
+            f"process {dist.index} ({socket.gethostname()}) writes to the model folder "
+            f"{terminal(plan.model_folder().name)}, the main process to {terminal(folder)} (each names it from "
+            "its own --model): give every machine the same --run-name"
+        )
+    if dist.is_main or dist.local_index != 0:
+        return None
     try:
         diff = settings_diff(settings, settings_of(plan, backend, context, ""))
     except Exception as e:
@@ -232,7 +257,10 @@ def _machine_difference(
     if not diff:
         return None
     shown = ", ".join(diff[:6]) + (f" and {len(diff) - 6} more" if len(diff) > 6 else "")
-    return f"process {dist.index} ({socket.gethostname()}) holds other files than the main process: {shown}"
+    return (
+        f"process {dist.index} ({socket.gethostname()}) makes another run identity than the main process "
+        f"(from its own copies of the model and the release, its engine and its server's answers): {shown}"
+    )
 
 
 def header_of(plan: RunPlan, dist: Distributed) -> RunMetadata:
@@ -744,11 +772,17 @@ def _run_one(plan: RunPlan, backend: Backend, dist: Distributed, run: OracleRun)
         run.folder.results, len(run.remaining), dist.is_main and plan.progress, run.outcome.results_size
     )
     try:
-        if run.remaining:
-            backend.new_session()  # run.json's counts are this setting's
-            stats = _converse(
-                plan, backend, run, queue, progress, queue.live_limit(plan.batch_size, dist.count)
-            )
+        try:
+            if run.remaining:
+                backend.new_session()  # run.json's counts are this setting's
+                stats = _converse(
+                    plan, backend, run, queue, progress, queue.live_limit(plan.batch_size, dist.count)
+                )
+        except Exception:
+            if dist.active:  # the main process stops waiting for this one
+                with contextlib.suppress(OSError):
+                    queue.failed()
+            raise
         queue.done()
         if dist.is_main:
             queue.wait_for(dist.count, on_wait=_waiting(dist))

@@ -32,6 +32,11 @@ from pathlib import Path as FsPath
 from chexpercept.case import Case
 from chexpercept.fileio import open_private
 
+
+class ProcessFailed(ValueError):
+    """Another process of the run ended with an error while the main process waited for it."""
+
+
 QUEUE_PREFIX = "work-"
 QUEUE_SUFFIX = ".queue"
 
@@ -96,6 +101,17 @@ class WorkQueue:
         """This process has taken its last case and finished every conversation."""
         self._locked(lambda data: f"done {self.process}\n".encode())
 
+    def failed(self) -> None:
+        """This process ends with an error (its own output says which): the main process, waiting
+        for every process's word, stops instead of waiting for ever (a process on another machine
+        is no child of this machine's launcher, which stops only its own)."""
+        self._locked(lambda data: f"failed {self.process}\n".encode())
+
+    def failures(self) -> set[int]:
+        """The processes that said they ended with an error."""
+        data = self._locked(lambda data: None)
+        return {int(line.split()[1]) for line in data.decode().splitlines() if line.startswith("failed ")}
+
     def finished(self) -> set[int]:
         """The processes that said they are done."""
         data = self._locked(lambda data: None)
@@ -117,11 +133,20 @@ class WorkQueue:
         """Main process: wait (reading the file, never at a barrier) until every process is done.
 
         ``on_wait(done, seconds)`` is called now and then while some are not (a line saying who is
-        still working). A stop signal interrupts the wait like any other (eval/runner/interrupts.py); a
-        process that dies ends the whole launch (the launcher stops the others)."""
+        still working). A stop signal interrupts the wait like any other (eval/runner/interrupts.py);
+        a process that ends with an error says so here (``failed``), and the wait ends with
+        ProcessFailed naming it; one killed on this machine ends the whole launch (the launcher
+        stops the others)."""
         start = time.monotonic()
         told = 0.0
         while len(done := self.finished()) < processes:
+            failed = self.failures()
+            if failed:
+                raise ProcessFailed(
+                    f"process(es) {', '.join(map(str, sorted(failed)))} of the run ended with an error (each "
+                    "says which in its own output, on its machine): this setting cannot be finished; the "
+                    "cases saved stay, and rerunning the same command resumes"
+                )
             waited = time.monotonic() - start
             if on_wait is not None and waited - told >= 60:
                 on_wait(done, waited)

@@ -396,6 +396,10 @@ class OpenAIBackend(BackendBase):
         #: whether the endpoint has answered once (HTTP, any status): until then a connection refused or
         #: a name that does not resolve ends the run at once instead of being retried
         self._reached = False
+        #: the server may have restarted since it said what it is (a connection lost, an image id it
+        #: no longer holds): no answer is taken before it is asked again (``_still_the_same``)
+        self._suspect = False
+        self._reasked: Any = None
         #: set when a server asks for a wait longer than the policy takes (eval/backends/openai/retries.py)
         self.pause, self.notices = ServerPause(), WaitNotices()
         self.extra_body = spec.request_fields(options.request_extra)
@@ -738,6 +742,33 @@ class OpenAIBackend(BackendBase):
             "answers GET /v1/models"
         )
 
+    async def _still_the_same(self) -> None:
+        """After a sign that the server may have restarted, before any answer is taken: it is asked
+        what it is again (once for every answer waiting on it), and BackendError ends the run where
+        it now says otherwise than the run's identity records (another checkpoint's ``root``, or no
+        longer vLLM): its answers from here would be another model's (red team, stop 45: a server
+        restarted on another checkpoint mid-run had its answers kept under the first one's
+        identity). Answers already taken stay: they came before the sign."""
+        if self._reasked is None:
+            self._reasked = asyncio.ensure_future(self._ask_server())
+        reasked = self._reasked
+        try:
+            now = await asyncio.shield(reasked)
+        finally:
+            if self._reasked is reasked and reasked.done():
+                self._reasked = None
+        before = self._server_says
+        if before is not None and (now.vllm, now.root) != (before.vllm, before.root):
+            said = f"vLLM serving {now.root}" if now.vllm else "no vLLM"
+            was = f"vLLM serving {before.root}" if before.vllm else "no vLLM"
+            raise BackendError(
+                f"{self.shown_url} now says it is {terminal(said)}; the run began with {terminal(was)} "
+                "(it restarted in between): its answers from here would be another model's, so none is "
+                "taken. The answers saved so far are the first one's; to go on, serve that model again "
+                "and rerun the same command, or use another --output-dir"
+            )
+        self._suspect = False
+
     def _unreachable(self, error: BaseException) -> str:
         """A server never reached in this run: what to do (its URL redacted)."""
         return (
@@ -766,6 +797,8 @@ class OpenAIBackend(BackendBase):
                 self.clock.change(-1)
                 await self.limit.release(started, outcome)
             if reply is not None:
+                if self._suspect:
+                    await self._still_the_same()
                 seconds = time.monotonic() - started
                 self.ledger.add(request.key_id, seconds)
                 return self._response(where, reply, attempts=attempt + 1, seconds=seconds)
@@ -836,8 +869,10 @@ class OpenAIBackend(BackendBase):
             # would not help; once the server has answered, the same error is an outage, waited out
             if not self._reached:
                 raise _RunLevel(self._unreachable(e)) from e
+            self._suspect = True
             raise _Retryable(f"cannot reach {self.shown_url}: {redact_text(str(e))}") from e
         except (aiohttp.ClientError, OSError) as e:  # a reset or closed connection
+            self._suspect = True
             raise _Retryable(f"{type(e).__name__}: {redact_text(str(e))}") from e
         self._reached = True
         text = raw.decode("utf-8", "replace")
@@ -845,6 +880,7 @@ class OpenAIBackend(BackendBase):
             return _reply_object(text, headers.get("Content-Type") or "", self.shown_url)
         detail = shown(text, 500)  # the server's words, shown on one line and inert on a terminal
         if is_cache_miss(status, text):  # an image sent by id that the server no longer holds
+            self._suspect = True  # let go of it, or restarted
             raise _Resend(f"HTTP {status}: {detail}")
         if by_id and refuses_ids(status, text):  # not the vLLM it says it is
             raise _Resend(f"HTTP {status}: {detail}", refused=True)
@@ -863,6 +899,8 @@ class OpenAIBackend(BackendBase):
                 "not followed (the images go only to the endpoint given): pass the final URL as --base-url"
             )
         if status in RETRY_STATUS:
+            if status in (502, 503, 504):  # a server restarting (behind a proxy: its gateway errors)
+                self._suspect = True
             hint = read_wait_hint(headers, text, status=status)
             raise _Retryable(f"HTTP {status}: {detail}", hint, status=status)
         if status == 400 and _is_content_filter(text):
