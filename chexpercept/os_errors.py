@@ -17,6 +17,8 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path as FsPath
 
+from .escape import shell_word
+
 #: what the advice ends with when the caller says nothing else
 RERUN = "then rerun the command"
 #: the option a command writes its output with, when the caller names none (chexpercept run's)
@@ -112,13 +114,13 @@ def _no_space(error: OSError, where: str, reason: str, folder: str, then: str) -
     if inodes_short and not space_short:
         return OsErrorText(
             f"no free inodes left on the file system of {where}: it can hold no more files, although "
-            f"it has space left ({reason}; df -i {folder} shows IUse% 100%)",
+            f"it has space left ({reason}; df -i {shell_word(folder)} shows IUse% 100%)",
             f"delete files there (many small files use up inodes) or write to another file system, {then}",
         )
     if space_short and not inodes_short:
         return OsErrorText(
             f"no space left on the device of {where} ({reason})",
-            f"free space there (df -h {folder}), {then}",
+            f"free space there (df -h {shell_word(folder)}), {then}",
         )
     now = (
         ""
@@ -127,7 +129,7 @@ def _no_space(error: OSError, where: str, reason: str, folder: str, then: str) -
     )
     return OsErrorText(
         f"no space or no free inodes left on the device of {where} ({reason}{now})",
-        f"free space or files there (df -h {folder} shows space, df -i {folder} inodes), {then}",
+        f"free space or files there (df -h {shell_word(folder)} shows space, df -i {shell_word(folder)} inodes), {then}",
     )
 
 
@@ -183,7 +185,7 @@ def _denied(error: OSError, where: str, reason: str, folder: str, then: str) -> 
         )
     return OsErrorText(
         f"no permission to use {where} ({reason}): the permissions of {shown} do not allow it",
-        f"change them (chmod u+rwx {at}) or use another folder, {then}",
+        f"change them (chmod u+rwx {shell_word(at)}) or use another folder, {then}",
     )
 
 

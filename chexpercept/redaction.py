@@ -126,16 +126,29 @@ MIN_SECRET_LENGTH = 6
 def register_secret(value: Any) -> None:
     """Mask every later occurrence of ``value`` (a string of at least ``MIN_SECRET_LENGTH``
     characters; others are ignored) in each text ``redact_text`` returns, for the rest of the
-    process: the run's API key, a header value given."""
+    process: the run's API key, a header value given. Every form it travels in is masked too
+    (``secret_forms``: a key with a space pasted after it travels without it, a password in a URL
+    travels percent-decoded; red team, stop 45: a server's echo of either showed it whole)."""
     global _KNOWN_PATTERN
-    if not isinstance(value, str) or len(value.strip()) < MIN_SECRET_LENGTH or value == MASK:
+    if not isinstance(value, str):
+        return
+    forms = {f for f in secret_forms(value) if len(f.strip()) >= MIN_SECRET_LENGTH and f != MASK}
+    if not forms:
         return
     with _KNOWN_LOCK:
-        if value in _KNOWN:
+        if forms <= _KNOWN:
             return
-        _KNOWN.add(value)
+        _KNOWN.update(forms)
         ordered = sorted(_KNOWN, key=len, reverse=True)  # the longest first: no part of one left shown
         _KNOWN_PATTERN = re.compile("|".join(re.escape(v) for v in ordered))
+
+
+def secret_forms(value: str) -> set[str]:
+    """The forms a secret given as ``value`` may travel and come back in: itself, without the
+    whitespace around it (HTTP header values are trimmed), and percent-decoded (a URL's userinfo)."""
+    from urllib.parse import unquote
+
+    return {form for v in (value, unquote(value)) for form in (v, v.strip())}
 
 
 def register_secrets_in(value: Any) -> None:

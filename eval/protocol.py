@@ -326,10 +326,10 @@ class BackendBase:
     #: change an answer. None for an API (its client sends the same request whatever its version)
     #: or a baseline.
     engine_packages: ClassVar[tuple[str, ...]] = ()
-    #: whether the run's decoding options (``chexpercept.eval.backends.DECODING_OPTIONS``: --temperature,
-    #: --top-p, --max-tokens, --no-thinking, --chat-template-kwargs) reach the model; a baseline writes
-    #: its answers itself
-    reads_decoding: ClassVar[bool] = True
+    #: whether the run's model options (``chexpercept.eval.backends.MODEL_OPTIONS``: --model-id,
+    #: --temperature, --top-p, --max-tokens, --no-thinking, --chat-template-kwargs) reach a model; a
+    #: baseline writes its answers itself
+    reads_model_options: ClassVar[bool] = True
     options: BackendOptions
 
     @classmethod

@@ -353,7 +353,8 @@ def _choose_sources(
         why = "was sampled" if oracle_run.greedy is False else "has unknown decoding"
         notes.append(
             f"End-to-End numbers are N/A: the {oracle_run.label} {why}, so its gated chain is not the "
-            "End-to-End result; run with --oracle none (or pass --greedy if decoding was greedy)"
+            "End-to-End result; run with --oracle none (or, if decoding was greedy, score with --greedy: "
+            "chexpercept score and report take it)"
         )
     return sources, e2e_run
 

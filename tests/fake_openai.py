@@ -161,6 +161,8 @@ class FakeServer:
         #: seconds each GET /models waits before its reply
         self.models_status: list[int] = []
         self.models_delay = 0.0
+        #: the body of each 200 GET /models reply in turn, before the listing (bytes as sent)
+        self.models_bodies: list[bytes] = []
         #: uuid -> image URL (vllm=True)
         self.held: dict[str, str] = {}
         server = self
@@ -177,6 +179,14 @@ class FakeServer:
                     time.sleep(server.models_delay)
                     if status != 200:
                         self.send_error(status)
+                        return
+                    with server.lock:
+                        body = server.models_bodies.pop(0) if server.models_bodies else None
+                    if body is not None:
+                        self.send_response(200)
+                        self.send_header("Content-Length", str(len(body)))
+                        self.end_headers()
+                        self.wfile.write(body)
                         return
                     with server.lock:
                         owner = server.owners.pop(0) if server.owners else None

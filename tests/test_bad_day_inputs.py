@@ -986,6 +986,7 @@ def test_an_option_of_another_backend_is_refused_not_silently_ignored(
         (["--no-thinking"], "--no-thinking"),
         (["--chat-template-kwargs", '{"x": 1}'], "--chat-template-kwargs"),
         (["--max-tokens", "16", "--top-p", "0.5"], "--top-p, --max-tokens"),
+        (["--model-id", "x"], "--model-id"),  # red team round 2, stop 45: run.json said baseline:random
     ],
 )
 @pytest.mark.parametrize("model", ["baseline:random", "baseline:constant:1"])
@@ -994,8 +995,8 @@ def test_a_decoding_option_on_a_baseline_is_refused_not_silently_ignored(
 ):
     """--temperature 0.7 on a baseline was taken while its run.json recorded temperature 0, and
     --chat-template-kwargs was recorded though no template is read: a baseline writes its answers
-    itself. Every decoding option (backends.DECODING_OPTIONS) given to a backend that does not read
-    them (``reads_decoding``) is refused before anything is written; a model that reads them takes
+    itself. Every decoding option (backends.MODEL_OPTIONS) given to a backend that does not read
+    them (``reads_model_options``) is refused before anything is written; a model that reads them takes
     them."""
     runs = tmp_path / "runs"
     assert _run(fixture_bundle, runs, "--model", model, *extra) == 2
@@ -1006,16 +1007,16 @@ def test_a_decoding_option_on_a_baseline_is_refused_not_silently_ignored(
 
 
 def test_every_decoding_option_is_one_the_run_command_has():
-    """DECODING_OPTIONS names the run command's own flags: a flag renamed there would leave the
+    """MODEL_OPTIONS names the run command's own flags: a flag renamed there would leave the
     refusal above checking nothing."""
     from chexpercept.cli_options import CommandParser
-    from chexpercept.eval.backends import DECODING_OPTIONS
+    from chexpercept.eval.backends import MODEL_OPTIONS
     from chexpercept.eval.run import configure
 
     parser = CommandParser(prog="eval/run.py")
     configure(parser)
     flags = {a.dest: a.option_strings for a in parser._actions}
-    for dest, flag in DECODING_OPTIONS.items():
+    for dest, flag in MODEL_OPTIONS.items():
         assert flag in flags.get(dest, ()), (dest, flag)
 
 
@@ -1227,7 +1228,7 @@ def test_the_report_takes_the_greedy_its_note_advises_as_score_does(fixture_bund
     capsys.readouterr()
     assert cli(["report", str(runs), "--output-dir", str(tmp_path / "r1"), "--no-plots", "--no-html"]) == 0
     said = capsys.readouterr().out
-    assert "End-to-End numbers are N/A" in said and "pass --greedy" in said
+    assert "End-to-End numbers are N/A" in said and "score with --greedy" in said
     assert cli(["score", str(runs), "--greedy", "--data-dir", str(fixture_bundle)]) == 0
     scored = json.loads(capsys.readouterr().out)
     out = tmp_path / "r2"

@@ -319,8 +319,12 @@ def test_every_value_in_a_command_printed_for_pasting_goes_through_shell_word():
     import re
 
     root = Path(__file__).resolve().parents[1]
-    starts = r"(?:\bchexpercept [a-z][a-z-]+ |eval/run\.py |accelerate launch |vllm serve |--allowed-local-media-path )"
-    pattern = re.compile(starts + r"[^\"']*?\{(?!shell_word\()([^}]*)\}")
+    starts = (
+        r"(?:\bchexpercept [a-z][a-z-]+ |eval/run\.py |accelerate launch |vllm serve |--allowed-local-media-path "
+        r"|\bdf -[hi] |\bchmod [^ ]+ |\bls -l |\bquota -s )"
+    )
+    # a command runs to the end of its clause (a closing bracket, a comma, a semicolon)
+    pattern = re.compile(starts + r"[^\"'(),;]*?\{(?!shell_word\()([^}]*)\}")
     raw = []
     for folder in ("eval", "chexpercept", "metrics", "builder"):
         for path in sorted((root / folder).rglob("*.py")):
@@ -366,3 +370,29 @@ def test_a_printed_command_pasted_into_a_shell_names_the_awkward_path_whole(tmp_
     assert cli(["make-tiny-model", "--output-dir", str(awkward / "tiny")]) == 0
     words = _pasted(capsys.readouterr().out, "chexpercept run ")
     assert words[words.index("--model") + 1] == str(awkward / "tiny"), words
+
+
+def test_an_operating_system_error_names_its_folder_as_one_word_in_its_commands(tmp_path, monkeypatch):
+    """``free space there (df -h /x/my runs;x)`` and ``chmod u+rwx /x/my runs;x``: pasted, chmod
+    acted on other paths and ran ``x`` (red team, stop 45). The commands of chexpercept.os_errors
+    name their folder through shell_word."""
+    import errno
+    import os
+    import shlex
+
+    from chexpercept.os_errors import explain_os_error
+
+    folder = tmp_path / "my runs;x"
+    folder.mkdir()
+    for code, command in ((errno.ENOSPC, "df -h "), (errno.EACCES, "chmod u+rwx ")):
+        if code == errno.EACCES:
+            folder.chmod(0o500)
+        try:
+            text = explain_os_error(OSError(code, os.strerror(code), str(folder / "results.jsonl")), folder)
+        finally:
+            folder.chmod(0o700)
+        advice = text.advice
+        assert command in advice, advice
+        words = shlex.shlex(advice[advice.index(command) + len(command) :], posix=True)
+        words.whitespace_split = True
+        assert words.get_token().removesuffix(")") == str(folder), advice  # the bracket closes the aside

@@ -568,6 +568,10 @@ def test_a_reply_holding_half_a_character_is_recorded_not_the_end_of_the_run(fix
         ([503, 503, 503], 0.0, None),  # never says
         ([404], 0.0, False),  # an answer: it lists no models (not vLLM)
         ([501], 0.0, False),
+        ([307, 401], 0.0, True),  # a redirect, a key refused there alone: nothing said (round 2)
+        ([403, 403, 403], 0.0, None),
+        ([b"<html>sign in</html>", b""], 0.0, True),  # a 200 that is no listing says nothing
+        ([b"{}", b"{}", b"{}"], 0.0, None),
     ],
 )
 def test_a_server_that_does_not_say_what_it_is_is_never_taken_for_another(
@@ -585,7 +589,8 @@ def test_a_server_that_does_not_say_what_it_is_is_never_taken_for_another(
     monkeypatch.setattr(openai_backend, "ASK_SECONDS", 0.5)
     monkeypatch.setattr(openai_backend, "ASK_WAITS", (0.0, 0.1, 0.2))
     with FakeServer(vllm=True) as server:
-        server.models_status = list(statuses)
+        server.models_status = [s for s in statuses if isinstance(s, int)]
+        server.models_bodies = [s for s in statuses if isinstance(s, bytes)]
         server.models_delay = delay
         status = cli(fixture_bundle, tmp_path, server, "--limit", "1", "--no-score")
     err = capsys.readouterr().err

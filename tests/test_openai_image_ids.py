@@ -224,3 +224,15 @@ def image_parts_of(request: dict) -> list[dict]:
         for p in m["content"]
         if p["type"] == "image_url"
     ]
+
+
+def test_a_served_root_holding_a_token_is_recorded_redacted():
+    """A server's ``root`` went into run.json's identity as it came, a token in its URL included (red
+    team, stop 45): it is redacted like every text the toolkit writes from outside."""
+    import json as json_module
+
+    from chexpercept.eval.backends.openai.image_ids import served_root
+
+    listing = {"data": [{"id": "m", "owned_by": "vllm", "root": "https://hub.example/m?token=abcdef123456"}]}
+    root = served_root(json_module.dumps(listing).encode(), "m")
+    assert root is not None and "abcdef123456" not in root and root.startswith("https://hub.example/m?token=")

@@ -299,3 +299,29 @@ def test_outside_text_is_never_cut_before_it_is_shown():
         if pattern.search(line)
     ]
     assert not found, "\n".join(found)
+
+
+@pytest.mark.parametrize("form", ["a key with a space after it", "a password percent-encoded in the URL"])
+def test_a_secret_is_masked_in_every_form_it_travels_in(fixture_bundle, tmp_path, capsys, monkeypatch, form):
+    """A key pasted with a space after it was registered with the space and travelled without it; a
+    password percent-encoded in --base-url was registered encoded and travelled decoded (as HTTP
+    Basic credentials): a server's echo of either showed it whole on stderr and in failures.jsonl
+    (red team, stop 45). Every form a secret travels in is masked (redaction.secret_forms, and the
+    Basic credentials' base64)."""
+    import base64
+
+    if form.startswith("a key"):
+        monkeypatch.setenv("MYKEY", "sk-topsecretKEY1234567 ")
+        travels = ["sk-topsecretKEY1234567"]
+        extra = ["--api-key-env", "MYKEY"]
+    else:
+        travels = ["pa/ss-word99", base64.b64encode(b"user:pa/ss-word99").decode()]
+        extra = []
+    echo = {"status": 400, "body": {"error": {"message": f"bad credentials {' and '.join(travels)} given"}}}
+    with FakeServer(failures=[echo] * 8) as server:
+        url = server.url if extra else server.url.replace("http://", "http://user:pa%2Fss-word99@")
+        argv = run_argv(fixture_bundle, tmp_path, url, *extra, "--on-error", "record", "--max-retries", "0")
+        assert main([*argv, "--limit", "2"]) == 3
+    err = capsys.readouterr().err
+    assert "bad credentials" in err, err[-2000:]
+    assert not any(t in err or t in everything_written(tmp_path) for t in travels), err[-2000:]

@@ -68,9 +68,10 @@ def backend_class(name: str) -> type[BackendClass]:
     return getattr(importlib.import_module(module), attr)
 
 
-#: the command line's decoding options (argparse destination -> flag): what a backend that
-#: ``reads_decoding`` applies to every request
-DECODING_OPTIONS = {
+#: the command line's options that reach a model (argparse destination -> flag): which model is
+#: loaded or asked for, and how it decodes; what a backend that ``reads_model_options`` applies
+MODEL_OPTIONS = {
+    "model_id": "--model-id",
     "temperature": "--temperature",
     "top_p": "--top-p",
     "max_tokens": "--max-tokens",
@@ -83,7 +84,7 @@ def refuse_unread_options(args: argparse.Namespace, backend: str) -> None:
     """ValueError naming every option the command line gives (a value other than its default) that
     the ``backend`` the model runs on does not read, so that no run's recorded command says what it
     did not apply: another backend's options (``--dtype float16`` on a vllm or baseline run, red team
-    stop 44), and the decoding options (``DECODING_OPTIONS``) on a backend that writes its
+    stop 44), and the model options (``MODEL_OPTIONS``: which model, how it decodes) on a backend that writes its
     answers itself (``--temperature 0.7`` on a baseline: its run.json said temperature 0)."""
     from dataclasses import fields
 
@@ -107,12 +108,12 @@ def refuse_unread_options(args: argparse.Namespace, backend: str) -> None:
             "so the run would not apply what its command says; leave "
             f"{'it' if len(given) == 1 else 'them'} out, or choose that backend with --backend"
         )
-    decoding = [flag for dest, flag in DECODING_OPTIONS.items() if _given(getattr(args, dest, None))]
-    if decoding and not chosen.reads_decoding:
+    unread = [flag for dest, flag in MODEL_OPTIONS.items() if _given(getattr(args, dest, None))]
+    if unread and not chosen.reads_model_options:
         raise ValueError(
-            f"{', '.join(decoding)}: a {backend} model writes its answers itself and decodes nothing, so "
-            f"the run would not apply {'it' if len(decoding) == 1 else 'them'}; leave "
-            f"{'it' if len(decoding) == 1 else 'them'} out"
+            f"{', '.join(unread)}: a {backend} model writes its answers itself, loading and decoding no "
+            f"model, so the run would not apply {'it' if len(unread) == 1 else 'them'}; leave "
+            f"{'it' if len(unread) == 1 else 'them'} out"
         )
 
 

@@ -70,7 +70,7 @@ class BaselineBackend(BatchBackend):
 
     name = "baseline"
     default_batch_size = 256
-    reads_decoding = False
+    reads_model_options = False
 
     def __init__(self, spec: ModelSpec | str, **run: Any):
         """``spec``: the model (``baseline:<kind>``), or its name. No options: the model string says

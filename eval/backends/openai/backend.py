@@ -50,6 +50,7 @@ proxy from the environment, and each new connection must reach a loopback socket
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import functools
 import json
@@ -63,7 +64,7 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from chexpercept.containment import ContainmentError, Tree, image_file, read_image
 from chexpercept.domains import COUNT, COUNT_OR_NONE, POSITIVE
@@ -77,6 +78,7 @@ from chexpercept.eval.backends.openai.image_ids import (
     ImageIds,
     ServerSays,
     is_cache_miss,
+    is_listing,
     refuses_ids,
     says_vllm,
     served_root,
@@ -414,6 +416,9 @@ class OpenAIBackend(BackendBase):
         # this run's known secrets are masked in every text it prints or writes (chexpercept.redaction)
         register_secret(self.api_key)
         register_secret(parts.password)
+        if parts.password is not None:  # it travels as HTTP Basic credentials: user:password in base64
+            basic = f"{unquote(parts.username or '')}:{unquote(parts.password)}".encode()
+            register_secret(base64.b64encode(basic).decode("ascii"))
         register_secrets_in(self.extra_body)
         #: what a content-filter rejection is: the end of the run (stop) or a refusal (record)
         self.on_error = on_error
@@ -706,6 +711,8 @@ class OpenAIBackend(BackendBase):
                 return f"GET {base}/models answered HTTP {status}"
             if status != 200:
                 return ServerSays(False, f"the server's /models answered HTTP {status}: no vLLM listing")
+            if not is_listing(models):
+                return f"GET {base}/models answered HTTP 200 without a model listing"
             vllm = says_vllm(models, self.spec.model_id)
             version = b""
             if vllm:  # /version is asked of a vLLM only; without it, no image goes by id (same answers)

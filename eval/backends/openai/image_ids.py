@@ -44,6 +44,7 @@ from typing import Any
 
 from chexpercept.escape import terminal
 from chexpercept.input_json import JsonInputError, loads
+from chexpercept.redaction import redact_text
 
 #: --image-ids: ask the server (auto), always, never
 MODES = ("auto", "on", "off")
@@ -62,9 +63,23 @@ UNSAID_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
 
 
 def unsaid(status: int) -> bool:
-    """Whether an HTTP status of ``GET /v1/models`` leaves what the server is unknown (a server
-    busy or failing now, a proxy's timeout); 501 and the other 4xx say it lists no vLLM model."""
-    return status in UNSAID_STATUSES or (status >= 500 and status != 501)
+    """Whether an HTTP status of ``GET /v1/models`` leaves what the server is unknown: a server busy
+    or failing now, a proxy's timeout, a redirect (never followed), a key refused there alone (401,
+    403: the same key is sent to both). 404, 405, 501 and the other 4xx say it serves no listing,
+    which every vLLM does: no vLLM."""
+    return (
+        status in UNSAID_STATUSES
+        or 300 <= status < 400
+        or status in (401, 403)
+        or (status >= 500 and status != 501)
+    )
+
+
+def is_listing(models_reply: bytes) -> bool:
+    """Whether a ``GET /v1/models`` reply of status 200 is a model listing (a JSON object whose
+    ``data`` is a list): anything else (a proxy's HTML page, an empty body) says nothing."""
+    listing = _json(models_reply, "the server's /models")
+    return isinstance(listing, dict) and isinstance(listing.get("data"), list)
 
 
 #: the first vLLM whose OpenAI-compatible server takes an image part by its uuid alone
@@ -126,11 +141,12 @@ class ServerSays:
 
 def served_root(models_reply: bytes, model_id: str) -> str | None:
     """The ``root`` that a ``GET /v1/models`` reply gives for the model ``model_id`` (vLLM: where the
-    served model was loaded from), bounded to 4,096 characters; None where there is none."""
+    served model was loaded from), redacted (a URL's token: it goes into run.json) and bounded to
+    4,096 characters; None where there is none."""
     for entry in _models(models_reply):
         if entry.get("id") == model_id:
             root = entry.get("root")
-            return root[:4096] if isinstance(root, str) and root else None
+            return redact_text(root)[:4096] if isinstance(root, str) and root else None
     return None
 
 
