@@ -256,10 +256,10 @@ def _machine_difference(
         return f"process {dist.index} ({socket.gethostname()}) could not make the run's identity: {type(e).__name__}: {e}"
     if not diff:
         return None
-    shown = ", ".join(diff[:6]) + (f" and {len(diff) - 6} more" if len(diff) > 6 else "")
+    listed = ", ".join(diff[:6]) + (f" and {len(diff) - 6} more" if len(diff) > 6 else "")
     return (
         f"process {dist.index} ({socket.gethostname()}) makes another run identity than the main process "
-        f"(from its own copies of the model and the release, its engine and its server's answers): {shown}"
+        f"(from its own copies of the model and the release, its engine and its server's answers): {listed}"
     )
 
 
