@@ -171,6 +171,10 @@ def _complete_request(buffer: bytes) -> int:
     return total if len(buffer) >= total else 0
 
 
+#: the reply to a GET: this server lists no models (it is no vLLM)
+NO_LISTING = b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n"
+
+
 def http_server(send: Callable[[Any], None], stop: int, host: str, reply: bool, port: int = 0) -> None:
     """Listen on ``host`` (``"::"``: dual stack, IPv4 too) and ``port`` (0: any free one), send
     ``{"port": N}``, count connections, bytes and whole requests until stopped (then send the
@@ -206,10 +210,10 @@ def http_server(send: Callable[[Any], None], stop: int, host: str, reply: bool, 
             counts["bytes"] += len(data)
             buffers[s] += data
             while (n := _complete_request(buffers[s])) > 0:
-                buffers[s] = buffers[s][n:]
+                request, buffers[s] = buffers[s][:n], buffers[s][n:]
                 counts["requests"] += 1
-                if reply:
-                    s.sendall(chat_reply())
+                if reply:  # GET /v1/models: no listing (a server that is not vLLM); else a chat reply
+                    s.sendall(NO_LISTING if request.startswith(b"GET ") else chat_reply())
     send(counts)
 
 

@@ -193,9 +193,8 @@ def template_reads(folder: str, variable: str) -> bool | None:
     """Whether the chat template of the local model ``folder`` reads ``variable`` (its name appears
     in a template); None where that cannot be told here (not a local folder, no template in it, a
     file that cannot be read)."""
-    import json
-
     from chexpercept.input_files import MODEL_FILE, read_input_text
+    from chexpercept.input_json import loads
 
     if not os.path.isdir(folder):
         return None
@@ -209,7 +208,7 @@ def template_reads(folder: str, variable: str) -> bool | None:
             if name.endswith(".jinja"):
                 texts.append(text)
                 continue
-            template = json.loads(text).get("chat_template")
+            template = loads(text, source=path).get("chat_template")
             if isinstance(template, str):
                 texts.append(template)
             elif isinstance(template, list):  # named templates: [{"name": ..., "template": ...}]
