@@ -590,3 +590,15 @@ def test_the_hugging_face_bars_are_off_in_a_log(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "HF_HUB_DISABLE_PROGRESS_BARS"}
     proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0 and "\r" not in proc.stderr, proc.stderr[-2000:]
+
+
+def test_python_m_chexpercept_is_the_chexpercept_command(fixture_bundle):
+    """``python -m chexpercept`` failed (no ``__main__``), where Python users try it first (new
+    user, stop 45): it is the same program as the ``chexpercept`` command."""
+    as_module = subprocess.run(
+        [sys.executable, "-m", "chexpercept", "inspect", str(fixture_bundle)], capture_output=True, text=True
+    )
+    assert as_module.returncode == 0, as_module.stderr
+    assert "every image a question needs exists" in as_module.stdout
+    wrong = subprocess.run([sys.executable, "-m", "chexpercept", "inspekt"], capture_output=True, text=True)
+    assert wrong.returncode == 2 and "inspect" in wrong.stderr
