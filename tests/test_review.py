@@ -416,7 +416,10 @@ def test_export_says_what_of_the_decisions_it_leaves_out(sources, tmp_path, caps
     rev = tmp_path / "rev"
     prepare(rev, _src(sources), annotators=2, reviews_per_case=1, progress=False)
     assert cli(["review", "export", str(rev)]) == 0
-    assert "no annotator has recorded a decision yet" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "no annotator has recorded a decision yet" in out
+    # sheets that accept nothing are not offered to generate (new user, stop 45)
+    assert "no case is accepted yet" in out and "next: chexpercept generate" not in out
     store = DecisionStore(rev, "A")
     key = next(
         i["key_id"] for i in json.loads((rev / "review.json").read_text())["items"] if "A" in i["annotators"]

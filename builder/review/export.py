@@ -87,17 +87,23 @@ class ExportResult:
     def summary(self) -> str:
         lines = [f"note: {terminal(note)}" for note in self.notes]
         lines += [
-            f"wrote {self.out}/{POSITIVE_SHEET} and {NEGATIVE_SHEET}: {self.accepted} accepted, "
+            f"wrote {terminal(self.out)}/{POSITIVE_SHEET} and {NEGATIVE_SHEET}: {self.accepted} accepted, "
             f"{self.rejected} not accepted, {self.undecided} without a decision (not accepted)",
-            f"  {self.disagreements} disagreement(s) to adjudicate: {self.out}/{DISAGREEMENTS}",
+            f"  {self.disagreements} disagreement(s) to adjudicate: {terminal(self.out)}/{DISAGREEMENTS}",
         ]
         for row in self.agreement:
             kappa = "n/a" if row["kappa"] == "" else f"{float(row['kappa']):.3f}"
             lines.append(f"  {row['measure']} {row['annotators']}: kappa {kappa} over {row['cases']} case(s)")
-        lines.append(
-            f"next: chexpercept generate ... --review {shell_word(self.out / POSITIVE_SHEET)} "
-            f"{shell_word(self.out / NEGATIVE_SHEET)}"
-        )
+        if self.accepted:
+            lines.append(
+                f"next: chexpercept generate ... --review {shell_word(self.out / POSITIVE_SHEET)} "
+                f"{shell_word(self.out / NEGATIVE_SHEET)}"
+            )
+        else:  # sheets that accept no case would give a release without one (new user, stop 45)
+            lines.append(
+                "no case is accepted yet: these sheets would give generate no case to keep; export again "
+                "once the annotators have decided"
+            )
         return "\n".join(lines)
 
 
