@@ -1375,3 +1375,28 @@ def test_no_thinking_on_a_local_model_is_sent_only_where_its_template_reads_it(t
     kwargs, note = chat_kwargs_for(spec, argparse.Namespace(no_thinking=True, chat_template_kwargs=None))
     assert kwargs == ({"enable_thinking": False} if sent else {})
     assert (note is None) == sent and (sent or "has no effect" in note)
+
+
+@pytest.mark.parametrize("backend", ["transformers", "vllm"])
+@pytest.mark.parametrize("kind", ["a release", "an empty folder", "a folder of other files"])
+def test_a_folder_without_a_model_given_as_model_is_named_before_anything_is_read(
+    fixture_bundle, tmp_path, capsys, backend, kind
+):
+    """``--model demo/bundle --backend transformers`` ended with transformers' "Unrecognized
+    processing class", after the bundle was read and the run folder made (new user, stop 45). A local
+    folder given to a backend that loads a model must hold one (plan.check_model_folder)."""
+    import shutil
+
+    folder = tmp_path / "not-a-model"
+    if kind == "a release":
+        shutil.copytree(fixture_bundle, folder)
+    else:
+        folder.mkdir()
+        if kind == "a folder of other files":
+            (folder / "notes.txt").write_text("weights are elsewhere")
+    runs = tmp_path / "runs"
+    assert _run(fixture_bundle, runs, "--model", str(folder), "--backend", backend) == 2
+    err = capsys.readouterr().err
+    said = "is a CheXpercept release" if kind == "a release" else "is a folder without a model in it"
+    assert said in err, err
+    assert not runs.exists()

@@ -180,6 +180,31 @@ def seed_for(spec: ModelSpec, args: argparse.Namespace) -> int | None:
     return seed
 
 
+#: what makes a local folder a model an engine loads: transformers' and vLLM's config, or a Mistral
+#: format's params
+MODEL_FOLDER_FILES = ("config.json", "params.json")
+
+
+def check_model_folder(spec: ModelSpec) -> None:
+    """ValueError naming the folder when a backend that loads a model (one with ``engine_packages``)
+    is given a local folder that holds none: the engine's own words ("Unrecognized processing
+    class") came after the bundle was read and the run folder made (new user, stop 45)."""
+    folder = os.path.expanduser(spec.model_id)
+    if not backend_class(spec.backend).engine_packages or not os.path.isdir(folder):
+        return
+    if any(os.path.isfile(os.path.join(folder, name)) for name in MODEL_FOLDER_FILES):
+        return
+    if os.path.isfile(os.path.join(folder, "chexpercept.json")):
+        raise ValueError(
+            f"--model {terminal(spec.model_id)} is a CheXpercept release (it holds chexpercept.json), not a "
+            "model: give it as --data-dir, and as --model a model folder, a Hub id or a registry name"
+        )
+    raise ValueError(
+        f"--model {terminal(spec.model_id)} is a folder without a model in it (no {' or '.join(MODEL_FOLDER_FILES)}): "
+        "give a folder that save_pretrained wrote, a Hub id or a registry name (chexpercept run --list-models)"
+    )
+
+
 #: the files of a model folder that may hold its chat template (a ``chat_template`` field in the JSON ones)
 TEMPLATE_FILES = (
     "chat_template.jinja",
@@ -285,6 +310,7 @@ def build_plan(args: argparse.Namespace, dist: Distributed) -> tuple[RunPlan, Ba
     check_output_dir(args.output_dir, model=args.model, data_dir=args.data_dir)
     spec = resolve(args.model, backend=args.backend, model_id=args.model_id)
     refuse_unread_options(args, spec.backend)
+    check_model_folder(spec)
     sampling = sampling_for(spec, args)
     chat_kwargs, note = chat_kwargs_for(spec, args)
     if note and dist.is_main:
