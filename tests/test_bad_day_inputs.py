@@ -1400,3 +1400,21 @@ def test_a_folder_without_a_model_given_as_model_is_named_before_anything_is_rea
     said = "is a CheXpercept release" if kind == "a release" else "is a folder without a model in it"
     assert said in err, err
     assert not runs.exists()
+
+
+def test_a_selection_bigger_than_the_bundle_is_taken_whole_and_said(fixture_bundle, tmp_path, capsys):
+    """--per-cell 5 on a bundle of fewer cases per cell ran every case without a word (new user,
+    stop 45); so did a --limit over the selection. Each says so (selection.selection_notes); a
+    selection that does select says nothing."""
+    runs = tmp_path / "runs"
+    assert _run(fixture_bundle, runs, "--model", "baseline:random", "--per-cell", "50", "--limit", "500") == 0
+    err = capsys.readouterr().err
+    assert "note: --per-cell 50: no (lesion, path) cell holds more than" in err, err
+    assert "note: --limit 500: the selection holds 21 case(s); all are taken" in err
+    assert (
+        _run(
+            fixture_bundle, tmp_path / "two", "--model", "baseline:random", "--per-cell", "1", "--limit", "2"
+        )
+        == 0
+    )
+    assert "note: --" not in capsys.readouterr().err

@@ -27,7 +27,7 @@ from chexpercept.eval.oracle import end_to_end_note, oracles_for
 from chexpercept.eval.protocol import Backend, Sampling
 from chexpercept.eval.registry import ModelSpec, resolve, run_folder_name
 from chexpercept.eval.runner.distributed import Distributed
-from chexpercept.eval.runner.selection import select_cases, split_list
+from chexpercept.eval.runner.selection import select_cases, selection_notes, split_list
 from chexpercept.eval.weights import prepare_model, runs_remote_code
 from chexpercept.results import RESULTS_NAME, RUN_NAME
 from chexpercept.run_metadata import Selection
@@ -328,7 +328,7 @@ def build_plan(args: argparse.Namespace, dist: Distributed) -> tuple[RunPlan, Ba
     load, weights = prepare_model(spec, args.revision, dist, remote_code=runs_remote_code(backend))
     if load is not spec:
         backend = make_backend(load, options, sampling, chat_kwargs, args.on_error)
-    bundle, cases, selection = _selected(args)
+    bundle, cases, selection = _selected(args, dist)
     oracles = oracles_of(args, sampling)
     e2e = end_to_end_note(
         spec.name, greedy=sampling.greedy, temperature=sampling.temperature, settings=oracles
@@ -360,11 +360,15 @@ def build_plan(args: argparse.Namespace, dist: Distributed) -> tuple[RunPlan, Ba
     return plan, backend
 
 
-def _selected(args: argparse.Namespace) -> tuple[Bundle, list[Case], Selection]:
-    """The bundle (images checked), the selected cases and the selection as recorded."""
+def _selected(args: argparse.Namespace, dist: Distributed) -> tuple[Bundle, list[Case], Selection]:
+    """The bundle (images checked), the selected cases and the selection as recorded; a note (main
+    process) for an option that selects no less than is there (``selection_notes``)."""
     lesions, paths = split_list(args.lesions), split_list(args.paths)
     bundle = read_bundle(args.data_dir, lesions=lesions, paths=paths, check_images=args.check_images)
     cases = select_cases(bundle.cases, per_cell=args.per_cell, limit=args.limit)
+    if dist.is_main:
+        for note in selection_notes(bundle.cases, per_cell=args.per_cell, limit=args.limit):
+            print(f"note: {note}", file=sys.stderr)
     if not cases:
         raise ValueError(
             f"no case of {bundle.root} matches the selection (--lesions/--paths/--per-cell/--limit)"

@@ -42,6 +42,27 @@ def select_cases(
     return chosen
 
 
+def selection_notes(cases: Sequence[Case], *, per_cell: int | None, limit: int | None) -> list[str]:
+    """A note for each of --per-cell and --limit that selects nothing less than what it is given
+    (``cases``: before either): a selection bigger than the bundle is taken whole, and said so (new
+    user, stop 45: --per-cell 5 on a bundle of 2 per cell ran all its 42 cases without a word)."""
+    notes = []
+    if per_cell is not None:
+        cells: dict[tuple[str, str], int] = {}
+        for case in cases:
+            cells[(case.lesion, case.path.value)] = cells.get((case.lesion, case.path.value), 0) + 1
+        most = max(cells.values(), default=0)
+        if per_cell > most:
+            notes.append(
+                f"--per-cell {per_cell}: no (lesion, path) cell holds more than {most} case(s); each is taken whole"
+            )
+    if limit is not None:
+        left = len(select_cases(cases, per_cell=per_cell))
+        if limit > left:
+            notes.append(f"--limit {limit}: the selection holds {left} case(s); all are taken")
+    return notes
+
+
 def shard(cases: Sequence[Case], index: int, count: int) -> list[Case]:
     """Cases of process ``index`` out of ``count``: every count-th case, so paths and lesions mix."""
     return list(cases[index::count])
