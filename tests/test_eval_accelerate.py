@@ -441,3 +441,43 @@ def test_a_model_copied_to_another_path_on_a_machine_names_the_same_run_folder_o
     procs = launch_two_machines([fixture_bundle, fixture_bundle], *common, "--run-name", "t", models=models)
     assert [p.returncode for p in procs] == [0, 0], procs[0].stderr[-3000:] + procs[1].stderr[-3000:]
     assert json.loads((runs / "t" / "oracle_implicit" / "run.json").read_text())["n_results"] == 2
+
+
+def test_the_main_process_stops_waiting_for_a_process_that_fell_silent_or_failed(
+    tmp_path, monkeypatch, fixture_bundle
+):
+    """A process killed on another machine (out of memory) left the main process waiting for ever, and
+    a process that failed on the main machine left machine 1 sending requests (red team, stop 45).
+    Every process gives signs of life while it converses (WorkQueue.beating); the main process stops
+    waiting for one silent for SILENT_SECONDS after its first sign, and every process stops taking
+    cases once one has failed. Driven here in one process, two queue handles on one file."""
+    import threading
+
+    from chexpercept.bundle import read_bundle
+    from chexpercept.eval.runner import work_queue
+    from chexpercept.eval.runner.work_queue import ProcessFailed, WorkQueue
+
+    cases = read_bundle(fixture_bundle).cases
+    monkeypatch.setattr(work_queue, "SILENT_SECONDS", 0.5)
+    monkeypatch.setattr(work_queue, "BEAT_SECONDS", 0.05)
+    path = tmp_path / "work-s.queue"
+    main, other = WorkQueue(path, cases, 0), WorkQueue(path, cases, 1)
+    main.done()
+    # a process that beats is waited for; once done, the wait ends
+    with other.beating():
+        threading.Timer(1.0, other.done).start()
+        main.wait_for(2, poll=0.05)
+    # one that beat once and then fell silent ends the wait
+    path.unlink()
+    main, other = WorkQueue(path, cases, 0), WorkQueue(path, cases, 1)
+    main.done()
+    other.beat()
+    with pytest.raises(ProcessFailed, match="process 1 of the run has given no sign of life"):
+        main.wait_for(2, poll=0.05)
+    # one that failed: the main process stops waiting, and no other process takes another case
+    path.unlink()
+    main, other = WorkQueue(path, cases, 0), WorkQueue(path, cases, 1)
+    assert other.take() is not None
+    main.failed()
+    with pytest.raises(ProcessFailed, match=r"process\(es\) 0 of the run ended with an error"):
+        other.take()

@@ -683,3 +683,67 @@ def test_a_server_restarted_on_another_checkpoint_mid_run_has_no_answer_taken(
     saved = list(iter_results(results)) if results.is_file() else []
     assert state["n"] > state["switch"]  # the new checkpoint answered: none of it was taken
     assert saved and all(t.response == "Answer: 1" for r in saved for t in r.turns)
+
+
+def test_a_server_whose_listing_fails_a_while_mid_run_is_waited_out_and_slow_questions_are_each_timed(
+    fixture_bundle, tmp_path, capsys, monkeypatch
+):
+    """After a 503 in the middle of a run, /models answering 503 for a few seconds ended the run with
+    "nothing was sent" though answers were saved (red team, stop 45): in the middle of a run the
+    question is asked over minutes (RECHECK_WAITS), as a request's retries are. And /models and
+    /version are each timed (ASK_SECONDS per request): two slow answers within it are answers."""
+    from chexpercept.eval.backends.openai import backend as openai_backend
+
+    monkeypatch.setattr(openai_backend, "ASK_SECONDS", 1.0)
+    monkeypatch.setattr(openai_backend, "RECHECK_WAITS", (0.0, 0.2, 0.5, 1.0))
+    state = {"n": 0}
+
+    def reply(body):
+        state["n"] += 1
+        if state["n"] == 2:  # a 503 next, and then /models fails three times before it answers
+            server.failures.append(503)
+            server.models_status = [503, 503, 503]
+        return "Answer: 1"
+
+    with FakeServer(vllm=True, reply=reply) as server:
+        server.models_delay = 0.6  # each question slower than half the time allowed
+        extra = [
+            "--batch-size",
+            "1",
+            "--concurrency",
+            "1",
+            "--limit",
+            "3",
+            "--no-score",
+            "--max-retries",
+            "3",
+        ]
+        status = cli(fixture_bundle, tmp_path, server, *extra)
+    err = capsys.readouterr().err
+    assert status == 0, err[-3000:]
+    assert server.models_asked >= 5  # once before the run, then four times after the 503
+
+
+@pytest.mark.parametrize("kind", ["auto", "other", "vllm"])
+def test_a_gateway_that_serves_chat_alone_runs_once_the_user_says_what_it_is(
+    fixture_bundle, tmp_path, capsys, kind
+):
+    """A gateway whose GET /v1/models answers 403 (it serves chat alone) could not run at all once
+    such an answer said nothing (red team, stop 45): the refusal names --server-kind, and with it the
+    server is not asked; what is sent follows what the user said, and run.json records it."""
+    from chexpercept.eval.backends.openai.image_ids import VLLM_NEUTRAL_SAMPLING
+
+    with FakeServer() as server:
+        server.models_status = [403] * 20
+        extra = ["--limit", "1", "--no-score"] + ([] if kind == "auto" else ["--server-kind", kind])
+        status = cli(fixture_bundle, tmp_path, server, *extra)
+    err = capsys.readouterr().err
+    if kind == "auto":
+        assert status == 2 and "--server-kind vllm or other" in err, err
+        return
+    assert status == 0, err
+    assert server.models_asked == 0
+    (info,) = [json.loads(p.read_text()) for p in tmp_path.glob("*/oracle_implicit/run.json")]
+    fields = info["settings"]["backend_identity"]["request_fields"]
+    assert fields == (VLLM_NEUTRAL_SAMPLING if kind == "vllm" else {})
+    assert all({k: r["body"].get(k) for k in fields} == fields for r in server.requests)

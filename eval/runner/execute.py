@@ -771,13 +771,15 @@ def _run_one(plan: RunPlan, backend: Backend, dist: Distributed, run: OracleRun)
     progress = Progress(
         run.folder.results, len(run.remaining), dist.is_main and plan.progress, run.outcome.results_size
     )
+    beating = queue.beating() if dist.active else contextlib.nullcontext()
     try:
         try:
-            if run.remaining:
-                backend.new_session()  # run.json's counts are this setting's
-                stats = _converse(
-                    plan, backend, run, queue, progress, queue.live_limit(plan.batch_size, dist.count)
-                )
+            with beating:
+                if run.remaining:
+                    backend.new_session()  # run.json's counts are this setting's
+                    stats = _converse(
+                        plan, backend, run, queue, progress, queue.live_limit(plan.batch_size, dist.count)
+                    )
         except Exception:
             if dist.active:  # the main process stops waiting for this one
                 with contextlib.suppress(OSError):

@@ -22,10 +22,12 @@ finished. Its length is the number of cases taken, so it stays small (a few KB f
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
+import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path as FsPath
 
@@ -37,6 +39,24 @@ class ProcessFailed(ValueError):
     """Another process of the run ended with an error while the main process waited for it."""
 
 
+def _failed_in(data: bytes) -> set[int]:
+    """The processes a queue file's ``failed`` lines name."""
+    return {int(line.split()[1]) for line in data.decode().splitlines() if line.startswith("failed ")}
+
+
+def _ended(failed: Iterable[int]) -> ProcessFailed:
+    return ProcessFailed(
+        f"process(es) {', '.join(map(str, sorted(failed)))} of the run ended with an error (each says which "
+        "in its own output, on its machine): this setting cannot be finished; the cases saved stay, and "
+        "rerunning the same command resumes"
+    )
+
+
+#: seconds between a process's signs of life, and the silence after which the main process stops
+#: waiting for it (long: a file system shared between machines may show a change late)
+BEAT_SECONDS = 20.0
+SILENT_SECONDS = 600.0
+
 QUEUE_PREFIX = "work-"
 QUEUE_SUFFIX = ".queue"
 
@@ -47,8 +67,9 @@ def queue_path(folder: FsPath, session: str) -> FsPath:
 
 def remove_queues(folder: FsPath) -> None:
     """Remove the queue files of earlier sessions (main process, holding the run's lock)."""
-    for path in folder.glob(f"{QUEUE_PREFIX}*{QUEUE_SUFFIX}"):
-        path.unlink(missing_ok=True)
+    for pattern in (f"{QUEUE_PREFIX}*{QUEUE_SUFFIX}", f"{QUEUE_PREFIX}*.alive-*"):
+        for path in folder.glob(pattern):
+            path.unlink(missing_ok=True)
 
 
 @dataclass
@@ -79,17 +100,24 @@ class WorkQueue:
         return max(1, min(batch_size, -(-len(self.cases) // max(processes, 1))))
 
     def take(self) -> Case | None:
-        """The next case nobody has taken, now taken by this process; None when none is left."""
+        """The next case nobody has taken, now taken by this process; None when none is left.
+        ProcessFailed when another process has said it ended with an error: the run cannot be
+        finished, and no more is asked of the model (red team, stop 45: machine 1 went on sending
+        paid requests for half a minute after the main process had failed)."""
         taken: list[int] = []
+        failed: list[int] = []
 
         def claim(data: bytes) -> bytes | None:
+            failed.extend(_failed_in(data))
             n = data.count(b"take ")
-            if n >= len(self.cases):
+            if failed or n >= len(self.cases):
                 return None
             taken.append(n)
             return f"take {self.process}\n".encode()
 
         self._locked(claim)
+        if failed:
+            raise _ended(failed)
         return self.cases[taken[0]] if taken else None
 
     def __iter__(self) -> Iterator[Case]:
@@ -101,6 +129,45 @@ class WorkQueue:
         """This process has taken its last case and finished every conversation."""
         self._locked(lambda data: f"done {self.process}\n".encode())
 
+    def _alive(self, process: int) -> FsPath:
+        return self.path.with_name(f"{self.path.stem}.alive-{process}")
+
+    def beat(self) -> None:
+        """A sign of life of this process (its file rewritten): ``wait_for`` watches it change."""
+        fd = open_private(self._alive(self.process), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        try:
+            os.write(fd, f"{time.time_ns()}\n".encode())
+        finally:
+            os.close(fd)
+
+    def _sign(self, process: int) -> int | None:
+        """The last sign of life of ``process`` (its file's content and time), None before its first."""
+        try:
+            st = os.stat(self._alive(process))
+        except OSError:
+            return None
+        return hash((st.st_mtime_ns, st.st_size, st.st_ino, self._alive(process).read_bytes()))
+
+    @contextlib.contextmanager
+    def beating(self) -> Iterator[None]:
+        """Signs of life of this process every ``BEAT_SECONDS`` from a thread of its own while the
+        block runs (its conversations: an engine step that takes minutes still beats)."""
+        stop = threading.Event()
+
+        def beat() -> None:
+            while not stop.is_set():
+                with contextlib.suppress(OSError):
+                    self.beat()
+                stop.wait(BEAT_SECONDS)
+
+        thread = threading.Thread(target=beat, name="chexpercept-alive", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join(timeout=5)
+
     def failed(self) -> None:
         """This process ends with an error (its own output says which): the main process, waiting
         for every process's word, stops instead of waiting for ever (a process on another machine
@@ -109,8 +176,7 @@ class WorkQueue:
 
     def failures(self) -> set[int]:
         """The processes that said they ended with an error."""
-        data = self._locked(lambda data: None)
-        return {int(line.split()[1]) for line in data.decode().splitlines() if line.startswith("failed ")}
+        return _failed_in(self._locked(lambda data: None))
 
     def finished(self) -> set[int]:
         """The processes that said they are done."""
@@ -136,17 +202,31 @@ class WorkQueue:
         still working). A stop signal interrupts the wait like any other (eval/runner/interrupts.py);
         a process that ends with an error says so here (``failed``), and the wait ends with
         ProcessFailed naming it; one killed on this machine ends the whole launch (the launcher
-        stops the others)."""
+        stops the others); one that gives no sign of life (``beat``) for ``SILENT_SECONDS`` (killed
+        on another machine, out of memory there) after its first ends the wait with ProcessFailed
+        too (red team, stop 45: the main process waited for it for ever); one that has not begun
+        (an engine loading for minutes) is waited for. Signs are told apart by change, never by
+        comparing another machine's clock with this one's."""
         start = time.monotonic()
         told = 0.0
+        seen: dict[int, tuple[int | None, float]] = {}  # process -> (its last sign, when it changed)
         while len(done := self.finished()) < processes:
             failed = self.failures()
             if failed:
-                raise ProcessFailed(
-                    f"process(es) {', '.join(map(str, sorted(failed)))} of the run ended with an error (each "
-                    "says which in its own output, on its machine): this setting cannot be finished; the "
-                    "cases saved stay, and rerunning the same command resumes"
-                )
+                raise _ended(failed)
+            now = time.monotonic()
+            for p in range(processes):
+                if p in done or p == self.process:
+                    continue
+                sign = self._sign(p)
+                if p not in seen or seen[p][0] != sign:
+                    seen[p] = (sign, now)
+                elif sign is not None and now - seen[p][1] > SILENT_SECONDS:  # None: not begun (loading)
+                    raise ProcessFailed(
+                        f"process {p} of the run has given no sign of life for {SILENT_SECONDS / 60:g} min "
+                        "(killed, or out of memory, on its machine?): this setting cannot be finished; the "
+                        "cases saved stay, and rerunning the same command resumes"
+                    )
             waited = time.monotonic() - start
             if on_wait is not None and waited - told >= 60:
                 on_wait(done, waited)

@@ -74,6 +74,7 @@ from chexpercept.eval.backends.openai.image_ids import (
     ASK_SECONDS,
     ASK_WAITS,
     MODELS_REPLY_LIMIT,
+    RECHECK_WAITS,
     VLLM_NEUTRAL_SAMPLING,
     ImageIds,
     ServerSays,
@@ -274,6 +275,8 @@ BODY_FIELDS = frozenset(
 
 #: --image-urls: how an image's pixels travel (base64 in the request, or the server reads the file)
 IMAGE_URLS = ("data", "file")
+#: --server-kind: what the server is, asked (auto) or said by the user
+SERVER_KINDS = ("auto", "vllm", "other")
 
 
 @dataclass(frozen=True)
@@ -321,6 +324,14 @@ class OpenAIOptions(BackendOptions):
         help="send an image the server already holds by its id alone, without its pixels (vLLM's "
         "multimodal uuids; a later turn then carries only its new images): auto (when /models says "
         "the server is vLLM), on, off (default auto)",
+    )
+    server_kind: str = option(
+        default="auto",
+        choices=SERVER_KINDS,
+        answers=False,
+        help="what the server is: auto (asked: GET /v1/models, before the run; default), vllm or other "
+        "(said here, not asked: a gateway that serves chat only). A vLLM is sent the neutral value of "
+        "each sampling field it would take from the model's generation config (recorded in run.json)",
     )
     image_urls: str = option(
         default="data",
@@ -491,10 +502,13 @@ class OpenAIBackend(BackendBase):
         (``GET /models`` and ``GET /version``; ``_ask_server``): before the run's identity is made,
         since what is sent depends on it. BackendError when the server does not say (never taken for
         a "no": a vLLM asked while busy would be sent another request than run.json records)."""
+        if self._server_says is None and self.options.server_kind != "auto":  # said, not asked
+            said = self.options.server_kind == "vllm"
+            self._server_says = ServerSays(said, None if said else "--server-kind other", None)
         if self._server_says is None:
             if self._loop is None:
                 self._loop = _LoopThread(self.route)
-            waited = len(ASK_WAITS) * (ASK_SECONDS + 1) + sum(ASK_WAITS) + 5
+            waited = len(ASK_WAITS) * (2 * ASK_SECONDS + 1) + sum(ASK_WAITS) + 5  # /models and /version
             self._server_says = self._loop.start(self._ask_server()).result(timeout=waited)
         return self._server_says
 
@@ -681,14 +695,16 @@ class OpenAIBackend(BackendBase):
             self.images.drop(carried)
         return answer
 
-    async def _ask_server(self) -> ServerSays:
+    async def _ask_server(self, *, during_run: bool = False) -> ServerSays:
         """What the server says it is: its ``GET /models`` and ``GET /version``
-        (eval/backends/openai/image_ids.py), each asking within ``ASK_SECONDS``, asked again after
-        each of ``ASK_WAITS`` while the server does not say (no answer in time, a refused
-        connection, a status that ``unsaid``). BackendError when it never says: what is sent, and
-        so the run's identity, depends on it (red team, stop 45: a busy vLLM was run as another
-        server, without its neutral sampling fields). A status that is an answer (404, 501: no
-        listing) is a server that is no vLLM."""
+        (eval/backends/openai/image_ids.py), each request within ``ASK_SECONDS``, asked again after
+        each of ``ASK_WAITS`` (``during_run``: ``RECHECK_WAITS``, over minutes, as a request's
+        retries are) while the server does not say (no answer in time, a refused connection, a
+        status that ``unsaid``). BackendError when it never says: what is sent, and so the run's
+        identity, depends on it (red team, stop 45: a busy vLLM was run as another server, without
+        its neutral sampling fields). A status that is an answer (404, 501: no listing) is a server
+        that is no vLLM. A /version that does not answer in time sends no image by id (the same
+        answers)."""
         assert self._loop is not None
         parts = urlsplit(self.url)
         base = parts.path.rsplit("/chat/completions", 1)[0]
@@ -706,17 +722,25 @@ class OpenAIBackend(BackendBase):
                 return reply.status, b"".join(chunks)
 
         async def both() -> ServerSays | str:
-            status, models = await read(base + "/models")
+            try:
+                status, models = await asyncio.wait_for(read(base + "/models"), ASK_SECONDS)
+            except asyncio.TimeoutError:
+                return f"no answer to GET {base}/models within {ASK_SECONDS:g} s"
             if unsaid(status):
                 return f"GET {base}/models answered HTTP {status}"
             if status != 200:
                 return ServerSays(False, f"the server's /models answered HTTP {status}: no vLLM listing")
+            if len(models) > MODELS_REPLY_LIMIT:
+                return f"GET {base}/models answered more than {MODELS_REPLY_LIMIT >> 20} MiB"
             if not is_listing(models):
                 return f"GET {base}/models answered HTTP 200 without a model listing"
             vllm = says_vllm(models, self.spec.model_id)
             version = b""
             if vllm:  # /version is asked of a vLLM only; without it, no image goes by id (same answers)
-                version_status, version = await read(root + "/version")
+                try:
+                    version_status, version = await asyncio.wait_for(read(root + "/version"), ASK_SECONDS)
+                except asyncio.TimeoutError:
+                    version_status = 0
                 version = version if version_status == 200 else b""
             why_not = why_not_vllm(models, version, self.spec.model_id)
             return ServerSays(vllm, why_not, served_root(models, self.spec.model_id) if vllm else None)
@@ -724,16 +748,15 @@ class OpenAIBackend(BackendBase):
         import aiohttp
 
         why = ""
-        for wait in ASK_WAITS:
+        waits = RECHECK_WAITS if during_run else ASK_WAITS
+        for wait in waits:
             await asyncio.sleep(wait)
             try:
-                said = await asyncio.wait_for(both(), ASK_SECONDS)
-            except asyncio.TimeoutError:
-                said = f"no answer to GET {base}/models within {ASK_SECONDS:g} s"
+                said = await both()
             except PeerRefused as e:  # another account's socket: nothing was asked
                 raise BackendError(str(e)) from e
             except aiohttp.ClientConnectorError as e:  # nothing listens there (yet)
-                if wait == ASK_WAITS[-1]:
+                if wait == waits[-1] and not during_run:
                     raise BackendError(self._unreachable(e)) from e
                 said = f"{type(e).__name__}: {redact_text(str(e))}"
             except Exception as e:  # reset, closed
@@ -741,12 +764,19 @@ class OpenAIBackend(BackendBase):
             if isinstance(said, ServerSays):
                 return said
             why = said
+        asked = f"{len(waits)} times asked over {sum(waits):g} s; the last: {terminal(why)}"
+        if during_run:
+            raise BackendError(
+                f"{self.shown_url} stopped saying what it is in the middle of the run ({asked}), after a "
+                "sign that it may have restarted: no answer is taken from a server that may serve another "
+                "model. The answers saved so far stay; rerun the same command once it answers GET /v1/models"
+            )
         raise BackendError(
-            f"{self.shown_url} did not say what it is ({len(ASK_WAITS)} times asked over "
-            f"{sum(ASK_WAITS):g} s; the last: {terminal(why)}). What the run sends depends on it (a vLLM "
+            f"{self.shown_url} did not say what it is ({asked}). What the run sends depends on it (a vLLM "
             "server is sent the neutral value of each sampling field it would take from the model's "
             "generation config), so nothing was sent: is the server up? rerun the same command once it "
-            "answers GET /v1/models"
+            "answers GET /v1/models, or say what it is with --server-kind vllm or other (a gateway that "
+            "serves chat alone)"
         )
 
     async def _still_the_same(self) -> None:
@@ -757,7 +787,7 @@ class OpenAIBackend(BackendBase):
         restarted on another checkpoint mid-run had its answers kept under the first one's
         identity). Answers already taken stay: they came before the sign."""
         if self._reasked is None:
-            self._reasked = asyncio.ensure_future(self._ask_server())
+            self._reasked = asyncio.ensure_future(self._ask_server(during_run=True))
         reasked = self._reasked
         try:
             now = await asyncio.shield(reasked)
@@ -804,7 +834,7 @@ class OpenAIBackend(BackendBase):
                 self.clock.change(-1)
                 await self.limit.release(started, outcome)
             if reply is not None:
-                if self._suspect:
+                if self._suspect and self.options.server_kind == "auto":  # --server-kind: said, never asked
                     await self._still_the_same()
                 seconds = time.monotonic() - started
                 self.ledger.add(request.key_id, seconds)

@@ -52,11 +52,14 @@ MODES = ("auto", "on", "off")
 #: processor cache, or the engine's after the two drifted apart)
 CACHE_MISS_MARKERS = ("Cache miss for image", "not in the receiver (P1) cache")
 #: bytes of the /models and /version replies read at most
-MODELS_REPLY_LIMIT = 1 << 20
+MODELS_REPLY_LIMIT = 16 << 20
 #: seconds one asking may take; a server that has not answered within them is asked again
 ASK_SECONDS = 10.0
-#: times a server is asked what it is, and the seconds waited before each later time
+#: times a server is asked what it is, and the seconds waited before each later time: before a
+#: run, and in the middle of one after a sign that it may have restarted (a busy server's /models
+#: may fail a while, as its requests may: waited out over minutes)
 ASK_WAITS = (0.0, 1.0, 3.0)
+RECHECK_WAITS = (0.0, 2.0, 5.0, 10.0, 20.0, 40.0, 60.0)
 #: statuses of ``GET /v1/models`` that say nothing of what the server is (it may answer otherwise in
 #: a moment): asked again, and never read as "not vLLM"; any other status is an answer
 UNSAID_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
