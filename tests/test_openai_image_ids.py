@@ -162,7 +162,9 @@ def test_what_counts_as_vllm_and_as_a_cache_miss():
         why_not_vllm(vllm, b'{"version": "0.32.0"}', "not-listed") is None
     )  # a vllm serve lists vLLM's alone
     assert why_not_vllm(b"not json", b"") and why_not_vllm(b'{"data": "vllm"}', b"")
-    assert why_not_vllm(vllm + b" " * (1 << 20), b'{"version": "0.32.0"}')  # over the limit read
+    from chexpercept.eval.backends.openai.image_ids import MODELS_REPLY_LIMIT
+
+    assert why_not_vllm(vllm + b" " * MODELS_REPLY_LIMIT, b'{"version": "0.32.0"}')  # over the limit read
     assert is_cache_miss(
         400, '{"error": {"message": "Cache miss for image at index 1 but data is not provided."}}'
     )
