@@ -140,13 +140,14 @@ class WorkQueue:
         finally:
             os.close(fd)
 
-    def _sign(self, process: int) -> int | None:
-        """The last sign of life of ``process`` (its file's content and time), None before its first."""
+    def _sign(self, process: int) -> tuple[int, int, int] | None:
+        """The last sign of life of ``process`` (its file's times, as each beat rewrites it), None
+        before its first."""
         try:
             st = os.stat(self._alive(process))
         except OSError:
             return None
-        return hash((st.st_mtime_ns, st.st_size, st.st_ino, self._alive(process).read_bytes()))
+        return st.st_mtime_ns, st.st_ctime_ns, st.st_ino
 
     @contextlib.contextmanager
     def beating(self) -> Iterator[None]:
@@ -209,7 +210,9 @@ class WorkQueue:
         comparing another machine's clock with this one's."""
         start = time.monotonic()
         told = 0.0
-        seen: dict[int, tuple[int | None, float]] = {}  # process -> (its last sign, when it changed)
+        seen: dict[
+            int, tuple[tuple[int, int, int] | None, float]
+        ] = {}  # process -> (last sign, when it changed)
         while len(done := self.finished()) < processes:
             failed = self.failures()
             if failed:
