@@ -95,10 +95,11 @@ class _Reader:
             if self.pos < len(self.buf) or not self.more():
                 return
 
-    def in_file(self, error: json.JSONDecodeError, key: str | None) -> json.JSONDecodeError:
+    def in_file(self, error: json.JSONDecodeError) -> json.JSONDecodeError:
         """``error`` (raised on ``buf``) with the line, column and character json.loads would give
-        for the whole file, and the entry it is in: the positions counted from the entry's start sent
-        a user editing chexpercept.json to the wrong place (new user, stop 45)."""
+        for the whole file, and the entry it is in (``key``): the positions counted from the entry's
+        start sent a user editing chexpercept.json to the wrong place (new user, stop 45)."""
+        key = self.key
         before = error.doc[: error.pos]
         newlines = before.count("\n")
         line = self.lines + newlines + 1
@@ -160,7 +161,7 @@ def iter_object_items(
     try:
         yield from _items(r, source)
     except json.JSONDecodeError as e:
-        raise r.in_file(e, r.key) from None
+        raise r.in_file(e) from None
 
 
 def _items(r: _Reader, source: str) -> Iterator[tuple[str, Any, Span]]:

@@ -36,6 +36,11 @@ FORMATS: tuple[str, ...] = ("markdown", "csv", "json")
 ADJUSTMENTS: tuple[str, ...] = ("holm", "bh", "none")
 
 
+#: --level's and --adjust's defaults (an option at its default is no option given: _IDLE_OPTIONS)
+LEVEL_DEFAULT = 0.95
+ADJUST_DEFAULT = "holm"
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "paths",
@@ -103,11 +108,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--adjust",
         choices=ADJUSTMENTS,
-        default="holm",
+        default=ADJUST_DEFAULT,
         help="with --compare: multiplicity adjustment within each family: holm (family-wise error, the "
         "default), bh (Benjamini-Hochberg false discovery rate) or none",
     )
-    parser.add_argument("--level", type=LEVEL, default=0.95, help="interval level (default 0.95)")
+    parser.add_argument("--level", type=LEVEL, default=LEVEL_DEFAULT, help="interval level (default 0.95)")
     # earlier spellings: intervals came from a bootstrap; kept working, hidden from --help
     parser.add_argument("--bootstrap", type=COUNT_OR_NONE, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=SEED, default=None, help=argparse.SUPPRESS)
@@ -197,11 +202,11 @@ _IDLE_OPTIONS: tuple[tuple[Callable[[argparse.Namespace], bool], str], ...] = (
         "--intervals adds intervals to --table and --details; the flat metrics have none",
     ),
     (
-        lambda a: a.level != 0.95 and not (a.intervals or a.compare or a.bootstrap),
+        lambda a: a.level != LEVEL_DEFAULT and not (a.intervals or a.compare or a.bootstrap),
         "--level sets the level of --intervals and --compare's intervals; without them it does nothing",
     ),
     (
-        lambda a: a.adjust != "holm" and not a.compare,
+        lambda a: a.adjust != ADJUST_DEFAULT and not a.compare,
         "--adjust is --compare's multiplicity adjustment; without --compare it does nothing",
     ),
     (

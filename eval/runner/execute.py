@@ -48,6 +48,7 @@ from chexpercept.eval.runner.store import (
     RunLockedError,
     RunStore,
     StoreError,
+    case_line,
     read_json,
     read_records,
     repair_tail,
@@ -61,7 +62,7 @@ from chexpercept.fileio import (
     remove_stale_temporaries,
     write_json_atomic,
 )
-from chexpercept.input_files import RESULTS, LineTooLong, json_line, open_input
+from chexpercept.input_files import RESULTS, LineTooLong, open_input
 from chexpercept.progress import progress_bar
 from chexpercept.results import (
     RESULTS_NAME,
@@ -209,11 +210,9 @@ def _shared_settings(
         raise error
     if settings is None:
         raise ValueError(f"the main process could not establish the run's identity ({message})")
-    if not dist.is_main and dist.local_index != 0:
-        backend.use_identity_facts(facts)
     here = _machine_difference(plan, backend, context, dist, settings, folder)
-    if not dist.is_main and dist.local_index == 0 and here is None:
-        backend.use_identity_facts(facts)  # learned the same here
+    if not dist.is_main and here is None:  # the first of another machine learned the same itself
+        backend.use_identity_facts(facts)
     differences = [d for d in dist.gather(here) if d]
     if differences:
         raise ValueError(
@@ -826,8 +825,13 @@ def _converse(
             served.check(r.key_id, (t.usage for t in r.turns))
         for r in results:
             r.run = identity
-        too_long = [f for f in map(_unwritable, results) if f is not None]
-        if too_long:  # the case's failure: a line its reader would refuse is never written
+        lines, too_long = [], []
+        for r in results:  # each case made into its line once
+            try:
+                lines.append(case_line(r, what="the case"))
+            except LineTooLong as e:  # the case's failure: a line its reader would refuse is never written
+                too_long.append(_unwritable(r, e))
+        if too_long:
             if plan.on_error != "record":
                 first = too_long[0]
                 raise BackendError(
@@ -835,10 +839,9 @@ def _converse(
                     "unfinished and goes on with the others"
                 )
             on_failed(too_long)
-            results = [r for r in results if r.key_id not in {f.key_id for f in too_long}]
         with deferred():  # a stop signal waits until the cases are saved and counted (what the end line says)
-            folder.append(results)
-            session.finished_now += len(results)
+            folder.append(lines)
+            session.finished_now += len(lines)
         progress.refresh()
 
     def on_failed(failures: list[CaseFailure]) -> None:
@@ -863,25 +866,21 @@ def _converse(
     )
 
 
-def _unwritable(result: CaseResult) -> CaseFailure | None:
+def _unwritable(result: CaseResult, error: LineTooLong) -> CaseFailure:
     """The failure of a finished case whose record is longer than a results line may hold
-    (``input_files.json_line``): its answers are that long (a server's replies of megabytes are no
-    model's answers), and a line no reader takes would leave the run unable to resume or be scored."""
-    try:
-        json_line(result.to_json(), what="the case")
-    except LineTooLong as e:
-        last = result.turns[-1] if result.turns else None
-        return CaseFailure(
-            key_id=result.key_id,
-            lesion=result.lesion,
-            path=result.path,
-            task=last.task if last is not None else "",
-            turn_index=max(0, len(result.turns) - 1),
-            error=f"{e} (its answers are that long: not a model's answers; --max-tokens bounds them)",
-            time=now(),
-            run=result.run,
-        )
-    return None
+    (``error``, from ``case_line``): its answers are that long (a server's replies of megabytes are
+    no model's answers), and a line no reader takes would leave the run unable to resume or be scored."""
+    last = result.turns[-1] if result.turns else None
+    return CaseFailure(
+        key_id=result.key_id,
+        lesion=result.lesion,
+        path=result.path,
+        task=last.task if last is not None else "",
+        turn_index=max(0, len(result.turns) - 1),
+        error=f"{error} (its answers are that long: not a model's answers; --max-tokens bounds them)",
+        time=now(),
+        run=result.run,
+    )
 
 
 def _sign_off(

@@ -20,6 +20,14 @@ def _rank(key_id: str) -> str:
     return hashlib.sha256(key_id.encode("utf-8")).hexdigest()
 
 
+def _cells(cases: Sequence[Case]) -> dict[tuple[str, str], list[Case]]:
+    """The cases of each (lesion, path) cell, in their order."""
+    cells: dict[tuple[str, str], list[Case]] = {}
+    for case in cases:
+        cells.setdefault((case.lesion, case.path.value), []).append(case)
+    return cells
+
+
 def select_cases(
     cases: Sequence[Case], *, per_cell: int | None = None, limit: int | None = None
 ) -> list[Case]:
@@ -28,12 +36,9 @@ def select_cases(
             COUNT.require(value, name)
     chosen = list(cases)
     if per_cell is not None:
-        cells: dict[tuple[str, str], list[Case]] = {}
-        for case in chosen:
-            cells.setdefault((case.lesion, case.path.value), []).append(case)
         keep = {
             c.key_id
-            for members in cells.values()
+            for members in _cells(chosen).values()
             for c in sorted(members, key=lambda c: _rank(c.key_id))[:per_cell]
         }
         chosen = [c for c in chosen if c.key_id in keep]
@@ -48,10 +53,7 @@ def selection_notes(cases: Sequence[Case], *, per_cell: int | None, limit: int |
     user, stop 45: --per-cell 5 on a bundle of 2 per cell ran all its 42 cases without a word)."""
     notes = []
     if per_cell is not None:
-        cells: dict[tuple[str, str], int] = {}
-        for case in cases:
-            cells[(case.lesion, case.path.value)] = cells.get((case.lesion, case.path.value), 0) + 1
-        most = max(cells.values(), default=0)
+        most = max(map(len, _cells(cases).values()), default=0)
         if per_cell > most:
             notes.append(
                 f"--per-cell {per_cell}: no (lesion, path) cell holds more than {most} case(s); each is taken whole"

@@ -248,10 +248,21 @@ def read_records(
     return out
 
 
+def case_line(case: CaseResult | CaseFailure, *, what: str | None = None) -> bytes:
+    """A finished case (or failure) as the line its file holds (``input_files.json_line``:
+    LineTooLong naming ``what``, by default the case, when no reader would take it)."""
+    return json_line(case.to_json(), what=what or f"case {terminal(case.key_id)}")
+
+
 def append_results(results: str | os.PathLike[str], cases: Iterable[CaseResult | CaseFailure]) -> None:
     """Append finished cases (or failures, to failures.jsonl) as whole lines in one locked write,
     then flush them to disk (``chexpercept.fileio.append_durable``)."""
-    payload = b"".join(json_line(c.to_json(), what=f"case {terminal(c.key_id)}") for c in cases)
+    append_lines(results, [case_line(c) for c in cases])
+
+
+def append_lines(results: str | os.PathLike[str], lines: Iterable[bytes]) -> None:
+    """``append_results`` of lines already made (``case_line``)."""
+    payload = b"".join(lines)
     with deferred():  # a stop signal waits until the lines are whole and on disk
         append_durable(results, payload)
 
@@ -296,8 +307,9 @@ class RunStore:
             if path.exists():
                 tighten(path)
 
-    def append(self, results: Iterable[CaseResult]) -> None:
-        append_results(self.results, results)
+    def append(self, lines: Iterable[bytes]) -> None:
+        """Finished cases as ``case_line`` made them (each case made into its line once)."""
+        append_lines(self.results, lines)
 
     def append_failures(self, failures: Iterable[CaseFailure]) -> None:
         append_results(self.failures, failures)

@@ -39,9 +39,9 @@ class ProcessFailed(ValueError):
     """Another process of the run ended with an error while the main process waited for it."""
 
 
-def _failed_in(data: bytes) -> set[int]:
-    """The processes a queue file's ``failed`` lines name."""
-    return {int(line.split()[1]) for line in data.decode().splitlines() if line.startswith("failed ")}
+def _named(data: bytes, event: str) -> set[int]:
+    """The processes a queue file's lines of ``event`` (``done``, ``failed``) name."""
+    return {int(line.split()[1]) for line in data.decode().splitlines() if line.startswith(f"{event} ")}
 
 
 def _ended(failed: Iterable[int]) -> ProcessFailed:
@@ -51,6 +51,10 @@ def _ended(failed: Iterable[int]) -> ProcessFailed:
         "rerunning the same command resumes"
     )
 
+
+#: a process's sign of life as the main process sees it: its file's modification and change times
+#: and inode (each beat rewrites the file)
+Sign = tuple[int, int, int]
 
 #: seconds between a process's signs of life, and the silence after which the main process stops
 #: waiting for it (long: a file system shared between machines may show a change late)
@@ -108,7 +112,7 @@ class WorkQueue:
         failed: list[int] = []
 
         def claim(data: bytes) -> bytes | None:
-            failed.extend(_failed_in(data))
+            failed.extend(_named(data, "failed"))
             n = data.count(b"take ")
             if failed or n >= len(self.cases):
                 return None
@@ -140,7 +144,7 @@ class WorkQueue:
         finally:
             os.close(fd)
 
-    def _sign(self, process: int) -> tuple[int, int, int] | None:
+    def _sign(self, process: int) -> Sign | None:
         """The last sign of life of ``process`` (its file's times, as each beat rewrites it), None
         before its first."""
         try:
@@ -175,15 +179,6 @@ class WorkQueue:
         is no child of this machine's launcher, which stops only its own)."""
         self._locked(lambda data: f"failed {self.process}\n".encode())
 
-    def failures(self) -> set[int]:
-        """The processes that said they ended with an error."""
-        return _failed_in(self._locked(lambda data: None))
-
-    def finished(self) -> set[int]:
-        """The processes that said they are done."""
-        data = self._locked(lambda data: None)
-        return {int(line.split()[1]) for line in data.decode().splitlines() if line.startswith("done ")}
-
     def taken_by(self) -> dict[int, int]:
         """Cases each process took in this session (run.json's record of the balance)."""
         data = self._locked(lambda data: None)
@@ -210,11 +205,12 @@ class WorkQueue:
         comparing another machine's clock with this one's."""
         start = time.monotonic()
         told = 0.0
-        seen: dict[
-            int, tuple[tuple[int, int, int] | None, float]
-        ] = {}  # process -> (last sign, when it changed)
-        while len(done := self.finished()) < processes:
-            failed = self.failures()
+        seen: dict[int, tuple[Sign | None, float]] = {}  # process -> (its last sign, when it changed)
+        while True:
+            data = self._locked(lambda data: None)  # one read of the file per look
+            done, failed = _named(data, "done"), _named(data, "failed")
+            if len(done) >= processes:
+                return
             if failed:
                 raise _ended(failed)
             now = time.monotonic()

@@ -714,12 +714,7 @@ class OpenAIBackend(BackendBase):
         async def read(path: str) -> tuple[int, bytes]:
             url = urlunsplit(parts._replace(path=path))
             async with session.get(url, headers=self._headers(), allow_redirects=False) as reply:
-                chunks: list[bytes] = []
-                size = 0
-                while size <= MODELS_REPLY_LIMIT and (chunk := await reply.content.read(1 << 16)):
-                    chunks.append(chunk)
-                    size += len(chunk)
-                return reply.status, b"".join(chunks)
+                return reply.status, await _read_bounded(reply.content, MODELS_REPLY_LIMIT)
 
         async def both() -> ServerSays | str:
             try:
@@ -879,14 +874,10 @@ class OpenAIBackend(BackendBase):
         async with session.post(
             self.url, data=payload, headers=self._headers(), allow_redirects=False
         ) as reply:
-            chunks: list[bytes] = []  # joined once: adding each chunk to the last took time squared
-            size = 0
-            while size <= REPLY.max_bytes and (more := await reply.content.read(REPLY.max_bytes + 1 - size)):
-                chunks.append(more)  # bounded: a reply is never read past its limit
-                size += len(more)
-            if size > REPLY.max_bytes:
+            data = await _read_bounded(reply.content, REPLY.max_bytes)
+            if len(data) > REPLY.max_bytes:
                 raise BackendError(f"the reply of {self.url} is over the limit of {REPLY.describe()}")
-            return reply.status, reply.headers, b"".join(chunks)
+            return reply.status, reply.headers, data
 
     async def _post(self, body: tuple[bytes, ...], *, by_id: bool = False) -> dict[str, Any]:
         """One attempt, within its deadline (``--timeout`` from sending to the reply's last byte);
@@ -1076,6 +1067,18 @@ def _pieces_class() -> type:
 def pieces_payload(pieces: tuple[bytes, ...]) -> Any:
     """An aiohttp payload that sends ``pieces`` one after the other (``Content-Length``: their sum)."""
     return _pieces_class()(pieces)
+
+
+async def _read_bounded(content: Any, limit: int) -> bytes:
+    """A reply's body (aiohttp's ``StreamReader``), never read past ``limit + 1`` bytes (more than
+    ``limit`` bytes: over the limit), its chunks joined once (adding each to the last took time
+    squared in the reply's size)."""
+    chunks: list[bytes] = []
+    size = 0
+    while size <= limit and (chunk := await content.read(limit + 1 - size)):
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
 
 
 def _failed(message: str) -> Response:

@@ -60,9 +60,9 @@ ASK_SECONDS = 10.0
 #: may fail a while, as its requests may: waited out over minutes)
 ASK_WAITS = (0.0, 1.0, 3.0)
 RECHECK_WAITS = (0.0, 2.0, 5.0, 10.0, 20.0, 40.0, 60.0)
-#: statuses of ``GET /v1/models`` that say nothing of what the server is (it may answer otherwise in
-#: a moment): asked again, and never read as "not vLLM"; any other status is an answer
-UNSAID_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
+#: the 4xx statuses of ``GET /v1/models`` that say nothing of what the server is (it may answer
+#: otherwise in a moment; a key refused there alone): asked again, as are redirects and the 5xx but 501
+UNSAID_STATUSES = frozenset({401, 403, 408, 425, 429})
 
 
 def unsaid(status: int) -> bool:
@@ -70,12 +70,7 @@ def unsaid(status: int) -> bool:
     or failing now, a proxy's timeout, a redirect (never followed), a key refused there alone (401,
     403: the same key is sent to both). 404, 405, 501 and the other 4xx say it serves no listing,
     which every vLLM does: no vLLM."""
-    return (
-        status in UNSAID_STATUSES
-        or 300 <= status < 400
-        or status in (401, 403)
-        or (status >= 500 and status != 501)
-    )
+    return status in UNSAID_STATUSES or 300 <= status < 400 or (status >= 500 and status != 501)
 
 
 def is_listing(models_reply: bytes) -> bool:
