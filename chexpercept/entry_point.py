@@ -16,6 +16,10 @@ The rules, held here for every program and every run:
   (``Stopped``, a ``KeyboardInterrupt``), so ``finally`` blocks and worker pools shut down and the
   command says how it ended; ``chexpercept run`` then takes them over with its own handling
   (eval/runner/interrupts.py).
+* **A stop signal is taken at once, whatever the main thread waits on.** The kernel may give it to
+  any thread, and a main thread waiting without a timeout (a queue, a future, a lock) would take it
+  when its wait ended: ``catch_signals`` arms the signal watch (chexpercept/signal_watch.py), which
+  wakes the main thread until its handler has run.
 * **Standard streams**: descriptors 0-2 held open and each line written at once; a stream that
   cannot be written (its reader went away, its disk is full) does not end the command, and standard
   output's loss is one line and exit status 2 at its end (chexpercept/stdio.py, ``run_program``).
@@ -26,12 +30,12 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import sys
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
+from . import signal_watch
 from .progress import is_terminal
 from .stdio import guard_standard_streams, hold_standard_fds, output_lost, to_devnull, write_now
 
@@ -85,21 +89,39 @@ def stop_name(error: KeyboardInterrupt) -> tuple[str, int]:
 
 def catch_signals(handler: Handler) -> dict[int, Any]:
     """Install ``handler`` for each stop signal that is not ignored; returns what each replaced (for
-    ``restore_signals``). Outside the main thread (where Python takes no handler) it changes
-    nothing and returns ``{}``."""
+    ``restore_signals``). The handler runs within ``signal_watch.WAKE_SECONDS`` of the signal's
+    arrival whatever the main thread waits on (chexpercept/signal_watch.py). Outside the main thread
+    (where Python takes no handler) it changes nothing and returns ``{}``."""
     if threading.current_thread() is not threading.main_thread():
         return {}
     # the user's (or the launcher's) choice of ignoring one holds
     caught = [s for s in STOP_SIGNALS if signal.getsignal(s) is not signal.SIG_IGN]
+    if not caught:
+        return {}
+    signal_watch.arm(tuple(caught))  # the handler runs promptly, whichever thread takes the signal
     with _held(caught):
-        return {s: signal.signal(s, handler) for s in caught}
+        return {s: signal.signal(s, _taking(handler)) for s in caught}
+
+
+def _taking(handler: Handler) -> Handler:
+    """``handler``, telling the signal watch first that the main thread took the stop signals."""
+
+    def take(signum: int, frame: Any) -> Any:
+        signal_watch.taken()
+        return handler(signum, frame)
+
+    return take
 
 
 def restore_signals(previous: dict[int, Any]) -> None:
-    """Give back the dispositions ``catch_signals`` replaced (one set outside Python: the default)."""
+    """Give back the dispositions ``catch_signals`` replaced (one set outside Python: the default),
+    and its arm of the signal watch."""
+    if not previous:
+        return
     with _held(list(previous)):
         for s, old in previous.items():
             signal.signal(s, signal.SIG_DFL if old is None else old)
+    signal_watch.disarm()
 
 
 @contextlib.contextmanager
@@ -275,37 +297,17 @@ def stop_at_once_while(what: str) -> Iterator[None]:
     """A block that waits inside a C call that may last (a run's processes waiting for each other to
     connect): Python runs its signal handlers only between bytecodes, so a stop signal would wait
     for the call to end (days). In a program's main thread, a stop signal inside the block ends the
-    process at once with one line (``stopped by SIGTERM while <what>; nothing was written``), read
-    from the interpreter's wake-up descriptor on a thread of its own. Elsewhere it changes nothing."""
+    process at once with one line (``stopped by SIGTERM while <what>; nothing was written``), said
+    by the signal watch's thread as the signal arrives (chexpercept/signal_watch.py). Elsewhere it
+    changes nothing."""
     if not is_program() or threading.current_thread() is not threading.main_thread():
         yield
         return
-    reader, writer = socket.socketpair()
-    writer.setblocking(False)
-    previous = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
 
-    def watch() -> None:
-        while True:
-            try:
-                data = reader.recv(1)
-            except OSError:
-                return
-            if not data:
-                return
-            signum = data[0]
-            if signum in STOP_SIGNALS and signal.getsignal(signum) is not signal.SIG_IGN:
-                name = signal.Signals(signum).name
-                write_now(
-                    f"{_Program.command}: {launched_as()}stopped by {name} while {what}; nothing was written"
-                )
-                os._exit(128 + signum)
+    def stop(signum: int) -> None:
+        name = signal.Signals(signum).name
+        write_now(f"{_Program.command}: {launched_as()}stopped by {name} while {what}; nothing was written")
+        os._exit(128 + signum)
 
-    watcher = threading.Thread(target=watch, name="chexpercept-stop-at-once", daemon=True)
-    watcher.start()
-    try:
+    with signal_watch.on_arrival(stop):
         yield
-    finally:
-        signal.set_wakeup_fd(previous)
-        writer.close()
-        watcher.join(timeout=1.0)
-        reader.close()

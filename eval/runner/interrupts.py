@@ -41,6 +41,7 @@ import threading
 import time
 from collections.abc import Iterator
 
+from chexpercept import signal_watch
 from chexpercept.entry_point import catch_signals, exit_now, is_program, restore_signals
 from chexpercept.startup import PARENT_VARIABLE
 from chexpercept.stdio import write_now
@@ -197,6 +198,17 @@ def stop_on_signals(grace: float = DEFAULT_GRACE) -> Iterator[ChildProcesses]:
     _state.signum, _state.pending, _state.deferring = None, None, 0
     _state.children = ChildProcesses()
     shut_down = threading.Event()
+    clock = threading.Lock()
+    started: list[int] = []
+
+    def start_clock(signum: int) -> None:
+        """The shutdown's grace starts once, when the first stop signal arrives: on the signal
+        watch's thread, even if the main thread is held in a C call that no signal interrupts."""
+        with clock:
+            if started:
+                return
+            started.append(signum)
+        threading.Thread(target=_watchdog, args=(signum, grace, shut_down), daemon=True).start()
 
     def handler(signum: int, _frame: object) -> None:
         if _state.signum is not None:  # a second signal: no more waiting
@@ -206,7 +218,7 @@ def stop_on_signals(grace: float = DEFAULT_GRACE) -> Iterator[ChildProcesses]:
                 return
             raise RunInterrupted(signum)
         _state.signum = signum
-        threading.Thread(target=_watchdog, args=(signum, grace, shut_down), daemon=True).start()
+        start_clock(signum)
         if _state.deferring:
             _state.pending = signum
             return
@@ -214,7 +226,8 @@ def stop_on_signals(grace: float = DEFAULT_GRACE) -> Iterator[ChildProcesses]:
 
     previous = catch_signals(handler)  # a signal the user ignored (nohup) stays ignored
     try:
-        yield _state.children
+        with signal_watch.on_arrival(start_clock):
+            yield _state.children
     finally:
         shut_down.set()
         restore_signals(previous)

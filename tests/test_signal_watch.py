@@ -1,0 +1,192 @@
+"""A stop signal reaches the main thread's handler within a fraction of a second, whichever thread
+the kernel gave it to and whatever the main thread waits on (chexpercept/signal_watch.py).
+
+The class: a stop signal taken by another thread of the process (or by the main thread just before
+it begins to wait) is only noted by the interpreter, and a main thread waiting without a timeout
+runs the handler when its wait ends. A run waiting for replies that take 30 s took SIGTERM 30 s
+late (the flaky test of stop 45). Members found: every blocking wait of the standard library the
+toolkit uses in its main thread (a queue's get, a condition's or event's wait, a thread's join,
+futures, a lock, a sleep), each below; a main thread that no signal can interrupt (its shutdown
+clock starts at the signal's arrival); a forked child's signal, which must not count as the
+parent's."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import queue
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+from chexpercept import signal_watch
+from chexpercept.entry_point import catch_signals, restore_signals
+
+
+class Taken(BaseException):
+    pass
+
+
+def _raise(signum, _frame):
+    raise Taken(signum)
+
+
+def _waits():
+    """name -> (wait, release): each wait blocks the main thread without a timeout until
+    ``release()`` (called 10 s later at most, so that a failure ends)."""
+    out = {}
+    q: queue.SimpleQueue = queue.SimpleQueue()
+    out["SimpleQueue.get"] = (q.get, lambda: q.put(1))
+    q2: queue.Queue = queue.Queue()
+    out["Queue.get"] = (q2.get, lambda: q2.put(1))
+    event = threading.Event()
+    out["Event.wait"] = (event.wait, event.set)
+    cond = threading.Condition()
+
+    def cond_wait():
+        with cond:
+            cond.wait()
+
+    def cond_notify():
+        with cond:
+            cond.notify_all()
+
+    out["Condition.wait"] = (cond_wait, cond_notify)
+    gate = threading.Event()
+    worker = threading.Thread(target=gate.wait, daemon=True)
+    out["Thread.join"] = (lambda: (worker.start(), worker.join()), gate.set)
+    future: concurrent.futures.Future = concurrent.futures.Future()
+    out["Future.result"] = (future.result, lambda: future.set_result(1))
+    other: concurrent.futures.Future = concurrent.futures.Future()
+    out["futures.wait"] = (lambda: concurrent.futures.wait([other]), lambda: other.set_result(1))
+    lock = threading.Lock()
+    lock.acquire()
+    out["Lock.acquire"] = (lock.acquire, lock.release)
+    return out
+
+
+@pytest.mark.parametrize("name", list(_waits()))
+def test_a_stop_signal_taken_by_another_thread_stops_the_main_threads_wait(name):
+    """SIGTERM given to another thread of this process while the main thread waits: the handler
+    runs in the main thread within a second (before: when the wait ended, here 10 s)."""
+    wait, release = _waits()[name]
+    previous = catch_signals(_raise)
+    assert previous and signal_watch.armed()
+
+    def elsewhere():
+        time.sleep(0.3)
+        signal.pthread_kill(threading.get_ident(), signal.SIGTERM)  # this thread takes it
+
+    threading.Thread(target=elsewhere, daemon=True).start()
+    safety = threading.Timer(10, release)
+    safety.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(Taken):
+            wait()
+            time.sleep(5)  # a wait the release ended: the handler runs here at the latest
+        assert time.monotonic() - started < 2.0, f"the handler ran {time.monotonic() - started:.1f} s late"
+    finally:
+        safety.cancel()
+        release()
+        restore_signals(previous)
+    assert not signal_watch.armed()
+
+
+def test_the_watch_gives_back_what_it_found():
+    """The wake-up descriptor and the wake signal's disposition are given back when the last
+    ``catch_signals`` is given back; nested catches keep the watch until then."""
+    before_wake = signal.getsignal(signal_watch.WAKE_SIGNAL)
+    outer = catch_signals(_raise)
+    inner = catch_signals(_raise)
+    restore_signals(inner)
+    assert signal_watch.armed()
+    restore_signals(outer)
+    assert not signal_watch.armed()
+    assert signal.getsignal(signal_watch.WAKE_SIGNAL) == before_wake
+    assert signal.set_wakeup_fd(-1) == -1  # nothing was left behind
+
+
+UNWAKEABLE = textwrap.dedent(
+    """
+    import ctypes, threading
+    from chexpercept.entry_point import start_program
+    start_program("chexpercept run")
+    from chexpercept.eval.runner.interrupts import stop_on_signals
+    libc = ctypes.CDLL(None)
+    mutex = ctypes.create_string_buffer(64)  # PTHREAD_MUTEX_INITIALIZER: zeros; a normal mutex
+    with stop_on_signals(grace=1.0):
+        libc.pthread_mutex_lock(mutex)
+        threading.Timer(0.5, print, ("ready",), {"flush": True}).start()  # once the main thread waits
+        # locked again by its holder: a C wait that no signal ends (it retries after each, as a
+        # collective's or an engine's wait may); Python never runs a handler in this thread again
+        libc.pthread_mutex_lock(mutex)
+    """
+)
+
+
+def test_a_run_whose_main_thread_cannot_be_woken_is_ended_after_its_grace():
+    """The run's shutdown clock starts when the signal arrives, on the watch's thread: a main
+    thread held in a C wait that no signal ends is ended ``grace`` seconds later (before: never)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", UNWAKEABLE], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert proc.stdout.readline().strip() == "ready"
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert time.monotonic() - sent < 10 and proc.returncode == 128 + signal.SIGTERM, err
+    assert "did not shut down within 1 s of SIGTERM" in err
+
+
+FORKED = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    from chexpercept.entry_point import start_program, stop_at_once_while
+    start_program("chexpercept run")
+    with stop_at_once_while("waiting"):  # any stop signal of this process ends it at once
+        pid = os.fork()
+        if pid == 0:
+            signal.signal(signal.SIGTERM, lambda *a: None)  # the child takes its own signal
+            time.sleep(5)
+            os._exit(0)
+        time.sleep(0.5)
+        os.kill(pid, signal.SIGTERM)
+        os.waitpid(pid, 0)
+        print("parent lives", flush=True)
+    """
+)
+
+
+def test_a_forked_childs_signal_is_never_taken_for_its_parents():
+    """A child forked while the watch runs starts without it: its signal was written to the
+    parent's wake-up socket, and the parent stopped as if it had been sent the signal."""
+    proc = subprocess.run([sys.executable, "-c", FORKED], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "parent lives", (proc.returncode, proc.stderr)
+
+
+def test_other_bytes_on_the_wake_up_socket_reach_the_descriptor_there_was_before():
+    """An event loop's wake-up descriptor set before the watch still hears its signals (asyncio's
+    signal handlers read it) while the watch holds the descriptor."""
+    import socket
+
+    reader, writer = socket.socketpair()
+    writer.setblocking(False)
+    old = signal.set_wakeup_fd(writer.fileno())
+    handled = signal.signal(signal.SIGUSR1, lambda *a: None)
+    previous = catch_signals(_raise)
+    try:
+        os.kill(os.getpid(), signal.SIGUSR1)
+        reader.settimeout(5)
+        assert reader.recv(1) == bytes([signal.SIGUSR1])
+    finally:
+        restore_signals(previous)
+        signal.signal(signal.SIGUSR1, handled)
+        assert signal.set_wakeup_fd(old) == writer.fileno()
+        reader.close()
+        writer.close()
