@@ -49,6 +49,7 @@ __all__ = [
     "program_started",
     "restore_signals",
     "run_program",
+    "signals_caught",
     "start_program",
     "stop_at_once_while",
     "stop_name",
@@ -91,16 +92,65 @@ def catch_signals(handler: Handler) -> dict[int, Any]:
     """Install ``handler`` for each stop signal that is not ignored; returns what each replaced (for
     ``restore_signals``). The handler runs within ``signal_watch.WAKE_SECONDS`` of the signal's
     arrival whatever the main thread waits on (chexpercept/signal_watch.py). Outside the main thread
-    (where Python takes no handler) it changes nothing and returns ``{}``."""
-    if threading.current_thread() is not threading.main_thread():
-        return {}
-    # the user's (or the launcher's) choice of ignoring one holds
-    caught = [s for s in STOP_SIGNALS if signal.getsignal(s) is not signal.SIG_IGN]
+    (where Python takes no handler) it changes nothing and returns ``{}``. A stop signal that came
+    while the handlers changed reaches ``handler`` as this returns, and what it raises comes out of
+    here, the return value lost: a block that gives the handlers back uses ``signals_caught``."""
+    caught = _catchable()
     if not caught:
         return {}
-    signal_watch.arm(tuple(caught))  # the handler runs promptly, whichever thread takes the signal
     with _held(caught):
-        return {s: signal.signal(s, _taking(handler)) for s in caught}
+        return _install(caught, handler)
+
+
+@contextlib.contextmanager
+def signals_caught(handler: Handler) -> Iterator[dict[int, Any]]:
+    """``catch_signals`` for the length of a block (yields what it replaced), given back at its end
+    however it ends: a stop signal that comes while the handlers change is taken inside the block
+    (what ``handler`` raises then comes out of the ``with``, the caller's handlers back in place),
+    one that comes while they are given back goes to the caller's own."""
+    caught = _catchable()
+    mask = getattr(signal, "pthread_sigmask", None)
+    if not caught or mask is None:
+        previous = catch_signals(handler)
+        try:
+            yield previous
+        finally:
+            restore_signals(previous)
+        return
+    before = mask(signal.SIG_BLOCK, caught)
+    try:
+        previous = _install(caught, handler)
+        try:
+            mask(signal.SIG_SETMASK, before)  # a stop held meanwhile comes now, to ``handler``
+            yield previous
+        finally:
+            mask(signal.SIG_BLOCK, caught)
+            _give_back(previous)
+    finally:
+        mask(signal.SIG_SETMASK, before)
+
+
+def _catchable() -> list[int]:
+    """The stop signals a handler may be installed for: none outside the main thread (Python takes
+    no handler there), and none the user (or the launcher) chose to ignore: that choice holds."""
+    if threading.current_thread() is not threading.main_thread():
+        return []
+    return [s for s in STOP_SIGNALS if signal.getsignal(s) is not signal.SIG_IGN]
+
+
+def _install(caught: list[int], handler: Handler) -> dict[int, Any]:
+    """With ``caught`` held: the signal watch armed (the handler runs promptly, whichever thread
+    takes the signal; no stop cuts the arm short, which would leave a closed wake-up descriptor),
+    then ``handler`` installed for each; returns what each replaced."""
+    signal_watch.arm(tuple(caught))
+    return {s: signal.signal(s, _taking(handler)) for s in caught}
+
+
+def _give_back(previous: dict[int, Any]) -> None:
+    """With the signals held: ``_install`` undone."""
+    for s, old in previous.items():
+        signal.signal(s, signal.SIG_DFL if old is None else old)
+    signal_watch.disarm()
 
 
 def _taking(handler: Handler) -> Handler:
@@ -119,9 +169,7 @@ def restore_signals(previous: dict[int, Any]) -> None:
     if not previous:
         return
     with _held(list(previous)):
-        for s, old in previous.items():
-            signal.signal(s, signal.SIG_DFL if old is None else old)
-    signal_watch.disarm()
+        _give_back(previous)
 
 
 @contextlib.contextmanager

@@ -100,8 +100,13 @@ def test_a_stop_signal_taken_by_another_thread_stops_the_main_threads_wait(name)
 
 def test_the_watch_gives_back_what_it_found():
     """The wake-up descriptor and the wake signal's disposition are given back when the last
-    ``catch_signals`` is given back; nested catches keep the watch until then."""
+    ``catch_signals`` is given back; nested catches keep the watch until then; no descriptor is
+    left open (the socket's reading end was left to the collector); a descriptor another set
+    meanwhile (an event loop's) stays."""
+    import socket
+
     before_wake = signal.getsignal(signal_watch.WAKE_SIGNAL)
+    fds = len(os.listdir("/proc/self/fd"))
     outer = catch_signals(_raise)
     inner = catch_signals(_raise)
     restore_signals(inner)
@@ -110,6 +115,17 @@ def test_the_watch_gives_back_what_it_found():
     assert not signal_watch.armed()
     assert signal.getsignal(signal_watch.WAKE_SIGNAL) == before_wake
     assert signal.set_wakeup_fd(-1) == -1  # nothing was left behind
+    assert len(os.listdir("/proc/self/fd")) == fds
+    reader, writer = socket.socketpair()
+    writer.setblocking(False)
+    try:
+        previous = catch_signals(_raise)
+        signal.set_wakeup_fd(writer.fileno())  # an event loop's, set while the watch runs
+        restore_signals(previous)
+        assert signal.set_wakeup_fd(-1) == writer.fileno()
+    finally:
+        reader.close()
+        writer.close()
 
 
 UNWAKEABLE = textwrap.dedent(
@@ -190,3 +206,108 @@ def test_other_bytes_on_the_wake_up_socket_reach_the_descriptor_there_was_before
         assert signal.set_wakeup_fd(old) == writer.fileno()
         reader.close()
         writer.close()
+
+
+# ----------------------------------------------------------------- red team of stop 46 (helper-44)
+SECOND_INSIDE_FIRST = textwrap.dedent(
+    """
+    import os, signal, sys, threading
+    from chexpercept.entry_point import start_program, program_started
+    start_program("chexpercept run")
+    program_started()
+    from chexpercept.eval.runner.interrupts import stop_on_signals
+    main = threading.get_ident()
+    fired = []
+    def profile(frame, event, arg):  # the second stop lands as the first one's clock is started
+        if event == "c_call" and getattr(arg, "__name__", "") in ("append", "start_new_thread") and not fired:
+            if frame.f_code.co_name in ("start_clock", "start"):
+                fired.append(1)
+                signal.pthread_kill(main, signal.SIGINT)
+    with stop_on_signals(grace=30.0):
+        sys.setprofile(profile)
+        os.kill(os.getpid(), signal.SIGTERM)
+        threading.Event().wait()
+    """
+)
+
+
+def test_a_second_stop_that_cuts_into_the_first_ones_handler_ends_the_program():
+    """SIGINT landing while SIGTERM's handler started the shutdown clock: the nested handler waited
+    for the clock's lock its own thread held, and the program hung until SIGKILL (red team)."""
+    proc = subprocess.run(
+        [sys.executable, "-c", SECOND_INSIDE_FIRST], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode in (128 + signal.SIGINT, 128 + signal.SIGTERM), (proc.returncode, proc.stderr)
+    assert "again" in proc.stderr or "stopped by" in proc.stderr, proc.stderr
+
+
+CUT_SHORT = textwrap.dedent(
+    """
+    import os, signal, sys, threading, time
+    from chexpercept import signal_watch
+    from chexpercept.entry_point import signals_caught
+    step = sys.argv[1]
+    real = signal.signal
+    def ctrl_c_meanwhile(s, handler):
+        out = real(s, handler)
+        if (step == "arm" and s == signal_watch.WAKE_SIGNAL) or (step == "restore" and s == signal.SIGINT):
+            os.kill(os.getpid(), signal.SIGINT)  # the user's Ctrl-C lands in the middle
+        return out
+    def mine(signum, frame):
+        raise KeyboardInterrupt
+    signal.signal = ctrl_c_meanwhile
+    try:
+        with signals_caught(mine):
+            pass
+    except KeyboardInterrupt:
+        pass  # the block's handler, or the caller's own given back, took it: as a notebook shows it
+    signal.signal = real
+    wakes = []
+    real(signal_watch.WAKE_SIGNAL, lambda *a: wakes.append(1))
+    with open(sys.argv[2], "wb", buffering=0) as f:  # a file the caller opens afterwards
+        f.write(b"one\\n")
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.5)
+        except KeyboardInterrupt:
+            pass
+        f.write(b"two\\n")
+    time.sleep(1.0)
+    print(signal_watch.armed(), signal.set_wakeup_fd(-1), len(wakes), open(sys.argv[2], "rb").read())
+    """
+)
+
+
+@pytest.mark.parametrize("step", ["arm", "restore"])
+def test_a_ctrl_c_while_the_watch_starts_or_stops_leaves_the_caller_as_it_was(step, tmp_path):
+    """A caller's Ctrl-C in the middle of ``catch_signals`` left the interpreter writing signal bytes
+    to a closed descriptor (then the caller's next file), and one in the middle of
+    ``restore_signals`` left the watch armed, waking the caller every 0.1 s for ever (red team).
+    Both now change with the stop signals held, and a stop that came meanwhile is taken where the
+    block gives everything back (``signals_caught``, what the run's ``stop_on_signals`` uses)."""
+    out = tmp_path / "results.txt"
+    proc = subprocess.run(
+        [sys.executable, "-c", CUT_SHORT, step, str(out)], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "False -1 0 b'one\\ntwo\\n'", proc.stdout
+
+
+def test_a_stop_taken_by_another_handler_is_woken_for_a_while_not_for_ever():
+    """A stop signal handled by a handler that is not ``catch_signals``'s (a library's own), or one
+    whose handler ran before its byte was read, stays untaken for the watch: it wakes the main
+    thread ``WAKE_TRIES`` times, then gives up (before: every 0.1 s for ever)."""
+    previous = catch_signals(_raise)
+    wakes: list[int] = []
+    theirs = signal.signal(signal.SIGTERM, lambda *a: None)  # a library's own handler
+    ours = signal.signal(signal_watch.WAKE_SIGNAL, lambda *a: wakes.append(1))
+    try:
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)
+        time.sleep(signal_watch.WAKE_SECONDS * signal_watch.WAKE_TRIES + 1.0)
+        first = len(wakes)
+        time.sleep(1.0)
+        assert 0 < first <= signal_watch.WAKE_TRIES + 1 and len(wakes) == first, (first, len(wakes))
+    finally:
+        signal.signal(signal_watch.WAKE_SIGNAL, ours)
+        signal.signal(signal.SIGTERM, theirs)
+        restore_signals(previous)

@@ -42,7 +42,7 @@ import time
 from collections.abc import Iterator
 
 from chexpercept import signal_watch
-from chexpercept.entry_point import catch_signals, exit_now, is_program, restore_signals
+from chexpercept.entry_point import exit_now, is_program, signals_caught
 from chexpercept.startup import PARENT_VARIABLE
 from chexpercept.stdio import write_now
 
@@ -203,12 +203,17 @@ def stop_on_signals(grace: float = DEFAULT_GRACE) -> Iterator[ChildProcesses]:
 
     def start_clock(signum: int) -> None:
         """The shutdown's grace starts once, when the first stop signal arrives: on the signal
-        watch's thread, even if the main thread is held in a C call that no signal interrupts."""
-        with clock:
-            if started:
-                return
-            started.append(signum)
-        threading.Thread(target=_watchdog, args=(signum, grace, shut_down), daemon=True).start()
+        watch's thread, even if the main thread is held in a C call that no signal interrupts.
+        Never waits: a caller that finds another starting it (the watch's thread, or the main
+        thread's own call that a second signal's handler cut into) leaves it to that one."""
+        if not clock.acquire(blocking=False):
+            return
+        try:
+            if not started:  # started first, noted after: a call cut short leaves it to the next
+                threading.Thread(target=_watchdog, args=(signum, grace, shut_down), daemon=True).start()
+                started.append(signum)
+        finally:
+            clock.release()
 
     def handler(signum: int, _frame: object) -> None:
         if _state.signum is not None:  # a second signal: no more waiting
@@ -224,13 +229,13 @@ def stop_on_signals(grace: float = DEFAULT_GRACE) -> Iterator[ChildProcesses]:
             return
         raise RunInterrupted(signum)
 
-    previous = catch_signals(handler)  # a signal the user ignored (nohup) stays ignored
     try:
-        with signal_watch.on_arrival(start_clock):
+        # a signal the user ignored (nohup) stays ignored; the caller's handlers come back however
+        # the block ends, a stop in the middle of the change included
+        with signal_watch.on_arrival(start_clock), signals_caught(handler):
             yield _state.children
     finally:
         shut_down.set()
-        restore_signals(previous)
         _state.children = None
         sys.stderr.flush()
 
