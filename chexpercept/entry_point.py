@@ -117,15 +117,18 @@ def signals_caught(handler: Handler) -> Iterator[dict[int, Any]]:
         finally:
             restore_signals(previous)
         return
-    before = mask(signal.SIG_BLOCK, caught)
+    held = _holdable() | set(caught)
+    before = mask(signal.SIG_BLOCK, held)
     try:
         previous = _install(caught, handler)
         try:
             mask(signal.SIG_SETMASK, before)  # a stop held meanwhile comes now, to ``handler``
             yield previous
         finally:
-            mask(signal.SIG_BLOCK, caught)
-            _give_back(previous)
+            try:  # a handler noted just before the mask runs as it returns; what it raises waits
+                mask(signal.SIG_BLOCK, held)
+            finally:
+                _give_back(previous)
     finally:
         mask(signal.SIG_SETMASK, before)
 
@@ -143,14 +146,32 @@ def _install(caught: list[int], handler: Handler) -> dict[int, Any]:
     takes the signal; no stop cuts the arm short, which would leave a closed wake-up descriptor),
     then ``handler`` installed for each; returns what each replaced."""
     signal_watch.arm(tuple(caught))
-    return {s: signal.signal(s, _taking(handler)) for s in caught}
+    previous: dict[int, Any] = {}
+    try:
+        for s in caught:
+            previous[s] = signal.getsignal(s)
+            signal.signal(s, _taking(handler))
+    except BaseException:  # a handler of another signal that raised (a caller's alarm): undone
+        _give_back(previous)
+        raise
+    return previous
 
 
 def _give_back(previous: dict[int, Any]) -> None:
-    """With the signals held: ``_install`` undone."""
+    """With the signals held: ``_install`` undone. Every step is tried (a handler of another signal
+    may raise in the middle: a caller's alarm); the first error is raised after the last."""
+    error: BaseException | None = None
     for s, old in previous.items():
-        signal.signal(s, signal.SIG_DFL if old is None else old)
-    signal_watch.disarm()
+        try:
+            signal.signal(s, signal.SIG_DFL if old is None else old)
+        except BaseException as e:
+            error = error or e
+    try:
+        signal_watch.disarm()
+    except BaseException as e:
+        error = error or e
+    if error is not None:
+        raise error
 
 
 def _taking(handler: Handler) -> Handler:
@@ -172,16 +193,32 @@ def restore_signals(previous: dict[int, Any]) -> None:
         _give_back(previous)
 
 
+#: signals the kernel sends for a fault of the thread itself: never held (held, one kills at once)
+_FAULTS = {
+    getattr(signal, n)
+    for n in ("SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL", "SIGTRAP", "SIGSYS")
+    if hasattr(signal, n)
+}
+
+
+def _holdable() -> set[int]:
+    """Every signal but the faults: what the main thread holds while the stop handlers and the
+    signal watch change. Not only the stop signals: another's handler that raises in the middle (a
+    caller's alarm) would leave a change half made (second red team, stop 46)."""
+    return set(signal.valid_signals()) - _FAULTS if hasattr(signal, "valid_signals") else set()
+
+
 @contextlib.contextmanager
 def _held(signals: list[int]) -> Iterator[None]:
-    """These signals wait (blocked) while their dispositions change, and come after, to the new
-    ones: every stop signal changes at once, so none arrives between two of them (a SIGHUP just
-    after SIGTERM's handler is in place, under load, killed the program without a word)."""
+    """Signals wait (blocked in the main thread) while the stop signals' dispositions change, and
+    come after, to the new ones: every stop signal changes at once, so none arrives between two of
+    them (a SIGHUP just after SIGTERM's handler is in place, under load, killed the program without
+    a word). ``signals`` are the ones changed; every other signal but the faults waits too."""
     mask = getattr(signal, "pthread_sigmask", None)
     if mask is None or not signals:
         yield
         return
-    before = mask(signal.SIG_BLOCK, signals)
+    before = mask(signal.SIG_BLOCK, _holdable() | set(signals))
     try:
         yield
     finally:
