@@ -537,19 +537,11 @@ def _serve(port_out: Any, median: float) -> None:
     threading.Event().wait()
 
 
-#: the openai backend's modes: (--image-ids, --image-urls, event loop): images by id (the server is
-#: vLLM), every image's pixels every turn, files the server reads; "asyncio loop": by id on the
-#: standard library's event loop, the baseline of the default (uvloop where installed)
-API_MODES = {
-    "by id": ("auto", "data", "uvloop"),
-    "by id, asyncio loop": ("auto", "data", "asyncio"),
-    "pixels": ("off", "data", "uvloop"),
-    "by id, file URLs": ("auto", "file", "uvloop"),
-}
+#: the openai backend's modes: images by id (the server is vLLM) and every image's pixels every turn
+API_MODES = {"by id": ("auto", "data"), "pixels": ("off", "data"), "by id, file URLs": ("auto", "file")}
 
 
 def api_part(args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    from chexpercept.eval.backends.openai import backend as openai_backend
     from chexpercept.eval.backends.openai.backend import OpenAIBackend, RetryPolicy
 
     bundle_dir = Path(args.bundle) if args.bundle else None
@@ -574,8 +566,7 @@ def api_part(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         entries: dict[str, list[dict[str, Any]]] = {mode: [] for mode in API_MODES}
         try:
             for _ in range(args.repeat):
-                for mode, (image_ids, image_urls, loop) in API_MODES.items():  # alternated, round by round
-                    openai_backend.EVENT_LOOP = loop
+                for mode, (image_ids, image_urls) in API_MODES.items():  # alternated, round by round
                     backend = OpenAIBackend(
                         spec, sampling=Sampling(1.0, 1.0, 8192, False), base_url=url, concurrency=concurrency,
                         retry=RetryPolicy(max_retries=2, base_delay=0.05), image_ids=image_ids,

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import base64
 import json
-import sys
 import threading
 import time
 
 import pytest
-from fake_openai import FakeServer, backend_for, run_cases, scripted_reply
+from fake_openai import FakeServer, backend_for, run_cases
 
 from chexpercept.bundle import read_bundle
 from chexpercept.eval.backends.openai.backend import (
@@ -207,37 +206,3 @@ def test_a_request_whose_image_is_still_being_encoded_holds_up_no_other(fixture_
         run_conversations([slow, quick], backend, oracle="implicit", batch_size=2, on_finished=finished)
         backend.close()
     assert answered_while_held == [quick.key_id] and time.monotonic() - started < 15
-
-
-def test_every_event_loop_sends_the_same_requests_and_gets_the_same_answers(fixture_bundle, monkeypatch):
-    """The backend's requests run on uvloop where it is installed (less client CPU per request,
-    bench/RESULTS.md), else on asyncio's loop; the bytes sent and the answers are the same on
-    each (a vLLM server that takes image ids: first turns with pixels, later ones by id)."""
-    import asyncio
-
-    from chexpercept.eval.backends.openai import backend as module
-
-    bundle = read_bundle(fixture_bundle, lesions=["effusion"])
-    seen = {}
-    for loop, kind in (("uvloop", "uvloop"), ("asyncio", "asyncio"), ("uvloop not installed", "asyncio")):
-        with monkeypatch.context() as m:
-            m.setattr(module, "EVENT_LOOP", "asyncio" if loop == "asyncio" else "uvloop")
-            if loop == "uvloop not installed":
-                m.setitem(sys.modules, "uvloop", None)  # import uvloop raises ImportError
-            with FakeServer(reply=scripted_reply, vllm=True) as server:
-                backend = backend_for(server, "gpt-5.4", image_ids="auto")
-                results = run_cases(backend, bundle)
-                assert backend._loop is not None
-                ran_on = type(backend._loop.loop).__module__
-                backend.close()
-        assert ran_on.startswith(kind), (loop, ran_on)
-        answers = sorted((r.key_id, [t.response for t in r.turns]) for r in results)
-        # each backend names its images by ids of its own (salted): requests compare by size and by
-        # how many images they name by id alone
-        sent = sorted(
-            (r["path"], len(r["raw"]), r["raw"].count(b'"image_url": null')) for r in server.requests
-        )
-        seen[loop] = (answers, sent)
-    assert seen["uvloop"] == seen["asyncio"] == seen["uvloop not installed"]
-    assert any(len(turns) > 1 for _, turns in seen["uvloop"][0])  # later turns, by id
-    assert type(asyncio.get_event_loop_policy()).__module__.startswith("asyncio")  # nothing global changed

@@ -1156,32 +1156,12 @@ def _from_events(text: str) -> dict[str, Any]:
     return reply
 
 
-#: the event loop the backend's requests run on: "uvloop" (libuv's, where the package is installed:
-#: it is a dependency on Linux and macOS) or "asyncio" (the standard library's; bench/runner_overlap.py
-#: measures one against the other). Neither changes a byte sent or an answer.
-EVENT_LOOP = "uvloop"
-
-
-def new_event_loop() -> asyncio.AbstractEventLoop:
-    """A new event loop of the kind ``EVENT_LOOP`` names; asyncio's where uvloop is not installed
-    (Windows, an environment built without it)."""
-    if EVENT_LOOP == "uvloop":
-        try:
-            import uvloop
-        except ImportError:
-            pass
-        else:
-            return uvloop.new_event_loop()
-    return asyncio.new_event_loop()
-
-
 class _LoopThread:
-    """An event loop (``new_event_loop``) on a daemon thread, with the backend's HTTP session
-    (aiohttp)."""
+    """An asyncio event loop on a daemon thread, with the backend's HTTP session (aiohttp)."""
 
     def __init__(self, peer_route: Any) -> None:
         self.route = peer_route
-        self.loop = new_event_loop()
+        self.loop = asyncio.new_event_loop()
         self._session: Any = None
         self.thread = threading.Thread(target=self.loop.run_forever, name="chexpercept-openai", daemon=True)
         self.thread.start()
