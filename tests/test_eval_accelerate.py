@@ -448,14 +448,16 @@ def test_the_main_process_stops_waiting_for_a_process_that_fell_silent_or_failed
 ):
     """A process killed on another machine (out of memory) left the main process waiting for ever, and
     a process that failed on the main machine left machine 1 sending requests (red team, stop 45).
-    Every process gives signs of life while it converses (WorkQueue.beating); the main process stops
-    waiting for one silent for SILENT_SECONDS after its first sign, and every process stops taking
-    cases once one has failed. Driven here in one process, two queue handles on one file."""
+    Every process gives signs of life from before its engine loads to its last setting
+    (work_queue.beating); the main process stops waiting for one silent for SILENT_SECONDS, and
+    every process stops taking cases once one has failed. Stop 46: one killed while its engine
+    loaded (it had never beaten) was waited for for ever, and one whose engine failed to load said
+    nothing in the queue. Driven here in one process, two queue handles on one file."""
     import threading
 
     from chexpercept.bundle import read_bundle
     from chexpercept.eval.runner import work_queue
-    from chexpercept.eval.runner.work_queue import ProcessFailed, WorkQueue
+    from chexpercept.eval.runner.work_queue import ProcessFailed, WorkQueue, beating
 
     cases = read_bundle(fixture_bundle).cases
     monkeypatch.setattr(work_queue, "SILENT_SECONDS", 0.5)
@@ -464,9 +466,31 @@ def test_the_main_process_stops_waiting_for_a_process_that_fell_silent_or_failed
     main, other = WorkQueue(path, cases, 0), WorkQueue(path, cases, 1)
     main.done()
     # a process that beats is waited for; once done, the wait ends
-    with other.beating():
+    with beating([path], 1):
         threading.Timer(1.0, other.done).start()
         main.wait_for(2, poll=0.05)
+    # one that never gave a sign (killed before its first beat) ends the wait too
+    path.unlink()
+    work_queue.alive_path(path, 1).unlink()
+    main = WorkQueue(path, cases, 0)
+    main.done()
+    with pytest.raises(
+        ProcessFailed, match="process 1 of the run has given no sign of life since the run began"
+    ):
+        main.wait_for(2, poll=0.05)
+    # one whose engine fails to load says so in the queue of every setting: no wait at all
+    later = tmp_path / "work-s2.queue"
+    for queue in (path, later):
+        queue.unlink(missing_ok=True)
+        for sign in tmp_path.glob(queue.stem + ".alive-*"):
+            sign.unlink()
+    with pytest.raises(RuntimeError), beating([path, later], 1):
+        raise RuntimeError("the engine did not load")
+    for queue in (path, later):
+        main = WorkQueue(queue, cases, 0)
+        main.done()
+        with pytest.raises(ProcessFailed, match=r"process\(es\) 1 of the run ended with an error"):
+            main.wait_for(2, poll=0.05)
     # one that beat once and then fell silent ends the wait
     path.unlink()
     main, other = WorkQueue(path, cases, 0), WorkQueue(path, cases, 1)

@@ -54,7 +54,7 @@ from chexpercept.eval.runner.store import (
     repair_tail,
     rewrite_in_order,
 )
-from chexpercept.eval.runner.work_queue import WorkQueue, queue_path, remove_queues
+from chexpercept.eval.runner.work_queue import WorkQueue, beating, queue_path, remove_queues
 from chexpercept.fileio import (
     NotOursError,
     exclusive,
@@ -652,12 +652,15 @@ def _run_all(
             if verdict:
                 raise ValueError(verdict)
         ready = False
-        for run in todo:
-            current = run
-            if run.remaining and not ready:
-                set_up(backend, context, plan)
-                ready = True
-            statuses.append(_run_one(plan, backend, dist, run))
+        queues = [queue_path(run.folder.path, run.outcome.session) for run in todo]
+        # every process gives signs of life from before its engine loads (work_queue.beating)
+        with beating(queues, dist.index) if dist.active else contextlib.nullcontext():
+            for run in todo:
+                current = run
+                if run.remaining and not ready:
+                    set_up(backend, context, plan)
+                    ready = True
+                statuses.append(_run_one(plan, backend, dist, run))
     except (Exception, RunInterrupted) as e:  # every early end is one line (eval/runner/outcome.py)
         run = current or todo[0]
         error: BaseException = e
@@ -770,20 +773,12 @@ def _run_one(plan: RunPlan, backend: Backend, dist: Distributed, run: OracleRun)
     progress = Progress(
         run.folder.results, len(run.remaining), dist.is_main and plan.progress, run.outcome.results_size
     )
-    beating = queue.beating() if dist.active else contextlib.nullcontext()
     try:
-        try:
-            with beating:
-                if run.remaining:
-                    backend.new_session()  # run.json's counts are this setting's
-                    stats = _converse(
-                        plan, backend, run, queue, progress, queue.live_limit(plan.batch_size, dist.count)
-                    )
-        except Exception:
-            if dist.active:  # the main process stops waiting for this one
-                with contextlib.suppress(OSError):
-                    queue.failed()
-            raise
+        if run.remaining:  # signs of life and a failure are said by _run_all's ``beating``
+            backend.new_session()  # run.json's counts are this setting's
+            stats = _converse(
+                plan, backend, run, queue, progress, queue.live_limit(plan.batch_size, dist.count)
+            )
         queue.done()
         if dist.is_main:
             queue.wait_for(dist.count, on_wait=_waiting(dist))

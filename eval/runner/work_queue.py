@@ -69,6 +69,51 @@ def queue_path(folder: FsPath, session: str) -> FsPath:
     return folder / f"{QUEUE_PREFIX}{session}{QUEUE_SUFFIX}"
 
 
+def alive_path(queue: FsPath, process: int) -> FsPath:
+    """The file whose changes are ``process``'s signs of life, beside ``queue``."""
+    return queue.with_name(f"{queue.stem}.alive-{process}")
+
+
+def _beat(path: FsPath) -> None:
+    fd = open_private(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    try:
+        os.write(fd, f"{time.time_ns()}\n".encode())
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def beating(queues: Sequence[FsPath], process: int) -> Iterator[None]:
+    """Signs of life of ``process`` every ``BEAT_SECONDS``, beside each of ``queues`` (the work
+    queues of every setting the run holds), from a thread of its own while the block runs: from
+    before the engine loads to the end of the last setting (an engine step that takes minutes still
+    beats). A process killed while its engine loads (out of memory, on another machine) then falls
+    silent where the main process waits for it; before, one that had never beaten was waited for
+    for ever (left alone at stop 45). An error that ends the block (an engine that fails to load) is
+    said in every queue (``failed``): the main process stops waiting at once."""
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.is_set():
+            for queue in queues:
+                with contextlib.suppress(OSError):
+                    _beat(alive_path(queue, process))
+            stop.wait(BEAT_SECONDS)
+
+    thread = threading.Thread(target=beat, name="chexpercept-alive", daemon=True)
+    thread.start()
+    try:
+        yield
+    except Exception:
+        for queue in queues:  # the main process stops waiting for this one
+            with contextlib.suppress(OSError):
+                WorkQueue(queue, (), process).failed()
+        raise
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+
+
 def remove_queues(folder: FsPath) -> None:
     """Remove the queue files of earlier sessions (main process, holding the run's lock)."""
     for pattern in (f"{QUEUE_PREFIX}*{QUEUE_SUFFIX}", f"{QUEUE_PREFIX}*.alive-*"):
@@ -133,45 +178,18 @@ class WorkQueue:
         """This process has taken its last case and finished every conversation."""
         self._locked(lambda data: f"done {self.process}\n".encode())
 
-    def _alive(self, process: int) -> FsPath:
-        return self.path.with_name(f"{self.path.stem}.alive-{process}")
-
     def beat(self) -> None:
         """A sign of life of this process (its file rewritten): ``wait_for`` watches it change."""
-        fd = open_private(self._alive(self.process), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-        try:
-            os.write(fd, f"{time.time_ns()}\n".encode())
-        finally:
-            os.close(fd)
+        _beat(alive_path(self.path, self.process))
 
     def _sign(self, process: int) -> Sign | None:
         """The last sign of life of ``process`` (its file's times, as each beat rewrites it), None
         before its first."""
         try:
-            st = os.stat(self._alive(process))
+            st = os.stat(alive_path(self.path, process))
         except OSError:
             return None
         return st.st_mtime_ns, st.st_ctime_ns, st.st_ino
-
-    @contextlib.contextmanager
-    def beating(self) -> Iterator[None]:
-        """Signs of life of this process every ``BEAT_SECONDS`` from a thread of its own while the
-        block runs (its conversations: an engine step that takes minutes still beats)."""
-        stop = threading.Event()
-
-        def beat() -> None:
-            while not stop.is_set():
-                with contextlib.suppress(OSError):
-                    self.beat()
-                stop.wait(BEAT_SECONDS)
-
-        thread = threading.Thread(target=beat, name="chexpercept-alive", daemon=True)
-        thread.start()
-        try:
-            yield
-        finally:
-            stop.set()
-            thread.join(timeout=5)
 
     def failed(self) -> None:
         """This process ends with an error (its own output says which): the main process, waiting
@@ -220,9 +238,10 @@ class WorkQueue:
                 sign = self._sign(p)
                 if p not in seen or seen[p][0] != sign:
                     seen[p] = (sign, now)
-                elif sign is not None and now - seen[p][1] > SILENT_SECONDS:  # None: not begun (loading)
+                elif now - seen[p][1] > SILENT_SECONDS:  # never beaten: every process beats from before
+                    since = "" if sign is not None else " since the run began"  # its engine loads
                     raise ProcessFailed(
-                        f"process {p} of the run has given no sign of life for {SILENT_SECONDS / 60:g} min "
+                        f"process {p} of the run has given no sign of life{since} for {SILENT_SECONDS / 60:g} min "
                         "(killed, or out of memory, on its machine?): this setting cannot be finished; the "
                         "cases saved stay, and rerunning the same command resumes"
                     )
