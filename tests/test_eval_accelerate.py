@@ -491,8 +491,26 @@ def test_the_main_process_stops_waiting_for_a_process_that_fell_silent_or_failed
         main.done()
         with pytest.raises(ProcessFailed, match=r"process\(es\) 1 of the run ended with an error"):
             main.wait_for(2, poll=0.05)
+    # a failure in a later setting leaves a setting this process finished alone (the others finish
+    # it); one that stops because another failed adds no failure of its own; the main process that
+    # found one silent says so, and the others stop too (review of stop 46)
+    for queue in (path, later):
+        queue.unlink()
+    with pytest.raises(RuntimeError), beating([path, later], 1) as beats:
+        beats.finished(path)
+        raise RuntimeError("setting 2 failed")
+    assert b"failed" not in path.read_bytes() if path.exists() else True
+    assert b"failed 1" in later.read_bytes()
+    later.unlink()
+    with pytest.raises(ProcessFailed), beating([later], 2):
+        raise ProcessFailed("process 1 failed")
+    assert not later.exists() or b"failed" not in later.read_bytes()
+    with pytest.raises(work_queue.ProcessSilent), beating([later], 0):
+        raise work_queue.ProcessSilent("process 1 fell silent")
+    assert b"failed 0" in later.read_bytes()
     # one that beat once and then fell silent ends the wait
-    path.unlink()
+    path.unlink(missing_ok=True)
+    work_queue.alive_path(path, 1).unlink(missing_ok=True)
     main, other = WorkQueue(path, cases, 0), WorkQueue(path, cases, 1)
     main.done()
     other.beat()

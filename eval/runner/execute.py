@@ -654,13 +654,15 @@ def _run_all(
         ready = False
         queues = [queue_path(run.folder.path, run.outcome.session) for run in todo]
         # every process gives signs of life from before its engine loads (work_queue.beating)
-        with beating(queues, dist.index) if dist.active else contextlib.nullcontext():
-            for run in todo:
+        with beating(queues, dist.index) if dist.active else contextlib.nullcontext() as beats:
+            for run, queue in zip(todo, queues, strict=True):
                 current = run
                 if run.remaining and not ready:
                     set_up(backend, context, plan)
                     ready = True
                 statuses.append(_run_one(plan, backend, dist, run))
+                if beats is not None:
+                    beats.finished(queue)
     except (Exception, RunInterrupted) as e:  # every early end is one line (eval/runner/outcome.py)
         run = current or todo[0]
         error: BaseException = e

@@ -39,6 +39,11 @@ class ProcessFailed(ValueError):
     """Another process of the run ended with an error while the main process waited for it."""
 
 
+class ProcessSilent(ProcessFailed):
+    """Another process of the run gave no sign of life for ``SILENT_SECONDS`` (the main process
+    found it: unlike a process that stops because another said it failed, this one says so)."""
+
+
 def _named(data: bytes, event: str) -> set[int]:
     """The processes a queue file's lines of ``event`` (``done``, ``failed``) name."""
     return {int(line.split()[1]) for line in data.decode().splitlines() if line.startswith(f"{event} ")}
@@ -82,20 +87,46 @@ def _beat(path: FsPath) -> None:
         os.close(fd)
 
 
+class Beats:
+    """The settings whose work queues ``beating`` gives signs of life beside (``finished`` takes one
+    off once this process has said ``done`` there)."""
+
+    def __init__(self, queues: Sequence[FsPath]) -> None:
+        self._queues = list(queues)
+        self._lock = threading.Lock()
+
+    def finished(self, queue: FsPath) -> None:
+        """This process is done in ``queue``'s setting: no more signs there, and no failure either
+        (one in a later setting must not wreck a setting the others are finishing)."""
+        with self._lock:
+            if queue in self._queues:
+                self._queues.remove(queue)
+
+    def open(self) -> list[FsPath]:
+        with self._lock:
+            return list(self._queues)
+
+
 @contextlib.contextmanager
-def beating(queues: Sequence[FsPath], process: int) -> Iterator[None]:
+def beating(queues: Sequence[FsPath], process: int) -> Iterator[Beats]:
     """Signs of life of ``process`` every ``BEAT_SECONDS``, beside each of ``queues`` (the work
-    queues of every setting the run holds), from a thread of its own while the block runs: from
-    before the engine loads to the end of the last setting (an engine step that takes minutes still
-    beats). A process killed while its engine loads (out of memory, on another machine) then falls
-    silent where the main process waits for it; before, one that had never beaten was waited for
-    for ever (left alone at stop 45). An error that ends the block (an engine that fails to load) is
-    said in every queue (``failed``): the main process stops waiting at once."""
+    queues of every setting the run holds) that this process has not finished, from a thread of its
+    own while the block runs: from before the engine loads to the end of the last setting (an engine
+    step that takes minutes still beats). A process killed while its engine loads (out of memory,
+    on another machine) then falls silent where the main process waits for it; before, one that had
+    never beaten was waited for for ever (left alone at stop 45). An error that ends the block (an
+    engine that fails to load included) is said in the queue of every setting not finished
+    (``failed``): the main process stops waiting, and no process takes another case there. A
+    process that stops because another said it failed (ProcessFailed) adds nothing; the main
+    process that found one silent (ProcessSilent) says so, and the others stop too. A stop signal is
+    not said: the processes of one machine all take it from the launcher, and one that took a
+    sibling's failure for its own would end with another line than "stopped by SIGTERM"."""
+    beats = Beats(queues)
     stop = threading.Event()
 
     def beat() -> None:
         while not stop.is_set():
-            for queue in queues:
+            for queue in beats.open():
                 with contextlib.suppress(OSError):
                     _beat(alive_path(queue, process))
             stop.wait(BEAT_SECONDS)
@@ -103,11 +134,12 @@ def beating(queues: Sequence[FsPath], process: int) -> Iterator[None]:
     thread = threading.Thread(target=beat, name="chexpercept-alive", daemon=True)
     thread.start()
     try:
-        yield
-    except Exception:
-        for queue in queues:  # the main process stops waiting for this one
-            with contextlib.suppress(OSError):
-                WorkQueue(queue, (), process).failed()
+        yield beats
+    except Exception as e:  # an error: said where it counts (a stop signal is not: see above)
+        if not isinstance(e, ProcessFailed) or isinstance(e, ProcessSilent):
+            for queue in beats.open():
+                with contextlib.suppress(OSError):
+                    WorkQueue(queue, (), process).failed()
         raise
     finally:
         stop.set()
@@ -214,13 +246,13 @@ class WorkQueue:
 
         ``on_wait(done, seconds)`` is called now and then while some are not (a line saying who is
         still working). A stop signal interrupts the wait like any other (eval/runner/interrupts.py);
-        a process that ends with an error says so here (``failed``), and the wait ends with
-        ProcessFailed naming it; one killed on this machine ends the whole launch (the launcher
-        stops the others); one that gives no sign of life (``beat``) for ``SILENT_SECONDS`` (killed
-        on another machine, out of memory there) after its first ends the wait with ProcessFailed
-        too (red team, stop 45: the main process waited for it for ever); one that has not begun
-        (an engine loading for minutes) is waited for. Signs are told apart by change, never by
-        comparing another machine's clock with this one's."""
+        a process that ends with an error says so here (``failed``, written by ``beating``), and the wait ends with ProcessFailed naming it; one killed on this machine ends
+        the whole launch (the launcher stops the others); one that gives no sign of life for
+        ``SILENT_SECONDS`` from the wait's first look (killed on another machine, out of memory
+        there), never having beaten included (every process beats from before its engine loads),
+        ends the wait with ProcessFailed too (red team, stop 45: the main process waited for it for
+        ever). Signs are told apart by change, never by comparing another machine's clock with this
+        one's."""
         start = time.monotonic()
         told = 0.0
         seen: dict[int, tuple[Sign | None, float]] = {}  # process -> (its last sign, when it changed)
@@ -240,7 +272,7 @@ class WorkQueue:
                     seen[p] = (sign, now)
                 elif now - seen[p][1] > SILENT_SECONDS:  # never beaten: every process beats from before
                     since = "" if sign is not None else " since the run began"  # its engine loads
-                    raise ProcessFailed(
+                    raise ProcessSilent(
                         f"process {p} of the run has given no sign of life{since} for {SILENT_SECONDS / 60:g} min "
                         "(killed, or out of memory, on its machine?): this setting cannot be finished; the "
                         "cases saved stay, and rerunning the same command resumes"
