@@ -148,7 +148,10 @@ def test_a_signal_stops_an_api_run_without_waiting_for_replies_in_flight(fixture
             threads = other_threads(proc.pid, signal.SIGTERM)
             assert threads, "every other thread of the run blocks SIGTERM"
             send_to_thread(proc.pid, threads[0], signal.SIGTERM)
-        _, err = proc.communicate(timeout=30)
+        try:
+            _, err = proc.communicate(timeout=30)
+        finally:
+            proc.kill()  # a failure leaves no run behind
     assert time.monotonic() - sent < 5 and proc.returncode == 128 + signal.SIGTERM
     assert "stopped by SIGTERM. 0 of 21 selected cases are saved" in err and "Traceback" not in err
 

@@ -153,10 +153,13 @@ def test_a_run_whose_main_thread_cannot_be_woken_is_ended_after_its_grace():
     proc = subprocess.Popen(
         [sys.executable, "-c", UNWAKEABLE], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
-    assert proc.stdout.readline().strip() == "ready"
-    sent = time.monotonic()
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=60)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()  # a failure leaves no process held in its wait
     assert time.monotonic() - sent < 10 and proc.returncode == 128 + signal.SIGTERM, err
     assert "did not shut down within 1 s of SIGTERM" in err
 
