@@ -424,14 +424,14 @@ MID_CHANGE = textwrap.dedent(
     rng = random.Random(1)
     bad = []
     for i in range(1000):
-        signal.setitimer(signal.ITIMER_REAL, rng.uniform(0.00002, 0.0006))
-        try:
+        try:  # the alarm may come as soon as it is set, or before it is called off
+            signal.setitimer(signal.ITIMER_REAL, rng.uniform(0.00002, 0.0006))
             with signals_caught(mine):
                 pass
             time.sleep(0.001)
+            signal.setitimer(signal.ITIMER_REAL, 0)
         except Alarm:
-            pass
-        signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.setitimer(signal.ITIMER_REAL, 0)
         state = (signal_watch.armed(), signal_watch._Watch.users, signal.set_wakeup_fd(-1))
         if state != (False, 0, -1) or {s: signal.getsignal(s) for s in watched} != before:
             bad.append((i, state))
