@@ -281,12 +281,8 @@ def _forget_in_child() -> None:
     if _Watch.writer is None:
         return
     if _Watch.thread is not None:
-        with contextlib.suppress(ValueError, OSError):
-            signal.set_wakeup_fd(_Watch.previous_fd)
-        if WAKE_SIGNAL is not None:
-            previous = _Watch.previous_wake
-            with contextlib.suppress(ValueError, OSError, TypeError):
-                signal.signal(WAKE_SIGNAL, signal.SIG_DFL if previous is None else previous)  # type: ignore[arg-type]
+        with contextlib.suppress(Exception):
+            _give_back_process_state(_Watch.writer.fileno())
     for sock in (_Watch.reader, _Watch.writer):
         if sock is not None:
             with contextlib.suppress(OSError):

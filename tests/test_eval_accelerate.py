@@ -511,9 +511,9 @@ def test_the_main_process_stops_waiting_for_a_process_that_fell_silent_or_failed
     # one that beat once and then fell silent ends the wait
     path.unlink(missing_ok=True)
     work_queue.alive_path(path, 1).unlink(missing_ok=True)
-    main, other = WorkQueue(path, cases, 0), WorkQueue(path, cases, 1)
+    main = WorkQueue(path, cases, 0)
     main.done()
-    other.beat()
+    work_queue.beat(work_queue.alive_path(path, 1))
     with pytest.raises(ProcessFailed, match="process 1 of the run has given no sign of life"):
         main.wait_for(2, poll=0.05)
     # one that failed: the main process stops waiting, and no other process takes another case

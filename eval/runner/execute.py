@@ -660,7 +660,7 @@ def _run_all(
                 if run.remaining and not ready:
                     set_up(backend, context, plan)
                     ready = True
-                statuses.append(_run_one(plan, backend, dist, run))
+                statuses.append(_run_one(plan, backend, dist, run, queue))
                 if beats is not None:
                     beats.finished(queue)
     except (Exception, RunInterrupted) as e:  # every early end is one line (eval/runner/outcome.py)
@@ -764,14 +764,12 @@ def _preflight(plan: RunPlan, backend: Backend, context: RunContext, run: Oracle
     return ""
 
 
-def _run_one(plan: RunPlan, backend: Backend, dist: Distributed, run: OracleRun) -> int:
-    """One oracle setting: the conversations this process takes from the setting's work queue (as
-    slots free up, eval/runner/work_queue.py), then (main process, once every process is done) every
+def _run_one(plan: RunPlan, backend: Backend, dist: Distributed, run: OracleRun, queue_file: FsPath) -> int:
+    """One oracle setting: the conversations this process takes from the setting's work queue
+    (``queue_file``, as slots free up, eval/runner/work_queue.py), then (main process, once every process is done) every
     selected case checked there once, the file ordered, run.json signed off."""
     stats = EngineStats()
-    queue = WorkQueue(
-        queue_path(run.folder.path, run.outcome.session), admission_order(run.remaining), dist.index
-    )
+    queue = WorkQueue(queue_file, admission_order(run.remaining), dist.index)
     progress = Progress(
         run.folder.results, len(run.remaining), dist.is_main and plan.progress, run.outcome.results_size
     )

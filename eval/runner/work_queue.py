@@ -79,7 +79,8 @@ def alive_path(queue: FsPath, process: int) -> FsPath:
     return queue.with_name(f"{queue.stem}.alive-{process}")
 
 
-def _beat(path: FsPath) -> None:
+def beat(path: FsPath) -> None:
+    """A sign of life at ``path`` (``alive_path``): the file rewritten, which ``wait_for`` sees change."""
     fd = open_private(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     try:
         os.write(fd, f"{time.time_ns()}\n".encode())
@@ -124,14 +125,14 @@ def beating(queues: Sequence[FsPath], process: int) -> Iterator[Beats]:
     beats = Beats(queues)
     stop = threading.Event()
 
-    def beat() -> None:
+    def beat_on() -> None:
         while not stop.is_set():
             for queue in beats.open():
                 with contextlib.suppress(OSError):
-                    _beat(alive_path(queue, process))
+                    beat(alive_path(queue, process))
             stop.wait(BEAT_SECONDS)
 
-    thread = threading.Thread(target=beat, name="chexpercept-alive", daemon=True)
+    thread = threading.Thread(target=beat_on, name="chexpercept-alive", daemon=True)
     thread.start()
     try:
         yield beats
@@ -210,10 +211,6 @@ class WorkQueue:
         """This process has taken its last case and finished every conversation."""
         self._locked(lambda data: f"done {self.process}\n".encode())
 
-    def beat(self) -> None:
-        """A sign of life of this process (its file rewritten): ``wait_for`` watches it change."""
-        _beat(alive_path(self.path, self.process))
-
     def _sign(self, process: int) -> Sign | None:
         """The last sign of life of ``process`` (its file's times, as each beat rewrites it), None
         before its first."""
@@ -246,8 +243,8 @@ class WorkQueue:
 
         ``on_wait(done, seconds)`` is called now and then while some are not (a line saying who is
         still working). A stop signal interrupts the wait like any other (eval/runner/interrupts.py);
-        a process that ends with an error says so here (``failed``, written by ``beating``), and the wait ends with ProcessFailed naming it; one killed on this machine ends
-        the whole launch (the launcher stops the others); one that gives no sign of life for
+        a process that ends with an error says so here (``failed``, written by ``beating``), and the
+        wait ends with ProcessFailed naming it; one killed on this machine ends the whole launch (the launcher stops the others); one that gives no sign of life for
         ``SILENT_SECONDS`` from the wait's first look (killed on another machine, out of memory
         there), never having beaten included (every process beats from before its engine loads),
         ends the wait with ProcessFailed too (red team, stop 45: the main process waited for it for
