@@ -18,12 +18,22 @@ from chexpercept.cli import main as cli
 from chexpercept.eval.run import main
 
 RUN_SCRIPT = Path(__file__).resolve().parents[1] / "eval" / "run.py"
-LAUNCH = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]
-LAUNCH += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+
+
+def launch_command() -> list[str]:
+    """``accelerate launch`` of two processes on one machine, on a port of its own: on the default
+    port (29500), two tests of this file launching at once on two test workers collided (seen at
+    stop 47: test_two_processes_equal_one_process ended with EADDRINUSE in 1 of 4 runs beside other
+    test files; the likely cause of the rare, uncaptured failures of stop 46 too)."""
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]
+    command += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+    return [*command, "--main_process_port", str(_free_port())]
 
 
 def launch_two(*args: str) -> subprocess.CompletedProcess:
-    proc = subprocess.run([*LAUNCH, str(RUN_SCRIPT), *args], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [*launch_command(), str(RUN_SCRIPT), *args], capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return proc
 
@@ -102,6 +112,18 @@ def launch_two_machines(
     """One process on each of two "machines" (two launches on this one, ranks 0 and 1), each given
     its own --data-dir (and, where given, its own --base-url or --model), as each machine of a
     multi-node run reads its own copies and asks its own local server."""
+    out = []
+    for p in start_two_machines(data_dirs, *args, base_urls=base_urls, models=models):
+        stdout, stderr = p.communicate(timeout=300)
+        out.append(subprocess.CompletedProcess(p.args, p.returncode, stdout, stderr))
+    return out
+
+
+def start_two_machines(
+    data_dirs, *args: str, base_urls=None, models=None, env=None
+) -> list[subprocess.Popen]:
+    """``launch_two_machines``'s two launches, started (each in a session of its own, as on its own
+    machine) and left running."""
     port = str(_free_port())
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]
     launch += ["--num_machines", "2", "--main_process_ip", "127.0.0.1", "--main_process_port", port]
@@ -114,20 +136,17 @@ def launch_two_machines(
                 mine[mine.index(flag) + 1] = str(values[rank])
         return mine
 
-    procs = [
+    return [
         subprocess.Popen(
             [*launch, "--machine_rank", str(rank), str(RUN_SCRIPT), "--data-dir", str(data_dir), *own(rank)],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            start_new_session=True,
+            env=env,
         )
         for rank, data_dir in enumerate(data_dirs)
     ]
-    out = []
-    for p in procs:
-        stdout, stderr = p.communicate(timeout=300)
-        out.append(subprocess.CompletedProcess(p.args, p.returncode, stdout, stderr))
-    return out
 
 
 @pytest.mark.slow
@@ -218,7 +237,15 @@ def test_a_signal_stops_every_process_of_an_accelerate_run(fixture_bundle, tmp_p
     common = ["--data-dir", str(fixture_bundle), "--model", "baseline:random", "--batch-size", "2"]
     folder = tmp_path / "baseline-random" / "oracle_implicit"
     proc = subprocess.Popen(
-        [*LAUNCH, str(RUN_SCRIPT), *common, "--output-dir", str(tmp_path), "--no-progress", "--no-score"],
+        [
+            *launch_command(),
+            str(RUN_SCRIPT),
+            *common,
+            "--output-dir",
+            str(tmp_path),
+            "--no-progress",
+            "--no-score",
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -245,7 +272,8 @@ def test_a_signal_stops_every_process_of_an_accelerate_run(fixture_bundle, tmp_p
     # from this project's code (on SIGTERM torch's elastic launcher prints its own: not ours)
     said = [
         re.fullmatch(
-            r"chexpercept run: process ([01]) of 2: stopped by SIG(?:TERM|INT)\. \d+ of 21 selected cases are "
+            r"chexpercept run: process ([01]) of 2: stopped by SIG(?:TERM|INT)(?: \(sent to process [01] of the run\))?\. "
+            r"\d+ of 21 selected cases are "
             r"saved in \S+ \((\d+) finished in this session\)\. rerun the same command to resume\.",
             x,
         )
@@ -267,6 +295,62 @@ def test_a_signal_stops_every_process_of_an_accelerate_run(fixture_bundle, tmp_p
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("stopped", [0, 1])
+def test_a_signal_to_one_machine_stops_the_processes_of_every_machine(fixture_bundle, tmp_path, stopped):
+    """Left alone at stop 46: SIGTERM to machine 0's launcher stopped machine 0 only; machine 1,
+    whose launcher nobody signalled, went on through every case left (a GPU's hours, or paid
+    requests), and a stop on machine 1 left the main process working alone, then waiting 10 min for
+    its silence. Each process now says its stop in the work queue, and the other machine's process
+    stops at its next case or while it waits: it saves what it finished, says so, and a rerun
+    completes the run."""
+    import os
+    import signal
+    import time
+
+    common = [
+        "--model",
+        "baseline:random",
+        "--batch-size",
+        "1",
+        "--output-dir",
+        str(tmp_path),
+        "--no-progress",
+    ]
+    folder = tmp_path / "baseline-random" / "oracle_implicit"
+    results = folder / "results.jsonl"
+    env = {**os.environ, "CHEXPERCEPT_TEST_STEP_DELAY": "0.4"}
+    procs = start_two_machines([fixture_bundle, fixture_bundle], *common, "--no-score", env=env)
+    deadline = time.monotonic() + 120
+    while not (results.exists() and results.read_text().count("\n") >= 2):
+        assert all(p.poll() is None for p in procs) and time.monotonic() < deadline, [
+            p.communicate() for p in procs
+        ]
+        time.sleep(0.1)
+    procs[stopped].send_signal(signal.SIGTERM)
+    errs = [p.communicate(timeout=90)[1] for p in procs]
+    other = 1 - stopped
+    assert all(p.returncode != 0 for p in procs), errs  # the launcher's own status: torch's
+    assert f"exitcode  : {128 + signal.SIGTERM} " in errs[other], errs[other][-3000:]
+    saved = results.read_text().count("\n")
+    assert saved < 21, errs  # before: the other machine went on through every case left
+    told = (
+        rf"chexpercept run: process {other} of 2: stopped by SIGTERM \(sent to process {stopped} of the run\)\. "
+        rf"\d+ of 21 selected cases are saved in \S+ \((\d+) finished in this session\)\. rerun the same command to resume\."
+    )
+    said = [m for line in errs[other].splitlines() if (m := re.fullmatch(told, line))]
+    assert len(said) == 1 or (other == 1 and not said), errs[other][
+        -3000:
+    ]  # one that saved nothing says nothing
+    root = re.escape(str(RUN_SCRIPT.parents[1]))  # torch's launcher prints its own traceback: not ours
+    assert not any(re.search(rf'File "{root}/(?!\.venv)', e) for e in errs), errs
+    assert not (folder / "run.lock").exists()
+    # a rerun (one machine, one process) completes the run, each case once
+    assert main(["--data-dir", str(fixture_bundle), *common, "--no-score"]) == 0
+    keys = [json.loads(line)["key_id"] for line in results.read_text().splitlines()]
+    assert len(keys) == len(set(keys)) == 21
+
+
+@pytest.mark.slow
 def test_a_slow_process_takes_fewer_cases_and_no_barrier_times_out(fixture_bundle, tmp_path):
     """Issue 28 class C: the processes take cases as they go (eval/runner/work_queue.py). Process 1 is slowed
     (each of its rounds sleeps) and the processes' meeting timeout is cut to 5 s: process 0 takes most
@@ -278,7 +362,7 @@ def test_a_slow_process_takes_fewer_cases_and_no_barrier_times_out(fixture_bundl
     assert main([*common, "--output-dir", str(tmp_path / "one"), "--no-progress"]) == 0
     env = {**os.environ, "CHEXPERCEPT_TEST_STEP_DELAY": "1.5@1", "CHEXPERCEPT_COORDINATION_TIMEOUT": "5"}
     proc = subprocess.run(
-        [*LAUNCH, str(RUN_SCRIPT), *common, "--output-dir", str(tmp_path / "two"), "--no-progress"],
+        [*launch_command(), str(RUN_SCRIPT), *common, "--output-dir", str(tmp_path / "two"), "--no-progress"],
         capture_output=True, text=True, timeout=300, env=env,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -308,7 +392,7 @@ def test_no_process_holds_more_than_its_share_of_the_cases_live(fixture_bundle, 
     assert main([*common, "--output-dir", str(tmp_path / "one"), "--no-progress"]) == 0
     env = {**os.environ, "CHEXPERCEPT_TEST_STEP_DELAY": "0.5@1"}
     proc = subprocess.run(
-        [*LAUNCH, str(RUN_SCRIPT), *common, "--output-dir", str(tmp_path / "two"), "--no-progress"],
+        [*launch_command(), str(RUN_SCRIPT), *common, "--output-dir", str(tmp_path / "two"), "--no-progress"],
         capture_output=True, text=True, timeout=300, env=env,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -328,7 +412,7 @@ def test_ctrl_c_while_the_processes_start_is_one_line_each(fixture_bundle, tmp_p
     import time
 
     proc = subprocess.Popen(
-        [*LAUNCH, str(RUN_SCRIPT), "--data-dir", str(fixture_bundle), "--model", "baseline:random",
+        [*launch_command(), str(RUN_SCRIPT), "--data-dir", str(fixture_bundle), "--model", "baseline:random",
          "--output-dir", str(tmp_path), "--no-progress", "--no-score"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
     )  # fmt: skip
@@ -520,6 +604,73 @@ def test_the_main_process_stops_waiting_for_a_process_that_fell_silent_or_failed
     path.unlink()
     main, other = WorkQueue(path, cases, 0), WorkQueue(path, cases, 1)
     assert other.take() is not None
-    main.failed()
+    main.said("failed {process}")
     with pytest.raises(ProcessFailed, match=r"process\(es\) 0 of the run ended with an error"):
         other.take()
+
+
+def test_a_stop_said_in_the_queue_stops_the_other_processes_as_the_signal_would(
+    tmp_path, fixture_bundle, capfd
+):
+    """A process a stop signal ends says so in the queue of every setting it has not finished
+    (``stopped <process> <signal>``); every other process then stops as if the signal had reached
+    it: at its next case, or in the main process's wait, its grace clock started, and the
+    launcher's own copy of the signal, when it comes next on the same machine, is taken as a first
+    signal (not a second one, which ends a program at once). A failure said there first still
+    ends the others as a failure; one that stops because it was told adds nothing; a setting the
+    process had finished is left alone. Driven in one process, two queue handles on one file."""
+    import signal
+    import time
+
+    from chexpercept.bundle import read_bundle
+    from chexpercept.eval.runner.interrupts import RunInterrupted, stop_on_signals
+    from chexpercept.eval.runner.work_queue import ProcessFailed, WorkQueue, beating
+
+    cases = read_bundle(fixture_bundle).cases
+    path, later = tmp_path / "work-s.queue", tmp_path / "work-t.queue"
+    main, other = WorkQueue(path, cases, 0), WorkQueue(path, cases, 1)
+    assert other.take() is not None
+    with pytest.raises(RunInterrupted), beating([path, later], 0) as beats:
+        beats.finished(later)
+        raise RunInterrupted(signal.SIGTERM)
+    assert path.read_bytes().endswith(b"stopped 0 15\n") and not later.exists()
+    taken = path.read_bytes().count(b"take ")
+    told_by_0 = r"^stopped by SIGTERM \(sent to process 0 of the run\)$"
+    with pytest.raises(RunInterrupted, match=told_by_0) as told, beating([path], 1):
+        other.take()
+    assert (told.value.signum, told.value.sent_to, told.value.exit_status) == (signal.SIGTERM, 0, 143)
+    data = path.read_bytes()
+    assert data.count(b"take ") == taken and b"stopped 1" not in data  # nothing taken, nothing added
+    with pytest.raises(RunInterrupted):  # the process that said it is not stopped by its own word
+        main.take()
+        raise RunInterrupted(signal.SIGTERM)
+    # the main process, waiting for another machine's process, stops when that one is stopped
+    path.unlink()
+    main = WorkQueue(path, cases, 0)
+    main.done()
+    with pytest.raises(RunInterrupted), beating([path], 1):
+        raise RunInterrupted(signal.SIGINT)
+    with pytest.raises(RunInterrupted, match=r"SIGINT \(sent to process 1 of the run\)"):
+        main.wait_for(2, poll=0.05)
+    # a failure said first ends the others as a failure
+    path.unlink()
+    main, other = WorkQueue(path, cases, 0), WorkQueue(path, cases, 1)
+    main.said("failed {process}")
+    main.said("stopped {process} 15")
+    with pytest.raises(ProcessFailed):
+        other.take()
+    # inside a run's stop_on_signals: the grace clock starts when the word is read, and the
+    # signal that comes next is taken as the first one
+    path.unlink()
+    main, other = WorkQueue(path, cases, 0), WorkQueue(path, cases, 1)
+    main.said("stopped {process} 15")
+    with stop_on_signals(grace=0.5):
+        with pytest.raises(RunInterrupted, match="sent to process 0"):
+            other.take()
+        with pytest.raises(RunInterrupted, match=r"^stopped by SIGTERM$"):
+            signal.raise_signal(signal.SIGTERM)
+            time.sleep(5)
+        time.sleep(1.0)
+    err = capfd.readouterr().err
+    assert "SIGTERM again" not in err, err
+    assert "did not shut down within 0.5 s of SIGTERM" in err, err

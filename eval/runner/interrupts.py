@@ -39,7 +39,8 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import NoReturn
 
 from chexpercept import signal_watch
 from chexpercept.entry_point import exit_now, is_program, signals_caught
@@ -55,12 +56,15 @@ DEFAULT_GRACE = 20.0
 
 
 class RunInterrupted(BaseException):
-    """A stop signal arrived; ``signum`` says which."""
+    """A stop signal arrived; ``signum`` says which. ``sent_to``: the signal reached another process
+    of the run, whose work queue said so (``stop_as_told``), not this one."""
 
-    def __init__(self, signum: int):
+    def __init__(self, signum: int, *, sent_to: int | None = None):
         self.signum = signum
         self.name = signal.Signals(signum).name
-        super().__init__(f"stopped by {self.name}")
+        self.sent_to = sent_to
+        told = f" (sent to process {sent_to} of the run)" if sent_to is not None else ""
+        super().__init__(f"stopped by {self.name}{told}")
 
     @property
     def exit_status(self) -> int:
@@ -144,6 +148,8 @@ class _State:
     deferring = 0
     pending: int | None = None
     children: ChildProcesses | None = None
+    #: starts the shutdown's grace (inside ``stop_on_signals``)
+    start_clock: Callable[[int], None] | None = None
 
 
 _state = _State()
@@ -166,6 +172,18 @@ def deferred() -> Iterator[None]:
         if not _state.deferring and _state.pending is not None:
             signum, _state.pending = _state.pending, None
             raise RunInterrupted(signum)
+
+
+def stop_as_told(signum: int, process: int) -> NoReturn:
+    """Another process of the run (``process``) was stopped by ``signum``, and its work queue says
+    so (eval/runner/work_queue.py): this process stops as if the signal had reached it (its grace
+    clock starts), wherever it runs (a machine whose launcher nobody signalled would otherwise go
+    on with every case left). Raised in the calling thread, the main one. The signal is not noted
+    as this process's own: the launcher's own copy of it, coming next on the same machine, is then
+    taken as a first signal, not as a second one that ends the process at once."""
+    if _state.start_clock is not None:
+        _state.start_clock(signum)
+    raise RunInterrupted(signum, sent_to=process)
 
 
 def _force_exit(signum: int, why: str) -> None:
@@ -229,6 +247,7 @@ def stop_on_signals(grace: float = DEFAULT_GRACE) -> Iterator[ChildProcesses]:
             return
         raise RunInterrupted(signum)
 
+    _state.start_clock = start_clock
     try:
         # a signal the user ignored (nohup) stays ignored; the caller's handlers come back however
         # the block ends, a stop in the middle of the change included
@@ -237,6 +256,7 @@ def stop_on_signals(grace: float = DEFAULT_GRACE) -> Iterator[ChildProcesses]:
     finally:
         shut_down.set()
         _state.children = None
+        _state.start_clock = None
         sys.stderr.flush()
 
 

@@ -131,7 +131,7 @@ def end_of(
         error = RunInterrupted(signum)  # the engine died of the same signal (Ctrl-C reaches it too)
     if isinstance(error, RunInterrupted):
         if main or (session is not None and session.finished_now):
-            say_end(session, f"stopped by {error.name}", resume)
+            say_end(session, str(error), resume)
         return error.exit_status
     if isinstance(error, ConversationFailed):
         say_end(

@@ -17,7 +17,14 @@ frees a slot first.
 
 The file holds one line per event, appended under the lock: ``take <process>`` for each case taken
 (the case is the next in the order every process shares), ``done <process>`` when a process has
-finished. Its length is the number of cases taken, so it stays small (a few KB for the release).
+finished, ``failed <process>`` when one ended with an error, ``stopped <process> <signal>`` when a
+stop signal ended one (``beating``). Its length is the number of cases taken, so it stays small (a
+few KB for the release).
+
+Every process ends as the first that ends early does (``ended``): a failure ends the others with
+ProcessFailed, a stop signal stops them as if it had reached them (interrupts.stop_as_told). On one
+machine the launcher does either; a process on another machine learns it here, at its next case or
+while it waits.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path as FsPath
 
 from chexpercept.case import Case
+from chexpercept.eval.runner.interrupts import RunInterrupted, stop_as_told
 from chexpercept.fileio import open_private
 
 
@@ -45,8 +53,22 @@ class ProcessSilent(ProcessFailed):
 
 
 def _named(data: bytes, event: str) -> set[int]:
-    """The processes a queue file's lines of ``event`` (``done``, ``failed``) name."""
+    """The processes a queue file's lines of ``event`` (``done``, ``failed``, ``stopped``) name."""
     return {int(line.split()[1]) for line in data.decode().splitlines() if line.startswith(f"{event} ")}
+
+
+def ended(data: bytes, process: int) -> None:
+    """The one rule of an early end, read from a queue file's ``data`` by every process that takes
+    a case or waits (``process`` is the reader): another process's failure raises ProcessFailed
+    naming every failed one; else another's stop signal stops this one too (RunInterrupted, as
+    if the signal had come here). Returns when neither is said."""
+    failed = _named(data, "failed")
+    if failed:
+        raise _ended(failed)
+    for line in data.decode().splitlines():
+        words = line.split()
+        if len(words) == 3 and words[0] == "stopped" and int(words[1]) != process:
+            stop_as_told(int(words[2]), int(words[1]))
 
 
 def _ended(failed: Iterable[int]) -> ProcessFailed:
@@ -115,13 +137,15 @@ def beating(queues: Sequence[FsPath], process: int) -> Iterator[Beats]:
     own while the block runs: from before the engine loads to the end of the last setting (an engine
     step that takes minutes still beats). A process killed while its engine loads (out of memory,
     on another machine) then falls silent where the main process waits for it; before, one that had
-    never beaten was waited for for ever (left alone at stop 45). An error that ends the block (an
-    engine that fails to load included) is said in the queue of every setting not finished
-    (``failed``): the main process stops waiting, and no process takes another case there. A
-    process that stops because another said it failed (ProcessFailed) adds nothing; the main
-    process that found one silent (ProcessSilent) says so, and the others stop too. A stop signal is
-    not said: the processes of one machine all take it from the launcher, and one that took a
-    sibling's failure for its own would end with another line than "stopped by SIGTERM"."""
+    never beaten was waited for for ever (left alone at stop 45).
+
+    How the block ends is said in the queue of every setting not finished, and every other process
+    ends the same way there (``ended``): an error (an engine that fails to load included) as
+    ``failed``, and no process takes another case; a stop signal as ``stopped`` with the signal, and
+    the others stop as if it had reached them (before, a stop on machine 0 left the other machines'
+    processes working through every case left: left alone at stop 46). A process that stops
+    because another said it failed (ProcessFailed) or was stopped (``sent_to``) adds nothing; the
+    main process that found one silent (ProcessSilent) says so, and the others stop too."""
     beats = Beats(queues)
     stop = threading.Event()
 
@@ -136,15 +160,26 @@ def beating(queues: Sequence[FsPath], process: int) -> Iterator[Beats]:
     thread.start()
     try:
         yield beats
-    except Exception as e:  # an error: said where it counts (a stop signal is not: see above)
-        if not isinstance(e, ProcessFailed) or isinstance(e, ProcessSilent):
+    except (Exception, RunInterrupted) as e:  # said where it counts: see above
+        said = _end_of(e)
+        if said is not None:
             for queue in beats.open():
                 with contextlib.suppress(OSError):
-                    WorkQueue(queue, (), process).failed()
+                    WorkQueue(queue, (), process).said(said)
         raise
     finally:
         stop.set()
         thread.join(timeout=5)
+
+
+def _end_of(error: BaseException) -> str | None:
+    """The word a process whose block ``error`` ended leaves in each open queue (``beating``), or
+    None when it only follows another's (a failure or a stop said there already)."""
+    if isinstance(error, RunInterrupted):
+        return f"stopped {{process}} {error.signum}" if error.sent_to is None else None
+    if isinstance(error, ProcessFailed) and not isinstance(error, ProcessSilent):
+        return None
+    return "failed {process}"
 
 
 def remove_queues(folder: FsPath) -> None:
@@ -185,21 +220,19 @@ class WorkQueue:
         """The next case nobody has taken, now taken by this process; None when none is left.
         ProcessFailed when another process has said it ended with an error: the run cannot be
         finished, and no more is asked of the model (red team, stop 45: machine 1 went on sending
-        paid requests for half a minute after the main process had failed)."""
+        paid requests for half a minute after the main process had failed). RunInterrupted when a
+        stop signal ended another process (``ended``)."""
         taken: list[int] = []
-        failed: list[int] = []
 
         def claim(data: bytes) -> bytes | None:
-            failed.extend(_named(data, "failed"))
+            ended(data, self.process)  # raises, and nothing is taken, once another process ended early
             n = data.count(b"take ")
-            if failed or n >= len(self.cases):
+            if n >= len(self.cases):
                 return None
             taken.append(n)
             return f"take {self.process}\n".encode()
 
         self._locked(claim)
-        if failed:
-            raise _ended(failed)
         return self.cases[taken[0]] if taken else None
 
     def __iter__(self) -> Iterator[Case]:
@@ -220,11 +253,12 @@ class WorkQueue:
             return None
         return st.st_mtime_ns, st.st_ctime_ns, st.st_ino
 
-    def failed(self) -> None:
-        """This process ends with an error (its own output says which): the main process, waiting
-        for every process's word, stops instead of waiting for ever (a process on another machine
-        is no child of this machine's launcher, which stops only its own)."""
-        self._locked(lambda data: f"failed {self.process}\n".encode())
+    def said(self, word: str) -> None:
+        """This process ends early (``beating``): ``word`` is ``failed {process}`` (an error; its own
+        output says which) or ``stopped {process} <signal>``. The main process, waiting for every
+        process's word, stops instead of waiting for ever, and the others stop too (a process on
+        another machine is no child of this machine's launcher, which stops only its own)."""
+        self._locked(lambda data: f"{word.format(process=self.process)}\n".encode())
 
     def taken_by(self) -> dict[int, int]:
         """Cases each process took in this session (run.json's record of the balance)."""
@@ -255,11 +289,10 @@ class WorkQueue:
         seen: dict[int, tuple[Sign | None, float]] = {}  # process -> (its last sign, when it changed)
         while True:
             data = self._locked(lambda data: None)  # one read of the file per look
-            done, failed = _named(data, "done"), _named(data, "failed")
+            done = _named(data, "done")
             if len(done) >= processes:
                 return
-            if failed:
-                raise _ended(failed)
+            ended(data, self.process)
             now = time.monotonic()
             for p in range(processes):
                 if p in done or p == self.process:
