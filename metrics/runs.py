@@ -315,12 +315,16 @@ def read_chexpercept_run(
         if note and has_meta:
             notes.append(f"{run_json}: {note}")
     partial: list[str] = []
+    selected = getattr(meta.selection, "n_selected", None) if has_meta else None
+    so_far = (
+        f"{len(records)} of {selected} selected cases so far" if selected else f"{len(records)} cases so far"
+    )
     if being_written(folder):
-        partial.append(f"{folder}: a run is writing this folder now ({len(records)} cases so far)")
+        partial.append(f"{folder}: a run is writing this folder now ({so_far})")
         notes.append(f"{partial[-1]}: these numbers are partial")
     else:
         if has_meta and not meta.finished:
-            unfinished = f"{run_json}: the run has not finished ({len(records)} cases so far)"
+            unfinished = f"{run_json}: the run has not finished ({so_far})"
             notes.append(unfinished)
             if "finished" in read_json_object(run_json):  # the runner said so (null), not a hand-made file
                 partial.append(unfinished)
