@@ -198,6 +198,8 @@ def run(args: argparse.Namespace) -> int:
                     dist.close()  # inside the block: after a stop signal, its grace still bounds this
         return status
     except (RunInterrupted, Stopped) as e:  # execute says how a run ended; this is before or after it
+        if status is not None and status >= 128:  # a stop that execute has already told (the
+            return status  # launcher's copy of a stop another process said in the work queue)
         if status is None:  # execute says how its cases ended, and a stop after its end
             said = "before any case ran; nothing was written"
         else:

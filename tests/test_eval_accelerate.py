@@ -541,12 +541,13 @@ def test_the_main_process_stops_waiting_for_a_process_that_fell_silent_or_failed
 
     from chexpercept.bundle import read_bundle
     from chexpercept.eval.runner import work_queue
-    from chexpercept.eval.runner.work_queue import ProcessFailed, WorkQueue, beating
+    from chexpercept.eval.runner.work_queue import ProcessFailed, WorkQueue, beating, make_queues
 
     cases = read_bundle(fixture_bundle).cases
     monkeypatch.setattr(work_queue, "SILENT_SECONDS", 0.5)
     monkeypatch.setattr(work_queue, "BEAT_SECONDS", 0.05)
     path = tmp_path / "work-s.queue"
+    make_queues([path])  # as the main process does before the processes meet
     main, other = WorkQueue(path, cases, 0), WorkQueue(path, cases, 1)
     main.done()
     # a process that beats is waited for; once done, the wait ends
@@ -554,7 +555,7 @@ def test_the_main_process_stops_waiting_for_a_process_that_fell_silent_or_failed
         threading.Timer(1.0, other.done).start()
         main.wait_for(2, poll=0.05)
     # one that never gave a sign (killed before its first beat) ends the wait too
-    path.unlink()
+    path.write_bytes(b"")
     work_queue.alive_path(path, 1).unlink()
     main = WorkQueue(path, cases, 0)
     main.done()
@@ -565,7 +566,7 @@ def test_the_main_process_stops_waiting_for_a_process_that_fell_silent_or_failed
     # one whose engine fails to load says so in the queue of every setting: no wait at all
     later = tmp_path / "work-s2.queue"
     for queue in (path, later):
-        queue.unlink(missing_ok=True)
+        queue.write_bytes(b"")
         for sign in tmp_path.glob(queue.stem + ".alive-*"):
             sign.unlink()
     with pytest.raises(RuntimeError), beating([path, later], 1):
@@ -578,22 +579,23 @@ def test_the_main_process_stops_waiting_for_a_process_that_fell_silent_or_failed
     # a failure in a later setting leaves a setting this process finished alone (the others finish
     # it); one that stops because another failed adds no failure of its own; the main process that
     # found one silent says so, and the others stop too (review of stop 46)
+    make_queues([path, later])
     for queue in (path, later):
-        queue.unlink()
+        queue.write_bytes(b"")
     with pytest.raises(RuntimeError), beating([path, later], 1) as beats:
         beats.finished(path)
         raise RuntimeError("setting 2 failed")
     assert b"failed" not in path.read_bytes() if path.exists() else True
     assert b"failed 1" in later.read_bytes()
-    later.unlink()
+    later.write_bytes(b"")
     with pytest.raises(ProcessFailed), beating([later], 2):
         raise ProcessFailed("process 1 failed")
-    assert not later.exists() or b"failed" not in later.read_bytes()
+    assert later.read_bytes() == b"ended 2\n"  # its word, naming no failure of its own (stop 47)
     with pytest.raises(work_queue.ProcessSilent), beating([later], 0):
         raise work_queue.ProcessSilent("process 1 fell silent")
     assert b"failed 0" in later.read_bytes()
     # one that beat once and then fell silent ends the wait
-    path.unlink(missing_ok=True)
+    path.write_bytes(b"")
     work_queue.alive_path(path, 1).unlink(missing_ok=True)
     main = WorkQueue(path, cases, 0)
     main.done()
@@ -601,7 +603,7 @@ def test_the_main_process_stops_waiting_for_a_process_that_fell_silent_or_failed
     with pytest.raises(ProcessFailed, match="process 1 of the run has given no sign of life"):
         main.wait_for(2, poll=0.05)
     # one that failed: the main process stops waiting, and no other process takes another case
-    path.unlink()
+    path.write_bytes(b"")
     main, other = WorkQueue(path, cases, 0), WorkQueue(path, cases, 1)
     assert other.take() is not None
     main.said("failed {process}")
@@ -617,17 +619,19 @@ def test_a_stop_said_in_the_queue_stops_the_other_processes_as_the_signal_would(
     it: at its next case, or in the main process's wait, its grace clock started, and the
     launcher's own copy of the signal, when it comes next on the same machine, is taken as a first
     signal (not a second one, which ends a program at once). A failure said there first still
-    ends the others as a failure; one that stops because it was told adds nothing; a setting the
-    process had finished is left alone. Driven in one process, two queue handles on one file."""
+    ends the others as a failure; one that stops because it was told says only that it ended; a
+    setting the process had finished is left alone. Driven in one process, two queue handles on one
+    file."""
     import signal
     import time
 
     from chexpercept.bundle import read_bundle
     from chexpercept.eval.runner.interrupts import RunInterrupted, stop_on_signals
-    from chexpercept.eval.runner.work_queue import ProcessFailed, WorkQueue, beating
+    from chexpercept.eval.runner.work_queue import ProcessFailed, WorkQueue, beating, make_queues
 
     cases = read_bundle(fixture_bundle).cases
     path, later = tmp_path / "work-s.queue", tmp_path / "work-t.queue"
+    make_queues([path])
     main, other = WorkQueue(path, cases, 0), WorkQueue(path, cases, 1)
     assert other.take() is not None
     with pytest.raises(RunInterrupted), beating([path, later], 0) as beats:
@@ -640,12 +644,12 @@ def test_a_stop_said_in_the_queue_stops_the_other_processes_as_the_signal_would(
         other.take()
     assert (told.value.signum, told.value.sent_to, told.value.exit_status) == (signal.SIGTERM, 0, 143)
     data = path.read_bytes()
-    assert data.count(b"take ") == taken and b"stopped 1" not in data  # nothing taken, nothing added
+    assert data.count(b"take ") == taken and data.endswith(b"ended 1\n")  # nothing taken; only its end
     with pytest.raises(RunInterrupted):  # the process that said it is not stopped by its own word
         main.take()
         raise RunInterrupted(signal.SIGTERM)
     # the main process, waiting for another machine's process, stops when that one is stopped
-    path.unlink()
+    path.write_bytes(b"")
     main = WorkQueue(path, cases, 0)
     main.done()
     with pytest.raises(RunInterrupted), beating([path], 1):
@@ -653,7 +657,7 @@ def test_a_stop_said_in_the_queue_stops_the_other_processes_as_the_signal_would(
     with pytest.raises(RunInterrupted, match=r"SIGINT \(sent to process 1 of the run\)"):
         main.wait_for(2, poll=0.05)
     # a failure said first ends the others as a failure
-    path.unlink()
+    path.write_bytes(b"")
     main, other = WorkQueue(path, cases, 0), WorkQueue(path, cases, 1)
     main.said("failed {process}")
     main.said("stopped {process} 15")
@@ -661,7 +665,7 @@ def test_a_stop_said_in_the_queue_stops_the_other_processes_as_the_signal_would(
         other.take()
     # inside a run's stop_on_signals: the grace clock starts when the word is read, and the
     # signal that comes next is taken as the first one
-    path.unlink()
+    path.write_bytes(b"")
     main, other = WorkQueue(path, cases, 0), WorkQueue(path, cases, 1)
     main.said("stopped {process} 15")
     with stop_on_signals(grace=0.5):
@@ -674,3 +678,132 @@ def test_a_stop_said_in_the_queue_stops_the_other_processes_as_the_signal_would(
     err = capfd.readouterr().err
     assert "SIGTERM again" not in err, err
     assert "did not shut down within 0.5 s of SIGTERM" in err, err
+
+
+@pytest.mark.parametrize(
+    "line",
+    [b"failed \n", b"stopped 0take 1\n", b"done x\n", b"take \xff\n", b"stopped 0 99\n", b"stopped 0 9\n",
+     b"stopped 0 0\n", b"take 1", b"take 1 2\n", b"\n", b"taken 1\n", b"stopped 0 15 1\n", b"done 99999999\n"],
+)  # fmt: skip
+def test_a_damaged_queue_line_is_named_never_an_internal_error_nor_a_signal_no_one_sent(
+    tmp_path, fixture_bundle, line
+):
+    """Red team, stop 47: a damaged line (a shared file system's torn write) was an IndexError or
+    ValueError (an internal error), a UnicodeDecodeError, or a stop by SIGKILL that nobody sent.
+    Every reader goes through ``work_queue.events``: QueueDamaged names the file and the line, in
+    the taking process and in the main process's wait."""
+    from chexpercept.bundle import read_bundle
+    from chexpercept.eval.runner.work_queue import QueueDamaged, WorkQueue, events
+
+    cases = read_bundle(fixture_bundle).cases
+    path = tmp_path / "work-s.queue"
+    path.write_bytes(b"take 0\n" + line)
+    with pytest.raises(QueueDamaged, match=r"work-s\.queue: (line 2 |its last line is cut off)"):
+        WorkQueue(path, cases, 1).take()
+    main = WorkQueue(path, cases, 0)
+    with pytest.raises(QueueDamaged):
+        main.wait_for(2, poll=0.01)
+    words = b"take 0\ntake 1\ndone 1\nfailed 2\nended 3\nstopped 4 15\nstopped 5 2\nstopped 6 1\n"
+    assert [w for w, _, _ in events(words, path)] == ["take", "take", "done", "failed", "ended"] + [
+        "stopped"
+    ] * 3
+
+
+def test_a_rerun_never_shares_the_folder_with_a_process_of_an_earlier_session(tmp_path, fixture_bundle):
+    """Red team, stop 47: a rerun started while machine 1's process of the stopped session still
+    worked removed the queue; that process's next take made a new, empty one and ran every case
+    again into the finished run (25 to 44 lines for 21 cases, and the next resume refused). Now
+    only the main process makes a queue (``make_queues``): a process whose queue is gone takes
+    nothing (QueueGone), adds no word and no sign of life. A rerun goes on at once when every
+    process of earlier sessions left its word; it watches the signs of life of those that did not
+    (``still_working``) and names one whose sign changes; a silent one (killed) is not waited for.
+    A finished setting leaves no queue and no sign of life behind."""
+    import threading
+
+    from chexpercept.bundle import read_bundle
+    from chexpercept.eval.runner import work_queue
+    from chexpercept.eval.runner.work_queue import (
+        QueueGone,
+        WorkQueue,
+        alive_path,
+        beat,
+        beating,
+        make_queues,
+        remove_queue,
+        still_working,
+    )  # fmt: skip
+
+    cases = read_bundle(fixture_bundle).cases
+    folder = tmp_path / "oracle_implicit"
+    folder.mkdir()
+    path = folder / "work-s1.queue"
+    make_queues([path])
+    other = WorkQueue(path, cases, 1)
+    assert other.take() is not None
+    beat(alive_path(path, 1))
+    beat(alive_path(path, 0))
+    (folder / "work-s1.queue").write_bytes(b"take 1\nstopped 0 15\n")
+    # process 1 left no word: its sign of life is watched; a beat during the watch names it
+    timer = threading.Timer(0.3, beat, [alive_path(path, 1)])
+    timer.start()
+    assert still_working(folder, watch=5) == ["process 1 of session s1"]
+    timer.join()
+    assert still_working(folder, watch=0.5) == []  # a silent one (killed) is not waited for
+    # one that left its word is not watched at all
+    WorkQueue(path, cases, 1).said("ended {process}")
+    assert still_working(folder, watch=1000) == []
+    # the rerun removes the queue: the earlier process takes nothing, adds nothing, beats no more
+    remove_queue(path)
+    assert not list(folder.iterdir())
+    with pytest.raises(QueueGone, match="a later session of the run"):
+        other.take()
+    with pytest.raises(QueueGone), beating([path], 1):
+        other.take()
+    assert not list(folder.iterdir())  # no new queue, no word, no sign of life
+    with pytest.raises(QueueGone):
+        other.done()
+    assert work_queue.WATCH_SECONDS >= work_queue.BEAT_SECONDS  # a working process beats within a watch
+
+
+@pytest.mark.slow
+def test_a_rerun_while_another_machine_still_works_waits_for_it_and_then_completes(fixture_bundle, tmp_path):
+    """Red team, stop 47, end to end: Ctrl-C to machine 0 while machine 1 (slow: 3 s a round) is in
+    a conversation, and the rerun at once. Before, the rerun took the folder and machine 1 ran every
+    case again into it. Now the rerun either refuses, naming machine 1's process, while that one
+    still works, or goes on once it has left its word; machine 1 appends nothing after; the run
+    completes with every case once."""
+    import os
+    import signal
+    import time
+
+    common = [
+        "--model",
+        "baseline:random",
+        "--batch-size",
+        "1",
+        "--output-dir",
+        str(tmp_path),
+        "--no-progress",
+    ]
+    folder = tmp_path / "baseline-random" / "oracle_implicit"
+    results = folder / "results.jsonl"
+    env = {**os.environ, "CHEXPERCEPT_TEST_STEP_DELAY": "3@1"}
+    procs = start_two_machines([fixture_bundle, fixture_bundle], *common, "--no-score", env=env)
+    deadline = time.monotonic() + 120
+    while not (results.exists() and results.read_text().count("\n") >= 2):
+        assert all(p.poll() is None for p in procs) and time.monotonic() < deadline, [
+            p.communicate() for p in procs
+        ]
+        time.sleep(0.1)
+    os.killpg(procs[0].pid, signal.SIGINT)
+    procs[0].communicate(timeout=60)
+    rerun = ["--data-dir", str(fixture_bundle), *common, "--no-score"]
+    first = main(rerun)  # machine 1 still in its 3 s rounds
+    err = procs[1].communicate(timeout=120)[1]
+    assert "stopped by SIGINT (sent to process 0 of the run)" in err, err[-3000:]
+    if first != 0:  # refused while machine 1 worked: nothing was written by the rerun
+        assert main(rerun) == 0
+    keys = [json.loads(line)["key_id"] for line in results.read_text().splitlines()]
+    assert len(keys) == len(set(keys)) == 21
+    assert json.loads((folder / "run.json").read_text())["finished"]
+    assert not list(folder.glob("work-*"))

@@ -120,11 +120,11 @@ def _peers_lost() -> Iterator[None]:
     machine or another) as one line, not a traceback of torch's: ValueError."""
     try:
         yield
-    except RuntimeError as e:  # gloo's "Connection closed by peer", a timeout
+    except RuntimeError as e:  # gloo's "Connection closed by peer", torch's DistNetworkError, a timeout
         first = " ".join(str(e).split())[:200]
         raise ValueError(
-            "another process of the run ended before the processes met (its own output, on its machine, "
-            f"says why), so this one stops too (torch: {first})"
+            "another process of the run ended before the processes met (stopped, or an error: its own "
+            f"output, on its machine, says which), so this one stops too (torch: {first})"
         ) from None
 
 
@@ -148,7 +148,9 @@ class Distributed:
             # the processes meet only at the start (while the main process fetches weights or counts
             # tokens, which may take long); the work itself is shared through files (work_queue.py)
             wait = datetime.timedelta(seconds=coordination_timeout())
-            with stop_at_once_while("waiting for the run's other processes to start"):  # a C wait
+            # a C wait; a peer that goes while they meet is one line, not torch's traceback (red team,
+            # stop 47: DistNetworkError "Failed to recv" from a stop on the other machine)
+            with stop_at_once_while("waiting for the run's other processes to start"), _peers_lost():
                 self.state = PartialState(cpu=True, timeout=wait)
             self.index = self.state.process_index
             self.count = self.state.num_processes

@@ -54,7 +54,15 @@ from chexpercept.eval.runner.store import (
     repair_tail,
     rewrite_in_order,
 )
-from chexpercept.eval.runner.work_queue import WorkQueue, beating, queue_path, remove_queues
+from chexpercept.eval.runner.work_queue import (
+    WorkQueue,
+    beating,
+    make_queues,
+    queue_path,
+    remove_queue,
+    remove_queues,
+    still_working,
+)
 from chexpercept.fileio import (
     NotOursError,
     exclusive,
@@ -374,6 +382,9 @@ def _forget_unsaved(runs: list[OracleRun], dist: Distributed, *, ran: bool) -> N
         return
     for run in runs:
         folder = run.folder
+        if dist.count == 1 and folder.lock.held and run.outcome.session:  # its queue, used by no other
+            with contextlib.suppress(OSError):
+                remove_queue(queue_path(folder.path, run.outcome.session))
         if folder.path in run.created and folder.lock.held and not folder.holds_records():
             with contextlib.suppress(OSError):
                 for path in (folder.run_json, folder.results, folder.failures):
@@ -516,6 +527,13 @@ def _prepare_locked(plan: RunPlan, run: OracleRun) -> FolderOutcome:
     # a write of a previous session killed between its temporary file and the rename (its lock is ours)
     written = (folder.run_json, folder.results, folder.failures, folder.quarantine)
     remove_stale_temporaries(folder.path, [p.name for p in written])
+    working = still_working(folder.path)  # before the results are read: no other writer is left
+    if working:
+        raise RunLockedError(
+            f"{folder.path}: {', '.join(working)} of an earlier session of this run still works (its sign "
+            "of life changed just now; told to stop, it stops at its next case): wait until it has ended, "
+            "then rerun the same command. Nothing was written"
+        )
     previous = folder.check_settings(run.settings)
     if previous:  # the identity it continues, equal by settings_diff (a model folder however spelled):
         run.settings = previous["settings"]  # its new lines carry the earlier lines' fingerprint
@@ -645,6 +663,9 @@ def _run_all(
     current: OracleRun | None = None
     statuses: list[int] = []
     try:
+        queues = [queue_path(run.folder.path, run.outcome.session) for run in todo]
+        if dist.is_main:  # before the processes meet below: the others never make a queue
+            make_queues(queues)
         # before any engine loads: does every conversation left fit the engine's limits?
         for run in todo:
             verdict = _preflight(plan, backend, context, run) if dist.is_main else ""
@@ -652,7 +673,6 @@ def _run_all(
             if verdict:
                 raise ValueError(verdict)
         ready = False
-        queues = [queue_path(run.folder.path, run.outcome.session) for run in todo]
         # every process gives signs of life from before its engine loads (work_queue.beating)
         with beating(queues, dist.index) if dist.active else contextlib.nullcontext() as beats:
             for run, queue in zip(todo, queues, strict=True):
@@ -672,7 +692,10 @@ def _run_all(
             error = stop
         except Exception:
             pass  # the error that ended the run is the one to tell; the process stops what is left
-        return end_of(error, run.session, run.folder.path, main=dist.is_main, expected=EXPECTED_ERRORS)
+        # the main process, and the first of every other machine, speak for their machine's
+        # processes that finished nothing (red team, stop 47: machine 1's log had torch's lines only)
+        speaks = dist.is_main or dist.local_index == 0
+        return end_of(error, run.session, run.folder.path, main=speaks, expected=EXPECTED_ERRORS)
     except BaseException:
         backend.close()
         raise
@@ -787,7 +810,7 @@ def _run_one(plan: RunPlan, backend: Backend, dist: Distributed, run: OracleRun,
     if not dist.is_main:
         return 0
     taken = queue.taken_by()
-    queue.path.unlink(missing_ok=True)
+    remove_queue(queue.path)
     return _sign_off(plan, backend, run, stats, taken)
 
 

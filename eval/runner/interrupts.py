@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterator
 from typing import NoReturn
 
 from chexpercept import signal_watch
-from chexpercept.entry_point import exit_now, is_program, signals_caught
+from chexpercept.entry_point import STOP_SIGNALS, exit_now, is_program, signals_caught
 from chexpercept.startup import PARENT_VARIABLE
 from chexpercept.stdio import write_now
 
@@ -150,6 +150,8 @@ class _State:
     children: ChildProcesses | None = None
     #: starts the shutdown's grace (inside ``stop_on_signals``)
     start_clock: Callable[[int], None] | None = None
+    #: the run was stopped by another process's word (``stop_as_told``)
+    told = False
 
 
 _state = _State()
@@ -183,7 +185,17 @@ def stop_as_told(signum: int, process: int) -> NoReturn:
     taken as a first signal, not as a second one that ends the process at once."""
     if _state.start_clock is not None:
         _state.start_clock(signum)
+    _state.told = True
     raise RunInterrupted(signum, sent_to=process)
+
+
+def _exit_as_told(signum: int, _frame: object) -> None:
+    """A program stopped by another process's word, ending: the launcher's own copy of the stop,
+    coming after the run's handlers were given back, ends it with 128 + the signal and no second
+    line (the default action killed it, red team, stop 47: status -15)."""
+    with contextlib.suppress(Exception):
+        sys.stderr.flush()
+    os._exit(128 + signum)
 
 
 def _force_exit(signum: int, why: str) -> None:
@@ -213,7 +225,7 @@ def stop_on_signals(grace: float = DEFAULT_GRACE) -> Iterator[ChildProcesses]:
     if threading.current_thread() is not threading.main_thread():
         yield ChildProcesses()
         return
-    _state.signum, _state.pending, _state.deferring = None, None, 0
+    _state.signum, _state.pending, _state.deferring, _state.told = None, None, 0, False
     _state.children = ChildProcesses()
     shut_down = threading.Event()
     clock = threading.Lock()
@@ -257,6 +269,10 @@ def stop_on_signals(grace: float = DEFAULT_GRACE) -> Iterator[ChildProcesses]:
         shut_down.set()
         _state.children = None
         _state.start_clock = None
+        if _state.told and is_program():
+            for signum in STOP_SIGNALS:
+                if signal.getsignal(signum) is not signal.SIG_IGN:
+                    signal.signal(signum, _exit_as_told)
         sys.stderr.flush()
 
 

@@ -118,8 +118,9 @@ def end_of(
     """Say how the run ended because of ``error`` and return the exit status: a stop signal
     (128 + the signal), a failed request under --on-error stop, a dead engine, an operating-system
     error (2), an ``expected`` error such as bad input (2), or a bug (1, its traceback in error.txt).
-    ``main``: this is the main process, which speaks for a run that a signal stopped before this
-    process finished anything."""
+    ``main``: this is the main process, or the first process of another machine, which speaks for a
+    run that a signal stopped before this process finished anything (each machine's log says how
+    the run ended there)."""
     from chexpercept.eval.engine import ConversationFailed
     from chexpercept.eval.protocol import BackendError
     from chexpercept.eval.runner.interrupts import RunInterrupted, received

@@ -18,8 +18,14 @@ frees a slot first.
 The file holds one line per event, appended under the lock: ``take <process>`` for each case taken
 (the case is the next in the order every process shares), ``done <process>`` when a process has
 finished, ``failed <process>`` when one ended with an error, ``stopped <process> <signal>`` when a
-stop signal ended one (``beating``). Its length is the number of cases taken, so it stays small (a
-few KB for the release).
+stop signal ended one, ``ended <process>`` when one ended because another did (``beating``): every
+process that ends leaves its word, and one with none was killed or still works. Its length is the
+number of cases taken, so it stays small (a few KB for the release). The main process makes each
+queue before the processes meet for the last time (``make_queues``); the others never make one, so
+a process whose queue is gone (a rerun took the folder over) stops instead of starting the queue
+over (red team, stop 47: it ran every case again into the finished run). A rerun waits for no
+process of an earlier session, and refuses while one may still append (``still_working``). A line
+that does not read as one of these words ends the run with QueueDamaged, naming the file and line.
 
 Every process ends as the first that ends early does (``ended``): a failure ends the others with
 ProcessFailed, a stop signal stops them as if it had reached them (interrupts.stop_as_told). On one
@@ -32,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -39,8 +46,10 @@ from dataclasses import dataclass
 from pathlib import Path as FsPath
 
 from chexpercept.case import Case
+from chexpercept.entry_point import STOP_SIGNALS
 from chexpercept.eval.runner.interrupts import RunInterrupted, stop_as_told
 from chexpercept.fileio import open_private
+from chexpercept.input_files import TEXT_FILE, open_input
 
 
 class ProcessFailed(ValueError):
@@ -52,23 +61,72 @@ class ProcessSilent(ProcessFailed):
     found it: unlike a process that stops because another said it failed, this one says so)."""
 
 
-def _named(data: bytes, event: str) -> set[int]:
-    """The processes a queue file's lines of ``event`` (``done``, ``failed``, ``stopped``) name."""
-    return {int(line.split()[1]) for line in data.decode().splitlines() if line.startswith(f"{event} ")}
+class QueueGone(ProcessFailed):
+    """This process's work queue is gone: a later session of the run (a rerun) took the folder
+    over, so nothing more is taken or added here."""
 
 
-def ended(data: bytes, process: int) -> None:
-    """The one rule of an early end, read from a queue file's ``data`` by every process that takes
-    a case or waits (``process`` is the reader): another process's failure raises ProcessFailed
-    naming every failed one; else another's stop signal stops this one too (RunInterrupted, as
-    if the signal had come here). Returns when neither is said."""
-    failed = _named(data, "failed")
+class QueueDamaged(ValueError):
+    """A line of a work queue is not one of its words (a damaged file, a shared file system's torn
+    write)."""
+
+
+#: one line of a queue: (word, process, signal: for ``stopped`` only)
+Event = tuple[str, int, int | None]
+
+_WORDS = ("take", "done", "failed", "ended")
+
+
+def events(data: bytes, path: FsPath) -> list[Event]:
+    """The words of a queue file's ``data``, each checked: QueueDamaged names the first line that
+    is none of them (never an internal error, and never a stop by a signal no process was sent)."""
+    found: list[Event] = []
+    for n, raw in enumerate(data.split(b"\n")[:-1], 1):  # the last piece is what follows the last newline
+        words = raw.split()
+        try:
+            word = words[0].decode("ascii")
+            if word in _WORDS and len(words) == 2:
+                found.append((word, _number(words[1]), None))
+                continue
+            if word == "stopped" and len(words) == 3 and _number(words[2]) in STOP_SIGNALS:
+                found.append((word, _number(words[1]), _number(words[2])))
+                continue
+        except (IndexError, UnicodeDecodeError, ValueError):
+            pass
+        raise QueueDamaged(
+            f"{path}: line {n} ({raw[:60]!r}) is not a word of a work queue (damaged, or written by "
+            "another program): this setting cannot be finished safely; the cases saved stay, and "
+            "rerunning the same command resumes (it starts a new queue)"
+        )
+    if data and not data.endswith(b"\n"):
+        raise QueueDamaged(
+            f"{path}: its last line is cut off ({data[-60:]!r}); rerunning the same command resumes"
+        )
+    return found
+
+
+def _number(word: bytes) -> int:
+    if not word.isdigit() or len(word) > 6:
+        raise ValueError(word)
+    return int(word)
+
+
+def _named(found: Iterable[Event], word: str) -> set[int]:
+    """The processes the ``word`` lines of a queue's events name."""
+    return {p for w, p, _ in found if w == word}
+
+
+def ended(found: Sequence[Event], process: int) -> None:
+    """The one rule of an early end, read from a queue's events by every process that takes a case
+    or waits (``process`` is the reader): another process's failure raises ProcessFailed naming
+    every failed one; else another's stop signal stops this one too (RunInterrupted, as if the
+    signal had come here). Returns when neither is said."""
+    failed = _named(found, "failed")
     if failed:
         raise _ended(failed)
-    for line in data.decode().splitlines():
-        words = line.split()
-        if len(words) == 3 and words[0] == "stopped" and int(words[1]) != process:
-            stop_as_told(int(words[2]), int(words[1]))
+    for word, p, signum in found:
+        if word == "stopped" and p != process and signum is not None:
+            stop_as_told(signum, p)
 
 
 def _ended(failed: Iterable[int]) -> ProcessFailed:
@@ -153,7 +211,8 @@ def beating(queues: Sequence[FsPath], process: int) -> Iterator[Beats]:
         while not stop.is_set():
             for queue in beats.open():
                 with contextlib.suppress(OSError):
-                    beat(alive_path(queue, process))
+                    if queue.exists():  # not after the main process removed it (signed off, or a rerun)
+                        beat(alive_path(queue, process))
             stop.wait(BEAT_SECONDS)
 
     thread = threading.Thread(target=beat_on, name="chexpercept-alive", daemon=True)
@@ -164,7 +223,7 @@ def beating(queues: Sequence[FsPath], process: int) -> Iterator[Beats]:
         said = _end_of(e)
         if said is not None:
             for queue in beats.open():
-                with contextlib.suppress(OSError):
+                with contextlib.suppress(OSError, QueueGone, QueueDamaged):  # the error in hand is told
                     WorkQueue(queue, (), process).said(said)
         raise
     finally:
@@ -173,20 +232,92 @@ def beating(queues: Sequence[FsPath], process: int) -> Iterator[Beats]:
 
 
 def _end_of(error: BaseException) -> str | None:
-    """The word a process whose block ``error`` ended leaves in each open queue (``beating``), or
-    None when it only follows another's (a failure or a stop said there already)."""
-    if isinstance(error, RunInterrupted):
-        return f"stopped {{process}} {error.signum}" if error.sent_to is None else None
-    if isinstance(error, ProcessFailed) and not isinstance(error, ProcessSilent):
+    """The word a process whose block ``error`` ended leaves in each open queue (``beating``):
+    ``ended`` when it only follows another's end (a failure or a stop said there already, which it
+    does not repeat), None when its queue is gone."""
+    if isinstance(error, QueueGone):
         return None
+    if isinstance(error, RunInterrupted):
+        return f"stopped {{process}} {error.signum}" if error.sent_to is None else "ended {process}"
+    if isinstance(error, ProcessFailed) and not isinstance(error, ProcessSilent):
+        return "ended {process}"
     return "failed {process}"
 
 
+def make_queues(queues: Iterable[FsPath]) -> None:
+    """The main process makes each setting's queue, empty, before the processes meet for the last
+    time (the others then find it: they never make one)."""
+    for queue in queues:
+        os.close(open_private(queue, os.O_RDWR | os.O_CREAT))
+
+
+#: seconds a rerun watches an earlier session's signs of life before it takes the folder
+WATCH_SECONDS = BEAT_SECONDS * 1.5
+
+
+def still_working(folder: FsPath, *, watch: float | None = None) -> list[str]:
+    """Main process of a new session, holding the run's lock, before it reads the results: the
+    processes of earlier sessions that may still append to them (each named, with its queue). A
+    process that left its word (``done``, ``failed``, ``stopped``, ``ended``) appends no more, nor
+    one with no sign of life. The others' signs are watched for ``watch`` seconds (default
+    ``WATCH_SECONDS``, only when there is one to watch): one that changes is working (told to stop
+    by another, it stops at its next case); one that does not was killed. Before (red team, stop
+    47): a rerun started while machine 1 still worked took the folder over, and both ran the same
+    cases into it."""
+    quiet: dict[FsPath, Sign] = {}
+    for queue in sorted(folder.glob(f"{QUEUE_PREFIX}*{QUEUE_SUFFIX}")):
+        try:
+            with open_input(queue, TEXT_FILE, what="work queue") as f:
+                said = {p for word, p, _ in events(f.read(), queue) if word != "take"}
+        except (OSError, QueueDamaged):
+            said = set()
+        for alive in folder.glob(f"{queue.stem}.alive-*"):
+            number = alive.name.rsplit("-", 1)[1]
+            if number.isdigit() and int(number) not in said and (sign := _sign_of(alive)) is not None:
+                quiet[alive] = sign
+    if not quiet:
+        return []
+    seconds = WATCH_SECONDS if watch is None else watch
+    print(
+        f"note: {len(quiet)} process(es) of an earlier session of this run ended without a word in its work "
+        f"queue (killed, or still working): watching their signs of life for {seconds:.0f} s before going on",
+        file=sys.stderr,
+    )
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        changed = [a for a, sign in quiet.items() if _sign_of(a) != sign]
+        if changed:
+            return [
+                f"process {a.name.rsplit('-', 1)[1]} of session {a.stem.split('.')[0][len(QUEUE_PREFIX) :]}"
+                for a in changed
+            ]
+        time.sleep(0.5)
+    return []
+
+
+def _sign_of(path: FsPath) -> Sign | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_ctime_ns, st.st_ino
+
+
 def remove_queues(folder: FsPath) -> None:
-    """Remove the queue files of earlier sessions (main process, holding the run's lock)."""
-    for pattern in (f"{QUEUE_PREFIX}*{QUEUE_SUFFIX}", f"{QUEUE_PREFIX}*.alive-*"):
-        for path in folder.glob(pattern):
-            path.unlink(missing_ok=True)
+    """Remove the queue files of earlier sessions (main process, holding the run's lock, once
+    ``still_working`` found none working)."""
+    for queue in folder.glob(f"{QUEUE_PREFIX}*{QUEUE_SUFFIX}"):
+        remove_queue(queue)
+    for path in folder.glob(f"{QUEUE_PREFIX}*.alive-*"):  # of a session whose queue was never made
+        path.unlink(missing_ok=True)
+
+
+def remove_queue(queue: FsPath) -> None:
+    """Remove ``queue`` and its processes' signs of life (main process, at the setting's sign-off:
+    a finished run leaves none)."""
+    queue.unlink(missing_ok=True)
+    for path in queue.parent.glob(f"{queue.stem}.alive-*"):
+        path.unlink(missing_ok=True)
 
 
 @dataclass
@@ -197,17 +328,25 @@ class WorkQueue:
     cases: Sequence[Case]
     process: int
 
-    def _locked(self, update: Callable[[bytes], bytes | None]) -> bytes:
-        """Read the whole file under an exclusive lock; append what ``update`` returns."""
-        fd = open_private(self.path, os.O_RDWR | os.O_CREAT)
+    def _locked(self, update: Callable[[list[Event]], bytes | None]) -> list[Event]:
+        """Read the whole file under an exclusive lock; append what ``update`` returns. QueueGone
+        when the file is not there (``make_queues`` made it; a rerun removed it), QueueDamaged when
+        a line is none of the queue's words."""
+        try:
+            fd = open_private(self.path, os.O_RDWR)
+        except FileNotFoundError:
+            raise QueueGone(
+                f"this setting's work queue {self.path} is gone: a later session of the run (a rerun) has "
+                "taken the folder over, so this process takes and saves nothing more there"
+            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             size = os.fstat(fd).st_size
-            data = os.pread(fd, size, 0) if size else b""
-            extra = update(data)
+            found = events(os.pread(fd, size, 0) if size else b"", self.path)
+            extra = update(found)
             if extra:
                 os.pwrite(fd, extra, size)
-            return data
+            return found
         finally:
             os.close(fd)  # closing releases the lock
 
@@ -224,9 +363,9 @@ class WorkQueue:
         stop signal ended another process (``ended``)."""
         taken: list[int] = []
 
-        def claim(data: bytes) -> bytes | None:
-            ended(data, self.process)  # raises, and nothing is taken, once another process ended early
-            n = data.count(b"take ")
+        def claim(found: list[Event]) -> bytes | None:
+            ended(found, self.process)  # raises, and nothing is taken, once another process ended early
+            n = sum(1 for word, _, _ in found if word == "take")
             if n >= len(self.cases):
                 return None
             taken.append(n)
@@ -242,31 +381,25 @@ class WorkQueue:
 
     def done(self) -> None:
         """This process has taken its last case and finished every conversation."""
-        self._locked(lambda data: f"done {self.process}\n".encode())
+        self._locked(lambda found: f"done {self.process}\n".encode())
 
     def _sign(self, process: int) -> Sign | None:
         """The last sign of life of ``process`` (its file's times, as each beat rewrites it), None
         before its first."""
-        try:
-            st = os.stat(alive_path(self.path, process))
-        except OSError:
-            return None
-        return st.st_mtime_ns, st.st_ctime_ns, st.st_ino
+        return _sign_of(alive_path(self.path, process))
 
     def said(self, word: str) -> None:
         """This process ends early (``beating``): ``word`` is ``failed {process}`` (an error; its own
         output says which) or ``stopped {process} <signal>``. The main process, waiting for every
         process's word, stops instead of waiting for ever, and the others stop too (a process on
         another machine is no child of this machine's launcher, which stops only its own)."""
-        self._locked(lambda data: f"{word.format(process=self.process)}\n".encode())
+        self._locked(lambda found: f"{word.format(process=self.process)}\n".encode())
 
     def taken_by(self) -> dict[int, int]:
         """Cases each process took in this session (run.json's record of the balance)."""
-        data = self._locked(lambda data: None)
         counts: dict[int, int] = {}
-        for line in data.decode().splitlines():
-            if line.startswith("take "):
-                p = int(line.split()[1])
+        for word, p, _ in self._locked(lambda found: None):
+            if word == "take":
                 counts[p] = counts.get(p, 0) + 1
         return counts
 
@@ -288,11 +421,11 @@ class WorkQueue:
         told = 0.0
         seen: dict[int, tuple[Sign | None, float]] = {}  # process -> (its last sign, when it changed)
         while True:
-            data = self._locked(lambda data: None)  # one read of the file per look
-            done = _named(data, "done")
+            found = self._locked(lambda found: None)  # one read of the file per look
+            done = _named(found, "done")
             if len(done) >= processes:
                 return
-            ended(data, self.process)
+            ended(found, self.process)
             now = time.monotonic()
             for p in range(processes):
                 if p in done or p == self.process:
