@@ -716,7 +716,11 @@ def test_a_rerun_never_shares_the_folder_with_a_process_of_an_earlier_session(tm
     process of earlier sessions left its word; it watches the signs of life of those that did not
     (``still_working``) and names one whose sign changes; a silent one (killed) is not waited for.
     A finished setting leaves no queue and no sign of life behind."""
+    import contextlib
+    import fcntl
+    import os
     import threading
+    import time
 
     from chexpercept.bundle import read_bundle
     from chexpercept.eval.runner import work_queue
@@ -744,7 +748,7 @@ def test_a_rerun_never_shares_the_folder_with_a_process_of_an_earlier_session(tm
     # process 1 left no word: its sign of life is watched; a beat during the watch names it
     timer = threading.Timer(0.3, beat, [alive_path(path, 1)])
     timer.start()
-    assert still_working(folder, watch=5) == ["process 1 of session s1"]
+    assert still_working(folder, watch=5) == ["process 1 of the earlier session s1"]
     timer.join()
     assert still_working(folder, watch=0.5) == []  # a silent one (killed) is not waited for
     # one that left its word is not watched at all
@@ -760,6 +764,33 @@ def test_a_rerun_never_shares_the_folder_with_a_process_of_an_earlier_session(tm
     assert not list(folder.iterdir())  # no new queue, no word, no sign of life
     with pytest.raises(QueueGone):
         other.done()
+    # second red team (helper-49): a process paused past the watch saved its held cases into the
+    # finished run; every append holds the queue, and the rerun removes it holding the same lock
+    make_queues([path])
+    paused = WorkQueue(path, cases, 1)
+    with paused.holding():
+        pass
+    remove_queue(path)
+    with pytest.raises(QueueGone), paused.holding():
+        raise AssertionError("an append after the rerun took the folder")
+    # a rerun that removes the queue while an append waits for its lock: the append never happens
+    make_queues([path])
+    waiting = WorkQueue(path, cases, 1)
+    appended: list[str] = []
+
+    def append() -> None:
+        with contextlib.suppress(QueueGone), waiting.holding():
+            appended.append("case")
+
+    fd = os.open(path, os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # the rerun's remove_queue, holding the lock
+    thread = threading.Thread(target=append)
+    thread.start()
+    time.sleep(0.3)
+    path.unlink()
+    os.close(fd)
+    thread.join(5)
+    assert appended == []
     assert work_queue.WATCH_SECONDS >= work_queue.BEAT_SECONDS  # a working process beats within a watch
 
 

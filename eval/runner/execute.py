@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import secrets
 import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path as FsPath
 from typing import Any
@@ -422,7 +422,11 @@ def _let_go(runs: list[OracleRun], dist: Distributed, children: ChildProcesses) 
 def stopped_after_the_end(plan: RunPlan, stop: RunInterrupted, status: int) -> int:
     """A stop signal after the run's own end (its engine closing, its locks let go); ``status``: the
     run's. A run that ended well: one line (the cases are saved), 128 + the signal. One that did
-    not has said why already: its status stays, and the line says only that it was stopped."""
+    not has said why already: its status stays, and the line says only that it was stopped; one
+    that a stop ended has said so (the launcher's copy of a stop told in the work queue): nothing
+    more."""
+    if status >= 128:
+        return status
     if status != 0:
         print(f"chexpercept run: stopped by {stop.name} while closing, after the end above", file=sys.stderr)
         return status
@@ -530,10 +534,12 @@ def _prepare_locked(plan: RunPlan, run: OracleRun) -> FolderOutcome:
     working = still_working(folder.path)  # before the results are read: no other writer is left
     if working:
         raise RunLockedError(
-            f"{folder.path}: {', '.join(working)} of an earlier session of this run still works (its sign "
-            "of life changed just now; told to stop, it stops at its next case): wait until it has ended, "
-            "then rerun the same command. Nothing was written"
+            f"{folder.path}: {', '.join(working)} still works (its sign of life changed just now; a "
+            "process whose run another process stopped ends at its next case, one whose main process was "
+            "killed goes on with the cases left): wait until it has ended, then rerun the same command. "
+            "Nothing was written"
         )
+    remove_queues(folder.path)  # of sessions that ended: none of their processes appends after this
     previous = folder.check_settings(run.settings)
     if previous:  # the identity it continues, equal by settings_diff (a model folder however spelled):
         run.settings = previous["settings"]  # its new lines carry the earlier lines' fingerprint
@@ -564,7 +570,6 @@ def _prepare_locked(plan: RunPlan, run: OracleRun) -> FolderOutcome:
         info.resumed = [*previous.get("resumed", []), run.header.started]
         info.sessions = [*(previous.get("sessions") or []), session]
     write_json_atomic(folder.run_json, info.to_json())
-    remove_queues(folder.path)  # of sessions that ended; this one holds the lock
     return FolderOutcome(
         ok=True,
         dropped=dropped,
@@ -829,10 +834,13 @@ def _waiting(dist: Distributed) -> Callable[[set[int], float], None]:
 
 
 def _converse(
-    plan: RunPlan, backend: Backend, run: OracleRun, cases: Iterable[Case], progress: Progress, live: int
+    plan: RunPlan, backend: Backend, run: OracleRun, cases: WorkQueue, progress: Progress, live: int
 ) -> EngineStats:
     """This process's conversations of one setting, at most ``live`` at once, each finished case
-    appended at once (failed ones apart), each record marked with the run that made it."""
+    appended at once (failed ones apart), each record marked with the run that made it. Every
+    append holds the setting's work queue (``WorkQueue.holding``): once a rerun has taken the
+    folder over, nothing more is appended (red team, stop 47: a process paused past the rerun's
+    watch saved its held cases into the finished run, twice over)."""
     identity = run_identity(run.settings)
     folder, session = run.folder, run.session
     assert session is not None
@@ -857,7 +865,7 @@ def _converse(
                     "unfinished and goes on with the others"
                 )
             on_failed(too_long)
-        with deferred():  # a stop signal waits until the cases are saved and counted (what the end line says)
+        with deferred(), cases.holding():  # a stop signal waits until the cases are saved and counted
             folder.append(lines)
             session.finished_now += len(lines)
         progress.refresh()
@@ -865,7 +873,7 @@ def _converse(
     def on_failed(failures: list[CaseFailure]) -> None:
         for f in failures:
             f.run = identity
-        with deferred():
+        with deferred(), cases.holding():
             folder.append_failures(failures)
             session.failed_now += len(failures)
         for f in failures:

@@ -279,8 +279,9 @@ def still_working(folder: FsPath, *, watch: float | None = None) -> list[str]:
         return []
     seconds = WATCH_SECONDS if watch is None else watch
     print(
-        f"note: {len(quiet)} process(es) of an earlier session of this run ended without a word in its work "
-        f"queue (killed, or still working): watching their signs of life for {seconds:.0f} s before going on",
+        f"note: {folder}: {len(quiet)} process(es) of an earlier session of this run ended without a word in "
+        f"its work queue (killed, or still working): watching their signs of life for {seconds:.0f} s before "
+        "going on",
         file=sys.stderr,
     )
     deadline = time.monotonic() + seconds
@@ -288,7 +289,7 @@ def still_working(folder: FsPath, *, watch: float | None = None) -> list[str]:
         changed = [a for a, sign in quiet.items() if _sign_of(a) != sign]
         if changed:
             return [
-                f"process {a.name.rsplit('-', 1)[1]} of session {a.stem.split('.')[0][len(QUEUE_PREFIX) :]}"
+                f"process {a.name.rsplit('-', 1)[1]} of the earlier session {a.stem.split('.')[0][len(QUEUE_PREFIX) :]}"
                 for a in changed
             ]
         time.sleep(0.5)
@@ -314,8 +315,19 @@ def remove_queues(folder: FsPath) -> None:
 
 def remove_queue(queue: FsPath) -> None:
     """Remove ``queue`` and its processes' signs of life (main process, at the setting's sign-off:
-    a finished run leaves none)."""
-    queue.unlink(missing_ok=True)
+    a finished run leaves none; or a rerun's). The queue's lock is taken first: an append of an
+    earlier session's process (``WorkQueue.holding``) is either whole before, or never."""
+    try:
+        fd = open_private(queue, os.O_RDWR)
+    except FileNotFoundError:
+        fd = None
+    try:
+        if fd is not None:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        queue.unlink(missing_ok=True)
+    finally:
+        if fd is not None:
+            os.close(fd)
     for path in queue.parent.glob(f"{queue.stem}.alive-*"):
         path.unlink(missing_ok=True)
 
@@ -328,17 +340,37 @@ class WorkQueue:
     cases: Sequence[Case]
     process: int
 
+    @contextlib.contextmanager
+    def holding(self) -> Iterator[None]:
+        """The queue held (its lock) for the block, an append of finished cases: QueueGone, and the
+        block never runs, once the file at the queue's path is not the one this process's session
+        made (a rerun removed it, ``remove_queue``, which takes the same lock first)."""
+        fd = self._open()
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if _sign_of(self.path) is None or os.stat(self.path).st_ino != os.fstat(fd).st_ino:
+                raise self._gone()
+            yield
+        finally:
+            os.close(fd)
+
+    def _open(self) -> int:
+        try:
+            return open_private(self.path, os.O_RDWR)
+        except FileNotFoundError:
+            raise self._gone() from None
+
+    def _gone(self) -> QueueGone:
+        return QueueGone(
+            f"this setting's work queue {self.path} is gone: a later session of the run (a rerun) has "
+            "taken the folder over, so this process takes and saves nothing more there"
+        )
+
     def _locked(self, update: Callable[[list[Event]], bytes | None]) -> list[Event]:
         """Read the whole file under an exclusive lock; append what ``update`` returns. QueueGone
         when the file is not there (``make_queues`` made it; a rerun removed it), QueueDamaged when
         a line is none of the queue's words."""
-        try:
-            fd = open_private(self.path, os.O_RDWR)
-        except FileNotFoundError:
-            raise QueueGone(
-                f"this setting's work queue {self.path} is gone: a later session of the run (a rerun) has "
-                "taken the folder over, so this process takes and saves nothing more there"
-            ) from None
+        fd = self._open()
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             size = os.fstat(fd).st_size
