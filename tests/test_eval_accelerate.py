@@ -294,17 +294,11 @@ def test_a_signal_stops_every_process_of_an_accelerate_run(fixture_bundle, tmp_p
     assert results.read_bytes() == whole.read_bytes()
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("stopped", [0, 1])
-def test_a_signal_to_one_machine_stops_the_processes_of_every_machine(fixture_bundle, tmp_path, stopped):
-    """Left alone at stop 46: SIGTERM to machine 0's launcher stopped machine 0 only; machine 1,
-    whose launcher nobody signalled, went on through every case left (a GPU's hours, or paid
-    requests), and a stop on machine 1 left the main process working alone, then waiting 10 min for
-    its silence. Each process now says its stop in the work queue, and the other machine's process
-    stops at its next case or while it waits: it saves what it finished, says so, and a rerun
-    completes the run."""
+def two_machines_under_way(fixture_bundle, tmp_path, delay: str):
+    """Two "machines" (``start_two_machines``) of baseline:random at --batch-size 1, each round
+    slowed by ``delay`` (CHEXPERCEPT_TEST_STEP_DELAY), returned once 2 cases are saved: the launches,
+    the run's common options, and its settings folder."""
     import os
-    import signal
     import time
 
     common = [
@@ -318,7 +312,7 @@ def test_a_signal_to_one_machine_stops_the_processes_of_every_machine(fixture_bu
     ]
     folder = tmp_path / "baseline-random" / "oracle_implicit"
     results = folder / "results.jsonl"
-    env = {**os.environ, "CHEXPERCEPT_TEST_STEP_DELAY": "0.4"}
+    env = {**os.environ, "CHEXPERCEPT_TEST_STEP_DELAY": delay}
     procs = start_two_machines([fixture_bundle, fixture_bundle], *common, "--no-score", env=env)
     deadline = time.monotonic() + 120
     while not (results.exists() and results.read_text().count("\n") >= 2):
@@ -326,6 +320,22 @@ def test_a_signal_to_one_machine_stops_the_processes_of_every_machine(fixture_bu
             p.communicate() for p in procs
         ]
         time.sleep(0.1)
+    return procs, common, folder
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stopped", [0, 1])
+def test_a_signal_to_one_machine_stops_the_processes_of_every_machine(fixture_bundle, tmp_path, stopped):
+    """Left alone at stop 46: SIGTERM to machine 0's launcher stopped machine 0 only; machine 1,
+    whose launcher nobody signalled, went on through every case left (a GPU's hours, or paid
+    requests), and a stop on machine 1 left the main process working alone, then waiting 10 min for
+    its silence. Each process now says its stop in the work queue, and the other machine's process
+    stops at its next case or while it waits: it saves what it finished, says so, and a rerun
+    completes the run."""
+    import signal
+
+    procs, common, folder = two_machines_under_way(fixture_bundle, tmp_path, "0.4")
+    results = folder / "results.jsonl"
     procs[stopped].send_signal(signal.SIGTERM)
     errs = [p.communicate(timeout=90)[1] for p in procs]
     other = 1 - stopped
@@ -803,27 +813,9 @@ def test_a_rerun_while_another_machine_still_works_waits_for_it_and_then_complet
     completes with every case once."""
     import os
     import signal
-    import time
 
-    common = [
-        "--model",
-        "baseline:random",
-        "--batch-size",
-        "1",
-        "--output-dir",
-        str(tmp_path),
-        "--no-progress",
-    ]
-    folder = tmp_path / "baseline-random" / "oracle_implicit"
+    procs, common, folder = two_machines_under_way(fixture_bundle, tmp_path, "3@1")
     results = folder / "results.jsonl"
-    env = {**os.environ, "CHEXPERCEPT_TEST_STEP_DELAY": "3@1"}
-    procs = start_two_machines([fixture_bundle, fixture_bundle], *common, "--no-score", env=env)
-    deadline = time.monotonic() + 120
-    while not (results.exists() and results.read_text().count("\n") >= 2):
-        assert all(p.poll() is None for p in procs) and time.monotonic() < deadline, [
-            p.communicate() for p in procs
-        ]
-        time.sleep(0.1)
     os.killpg(procs[0].pid, signal.SIGINT)
     procs[0].communicate(timeout=60)
     rerun = ["--data-dir", str(fixture_bundle), *common, "--no-score"]
