@@ -84,12 +84,12 @@ def events(data: bytes, path: FsPath) -> list[Event]:
     for n, raw in enumerate(data.split(b"\n")[:-1], 1):  # the last piece is what follows the last newline
         words = raw.split()
         try:
-            word = words[0].decode("ascii")
-            if word in _WORDS and len(words) == 2:
-                found.append((word, _number(words[1]), None))
+            word, numbers = words[0].decode("ascii"), [_number(w) for w in words[1:]]
+            if word in _WORDS and len(numbers) == 1:
+                found.append((word, numbers[0], None))
                 continue
-            if word == "stopped" and len(words) == 3 and _number(words[2]) in STOP_SIGNALS:
-                found.append((word, _number(words[1]), _number(words[2])))
+            if word == "stopped" and len(numbers) == 2 and numbers[1] in STOP_SIGNALS:
+                found.append((word, numbers[0], numbers[1]))
                 continue
         except (IndexError, UnicodeDecodeError, ValueError):
             pass
@@ -220,7 +220,7 @@ def beating(queues: Sequence[FsPath], process: int) -> Iterator[Beats]:
     try:
         yield beats
     except (Exception, RunInterrupted) as e:  # said where it counts: see above
-        said = _end_of(e)
+        said = _word_for(e)
         if said is not None:
             for queue in beats.open():
                 with contextlib.suppress(OSError, QueueGone, QueueDamaged):  # the error in hand is told
@@ -231,7 +231,7 @@ def beating(queues: Sequence[FsPath], process: int) -> Iterator[Beats]:
         thread.join(timeout=5)
 
 
-def _end_of(error: BaseException) -> str | None:
+def _word_for(error: BaseException) -> str | None:
     """The word a process whose block ``error`` ended leaves in each open queue (``beating``):
     ``ended`` when it only follows another's end (a failure or a stop said there already, which it
     does not repeat), None when its queue is gone."""
@@ -264,7 +264,7 @@ def still_working(folder: FsPath, *, watch: float | None = None) -> list[str]:
     by another, it stops at its next case); one that does not was killed. Before (red team, stop
     47): a rerun started while machine 1 still worked took the folder over, and both ran the same
     cases into it."""
-    quiet: dict[FsPath, Sign] = {}
+    quiet: dict[FsPath, tuple[Sign, str]] = {}  # a sign of life -> (its sign now, whose it is)
     for queue in sorted(folder.glob(f"{QUEUE_PREFIX}*{QUEUE_SUFFIX}")):
         try:
             with open_input(queue, TEXT_FILE, what="work queue") as f:
@@ -274,7 +274,10 @@ def still_working(folder: FsPath, *, watch: float | None = None) -> list[str]:
         for alive in folder.glob(f"{queue.stem}.alive-*"):
             number = alive.name.rsplit("-", 1)[1]
             if number.isdigit() and int(number) not in said and (sign := _sign_of(alive)) is not None:
-                quiet[alive] = sign
+                quiet[alive] = (
+                    sign,
+                    f"process {number} of the earlier session {queue.stem[len(QUEUE_PREFIX) :]}",
+                )
     if not quiet:
         return []
     seconds = WATCH_SECONDS if watch is None else watch
@@ -286,12 +289,9 @@ def still_working(folder: FsPath, *, watch: float | None = None) -> list[str]:
     )
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        changed = [a for a, sign in quiet.items() if _sign_of(a) != sign]
+        changed = [whose for alive, (sign, whose) in quiet.items() if _sign_of(alive) != sign]
         if changed:
-            return [
-                f"process {a.name.rsplit('-', 1)[1]} of the earlier session {a.stem.split('.')[0][len(QUEUE_PREFIX) :]}"
-                for a in changed
-            ]
+            return changed
         time.sleep(0.5)
     return []
 
@@ -317,17 +317,8 @@ def remove_queue(queue: FsPath) -> None:
     """Remove ``queue`` and its processes' signs of life (main process, at the setting's sign-off:
     a finished run leaves none; or a rerun's). The queue's lock is taken first: an append of an
     earlier session's process (``WorkQueue.holding``) is either whole before, or never."""
-    try:
-        fd = open_private(queue, os.O_RDWR)
-    except FileNotFoundError:
-        fd = None
-    try:
-        if fd is not None:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        queue.unlink(missing_ok=True)
-    finally:
-        if fd is not None:
-            os.close(fd)
+    with contextlib.suppress(QueueGone), WorkQueue(queue, (), 0).holding():
+        queue.unlink()
     for path in queue.parent.glob(f"{queue.stem}.alive-*"):
         path.unlink(missing_ok=True)
 
@@ -348,7 +339,8 @@ class WorkQueue:
         fd = self._open()
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
-            if _sign_of(self.path) is None or os.stat(self.path).st_ino != os.fstat(fd).st_ino:
+            sign = _sign_of(self.path)
+            if sign is None or sign[2] != os.fstat(fd).st_ino:  # removed, or another file there now
                 raise self._gone()
             yield
         finally:
