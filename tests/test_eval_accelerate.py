@@ -6,6 +6,7 @@ import json
 import re
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -828,3 +829,56 @@ def test_a_rerun_while_another_machine_still_works_waits_for_it_and_then_complet
     assert len(keys) == len(set(keys)) == 21
     assert json.loads((folder / "run.json").read_text())["finished"]
     assert not list(folder.glob("work-*"))
+
+
+def test_a_rerun_watches_every_settings_silent_processes_once(tmp_path, fixture_bundle, monkeypatch, capsys):
+    """Left alone at stop 47: after every process of a run of two settings was killed (kill -9,
+    no word in either queue), the rerun watched each setting's signs of life one after another
+    (66.7 s for two settings). Now one watch covers every setting (``watch_settings``), and a
+    setting's own check watches only a sign that changed since. A sign that changes after the
+    shared watch is watched again and named; one of a setting with a word is never watched."""
+    from chexpercept.eval.runner import work_queue
+    from chexpercept.eval.runner.work_queue import alive_path, beat, still_working, watch_settings
+
+    common = ["--data-dir", str(fixture_bundle), "--model", "baseline:random", "--oracle", "none", "implicit"]
+    common += ["--limit", "3", "--output-dir", str(tmp_path), "--no-progress", "--no-score"]
+    assert main(common) == 0
+    folders = [tmp_path / "baseline-random" / f"oracle_{o}" for o in ("none", "implicit")]
+    for folder in folders:  # a killed session: its queue says nothing of processes 0 and 1
+        queue = folder / "work-killed.queue"
+        queue.write_bytes(b"take 0\ntake 1\n")
+        beat(alive_path(queue, 0))
+        beat(alive_path(queue, 1))
+    capsys.readouterr()
+    monkeypatch.setattr(work_queue, "WATCH_SECONDS", 1.0)
+    assert main(common) == 0
+    err = capsys.readouterr().err
+    assert err.count("watching their signs of life") == 1, err
+    assert "4 process(es) of earlier sessions" in err and "oracle_none" in err and "oracle_implicit" in err
+    for folder in folders:  # the rerun removed the killed session's files
+        assert not list(folder.glob("work-*")), list(folder.iterdir())
+
+    # the functions themselves: one sign that changes after the shared watch is watched again
+    queues = [folder / "work-k2.queue" for folder in folders]
+    for queue in queues:
+        queue.write_bytes(b"take 1\n")
+        beat(alive_path(queue, 1))
+    watched = watch_settings(folders, watch=0.6)
+    assert sorted(watched) == sorted(alive_path(q, 1) for q in queues)
+    capsys.readouterr()
+    assert still_working(folders[0], watched=watched, watch=1000) == []  # not watched again
+    assert "watching" not in capsys.readouterr().err
+    beat(alive_path(queues[1], 1))  # it beat after the shared watch: watched again, named when it beats
+    timer = threading.Timer(0.3, beat, [alive_path(queues[1], 1)])
+    timer.start()
+    assert still_working(folders[1], watched=watched, watch=5) == ["process 1 of the earlier session k2"]
+    timer.join()
+    # one that changes during the shared watch: nothing is taken as quiet, each setting watches its own
+    timer = threading.Timer(0.3, beat, [alive_path(queues[0], 1)])
+    timer.start()
+    assert watch_settings(folders, watch=5) == {}
+    timer.join()
+    # a process that left its word is watched nowhere
+    for queue in queues:
+        queue.write_bytes(b"take 1\nended 1\n")
+    assert watch_settings(folders, watch=1000) == {}

@@ -55,6 +55,7 @@ from chexpercept.eval.runner.store import (
     rewrite_in_order,
 )
 from chexpercept.eval.runner.work_queue import (
+    Sign,
     WorkQueue,
     beating,
     make_queues,
@@ -62,6 +63,7 @@ from chexpercept.eval.runner.work_queue import (
     remove_queue,
     remove_queues,
     still_working,
+    watch_settings,
 )
 from chexpercept.fileio import (
     NotOursError,
@@ -445,9 +447,10 @@ def _take_folders(plan: RunPlan, runs: list[OracleRun], dist: Distributed) -> in
     outcomes: list[FolderOutcome] = []
     error: Exception | None = None
     if dist.is_main:
+        watched = watch_settings([run.folder.path for run in runs])  # one watch for every setting
         for run in runs:
             try:
-                outcome = _prepare_folder(plan, run)
+                outcome = _prepare_folder(plan, run, watched)
             except OSError as e:
                 if e.errno not in READ_ONLY:
                     raise
@@ -497,8 +500,9 @@ def _check_setting_folders(folder: RunStore, settings: dict[str, Any]) -> None:
         )
 
 
-def _prepare_folder(plan: RunPlan, run: OracleRun) -> FolderOutcome:
-    """Main process: take the lock, check the identity, repair a torn tail, write run.json."""
+def _prepare_folder(plan: RunPlan, run: OracleRun, watched: Mapping[FsPath, Sign]) -> FolderOutcome:
+    """Main process: take the lock, check the identity, repair a torn tail, write run.json
+    (``watched``: signs of life of earlier sessions already watched, ``watch_settings``)."""
     folder = run.folder
     # identifiers and answers: every folder the toolkit names (the model's, the setting's) this
     # account's and owner-only (chexpercept/fileio.py); --output-dir itself may be a shared one
@@ -518,20 +522,22 @@ def _prepare_folder(plan: RunPlan, run: OracleRun) -> FolderOutcome:
         # started at once into oracle_none and oracle_implicit of one model under other settings
         # would each find the other's folder empty, and both run to the end before scoring refused
         with exclusive(folder.path.parent / SETTINGS_LOCK_NAME):
-            return _prepare_locked(plan, run)
+            return _prepare_locked(plan, run, watched)
     except BaseException:
         folder.lock.release()
         raise
 
 
-def _prepare_locked(plan: RunPlan, run: OracleRun) -> FolderOutcome:
+def _prepare_locked(plan: RunPlan, run: OracleRun, watched: Mapping[FsPath, Sign]) -> FolderOutcome:
     """``_prepare_folder`` once its locks are held."""
     folder = run.folder
     folder.tighten()
     # a write of a previous session killed between its temporary file and the rename (its lock is ours)
     written = (folder.run_json, folder.results, folder.failures, folder.quarantine)
     remove_stale_temporaries(folder.path, [p.name for p in written])
-    working = still_working(folder.path)  # before the results are read: no other writer is left
+    working = still_working(
+        folder.path, watched=watched
+    )  # before the results are read: no other writer is left
     if working:
         raise RunLockedError(
             f"{folder.path}: {', '.join(working)} still works (its sign of life changed just now; a "

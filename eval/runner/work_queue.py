@@ -41,7 +41,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path as FsPath
 
@@ -255,16 +255,58 @@ def make_queues(queues: Iterable[FsPath]) -> None:
 WATCH_SECONDS = BEAT_SECONDS * 1.5
 
 
-def still_working(folder: FsPath, *, watch: float | None = None) -> list[str]:
+def still_working(
+    folder: FsPath, *, watch: float | None = None, watched: Mapping[FsPath, Sign] | None = None
+) -> list[str]:
     """Main process of a new session, holding the run's lock, before it reads the results: the
     processes of earlier sessions that may still append to them (each named, with its queue). A
     process that left its word (``done``, ``failed``, ``stopped``, ``ended``) appends no more, nor
     one with no sign of life. The others' signs are watched for ``watch`` seconds (default
     ``WATCH_SECONDS``, only when there is one to watch): one that changes is working (told to stop
-    by another, it stops at its next case); one that does not was killed. Before (red team, stop
-    47): a rerun started while machine 1 still worked took the folder over, and both ran the same
-    cases into it."""
-    quiet: dict[FsPath, tuple[Sign, str]] = {}  # a sign of life -> (its sign now, whose it is)
+    by another, it stops at its next case); one that does not was killed. A sign that ``watched``
+    (``watch_settings``) saw unchanged through a whole watch, and that is still the same, is not
+    watched again. Before (red team, stop 47): a rerun started while machine 1 still worked took
+    the folder over, and both ran the same cases into it."""
+    quiet = {
+        alive: (sign, whose)
+        for alive, (sign, whose) in _without_a_word(folder).items()
+        if watched is None or watched.get(alive) != sign
+    }
+    if not quiet:
+        return []
+    seconds = WATCH_SECONDS if watch is None else watch
+    print(
+        f"note: {folder}: {len(quiet)} process(es) of an earlier session of this run ended without a word in "
+        f"its work queue (killed, or still working): watching their signs of life for {seconds:.0f} s before "
+        "going on",
+        file=sys.stderr,
+    )
+    return [quiet[alive][1] for alive in _changed(quiet, seconds)]
+
+
+def watch_settings(folders: Sequence[FsPath], *, watch: float | None = None) -> dict[FsPath, Sign]:
+    """Main process of a new session, before it takes its settings' folders one by one: the signs
+    of life without a word (``still_working``) of every folder, watched together for one ``watch``;
+    those that stayed the same throughout (none when one changed: each folder's own watch then
+    names it). Before (stop 47, left alone): each setting paid its own watch, one after another
+    (66.7 s for two settings after every process had been killed)."""
+    quiet = {alive: seen for folder in folders for alive, seen in _without_a_word(folder).items()}
+    if not quiet:
+        return {}
+    seconds = WATCH_SECONDS if watch is None else watch
+    print(
+        f"note: {len(quiet)} process(es) of earlier sessions of this run ended without a word in the work "
+        f"queues of {', '.join(sorted({str(a.parent) for a in quiet}))} (killed, or still working): "
+        f"watching their signs of life for {seconds:.0f} s before going on",
+        file=sys.stderr,
+    )
+    return {} if _changed(quiet, seconds) else {alive: sign for alive, (sign, _whose) in quiet.items()}
+
+
+def _without_a_word(folder: FsPath) -> dict[FsPath, tuple[Sign, str]]:
+    """The signs of life in ``folder`` of earlier sessions' processes that left no word in their
+    queue: each file -> (its sign now, whose it is)."""
+    quiet: dict[FsPath, tuple[Sign, str]] = {}
     for queue in sorted(folder.glob(f"{QUEUE_PREFIX}*{QUEUE_SUFFIX}")):
         try:
             with open_input(queue, TEXT_FILE, what="work queue") as f:
@@ -278,18 +320,14 @@ def still_working(folder: FsPath, *, watch: float | None = None) -> list[str]:
                     sign,
                     f"process {number} of the earlier session {queue.stem[len(QUEUE_PREFIX) :]}",
                 )
-    if not quiet:
-        return []
-    seconds = WATCH_SECONDS if watch is None else watch
-    print(
-        f"note: {folder}: {len(quiet)} process(es) of an earlier session of this run ended without a word in "
-        f"its work queue (killed, or still working): watching their signs of life for {seconds:.0f} s before "
-        "going on",
-        file=sys.stderr,
-    )
+    return quiet
+
+
+def _changed(quiet: Mapping[FsPath, tuple[Sign, str]], seconds: float) -> list[FsPath]:
+    """The signs of life of ``quiet`` that change within ``seconds`` (as soon as one does)."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        changed = [whose for alive, (sign, whose) in quiet.items() if _sign_of(alive) != sign]
+        changed = [alive for alive, (sign, _whose) in quiet.items() if _sign_of(alive) != sign]
         if changed:
             return changed
         time.sleep(0.5)
