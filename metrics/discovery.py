@@ -321,9 +321,43 @@ def check_one_identity(folder: FsPath, runs: list[Run]) -> None:
     (older versions, the reference's) are compared by the model their lines name, where they name one."""
     recorded = [(r, getattr(getattr(r, "meta", None), "settings", None)) for r in runs]
     recorded = [(r, s) for r, s in recorded if isinstance(s, dict) and s]
+    if len(runs) >= 2:
+        _check_comparable(folder, [r for r in runs if all(r is not s for s, _ in recorded)])
     if len(recorded) >= 2:
         _check_recorded(folder, recorded)
     _check_models(folder, runs)
+
+
+def _check_comparable(folder: FsPath, unrecorded: list[Run]) -> None:
+    """``check_one_identity`` of the settings folders whose run.json records no settings: ValueError
+    when one holds a line our runner stamped (its ``run`` identity, without ``harness``). The runner
+    records its settings in run.json before its first line, so they were removed, and the lines
+    cannot be compared with the other settings folders' (a runner's fingerprint holds the oracle
+    setting). Before (red team, stop 48): another run's ``oracle_none`` (another seed) moved into a
+    model folder, its run.json or only its ``settings`` removed, was scored and published as that
+    model's End-to-End beside the model's own Oracle-Passed. Lines without an identity (an older
+    version's, the reference's) are compared by model only (``_check_models``)."""
+    for run in unrecorded:
+        stamped = next(
+            (
+                r
+                for r in run.records
+                if isinstance(getattr(r, "run", None), dict) and not r.run.get("harness")
+            ),
+            None,
+        )
+        if stamped is None:
+            continue
+        has_meta = run.path is not None and (run.path / RUN_NAME).exists()
+        where = f"its {RUN_NAME} records no settings" if has_meta else f"it has no {RUN_NAME}"
+        raise ValueError(
+            f"{terminal(str(folder))}: oracle_{run.oracle} holds answers of this toolkit's runner (case "
+            f"{terminal(stamped.key_id)}: model {terminal(repr(stamped.run.get('model')))}, settings "
+            f"{terminal(stamped.run.get('fingerprint'))}), but {where}: its settings cannot be compared with "
+            "the other settings folders', so they are not scored together (End-to-End from one, "
+            f"Oracle-Passed from another). Put back the {RUN_NAME} its run wrote (copy the whole settings "
+            "folder), or score that settings folder on its own"
+        )
 
 
 def _check_recorded(folder: FsPath, recorded: list[tuple[Run, dict[str, Any]]]) -> None:

@@ -126,6 +126,7 @@ class FakeServer:
         vllm=False,
         vllm_version="0.32.0",
         local_media=None,
+        keep_alive=False,
     ):
         self.failures = list(failures)
         self.local_media = local_media
@@ -153,10 +154,12 @@ class FakeServer:
         self.refuse_ids = False
         #: the models GET /models lists besides "m": served name -> root (where vLLM loaded it from)
         self.roots: dict[str, str] = {}
-        #: the ``owned_by`` of each GET /models reply in turn, before ``vllm``'s (a balancer in front
-        #: of several servers); ``models_asked`` counts the GET /models
+        #: the ``owned_by`` of each GET /models reply in turn before the first POST, before ``vllm``'s
+        #: (a balancer in front of several servers); ``models_asked`` counts the GET /models,
+        #: ``models_before`` those before the first POST
         self.owners: list[str] = []
         self.models_asked = 0
+        self.models_before = 0
         #: the status of each GET /models reply in turn before 200s (an error body with it), and
         #: seconds each GET /models waits before its reply
         self.models_status: list[int] = []
@@ -175,6 +178,7 @@ class FakeServer:
                 if self.path.endswith("/models"):
                     with server.lock:
                         server.models_asked += 1
+                        server.models_before += not server.requests
                         status = server.models_status.pop(0) if server.models_status else 200
                     time.sleep(server.models_delay)
                     if status != 200:
@@ -189,7 +193,7 @@ class FakeServer:
                         self.wfile.write(body)
                         return
                     with server.lock:
-                        owner = server.owners.pop(0) if server.owners else None
+                        owner = server.owners.pop(0) if server.owners and not server.requests else None
                     owner = owner or ("vllm" if server.vllm else "organization-owner")
                     listed = [{"id": "m", "owned_by": owner}]
                     listed += [{"id": k, "owned_by": owner, "root": v} for k, v in server.roots.items()]
@@ -309,6 +313,8 @@ class FakeServer:
                 data = json.dumps(reply).encode()
                 return 200, {"Content-Type": "application/json", "Content-Length": str(len(data))}, data
 
+        if keep_alive:  # connections kept open between requests (HTTP/1.1), as vllm serve keeps them
+            Handler.protocol_version = "HTTP/1.1"
         self.httpd = LocalServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)

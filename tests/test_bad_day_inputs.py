@@ -824,11 +824,53 @@ def test_settings_folders_of_two_models_are_never_one_row_when_one_lacks_its_run
             if variant == "empty settings" and command[0] == "report":  # run.json names its model: two rows
                 assert status == 0 and "Report of 2 model(s)" in said.out + said.err, said
                 continue
-            assert status != 0 and "hold answers of different models" in said.out + said.err, (
+            # refused before its models are compared: runner-made lines without run.json's settings
+            assert (
+                status != 0 and "cannot be compared with the other settings folders" in said.out + said.err
+            ), (
                 variant,
                 command,
                 said,
             )
+
+
+@pytest.mark.parametrize("variant", ["no run.json", "run.json without settings", "empty settings"])
+def test_another_runs_settings_folder_without_its_settings_is_never_scored_with_the_models_own(
+    fixture_bundle, tmp_path, capsys, variant
+):
+    """Red team, stop 48: another run's oracle_none (another seed) moved into a model folder, its
+    run.json deleted (only results.jsonl copied over) or only its ``settings`` removed: score and
+    report took End-to-End from it and Oracle-Passed from the model's own run, and push-results
+    published that row. Lines our runner stamped are comparable only through the run.json that
+    records their settings: without it, the folder is not scored with the others (score, report,
+    push-results); alone, it is still scored."""
+    from chexpercept.cli import main as cli
+
+    for seed, oracle in (("0", "implicit"), ("5", "none")):
+        common = ["--model", "baseline:random", "--limit", "3", "--no-score", "--seed", seed]
+        assert _run(fixture_bundle, tmp_path / seed, *common, "--oracle", oracle) == 0
+    model = tmp_path / "0" / "baseline-random"
+    shutil.copytree(tmp_path / "5" / "baseline-random" / "oracle_none", model / "oracle_none")
+    run_json = model / "oracle_none" / "run.json"
+    recorded = json.loads(run_json.read_text())
+    if variant == "no run.json":
+        run_json.unlink()
+    elif variant == "run.json without settings":
+        run_json.write_text(json.dumps({k: v for k, v in recorded.items() if k != "settings"}))
+    else:
+        run_json.write_text(json.dumps({**recorded, "settings": {}}))
+    capsys.readouterr()
+    why = "cannot be compared with the other settings folders"
+    assert cli(["score", str(model)]) == 2
+    assert why in capsys.readouterr().err
+    out = tmp_path / "report"
+    assert cli(["report", "--results", str(tmp_path / "0"), "--output-dir", str(out), "--no-plots"]) == 2
+    assert why in capsys.readouterr().err and not (out / "tables.md").exists()
+    staged = tmp_path / "staged"
+    status = cli(["push-results", str(tmp_path / "0"), "--repo", "me/scores", "--dry-run",
+                  "--output-dir", str(staged)])  # fmt: skip
+    assert status == 2 and why in capsys.readouterr().err
+    assert cli(["score", str(model / "oracle_none")]) == 0  # alone, its own numbers
 
 
 def test_a_resume_refusal_names_every_setting_its_identity_tells_apart():

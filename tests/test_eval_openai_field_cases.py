@@ -603,7 +603,7 @@ def test_a_server_that_does_not_say_what_it_is_is_never_taken_for_another(
     fields = info["settings"]["backend_identity"]["request_fields"]
     assert fields == (VLLM_NEUTRAL_SAMPLING if vllm else {})
     assert all({k: b["body"].get(k) for k in fields} == fields for b in server.requests)
-    assert server.models_asked == len(statuses) + 1 - (not vllm)
+    assert server.models_before == len(statuses) + 1 - (not vllm)
 
 
 @pytest.mark.parametrize("on_error", ["record", "stop"])
@@ -638,7 +638,7 @@ def test_a_case_whose_record_no_reader_takes_is_never_written(
     assert len(list(iter_results(folder / "results.jsonl"))) == 2
 
 
-@pytest.mark.parametrize("sign", ["503", "cache miss"])
+@pytest.mark.parametrize("sign", ["503", "cache miss", "none"])
 def test_a_server_restarted_on_another_checkpoint_mid_run_has_no_answer_taken(
     fixture_bundle, tmp_path, capsys, sign
 ):
@@ -646,7 +646,11 @@ def test_a_server_restarted_on_another_checkpoint_mid_run_has_no_answer_taken(
     the new checkpoint's answers under the first one's identity (red team, stop 45). After a sign
     that the server may have restarted (a connection lost, a gateway's 502/503/504, an image id it
     no longer holds), it is asked what it is before any answer is taken, and the run stops where it
-    now says another root: no answer of the new checkpoint is saved, and the ones before are."""
+    now says another root: no answer of the new checkpoint is saved, and the ones before are.
+    ``none``: a restart with no sign at all (left alone at stop 45): its next answer came over a new
+    connection, as every answer from a restarted server does (this fake closes each connection
+    after its reply, as a server closes idle ones), and one no question has vouched for is taken
+    only after the server is asked again."""
     state = {"n": 0, "switch": 12}
 
     def reply(body):
@@ -655,7 +659,7 @@ def test_a_server_restarted_on_another_checkpoint_mid_run_has_no_answer_taken(
             server.roots["local-vlm"] = "/ckpt/step9000"
             if sign == "503":
                 server.failures.append(503)
-            else:
+            elif sign == "cache miss":
                 server.forget()
         return "Answer: 1" if state["n"] <= state["switch"] else "Answer: 2"
 
@@ -681,8 +685,36 @@ def test_a_server_restarted_on_another_checkpoint_mid_run_has_no_answer_taken(
     assert "the run began with vLLM serving /ckpt/step1000" in err
     results = tmp_path / "local-vlm" / "oracle_implicit" / "results.jsonl"
     saved = list(iter_results(results)) if results.is_file() else []
-    assert state["n"] > state["switch"]  # the new checkpoint answered: none of it was taken
+    assert state["n"] >= state["switch"]  # the server restarted: none of its answers since was taken
     assert saved and all(t.response == "Answer: 1" for r in saved for t in r.turns)
+
+
+def test_a_kept_alive_connection_is_vouched_for_once(fixture_bundle, tmp_path, capsys):
+    """The other side of the rule above: an answer over a connection that a question has vouched
+    for is taken without asking again (vllm serve keeps its connections open), so the server is
+    asked about once per connection, not once per answer; and a run against a server that is no
+    vLLM (no ``root`` to tell checkpoints apart) never asks during the run."""
+    for vllm in (True, False):
+        with FakeServer(vllm=vllm, keep_alive=True) as server:
+            status = cli(
+                fixture_bundle,
+                tmp_path / str(vllm),
+                server,
+                "--concurrency",
+                "4",
+                "--no-score",
+                "--paths",
+                "RR",
+                "RF",
+                "LF",
+            )
+            assert status == 0, capsys.readouterr().err
+            during = server.models_asked - server.models_before
+            assert len(server.requests) > 40
+            if vllm:
+                assert 1 <= during <= 8, during  # a question per new connection at most (4 and the first)
+            else:
+                assert during == 0
 
 
 def test_a_server_whose_listing_fails_a_while_mid_run_is_waited_out_and_slow_questions_are_each_timed(

@@ -54,12 +54,14 @@ import base64
 import contextlib
 import functools
 import json
+import math
 import os
 import queue
 import re
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -187,6 +189,15 @@ def read_usage(usage: Any) -> dict[str, int | None]:
             "total_tokens": usage.get("total_tokens"),
         }
     )
+
+
+@dataclass(frozen=True)
+class Via:
+    """How a reply came: its connection (aiohttp's protocol object, one per TCP connection; None
+    where aiohttp did not say) and when its headers arrived (time.monotonic())."""
+
+    connection: Any
+    arrived: float
 
 
 class _Retryable(Exception):
@@ -409,10 +420,15 @@ class OpenAIBackend(BackendBase):
         #: whether the endpoint has answered once (HTTP, any status): until then a connection refused or
         #: a name that does not resolve ends the run at once instead of being retried
         self._reached = False
-        #: the server may have restarted since it said what it is (a connection lost, an image id it
-        #: no longer holds): no answer is taken before it is asked again (``_still_the_same``)
-        self._suspect = False
+        #: when (time.monotonic()) the last sign came that the server may have restarted since it said
+        #: what it is (a connection lost, a gateway's 502/503/504, an image id it no longer holds): no
+        #: answer is taken before it is asked again (``_still_the_same``)
+        self._sign_at = -math.inf
+        #: when the last question that the server answered as the run's identity records began
+        #: (``_ask_again``), and the question being asked; the connections a question vouched for
+        self._said_at = -math.inf
         self._reasked: Any = None
+        self._vouched: weakref.WeakSet[Any] = weakref.WeakSet()
         #: set when a server asks for a wait longer than the policy takes (eval/backends/openai/retries.py)
         self.pause, self.notices = ServerPause(), WaitNotices()
         self.extra_body = spec.request_fields(options.request_extra)
@@ -509,7 +525,9 @@ class OpenAIBackend(BackendBase):
             if self._loop is None:
                 self._loop = _LoopThread(self.route)
             waited = len(ASK_WAITS) * (2 * ASK_SECONDS + 1) + sum(ASK_WAITS) + 5  # /models and /version
+            began = time.monotonic()
             self._server_says = self._loop.start(self._ask_server()).result(timeout=waited)
+            self._said_at = began
         return self._server_says
 
     def usage_summary(self, records: Mapping[str, Mapping[str, Any]]) -> str | None:
@@ -774,21 +792,42 @@ class OpenAIBackend(BackendBase):
             "serves chat alone)"
         )
 
-    async def _still_the_same(self) -> None:
-        """After a sign that the server may have restarted, before any answer is taken: it is asked
-        what it is again (once for every answer waiting on it), and BackendError ends the run where
-        it now says otherwise than the run's identity records (another checkpoint's ``root``, or no
-        longer vLLM): its answers from here would be another model's (red team, stop 45: a server
+    def _ask_since(self, via: Via) -> float:
+        """When a question of what the server is must have begun for an answer that came ``via`` to
+        be taken (-inf: none is needed). After a sign that the server may have restarted: after the
+        sign. Over a connection no question has vouched for, from a server that says it is vLLM
+        (whose ``root`` tells one checkpoint from another): after the answer's headers came, so
+        after the connection was made. Before (left alone at stop 45's fix): a server restarted on
+        another checkpoint between two requests, with no error seen (its idle connections closed,
+        the next request on a new one), had its answers kept under the first one's identity. A
+        server named by ``--server-kind`` is never asked."""
+        if self.options.server_kind != "auto":
+            return -math.inf
+        says = self._server_says
+        fresh = (
+            says is not None and says.vllm and (via.connection is None or via.connection not in self._vouched)
+        )
+        return max(self._sign_at, via.arrived if fresh else -math.inf)
+
+    async def _still_the_same(self, since: float) -> None:
+        """Before an answer is taken that may come from another server than the one that said what
+        it is (``_ask_since``): it is asked again, by a question that began at ``since`` or later
+        (shared by every answer waiting on it), and BackendError ends the run where it now says
+        otherwise than the run's identity records (another checkpoint's ``root``, or no longer
+        vLLM): its answers from here would be another model's (red team, stop 45: a server
         restarted on another checkpoint mid-run had its answers kept under the first one's
-        identity). Answers already taken stay: they came before the sign."""
-        if self._reasked is None:
-            self._reasked = asyncio.ensure_future(self._ask_server(during_run=True))
-        reasked = self._reasked
+        identity). Answers already taken stay: they came before."""
+        while self._said_at < since:
+            if self._reasked is None:
+                self._reasked = asyncio.ensure_future(self._ask_again(time.monotonic()))
+            await asyncio.shield(self._reasked)
+
+    async def _ask_again(self, began: float) -> None:
+        """One question of ``_still_the_same``, begun at ``began``."""
         try:
-            now = await asyncio.shield(reasked)
+            now = await self._ask_server(during_run=True)
         finally:
-            if self._reasked is reasked and reasked.done():
-                self._reasked = None
+            self._reasked = None
         before = self._server_says
         if before is not None and (now.vllm, now.root) != (before.vllm, before.root):
             said = f"vLLM serving {now.root}" if now.vllm else "no vLLM"
@@ -799,7 +838,7 @@ class OpenAIBackend(BackendBase):
                 "taken. The answers saved so far are the first one's; to go on, serve that model again "
                 "and rerun the same command, or use another --output-dir"
             )
-        self._suspect = False
+        self._said_at = max(self._said_at, began)
 
     def _unreachable(self, error: BaseException) -> str:
         """A server never reached in this run: what to do (its URL redacted)."""
@@ -819,7 +858,7 @@ class OpenAIBackend(BackendBase):
             self.clock.change(+1)
             outcome, error, reply = OTHER, None, None
             try:
-                reply = await self._post(body, by_id=by_id)
+                reply, via = await self._post(body, by_id=by_id)
                 outcome = OK
             except _Retryable as e:
                 outcome, error = (THROTTLED if e.status == 429 else OTHER), e
@@ -829,8 +868,11 @@ class OpenAIBackend(BackendBase):
                 self.clock.change(-1)
                 await self.limit.release(started, outcome)
             if reply is not None:
-                if self._suspect and self.options.server_kind == "auto":  # --server-kind: said, never asked
-                    await self._still_the_same()
+                since = self._ask_since(via)
+                if since > -math.inf:
+                    await self._still_the_same(since)
+                if via.connection is not None:
+                    self._vouched.add(via.connection)  # the server that answered over it is the one asked
                 seconds = time.monotonic() - started
                 self.ledger.add(request.key_id, seconds)
                 return self._response(where, reply, attempts=attempt + 1, seconds=seconds)
@@ -865,8 +907,9 @@ class OpenAIBackend(BackendBase):
             return _failed(str(error))
 
     # ------------------------------------------------------------------ HTTP
-    async def _exchange(self, body: tuple[bytes, ...]) -> tuple[int, Any, bytes]:
-        """(status, headers, body bytes) of one POST of ``body``'s pieces; redirects are not followed."""
+    async def _exchange(self, body: tuple[bytes, ...]) -> tuple[int, Any, bytes, Via]:
+        """(status, headers, body bytes, how it came) of one POST of ``body``'s pieces; redirects
+        are not followed."""
         assert self._loop is not None
         payload = pieces_payload(body)
         self.bytes_sent += payload.size
@@ -874,18 +917,20 @@ class OpenAIBackend(BackendBase):
         async with session.post(
             self.url, data=payload, headers=self._headers(), allow_redirects=False
         ) as reply:
+            connection = reply.connection
+            via = Via(None if connection is None else connection.protocol, time.monotonic())
             data = await _read_bounded(reply.content, REPLY.max_bytes)
             if len(data) > REPLY.max_bytes:
                 raise BackendError(f"the reply of {self.url} is over the limit of {REPLY.describe()}")
-            return reply.status, reply.headers, data
+            return reply.status, reply.headers, data, via
 
-    async def _post(self, body: tuple[bytes, ...], *, by_id: bool = False) -> dict[str, Any]:
+    async def _post(self, body: tuple[bytes, ...], *, by_id: bool = False) -> tuple[dict[str, Any], Via]:
         """One attempt, within its deadline (``--timeout`` from sending to the reply's last byte);
         ``by_id``: the body names images by id (a refusal of that form is ``_Resend``)."""
         import aiohttp
 
         try:
-            status, headers, raw = await asyncio.wait_for(self._exchange(body), self.timeout)
+            status, headers, raw, via = await asyncio.wait_for(self._exchange(body), self.timeout)
         except PeerRefused as e:  # another account's socket, or not loopback: nothing was sent
             raise _RunLevel(str(e)) from e
         except asyncio.TimeoutError as e:
@@ -897,18 +942,18 @@ class OpenAIBackend(BackendBase):
             # would not help; once the server has answered, the same error is an outage, waited out
             if not self._reached:
                 raise _RunLevel(self._unreachable(e)) from e
-            self._suspect = True
+            self._sign_at = time.monotonic()
             raise _Retryable(f"cannot reach {self.shown_url}: {redact_text(str(e))}") from e
         except (aiohttp.ClientError, OSError) as e:  # a reset or closed connection
-            self._suspect = True
+            self._sign_at = time.monotonic()
             raise _Retryable(f"{type(e).__name__}: {redact_text(str(e))}") from e
         self._reached = True
         text = raw.decode("utf-8", "replace")
         if 200 <= status < 300:
-            return _reply_object(text, headers.get("Content-Type") or "", self.shown_url)
+            return _reply_object(text, headers.get("Content-Type") or "", self.shown_url), via
         detail = shown(text, 500)  # the server's words, shown on one line and inert on a terminal
         if is_cache_miss(status, text):  # an image sent by id that the server no longer holds
-            self._suspect = True  # let go of it, or restarted
+            self._sign_at = time.monotonic()  # let go of it, or restarted
             raise _Resend(f"HTTP {status}: {detail}")
         if by_id and refuses_ids(status, text):  # not the vLLM it says it is
             raise _Resend(f"HTTP {status}: {detail}", refused=True)
@@ -928,7 +973,7 @@ class OpenAIBackend(BackendBase):
             )
         if status in RETRY_STATUS:
             if status in (502, 503, 504):  # a server restarting (behind a proxy: its gateway errors)
-                self._suspect = True
+                self._sign_at = time.monotonic()
             hint = read_wait_hint(headers, text, status=status)
             raise _Retryable(f"HTTP {status}: {detail}", hint, status=status)
         if status == 400 and _is_content_filter(text):
