@@ -324,13 +324,23 @@ def add_output_dir_option(parser: Any, *, help: str, **kwargs: Any) -> None:
     add_option(parser, "--output-dir", "--out", metavar="DIR", help=help, **kwargs)
 
 
-def add_parse_mode_option(parser: Any, *, help: str, **kwargs: Any) -> None:
-    """``--parse-mode reference|strict`` (old spelling ``--mode``)."""
+#: the help of ``--parse-mode`` for the commands that score runs (``made``)
+SCORED_AS_MADE = (
+    "answer parsing (default: the mode the runs were made with, as run.json records it, else reference; "
+    "another mode over an oracle run's recorded one is a WARNING: its oracle acted on the recorded mode)"
+)
+
+
+def add_parse_mode_option(
+    parser: Any, *, help: str = SCORED_AS_MADE, made: bool = True, **kwargs: Any
+) -> None:
+    """``--parse-mode reference|strict`` (old spelling ``--mode``). ``made``: for the commands that
+    score runs, the default is None, the mode each run was made with
+    (``metrics.model_scores.run_parse_mode``); else (a run's own setting) reference."""
     from .answers import PARSE_MODES
 
-    add_option(
-        parser, "--parse-mode", "--mode", choices=PARSE_MODES, default="reference", help=help, **kwargs
-    )
+    default = None if made else "reference"
+    add_option(parser, "--parse-mode", "--mode", choices=PARSE_MODES, default=default, help=help, **kwargs)
 
 
 def add_decoding_override_options(parser: Any) -> None:

@@ -99,7 +99,9 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
         "decoding (it gives End-to-End exactly too), none and implicit for a sampling model (API models)",
     )
     add_parse_mode_option(
-        g, help="how answers are read during the run, which drives oracle triggers (default: reference)"
+        g,
+        help="how answers are read during the run, which drives oracle triggers (default: reference)",
+        made=False,
     )
     g.add_argument(
         "--on-error",

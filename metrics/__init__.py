@@ -14,11 +14,13 @@ Loading results
 Scoring
     ``score_records(records, mode="reference") -> CaseScores``: every turn re-parsed from its raw
         response and judged; per-case detail via ``CaseScores.case(i)`` / ``.cases()``.
-    ``score_model(runs, mode="reference", name=None) -> ModelScores``: one model's numbers,
+    ``score_model(runs, mode=None, name=None) -> ModelScores``: one model's numbers (``mode``
+        None: the parse mode the runs were made with, ``run_parse_mode``; another over an oracle
+        run's recorded one is a WARNING and ``ModelScores.not_own``),
         End-to-End from the ``none`` run (or exactly from a greedy oracle run), Oracle-Passed from
         the ``implicit`` (else ``explicit``) run; ``ModelScores.sources`` says which,
         ``ModelScores.notes`` lists anything odd about the inputs.
-    ``score_path(path, bundle=None, mode="reference", ...) -> ModelScores``: load_runs + score_model.
+    ``score_path(path, bundle=None, mode=None, ...) -> ModelScores``: load_runs + score_model.
     ``ModelScores.flat``: the stable flat metrics ``FLAT_KEYS`` (``e2e/stage<k>/<P>``,
         ``op/stage<k>/<P>``, ``depth/<P>``, ``sub/<task>``; fractions; None = N/A).
         ``ModelScores.values``: every metric (per lesion, bias, gains; see ``columns``).

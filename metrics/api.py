@@ -16,7 +16,7 @@ def score_path(
     path: str | os.PathLike[str],
     *,
     bundle: Bundle | str | os.PathLike[str] | None = None,
-    mode: ParseMode = "reference",
+    mode: ParseMode | None = None,
     oracle: str | None = None,
     greedy: bool | None = None,
     model: str | None = None,
@@ -55,7 +55,7 @@ def check_against_bundle(run: Run, bundle: Bundle) -> list[str]:
 
 
 def print_model_scores(
-    model_dir: str | os.PathLike[str], name: str, parse_mode: ParseMode = "reference"
+    model_dir: str | os.PathLike[str], name: str, parse_mode: ParseMode | None = None
 ) -> None:
     """Score every run of a model folder (e.g. oracle_none and oracle_implicit) and print its Table 2
     row, where each number comes from, notes and answer warnings (the end of ``chexpercept run``)."""

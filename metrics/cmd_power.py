@@ -85,7 +85,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--format", choices=FORMATS, default="markdown", help="output format (default markdown)"
     )
     add_data_dir_option(parser, help="release bundle folder (for the reference's all_results.json)")
-    add_parse_mode_option(parser, help="answer parsing of the runs (default: reference)")
+    add_parse_mode_option(parser)
     add_output_option(parser, help="write the output to this file instead of stdout")
 
 

@@ -49,7 +49,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="run folder, results file, model folder, or a folder of model folders (run --output-dir)",
     )
     add_data_dir_option(parser, help="release bundle folder (required for the reference's all_results.json)")
-    add_parse_mode_option(parser, help="answer parsing (default: reference)")
+    add_parse_mode_option(parser)
     parser.add_argument(
         "--oracle",
         choices=ORACLE_SETTINGS,

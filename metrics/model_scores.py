@@ -17,12 +17,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from chexpercept.answers import PARSE_STATUSES, STATUS_REASONING, STATUS_UNPARSED, ParseMode
 from chexpercept.domains import LEVEL
+from chexpercept.escape import terminal
 from chexpercept.vocab import LESIONS, PATHS, TASKS
 
 from .columns import FLAT_KEYS, Column, ColumnMatrix, add_derived, column_mean, e2e_columns, op_columns
@@ -78,6 +79,9 @@ class ModelScores:
     #: why these numbers are not the whole of the runs scored ("<run>: <reason>"); empty when they
     #: are. Every writer of numbers says it (metrics/partial.py)
     partial: list[str] = field(default_factory=list)
+    #: why these numbers are not the runs' own: an oracle run re-read in another parse mode than
+    #: the one its oracle acted on (``run_parse_mode``); push-results refuses them
+    not_own: list[str] = field(default_factory=list)
 
     @property
     def flat(self) -> dict[str, float | None]:
@@ -229,23 +233,55 @@ def _agreement(cs: CaseScores) -> float | None:
     return sum(a == b for a, b in verdicts) / len(verdicts)
 
 
+def run_parse_mode(runs: Sequence[Run], asked: ParseMode | None) -> tuple[ParseMode, list[str]]:
+    """The one rule of the parse mode runs are scored with: ``asked`` (``--parse-mode``) when given;
+    else the mode the runs were made with (run.json's ``parse_mode``: the oracle runs', whose
+    oracle acted on it, else any run's), else reference. Returns the mode and a WARNING for each
+    oracle run re-read in another mode than the one its oracle acted on: its End-to-End and
+    Oracle-Passed numbers are then not the run's own (the oracle changed histories on answers the
+    other parser reads otherwise). ValueError when ``asked`` is None and the runs recorded different
+    modes. Before (red team, stop 48): a strict run was scored, reported and published with
+    reference parsing by default, End-to-End 0.0 read as 66.7, with a note."""
+    acted = {r.parse_mode for r in runs if r.oracle != "none" and r.parse_mode}
+    made = acted or {r.parse_mode for r in runs if r.parse_mode}
+    if asked is None:
+        if len(made) > 1:
+            listed = ", ".join(f"{r.label}: {r.parse_mode}" for r in runs if r.parse_mode)
+            raise ValueError(
+                f"the runs were made with different parse modes ({terminal(listed)}): score them "
+                "separately, or choose one with --parse-mode (runs made with another are then not "
+                "scored as made)"
+            )
+        return cast(ParseMode, made.pop() if made else "reference"), []
+    warnings = [
+        f"WARNING: {r.label}: its oracle acted on {r.parse_mode} parsing; scored here with {asked} "
+        f"parsing (--parse-mode overrides what the run recorded): these are not the run's own numbers "
+        f"(leave --parse-mode out to score it as made)"
+        for r in runs
+        if r.oracle != "none" and r.parse_mode and r.parse_mode != asked
+    ]
+    return asked, warnings
+
+
 def score_model(
     runs: Sequence[Run],
     *,
-    mode: ParseMode = "reference",
+    mode: ParseMode | None = None,
     name: str | None = None,
     scores: Mapping[str, CaseScores] | None = None,
 ) -> ModelScores:
     """Score the runs of one model and assemble its scores (see the module docstring).
 
-    scores: per oracle setting, scores already computed for that run under ``mode`` (for example a
-    per-run ModelScores' ``scores``); those runs are not scored again.
+    mode: the parse mode (``run_parse_mode``: None, the default, is the mode the runs were made
+    with). scores: per oracle setting, scores already computed for that run under that mode (for
+    example a per-run ModelScores' ``scores``); those runs are not scored again.
     """
     known = scores or {}
     if not runs:
         raise ValueError("no runs to score")
     by_setting = _by_setting(runs)
-    notes: list[str] = [n for r in runs for n in r.notes]
+    mode, not_own = run_parse_mode(runs, mode)
+    notes: list[str] = [n for r in runs for n in r.notes] + not_own
     scores = {
         s: known[s]
         if s in known
@@ -258,11 +294,6 @@ def score_model(
         notes.append(
             "both implicit and explicit runs given; Oracle-Passed numbers come from the implicit one"
         )
-    for run in runs:
-        if run.parse_mode and run.parse_mode != mode and run.oracle != "none":
-            notes.append(
-                f"{run.label}: its oracle acted on {run.parse_mode} parsing; re-scored here with {mode} parsing"
-            )
     sources, e2e_run = _choose_sources(by_setting.get("none"), oracle_run, scores, mode, notes)
 
     op_scores = scores[oracle_run.oracle] if oracle_run is not None else None
@@ -296,6 +327,7 @@ def score_model(
         fingerprint=next(iter({r.fingerprint for r in runs if r.fingerprint}), None),
         images_fingerprint=next(iter({r.images_fingerprint for r in runs if r.images_fingerprint}), None),
         partial=[reason for r in runs for reason in r.partial],
+        not_own=not_own,
     )
 
 

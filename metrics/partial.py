@@ -148,3 +148,16 @@ def refuse_partial(item: Any, where: str) -> None:
             f"{where}: these numbers are partial ({'; '.join(why)}), so nothing was published. Complete "
             "the run (rerun the same `chexpercept run` command), then publish again"
         )
+
+
+def refuse_not_own(item: Any, where: str) -> None:
+    """Raise PartialNumbers when ``item`` (a ModelScores) holds numbers that are not its runs' own
+    (``not_own``: an oracle run re-read in another parse mode than the one its oracle acted on): what
+    is published stays published, and says it is the run's (red team, stop 48: a strict run was
+    published with reference parsing, End-to-End 0.0 as 66.7)."""
+    why = list(getattr(item, "not_own", None) or [])
+    if why:
+        raise PartialNumbers(
+            f"{where}: these are not the runs' own numbers ({'; '.join(w.removeprefix('WARNING: ') for w in why)}), "
+            "so nothing was published. Leave --parse-mode out to publish them as made"
+        )

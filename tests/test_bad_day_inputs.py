@@ -1460,3 +1460,53 @@ def test_a_selection_bigger_than_the_bundle_is_taken_whole_and_said(fixture_bund
         == 0
     )
     assert "note: --" not in capsys.readouterr().err
+
+
+def test_a_run_is_scored_reported_and_published_in_the_parse_mode_it_was_made_with(
+    fixture_bundle, tmp_path, capsys
+):
+    """Red team, stop 48: score, report and push-results read every run with reference parsing
+    unless told otherwise. A ``--parse-mode strict`` run whose oracle acted on strict parsing (it
+    read no answer in "I think it is option 1.") was scored with End-to-End 66.7 instead of its
+    own 0.0, with a note, and push-results published that. Now each reads a run in the mode it was
+    made with (``run_parse_mode``); another mode asked for is a WARNING naming the run, and
+    push-results refuses it (the numbers are not the run's own)."""
+    from fake_openai import FakeServer
+
+    from chexpercept.cli import main as cli
+
+    with FakeServer(reply=lambda body: "I think it is option 1.") as server:
+        common = ["--model", "local-vlm", "--backend", "openai", "--base-url", server.url, "--limit", "3"]
+        assert _run(fixture_bundle, tmp_path / "runs", *common, "--parse-mode", "strict") == 0
+    model = tmp_path / "runs" / "local-vlm"
+    capsys.readouterr()
+    assert cli(["score", str(model)]) == 0
+    own = capsys.readouterr()
+    assert "acted on" not in own.err and "not the run's own" not in own.err
+    flat = json.loads(own.out)
+    assert flat["e2e/stage1/all"] == 0.0  # strict parsing read none of the answers, as the run did
+    assert cli(["score", str(model), "--parse-mode", "reference"]) == 0
+    other = capsys.readouterr()
+    assert "WARNING: oracle implicit run" in other.err and "its oracle acted on strict parsing" in other.err
+    assert json.loads(other.out)["e2e/stage1/all"] != 0.0  # another reading, said as such
+    # the report: its parse mode is the runs'
+    out = tmp_path / "report"
+    assert cli(["report", "--results", str(tmp_path / "runs"), "--output-dir", str(out), "--no-plots"]) == 0
+    assert "Scored with <strong>strict</strong> answer parsing" in (out / "index.html").read_text()
+    # push-results: the runs' own mode, or nothing
+    staged = tmp_path / "staged"
+    push = [
+        "push-results",
+        str(tmp_path / "runs"),
+        "--repo",
+        "me/scores",
+        "--dry-run",
+        "--name",
+        "local-vlm=tiny-local",
+    ]
+    assert cli([*push, "--output-dir", str(staged), "--parse-mode", "reference"]) == 2
+    assert "not the runs' own numbers" in capsys.readouterr().err and not staged.exists()
+    assert cli([*push, "--output-dir", str(staged), "--bootstrap", "0"]) == 0
+    (metrics,) = staged.glob("models/*/metrics.json")
+    assert json.loads(metrics.read_text())["parse_mode"] == "strict"
+    assert "answers parsed in `strict` mode" in (staged / "README.md").read_text()

@@ -264,6 +264,21 @@ def test_inspect_s_own_files_of_our_runs_are_private_whatever_the_umask(
         os.chmod(tmp_path / folder, 0o755)
     before = os.umask(0o022)
     try:
+        # Inspect's trace file as its process start makes it (0644), opened by another account
+        # (red team, stop 48: through a handle on traces/ it read every sample's key_id)
+        from inspect_ai._util import logger as inspect_logger
+        from inspect_ai._util.trace import inspect_trace_dir
+
+        inspect_logger.init_logger(None)
+        trace = inspect_logger._logHandler["handler"].trace_logger
+        trace_file = Path(trace.baseFilename)
+        trace_file.parent.mkdir(parents=True, exist_ok=True)
+        if trace.stream is not None:
+            trace.stream.close()
+        trace_file.unlink(missing_ok=True)
+        trace.stream = open(trace_file, "a")  # noqa: SIM115 (as Inspect opens it, under umask 022)
+        assert trace_file.stat().st_mode & 0o077
+        other_account = open(trace_file)  # noqa: SIM115
         monkeypatch.setenv("VLLM_API_KEY", "not-a-key")
         with FakeServer() as server:
             log = eval_one(
@@ -273,6 +288,11 @@ def test_inspect_s_own_files_of_our_runs_are_private_whatever_the_umask(
     finally:
         os.umask(before)
     assert log.status == "success"
+    seen = other_account.read()
+    other_account.close()
+    assert "sample=" not in seen and "cardiomegaly" not in seen, seen[-500:]
+    assert trace_file.stat().st_mode & 0o077 == 0 and "sample=" in trace_file.read_text()
+    assert inspect_trace_dir().stat().st_mode & 0o077 == 0
     location = Path(log.location)
     assert location.stat().st_mode & 0o077 == 0  # its folder may be a shared one: its names say nothing
     for folder in ("data/inspect_ai", "cache/inspect_ai"):

@@ -76,7 +76,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="the bundle the runs were made on (default: the one run.json names); the upload is checked "
         "against its case identifiers, so it must be on this disk",
     )
-    add_parse_mode_option(parser, help="answer parsing (default: reference)")
+    add_parse_mode_option(parser)
     parser.add_argument(
         "--bootstrap",
         type=COUNT_OR_NONE,

@@ -30,7 +30,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path as FsPath
-from typing import Any
+from typing import Any, cast
 
 from chexpercept.answers import PARSE_MODES
 from chexpercept.metrics.leaderboard import SETTING_KEYS, setting_score
@@ -239,7 +239,7 @@ def stage_eval_results(
     *,
     benchmark: str,
     source_url: str,
-    parse_mode: str = "reference",
+    parse_mode: str | None = None,
     bundle: str | os.PathLike[str] | None = None,
     allow_synthetic: bool = False,
     model_repo: str | None = None,
@@ -258,7 +258,7 @@ def stage_eval_results(
 
     import chexpercept
     from chexpercept.metrics import load_runs, score_model
-    from chexpercept.metrics.partial import refuse_partial
+    from chexpercept.metrics.partial import refuse_not_own, refuse_partial
 
     repos = [check_repo_id(benchmark, "--benchmark")]
     if model_repo is not None:
@@ -290,13 +290,15 @@ def stage_eval_results(
     notes: list[str] = []
     for run in runs:
         thinking = (run.meta.chat_template_kwargs or {}).get("enable_thinking")
-        variant = Variant(run.oracle, parse_mode, thinking if isinstance(thinking, bool) else None)
+        mode = cast(Any, parse_mode)
         if run.oracle == "none":
-            scores, families = score_model([run], mode=parse_mode), {"e2e"}
+            scores, families = score_model([run], mode=mode), {"e2e"}
         else:
-            scores = score_model(([none_run] if none_run else []) + [run], mode=parse_mode)
+            scores = score_model(([none_run] if none_run else []) + [run], mode=mode)
             e2e = scores.sources.get("e2e")
             families = {"op"} | ({"e2e"} if e2e is not None and e2e.oracle == run.oracle else set())
+        refuse_not_own(scores, str(run.path or model_dir))
+        variant = Variant(run.oracle, scores.mode, thinking if isinstance(thinking, bool) else None)
         for key_id in scores.matrix.key_ids:
             identifiers.add("key_id", key_id)
         e2e_source = scores.sources.get("e2e")

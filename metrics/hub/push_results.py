@@ -18,7 +18,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path as FsPath
-from typing import Any
+from typing import Any, cast
 
 from chexpercept.escape import terminal
 from chexpercept.input_json import read_json
@@ -165,7 +165,7 @@ def stage(
     runs_dir: str | os.PathLike[str],
     staging: str | os.PathLike[str],
     *,
-    parse_mode: str = "reference",
+    parse_mode: str | None = None,
     bootstrap: int = 1000,
     seed: int = 0,
     repo: str | None = None,
@@ -180,7 +180,7 @@ def stage(
     (a ValueError) when a model has no name that may be published, or a label or ``repo`` breaks
     its rule (``chexpercept.metrics.hub.names``)."""
     from chexpercept.metrics import render_table, score_path
-    from chexpercept.metrics.partial import refuse_partial
+    from chexpercept.metrics.partial import refuse_not_own, refuse_partial
 
     if repo is not None:
         check_repo_id(repo, "--repo")
@@ -204,14 +204,23 @@ def stage(
         model = models[folder_name]
         metas = {setting: publish_as(provenance(m), model) for setting, m in all_metas[folder_name].items()}
         display = model.name
-        report = score_path(folder, bundle=bundle, mode=parse_mode, name=display)
+        report = score_path(folder, bundle=bundle, mode=cast(Any, parse_mode), name=display)
         refuse_partial(report, str(folder))
+        refuse_not_own(report, str(folder))
         if bootstrap:
             report.with_intervals(bootstrap, seed=seed)
         for key_id in report.matrix.key_ids:
             identifiers.add("key_id", key_id)
         reports[display] = report
         published[display] = metas
+    modes = {report.mode for report in reports.values()}
+    if len(modes) > 1:
+        made = ", ".join(f"{name}: {report.mode}" for name, report in reports.items())
+        raise ValueError(
+            f"the models were made with different parse modes ({terminal(made)}); one publication states "
+            "one: publish them separately"
+        )
+    parse_mode = modes.pop()
     manifest = Manifest(
         staging, Context(identifiers, frozenset().union(*(m.strings for m in models.values())))
     )

@@ -34,7 +34,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path as FsPath
-from typing import Any
+from typing import Any, cast
 
 from chexpercept.bundle import Bundle
 from chexpercept.escape import csv_cell, markdown_cell
@@ -48,7 +48,7 @@ from chexpercept.metrics.discovery import (
     unread_entries,
 )
 from chexpercept.metrics.leaderboard import leaderboard_rows, render_leaderboard, write_leaderboard_csv
-from chexpercept.metrics.model_scores import score_model
+from chexpercept.metrics.model_scores import run_parse_mode, score_model
 from chexpercept.metrics.partial import csv_value, different_cases, different_cases_markdown, markdown_line
 from chexpercept.metrics.runs import NoFinishedCases, open_bundle
 from chexpercept.metrics.tables import TABLE_IDS, legend, render_table, zero_width
@@ -587,7 +587,7 @@ def _write_into(
     out: FsPath,
     *,
     bundle: str | os.PathLike[str] | Bundle | None = None,
-    mode: str = "reference",
+    mode: str | None = None,
     greedy: bool | None = None,
     embed_images: bool = False,
     intervals: bool = True,
@@ -622,7 +622,9 @@ def _write_into(
 
     files: list[FsPath] = []
 
-    # --- scores: per model (headline numbers) and per run (the reference's per-run view)
+    # --- scores: per model (headline numbers) and per run (the reference's per-run view), in one
+    # parse mode: the one the runs were made with unless --parse-mode says another
+    mode = run_parse_mode(loaded, cast(Any, mode))[0]
     per_run, models, reports = _score(folders, loaded, mode)
     cases_line = different_cases(reports)
     if cases_line:  # said in the page and on the terminal too

@@ -42,7 +42,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="the bundle the runs were made on (default: the one run.json names); needed for reference "
         "results and for images in the case viewer",
     )
-    add_parse_mode_option(parser, help="answer parsing (default: reference)")
+    add_parse_mode_option(parser)
     add_decoding_override_options(parser)
     parser.add_argument(
         "--embed-images",

@@ -13,6 +13,8 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
+from collections.abc import Iterator
+from typing import Any
 
 from inspect_ai.hooks import Hooks, RunEnd, RunStart, SampleStart, TaskEnd, TaskStart, hooks
 
@@ -43,6 +45,7 @@ class PrivateRun:
 
         for folder in (user_data_path("inspect_ai"), user_cache_path("inspect_ai")):  # traces, caches
             _owner_only(folder)
+        _private_trace_file()
 
     @classmethod
     def end(cls, run_id: str, locations: list[str]) -> None:
@@ -54,6 +57,53 @@ class PrivateRun:
         if not cls.runs and cls.umask_before is not None:
             os.umask(cls.umask_before)
             cls.umask_before = None
+
+
+def _private_trace_file() -> None:
+    """Inspect's trace file from here on a new one, this account's alone, in a folder this account's
+    alone. Inspect makes its trace file when its process starts, before any run of ours (0644 under
+    a umask of 022, in a 0755 ``traces/``), and writes each sample's key_id into it: another account
+    that opened the file (through a handle on ``traces/`` held from an earlier run) read every
+    key_id of the runs (red team, stop 48). The file at its path is replaced by a new owner-only one
+    (``O_EXCL``), so a handle on the old one reads nothing of the run, and ``traces/`` is made
+    owner-only, so no lookup through an old handle on it opens the new one. A trace file the user
+    named (``INSPECT_TRACE_FILE``) is kept, made owner-only."""
+    import logging
+
+    from inspect_ai._util import logger as inspect_logger
+    from inspect_ai._util.trace import inspect_trace_dir
+
+    from chexpercept.fileio import open_private
+
+    _owner_only(inspect_trace_dir())
+    handler = inspect_logger._logHandler.get("handler")
+    trace = getattr(handler, "trace_logger", None)
+    if not isinstance(trace, logging.FileHandler):
+        return
+    path = trace.baseFilename
+    if os.environ.get("INSPECT_TRACE_FILE"):
+        _owner_only(path)
+        return
+    info = os.lstat(path) if os.path.lexists(path) else None
+    if info is not None and not (stat.S_ISREG(info.st_mode) and info.st_mode & 0o077):
+        return  # already private (an earlier run of ours in this process), or not a plain file
+    with contextlib.suppress(OSError), _holding(trace):
+        if trace.stream is not None:
+            trace.stream.close()
+            trace.stream = None  # reopened by its next record (umask 077 now) if what follows fails
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        fd = open_private(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND)
+        trace.stream = os.fdopen(fd, "a", encoding=trace.encoding or "utf-8")
+
+
+@contextlib.contextmanager
+def _holding(handler: Any) -> Iterator[None]:
+    handler.acquire()
+    try:
+        yield
+    finally:
+        handler.release()
 
 
 def _owner_only(path: str | os.PathLike[str]) -> None:
