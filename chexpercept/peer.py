@@ -51,6 +51,11 @@ class PeerRefused(Refused):
     address for a loopback endpoint); the message says which and what to do."""
 
 
+class PeerGone(ConnectionError):
+    """The connection's peer closed it before its owner could be told (the server stopped, or
+    dropped the connection): nothing was sent; a connection error like any other, retried as one."""
+
+
 @dataclass(frozen=True)
 class Route:
     """How one endpoint may be reached (``route``)."""
@@ -202,6 +207,10 @@ def check_peer(r: Route, peer: tuple[str, int], local: tuple[str, int]) -> None:
     mine = os.geteuid()
     if uid in (mine, 0):
         return
+    if uid is None and not tcp_table.still_open((str(local[0]), int(local[1])), (ip, int(peer[1]))):
+        # the server went away while the connection was being checked (it closed it, or it stopped):
+        # an outage, never a refusal that advises to stop checking (red team, stop 48)
+        raise PeerGone(f"{where} closed the connection before its owner could be told; nothing was sent")
     if uid is None:
         raise PeerRefused(
             f"refusing to send {r.what} to {where}: no socket of this machine's table serves that "

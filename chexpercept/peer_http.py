@@ -20,7 +20,7 @@ import weakref
 from typing import Any
 from urllib.parse import urlsplit
 
-from .peer import PeerRefused, Route, check_peer, host_is_this_machine, route
+from .peer import PeerGone, Route, check_peer, host_is_this_machine, route
 
 #: what goes to a loopback Hub endpoint, and how to get past a refusal, for PeerRefused's message
 HUB_WHAT = "Hugging Face Hub requests (your token; answers loaded as model weights and code)"
@@ -61,7 +61,7 @@ def _checked_connector(r: Route) -> Any:
             transport = conn.transport
             try:
                 if transport is None:
-                    raise PeerRefused(f"the connection to {r.url} closed before it could be checked")
+                    raise PeerGone(f"the connection to {r.url} closed before it could be checked; nothing was sent")
                 # reading /proc/net/tcp{,6} takes 50-100 ms on a loaded machine: off the event loop,
                 # so that the requests already in flight go on meanwhile
                 peer, ours = transport.get_extra_info("peername"), transport.get_extra_info("sockname")

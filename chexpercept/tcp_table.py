@@ -91,6 +91,21 @@ def sockets(*, port: int | None = None, tables: tuple[str, ...] = TABLES) -> Ite
         raise TableUnavailable(f"no readable TCP socket table ({', '.join(tables)})")
 
 
+#: ESTABLISHED: a connection both ends still hold
+ESTABLISHED = "01"
+
+
+def still_open(ours: Address, peer: Address, *, tables: tuple[str, ...] = TABLES) -> bool:
+    """Whether this machine's end of the connection from ``ours`` to ``peer`` is still ESTABLISHED
+    (the peer has not closed it: not CLOSE_WAIT, not gone). Raises TableUnavailable."""
+    ours = (canonical_ip(ours[0]), ours[1])
+    peer = (canonical_ip(peer[0]), peer[1])
+    return any(
+        s.local == ours and s.remote == peer and s.state == ESTABLISHED
+        for s in sockets(port=ours[1], tables=tables)
+    )
+
+
 def owner(local: Address, remote: Address, *, tables: tuple[str, ...] = TABLES) -> int | None:
     """The uid owning the socket of this machine whose local address is ``local`` and whose peer is
     ``remote`` (one end of a connection), else the uid of the socket listening on ``local`` (its

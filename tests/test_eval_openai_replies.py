@@ -174,3 +174,58 @@ def test_content_parts_are_joined(fixture_bundle):
     parts = {"message": {"content": [{"type": "text", "text": "Answer: "}, "2", {"type": "image_url"}]}}
     with FakeServer(failures=[parts]) as server:
         assert first_turn(fixture_bundle, server).response == "Answer: 2"
+
+
+ERROR_CHUNK = {
+    "error": {"message": "the engine failed mid-generation", "type": "InternalServerError", "code": 500}
+}
+PARTIAL = {"choices": [{"delta": {"content": "Answer: 1"}}]}
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        {
+            "events": [PARTIAL, ERROR_CHUNK]
+        },  # vLLM's stream when a generation fails: an error chunk, then [DONE]
+        {"events": [PARTIAL, {**ERROR_CHUNK, "error": {**ERROR_CHUNK["error"], "code": 400}}]},
+        {"events": [PARTIAL, {"choices": [{"delta": {}, "finish_reason": "abort"}]}]},
+        {"events": [{"choices": [{"delta": {"content": "Answer: 1"}, "finish_reason": "error"}]}]},
+        {"message": {"content": "Answer: 1"}, "finish_reason": "abort"},
+        {"message": {"content": "Answer: 1"}, "finish_reason": "error"},
+    ],
+    ids=["stream-error-500", "stream-error-400", "stream-abort", "stream-error-finish", "abort", "error"],
+)
+def test_a_generation_that_did_not_finish_is_never_an_answer(fixture_bundle, reply):
+    """Red team, stop 48: a stream that ended with an error chunk (and then ``[DONE]``), or a reply
+    whose finish_reason says the generation did not finish (vLLM's ``abort``, ``error``), was
+    recorded and scored as the model's answer. Such a reply is retried where it may pass (a 5xx
+    code, an unfinished generation) and is otherwise the case's error; it is never an answer."""
+    with FakeServer(failures=[reply] * 4) as server, pytest.raises(ConversationFailed) as e:
+        first_turn(fixture_bundle, server)  # FAST: 3 retries
+    assert "mid-generation" in str(e.value) or "unfinished" in str(e.value), str(e.value)
+    retried = "400" not in json.dumps(reply)
+    assert len(server.requests) == (4 if retried else 1)
+    if retried:
+        with FakeServer(failures=[reply]) as server:  # one such reply, then an answer
+            turn = first_turn(fixture_bundle, server)
+        assert turn.response == "Answer: 1" and turn.usage["attempts"] == 2
+
+
+def test_a_stream_of_several_choices_is_read_as_its_first(fixture_bundle):
+    """Red team, stop 48: with ``"n": 2`` in a streamed request the two choices' deltas were joined
+    into one reply ("Answer: 2 Answer: 1", read as 1); a stream is read as its choice 0, as a reply
+    that is not streamed is."""
+    events = [
+        {
+            "choices": [
+                {"index": 0, "delta": {"content": "Answer: 2"}},
+                {"index": 1, "delta": {"content": " Answer: 1"}},
+            ]
+        },
+        {"choices": [{"index": 1, "delta": {}, "finish_reason": "stop"}]},
+        {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+    ]
+    with FakeServer(failures=[{"events": events}]) as server:
+        turn = first_turn(fixture_bundle, server)
+    assert turn.response == "Answer: 2" and turn.usage["attempts"] == 1

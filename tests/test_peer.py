@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -361,3 +362,39 @@ def test_every_process_that_imports_chexpercept_guards_huggingface_hub(order):
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "True"
+
+
+def test_a_server_that_closed_the_connection_before_its_check_is_an_outage_never_a_refusal(monkeypatch):
+    """Red team, stop 48: a server killed while a run sent made the check of a new connection find
+    no socket serving it, which was taken for a refusal ("rerun with --dua-compliant-endpoint") that
+    stopped the run even under --on-error record (3 of 5 tries). A peer that closed the connection
+    (our end in CLOSE_WAIT, or gone) is a connection error, retried as one, with nothing sent; a
+    connection still open whose peer no socket of this machine's table holds (another network
+    namespace) is still refused."""
+    from chexpercept.peer import PeerGone, PeerRefused, check_peer, route
+
+    r = route(
+        "http://127.0.0.1:9/v1", what="images", declared=False, vouch="rerun with --dua-compliant-endpoint"
+    )
+    listener = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(listener.getsockname())
+    server_end, _ = listener.accept()
+    peer, ours = client.getpeername(), client.getsockname()
+    check_peer(r, peer, ours)  # this account's server: passes
+    server_end.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    server_end.close()  # killed: the connection reset, the server's socket and its listener gone
+    listener.close()
+    with pytest.raises(PeerGone, match="closed the connection before its owner could be told"):
+        check_peer(r, peer, ours)
+    client.close()
+    with pytest.raises(PeerGone):  # our end closed too
+        check_peer(r, peer, ours)
+    # a connection that both ends still hold, whose peer the table does not show: refused as before
+    listener = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(listener.getsockname())
+    server_end, _ = listener.accept()
+    monkeypatch.setattr(tcp_table, "owner", lambda local, remote, **kw: None)
+    with pytest.raises(PeerRefused, match="no socket of this machine's table serves that connection"):
+        check_peer(r, client.getpeername(), client.getsockname())
+    for s in (client, server_end, listener):
+        s.close()

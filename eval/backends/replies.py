@@ -161,8 +161,10 @@ STREAMED_FIELDS = ("content", "reasoning", "reasoning_content", "refusal")
 
 
 def merge_stream(chunks: Iterable[Any]) -> tuple[dict[str, Any], bool]:
-    """A streamed chat completion's decoded chunks (``data: {...}``) as one reply object, and whether
-    a chunk gave a ``finish_reason``; ReplyShapeError naming the chunk and field otherwise."""
+    """A streamed chat completion's decoded chunks (``data: {...}``) as one reply object (its first
+    choice, ``index`` 0, as a reply that is not streamed is read: choices of ``n`` > 1 were joined
+    into one reply, red team stop 48), and whether that choice gave a ``finish_reason``;
+    ReplyShapeError naming the chunk and field otherwise."""
     message: dict[str, str] = {}
     reply: dict[str, Any] = {}
     finish = None
@@ -177,6 +179,8 @@ def merge_stream(chunks: Iterable[Any]) -> tuple[dict[str, Any], bool]:
             raise ReplyShapeError(f"{where}: choices", "a list", choices)
         for i, choice in enumerate(choices):
             choice = _object(choice, f"{where}: choices[{i}]")
+            if choice.get("index", 0) != 0:
+                continue
             delta = _object(choice.get("delta"), f"{where}: choices[{i}].delta")
             for key in STREAMED_FIELDS:
                 text = _content(delta.get(key), f"{where}: choices[{i}].delta.{key}")

@@ -1154,7 +1154,7 @@ def _reply_object(text: str, content_type: str, url: str) -> dict[str, Any]:
     """The reply of a 2xx as an object: JSON, or a streamed reply (server-sent events) put together;
     a body that is not a complete reply (cut off, an HTML page) is retried."""
     if "text/event-stream" in content_type.lower():
-        return _from_events(text)
+        return _from_events(text, url)
     try:
         data = loads(text, source=f"the reply of {url}", limit=REPLY)
     except JsonInputError as e:
@@ -1166,17 +1166,42 @@ def _reply_object(text: str, content_type: str, url: str) -> dict[str, Any]:
         ) from e
     if not isinstance(data, dict):
         raise BackendError(f"{url} replied with JSON that is not an object: {shown(text, 200)}")
-    error = data.get("error") if not data.get("choices") else None
-    if error:  # an error inside a 200 reply (some gateways): retried where its code says so
+    if not data.get("choices"):
+        _no_answer(data, url)
+    _unfinished(data)
+    return data
+
+
+#: finish reasons of a generation that did not finish (vLLM's ``FinishReason``: the request aborted,
+#: an error in the engine): never an answer
+UNFINISHED = frozenset({"abort", "error"})
+
+
+def _no_answer(data: dict[str, Any], url: str) -> None:
+    """The one rule of a 2xx reply, or a streamed chunk, that carries an error instead of an answer
+    (some gateways; vLLM's stream when a generation fails midway: an error chunk, then ``[DONE]``):
+    retried where its code says so, else the request's error, never an answer (red team, stop 48:
+    a stream's text before its error chunk was scored as the model's answer)."""
+    error = data.get("error")
+    if error:
         code = error.get("code") if isinstance(error, dict) else None
         detail = shown(json.dumps(data), 500)
         if isinstance(code, int) and code in RETRY_STATUS:
             raise _Retryable(f"error in the reply: {detail}")
         raise BackendError(f"error in the reply from {url}: {detail}")
-    return data
 
 
-def _from_events(text: str) -> dict[str, Any]:
+def _unfinished(reply: dict[str, Any]) -> None:
+    """_Retryable when the reply's first choice says its generation did not finish (``UNFINISHED``);
+    retried, then the request's error, never an answer (red team, stop 48)."""
+    choices = reply.get("choices")
+    choice = choices[0] if isinstance(choices, list) and choices else None
+    finish = choice.get("finish_reason") if isinstance(choice, dict) else None
+    if isinstance(finish, str) and finish in UNFINISHED:
+        raise _Retryable(f"the server ended the generation unfinished (finish_reason {finish!r})")
+
+
+def _from_events(text: str, url: str) -> dict[str, Any]:
     """A streamed chat completion (``data: {...}`` chunks, ``data: [DONE]``) as one reply object; a
     stream that ends before its last chunk is retried."""
     chunks: list[Any] = []
@@ -1189,15 +1214,19 @@ def _from_events(text: str) -> dict[str, Any]:
             done = True
             continue
         try:
-            chunks.append(loads(data, source="a streamed chunk", limit=REPLY))
+            chunk = loads(data, source="a streamed chunk", limit=REPLY)
         except JsonInputError as e:
             raise _Retryable(f"a streamed reply holds a chunk that is not JSON: {shown(data, 200)}") from e
+        if isinstance(chunk, dict):
+            _no_answer(chunk, url)
+        chunks.append(chunk)
     try:
         reply, finished = merge_stream(chunks)
     except ReplyShapeError as e:  # recorded as the case's error (BackendError in _post)
         raise BackendError(str(e)) from None
     if not (done or finished):
         raise _Retryable("a streamed reply ended before its last chunk")
+    _unfinished(reply)
     return reply
 
 
