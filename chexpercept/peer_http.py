@@ -61,7 +61,9 @@ def _checked_connector(r: Route) -> Any:
             transport = conn.transport
             try:
                 if transport is None:
-                    raise PeerGone(f"the connection to {r.url} closed before it could be checked; nothing was sent")
+                    raise PeerGone(
+                        f"the connection to {r.url} closed before it could be checked; nothing was sent"
+                    )
                 # reading /proc/net/tcp{,6} takes 50-100 ms on a loaded machine: off the event loop,
                 # so that the requests already in flight go on meanwhile
                 peer, ours = transport.get_extra_info("peername"), transport.get_extra_info("sockname")

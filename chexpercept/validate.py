@@ -73,6 +73,8 @@ class _Checker:
                 self.add(f"{where}answer_index", f"expected an int, got {_type(idx)}")
             elif n and not 1 <= idx <= n:
                 self.add(f"{where}answer_index", f"{idx} out of range 1..{n}")
+            elif options_kind == "str":
+                self.answer_named(qa, where, options)
         else:
             if not isinstance(idx, list) or not idx:
                 self.add(f"{where}answer_index", f"expected a non-empty list of ints, got {_type(idx)}")
@@ -82,6 +84,29 @@ class _Checker:
                     self.add(f"{where}answer_index[{j}]", f"expected an int, got {_type(v)}")
                 elif n and not 1 <= v <= n:
                     self.add(f"{where}answer_index[{j}]", f"{v} out of range 1..{n}")
+            if options_kind == "str":
+                self.answer_named(qa, where, options)
+
+    def answer_named(self, qa: dict[str, Any], where: str, labels: Any) -> None:
+        """The answer text must be the option text(s) its ``answer_index`` names (``labels``: each
+        option's text as the question shows it; several joined by ", ", in the index's order): the
+        path follows the text (detection), the gold follows the index, and a release where they
+        disagree was scored on a gold that contradicts its own case (red team, stop 48: detection
+        answer "No" with index 1 passed, became an LF case with gold "Yes", its later questions
+        dropped without a word). Indices already refused, or labels that are not text, say nothing."""
+        answer, idx = qa.get("answer"), qa.get("answer_index")
+        indices = idx if isinstance(idx, list) else [idx]
+        if not (
+            isinstance(labels, list) and all(isinstance(t, str) for t in labels) and isinstance(answer, str)
+        ):
+            return
+        if not all(isinstance(i, int) and not isinstance(i, bool) and 1 <= i <= len(labels) for i in indices):
+            return
+        named = ", ".join(labels[i - 1] for i in indices)
+        if answer != named:
+            self.add(
+                f"{where}answer", f"{answer!r} is not the option text answer_index {idx} names ({named!r})"
+            )
 
     def path_part(self, value: Any, where: str) -> None:
         """A value used as one path part (key_id, pair_id, dicom_id) must be a safe name."""
@@ -148,7 +173,15 @@ def validate_entry(key_id: str, entry: Any) -> list[Problem]:
     if det.get("answer") not in templates.YES_NO:
         c.add("detection_qa.answer", f"expected 'Yes' or 'No', got {det.get('answer')!r}")
     c.option_block(det, list(templates.YES_NO), "detection_qa.")
+    named = "positive" if "_positive_" in key_id else "negative" if "_negative_" in key_id else None
+    if named and det.get("answer") in templates.YES_NO and named != ("positive" if positive else "negative"):
+        c.add("detection_qa.answer", f"{det.get('answer')!r}, while key_id names a {named} case")
     if not positive:
+        for later in ("contour_qa", "attribute_extraction_qa"):  # never asked: the chain ends at "No"
+            if entry.get(later) is not None:
+                c.add(
+                    later, "present in a negative case (detection answer 'No'), which is asked nothing more"
+                )
         return c.problems
 
     contour = c.obj(entry, "contour_qa", "")
@@ -206,6 +239,7 @@ def _validate_contour(c: _Checker, contour: dict[str, Any]) -> None:
             if options and options[-1].get("point") is not None:
                 c.add(f"{where}answer_options", "the last option must be the None option (point null)")
         c.option_block(qa, labels, where)
+        c.answer_named(qa, where, labels)
     rr = c.obj(contour, "contour_revision_qa_revision_result", w)
     if rr is not None:
         where = f"{w}contour_revision_qa_revision_result."
@@ -221,6 +255,13 @@ def _validate_contour(c: _Checker, contour: dict[str, Any]) -> None:
                 c.add(f"{where}answer_options", f"{len(options)} options; at most 8 are supported")
             else:
                 c.option_block(rr, templates.mask_option_labels(len(options)), where)
+                c.answer_named(rr, where, templates.mask_option_labels(len(options)))
+            idx = rr.get("answer_index")
+            chosen = options[idx - 1] if isinstance(idx, int) and 1 <= idx <= len(options) else None
+            if isinstance(chosen, dict) and "type" in chosen and chosen["type"] != "true":
+                c.add(
+                    f"{where}answer_index", f"{idx} names a mask of type {chosen['type']!r}, not the true one"
+                )
 
 
 def _validate_attributes(c: _Checker, attrs: dict[str, Any]) -> None:

@@ -141,3 +141,72 @@ def test_none_index():
     assert by_task["expansion"].none_index == 6 and by_task["contraction"].none_index == 6
     assert by_task["location"].none_index == 4
     assert by_task["detection"].none_index is None and by_task["distribution"].none_index is None
+
+
+def _edited(key_id, edit):
+    entry = copy.deepcopy(EXAMPLES[key_id])
+    edit(entry)
+    return [f"{p.where}: {p.message}" for p in validate_entry(key_id, entry)]
+
+
+@pytest.mark.parametrize(
+    ("key_id", "edit", "said"),
+    [
+        # red team, stop 48: each passed validation, and the numbers were wrong without a word
+        (RR_KEY, lambda e: e["detection_qa"].update(answer="No"), "detection_qa.answer: 'No' is not the option text"),
+        (RR_KEY, lambda e: e["detection_qa"].update(answer_index=2), "detection_qa.answer: 'Yes' is not the option text"),
+        (
+            RR_KEY,
+            lambda e: e["contour_qa"]["contour_eval_qa"].update(answer="No"),
+            "contour_qa.contour_eval_qa.answer: 'No' is not the option text answer_index 1 names ('Yes')",
+        ),
+        (
+            RR_KEY,
+            lambda e: e["attribute_extraction_qa"]["distribution"].update(answer="bogus"),
+            "attribute_extraction_qa.distribution.answer: 'bogus' is not the option text",
+        ),
+        (
+            RR_KEY,
+            lambda e: e["attribute_extraction_qa"]["location"].update(answer="bogus"),
+            "attribute_extraction_qa.location.answer: 'bogus' is not the option text",
+        ),
+        (
+            RR_KEY,
+            lambda e: e["contour_qa"]["contour_revision_qa_revision_result"].update(answer="bogus"),
+            "contour_qa.contour_revision_qa_revision_result.answer: 'bogus' is not the option text",
+        ),
+        (
+            RR_KEY,
+            lambda e: e["contour_qa"]["contour_revision_qa_revision_result"].update(answer="1st mask", answer_index=1),
+            "contour_qa.contour_revision_qa_revision_result.answer_index: 1 names a mask of type 'fake'",
+        ),
+        (
+            RR_KEY,
+            lambda e: e["contour_qa"]["contour_revision_qa_expansion"].update(answer="red point"),
+            "contour_qa.contour_revision_qa_expansion.answer: 'red point' is not the option text",
+        ),
+        # a negative case holding later stages (never asked), and a key that names the other route
+        (LF_KEY, lambda e: e.update(contour_qa=EXAMPLES[RR_KEY]["contour_qa"]), "contour_qa: present in a negative case"),
+        (
+            LF_KEY,
+            lambda e: e.update(attribute_extraction_qa=EXAMPLES[RR_KEY]["attribute_extraction_qa"]),
+            "attribute_extraction_qa: present in a negative case",
+        ),
+        (
+            RR_KEY,
+            lambda e: e["detection_qa"].update(answer="No", answer_index=2),
+            "detection_qa.answer: 'No', while key_id names a positive case",
+        ),
+        (
+            LF_KEY,
+            lambda e: e["detection_qa"].update(answer="Yes", answer_index=1),
+            "detection_qa.answer: 'Yes', while key_id names a negative case",
+        ),
+    ],
+    ids=["det-text", "det-index", "eval-text", "distribution", "location", "revision-result", "revision-fake",
+         "expansion", "negative-contour",
+         "negative-attributes", "positive-key-no", "negative-key-yes"],
+)  # fmt: skip
+def test_an_answer_that_contradicts_its_case_is_named_by_validation(key_id, edit, said):
+    problems = _edited(key_id, edit)
+    assert any(said in p for p in problems), problems

@@ -146,6 +146,25 @@ def test_usual_mistakes_are_refused_before_any_request(task_manager, phantom_bun
         LmmsEvalSetupError, match=rf"at most 4 per prompt.*limit_mm_per_prompt={{\"image\":{most}}}"
     ):
         evaluate(EnginelessVLLM(4), ["chexpercept_implicit"], task_manager)
+    # red team, stop 48: lmms-eval's response cache keys answers by --model_args and the case's
+    # index, never by the model's files nor the release: a second run got the first one's answers
+    enough = EnginelessVLLM(most)
+    with pytest.raises(LmmsEvalSetupError, match=r"response cache \(--use_cache\) is on"):
+        evaluate(enough, ["chexpercept_implicit"], task_manager, use_cache=str(tmp_path / "cache"))
+    # and the engine is started before any task: its sockets and compiled code under a umask that
+    # lets others write, or in a cache folder others may write to, are refused
+    from chexpercept.eval.harnesses.lmms_eval import task as lmms_task
+
+    monkeypatch.setattr(lmms_task, "STARTED_UNDER", 0o000)
+    with pytest.raises(LmmsEvalSetupError, match="started the model's engine under umask 000"):
+        evaluate(enough, ["chexpercept_implicit"], task_manager)
+    monkeypatch.setattr(lmms_task, "STARTED_UNDER", 0o022)
+    shared = tmp_path / "vllm-cache"
+    shared.mkdir()
+    shared.chmod(0o777)
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(shared))
+    with pytest.raises(LmmsEvalSetupError, match=r"vllm-cache \(the engine's compiled code"):
+        evaluate(enough, ["chexpercept_implicit"], task_manager)
 
 
 def test_scores_are_those_of_chexpercept_score_for_the_same_answers(

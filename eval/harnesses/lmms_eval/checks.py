@@ -19,7 +19,9 @@ and the answers' shape is still checked when they are scored (scores.py).
 
 from __future__ import annotations
 
+import contextlib
 import os
+import stat
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -86,6 +88,56 @@ def evaluating_model() -> Any | None:
             return candidate
         frame = frame.f_back
     return None
+
+
+def check_not_cached(task: str) -> None:
+    """LmmsEvalSetupError when the evaluation building requests now keeps a response cache
+    (``--use_cache``): lmms-eval keys an answer by the model's name and ``--model_args`` string,
+    the task's YAML, the case's index and its first question, none of which changes with the model's
+    files under the same path or with another release under ``CHEXPERCEPT_DATA_DIR``; a second run
+    got the first one's answers (red team, stop 48: 0.667 instead of 0.333 after the weights
+    changed, and case by case on another release)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_locals.get("response_cache") is not None and "lm" in frame.f_locals:
+            raise LmmsEvalSetupError(
+                f"{task}: lmms-eval's response cache (--use_cache) is on. It keys each answer by the model's "
+                "name and --model_args, the task and the case's index, not by the model's files nor the "
+                "release, so it would give back answers of other weights or of another release as this "
+                "run's. Run without --use_cache"
+            )
+        frame = frame.f_back
+
+
+#: the engine's folders of vLLM (its compiled code) that another account must not write to
+ENGINE_CACHES = ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+
+
+def check_engine_private(task: str, umask: int | None) -> None:
+    """LmmsEvalSetupError when the model's engine was started where another account could write to
+    what it made: lmms-eval builds the model (vLLM's IPC sockets, its compiled-code caches) before
+    any task, so this task's umask 077 comes too late for them (red team, stop 48: under umask 000
+    the sockets were srwxrwxrwx and another account connected; the compiled ``*.main.so`` that the
+    next run loads were 0777). ``umask``: the one the process started under; a cache folder that
+    exists already is checked too."""
+    if umask is not None and umask & 0o022 != 0o022:
+        raise LmmsEvalSetupError(
+            f"{task}: lmms-eval started the model's engine under umask {umask:03o}, which lets other "
+            "accounts write to its sockets and its compiled code (which later runs load). Run lmms-eval "
+            "under umask 077, e.g. (umask 077; lmms-eval ...)"
+        )
+    home = os.path.expanduser("~")
+    folders = [os.environ.get(name) for name in ENGINE_CACHES]
+    folders += [os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.join(home, ".cache"), "vllm")]
+    for folder in filter(None, folders):
+        with contextlib.suppress(OSError):
+            mode = os.stat(folder).st_mode
+            if mode & 0o022:
+                raise LmmsEvalSetupError(
+                    f"{task}: {folder} (the engine's compiled code, which runs load) is writable by other "
+                    f"accounts (mode {stat.S_IMODE(mode):03o}): make it yours alone (chmod -R go-w {folder}), "
+                    "then run lmms-eval under umask 077"
+                )
 
 
 def multi_round_problem(lm: Any) -> str | None:

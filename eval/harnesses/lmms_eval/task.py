@@ -32,8 +32,10 @@ from chexpercept.results import check_oracle
 from ...conversation import Conversation
 from ...protocol import Request
 from .checks import (
+    check_engine_private,
     check_image_limit,
     check_model,
+    check_not_cached,
     check_version,
     evaluating_model,
     model_name,
@@ -71,6 +73,14 @@ def keep_outputs_private() -> None:
     read (red team, stop 43). The umask keeps its own bits and gains 077."""
     current = os.umask(0o077)
     os.umask(current | 0o077)
+    global STARTED_UNDER
+    if STARTED_UNDER is None:
+        STARTED_UNDER = current
+
+
+#: the umask this process had before ``keep_outputs_private`` (the one lmms-eval started its model's
+#: engine under: it builds the model before any task)
+STARTED_UNDER: int | None = None
 
 
 class ChexperceptTask(ConfigurableMessagesTask):
@@ -175,6 +185,8 @@ class ChexperceptTask(ConfigurableMessagesTask):
         if lm is not None:
             task = self.config.task
             check_model(lm, task)
+            check_not_cached(task)
+            check_engine_private(task, STARTED_UNDER)
             self.model_id = model_name(lm)
             check_image_limit(lm, self._selected(kwargs.get("limit"), kwargs.get("offset")), task)
         super().build_all_requests(*args, **kwargs)
