@@ -324,3 +324,81 @@ def test_inspect_says_what_is_wrong_with_the_data_or_the_model(fixture_bundle, t
     with FakeServer(failures=[rejection]) as server:
         text = error_of(eval_one(args, tmp_path, model=model_at(server), model_base_url=server.url))
     assert "turn detection" in text and "rejected the request" in text and "1 image(s)" in text
+
+
+def test_records_of_two_evals_are_never_scored_as_one_run(fixture_bundle, tmp_path, monkeypatch, capsys):
+    """Red team, stop 48: records of Inspect logs carried no run identity, so a results.jsonl merged
+    from an eval at temperature 0 and one at temperature 1 (or of two models) was scored as one run;
+    and ``inspect eval-retry`` over a release changed in place kept the old release's finished
+    samples beside the new one's, scored as one. Each record now carries its eval's identity
+    (model, answer-changing settings, oracle, parse mode, release, prompts: ``run_identity``):
+    ``chexpercept score`` refuses the mix, and so does the task's metric."""
+    import shutil
+
+    from inspect_ai import eval as inspect_eval
+    from inspect_ai.log import read_eval_log
+
+    from chexpercept.cli import main as cli
+    from chexpercept.eval.harnesses.inspect_ai.scorer import log_records
+
+    monkeypatch.setenv("VLLM_API_KEY", "not-a-key")
+    bundle = tmp_path / "bundle"
+    shutil.copytree(fixture_bundle, bundle)
+    (bundle / "chexpercept.json").chmod(0o600)
+    args = {"data_dir": str(bundle), "paths": "LF"}
+    common = {"task_args": args, "display": "none", "log_images": False, "limit": 2}
+    with FakeServer() as server:
+        model = {"model": model_at(server), "model_base_url": server.url}
+        logs = [
+            inspect_eval(
+                "chexpercept/chexpercept", log_dir=str(tmp_path / f"t{t}"), temperature=t, **model, **common
+            )[0]
+            for t in (0.0, 1.0)
+        ]
+        assert [log.status for log in logs] == ["success", "success"]
+        one, two = (log_records(read_eval_log(log.location)) for log in logs)
+        assert (
+            one[0].run["harness"] == "inspect_ai" and one[0].run["fingerprint"] != two[0].run["fingerprint"]
+        )
+        folder = tmp_path / "runs" / "m" / "oracle_implicit"
+        folder.mkdir(parents=True)
+        (folder / "results.jsonl").write_text(one[0].to_json() + "\n" + two[1].to_json() + "\n")
+        capsys.readouterr()
+        assert cli(["score", str(folder)]) == 2
+        assert "made by 2 different runs" in capsys.readouterr().err
+        (folder / "results.jsonl").write_text("".join(r.to_json() + "\n" for r in one))
+        assert cli(["score", str(folder)]) == 0  # one eval's records: scored
+        # an eval stopped by a refused request after two samples, its release then changed in place,
+        # then retried (as the command line does both)
+        refused = {"status": 400, "body": {"error": "refused"}}
+        server.failures = ["ok", "ok", *[refused] * 4]
+        exe = Path(sys.executable).with_name("inspect")
+        env = {**inspect_env(tmp_path / "xdg"), "VLLM_API_KEY": "not-a-key"}
+        flags = [
+            "--model",
+            model_at(server),
+            "--model-base-url",
+            server.url,
+            "--no-log-images",
+            "--display",
+            "none",
+        ]
+        subprocess.run(
+            [str(exe), "eval", "chexpercept/chexpercept", "-T", f"data_dir={bundle}", "-T", "paths=LF",
+             "--max-samples", "1", "--log-dir", str(tmp_path / "r"), *flags],
+            capture_output=True, text=True, env=env, timeout=600,
+        )  # fmt: skip
+        (stopped,) = (tmp_path / "r").glob("*.eval")
+        assert read_eval_log(str(stopped)).status == "error"
+        server.failures = []
+        release = json.loads((bundle / "chexpercept.json").read_text())
+        for entry in release.values():
+            question = entry["detection_qa"]["question"]
+            entry["detection_qa"]["question"] = question.replace("Is any", "Is there any", 1)
+        (bundle / "chexpercept.json").write_text(json.dumps(release))
+        done = subprocess.run(
+            [str(exe), "eval-retry", str(stopped), "--log-dir", str(tmp_path / "retry"), "--display", "none"],
+            capture_output=True, text=True, env=env, timeout=600,
+        )  # fmt: skip
+    (retried,) = [read_eval_log(str(p)) for p in (tmp_path / "retry").glob("*.eval")]
+    assert retried.status == "error" and "different runs" in str(retried.error), done.stderr[-2000:]

@@ -21,6 +21,9 @@ class Release:
 
     root: str
     cases: dict[str, Case]
+    #: what identifies the release's questions and images (chexpercept.json's sha256 and every
+    #: image file's, as a run's identity holds them: chexpercept.bundle), one fingerprint
+    fingerprint: str = ""
 
 
 def selection(value: str | Sequence[str] | None) -> tuple[str, ...] | None:
@@ -49,4 +52,12 @@ def load_release(
         raise ReleaseNotFoundError(
             data_dir, f"data_dir {data_dir}: no case matches the selection", instructions=False
         )
-    return Release(root=str(bundle.root), cases={c.key_id: c for c in bundle.cases})
+    from chexpercept.bundle import images_fingerprint
+    from chexpercept.results import settings_fingerprint
+
+    made_on = {"questions": bundle.fingerprint(), "images": images_fingerprint(bundle.root)}
+    return Release(
+        root=str(bundle.root),
+        cases={c.key_id: c for c in bundle.cases},
+        fingerprint=settings_fingerprint(made_on),
+    )

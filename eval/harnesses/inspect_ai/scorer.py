@@ -41,6 +41,16 @@ def records(scores: list[SampleScore]) -> tuple[list[CaseResult], bool]:
     return out, greedy
 
 
+def check_one_run(cases: list[CaseResult]) -> None:
+    """ValueError when the records were made by different evals (their ``run`` fields differ: another
+    model, settings, release or prompts): an ``inspect eval-retry`` over a release changed in place
+    kept the finished samples of the old release beside retried ones of the new (red team, stop 48).
+    chexpercept.results' one rule (``check_one_identity``) decides."""
+    from chexpercept.results import check_one_identity
+
+    check_one_identity("the eval's samples", [(n, c.key_id, c.run) for n, c in enumerate(cases, 1)])
+
+
 def flat_metrics(cases: list[CaseResult], *, greedy: bool) -> dict[str, float]:
     """Our scorer's numbers for the records of one oracle setting (``METRIC_KEYS``; N/A left out)."""
     from chexpercept.metrics import run_from_records, score_model
@@ -57,6 +67,7 @@ def stage_metrics() -> Metric:
 
     def compute(scores: list[SampleScore]) -> dict[str, float]:
         cases, greedy = records(scores)
+        check_one_run(cases)
         return flat_metrics(cases, greedy=greedy)
 
     return compute

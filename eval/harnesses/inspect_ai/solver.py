@@ -45,6 +45,38 @@ def effective_config(model: Any) -> GenerateConfig:
     return model.config.merge(active_generate_config())
 
 
+#: the generation settings that change answers (the others: connections, retries, timeouts)
+ANSWER_SETTINGS = (
+    "temperature", "top_p", "top_k", "max_tokens", "seed", "frequency_penalty", "presence_penalty",
+    "logit_bias", "stop_seqs", "num_choices", "reasoning_effort", "reasoning_tokens", "reasoning_history",
+    "response_schema", "extra_body",
+)  # fmt: skip
+
+
+def run_identity(
+    model: str, config: GenerateConfig, oracle: str, parse_mode: str, release: str
+) -> dict[str, str]:
+    """What each case's record carries of the eval that made it (the ``run`` field our runner's
+    lines carry): the model, and a fingerprint of the model, the settings that change answers, the
+    oracle setting, the parse mode, the release (``Release.fingerprint``) and the prompts' version;
+    ``harness`` says whose. Records of two evals then differ, so ``chexpercept score`` refuses a
+    results.jsonl that mixes them, and the task's metric an eval that does (red team, stop 48:
+    records merged from logs at temperature 0 and 1, or an eval-retry over a release changed in
+    place, were scored as one run)."""
+    from chexpercept.eval.runner.identity import PROMPT_VERSION
+    from chexpercept.results import settings_fingerprint
+
+    settings = {
+        "model": model,
+        "generate": {k: v for k in ANSWER_SETTINGS if (v := getattr(config, k, None)) is not None},
+        "oracle": oracle,
+        "parse_mode": parse_mode,
+        "release": release,
+        "prompt_version": PROMPT_VERSION,
+    }
+    return {"model": model, "fingerprint": settings_fingerprint(settings), "harness": "inspect_ai"}
+
+
 @solver(name="chexpercept_conversation")
 def conversation_solver(
     data_dir: str,
@@ -84,7 +116,9 @@ def conversation_solver(
                 raise rules.ModelUnsuitable(explained) from e
             conv.answer(messages.response(state.output, model.name))
         state.messages = messages.readable(conv.history)
-        state.store.set(RECORD_KEY, asdict(conv.result()))
+        record = asdict(conv.result())
+        record["run"] = run_identity(str(model), config, oracle, parse_mode, release.fingerprint)
+        state.store.set(RECORD_KEY, record)
         state.store.set(GREEDY_KEY, config.temperature == 0)
         return state
 
