@@ -61,6 +61,34 @@ def _case_features() -> dict[str, Any]:
     }
 
 
+def private_lock(path: FsPath) -> None:
+    """The lock file at ``path`` made, or kept, owner-only (0600) before datasets takes it: datasets
+    makes it under the umask (0644) in the cache root, and another account that opened it and held a
+    ``flock`` on it made every ``load_dataset`` of this release wait for ever, a cached one too (red
+    team, stop 48). One that belongs to another account is refused (PrivacyError); a cache that
+    cannot be written to is left to datasets' own error."""
+    import os
+    import stat
+
+    try:
+        os.makedirs(path.parent, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return
+    try:
+        info = os.fstat(fd)
+        if info.st_uid != os.geteuid():
+            raise PrivacyError(
+                f"{path} (datasets' lock of this release's cache) belongs to another account, which can "
+                "hold it and stop every load: set HF_DATASETS_CACHE (or HF_HOME) to a folder of your own, "
+                "or pass cache_dir= to load_dataset"
+            )
+        if stat.S_IMODE(info.st_mode) & 0o077:
+            os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
+
+
 @dataclass
 class ChexperceptConfig(datasets.BuilderConfig):
     """``sequences`` (one row per case) or ``items`` (one row per question), with case filters."""
@@ -132,6 +160,16 @@ class Chexpercept(datasets.GeneratorBasedBuilder):
             license=_LICENSE,
             citation=_CITATION,
         )
+
+    def _build_cache_dir(self) -> str:
+        """datasets' cache folder of this builder; first, the lock file datasets takes in the cache
+        root before it looks at its cache (``DatasetBuilder.__init__``) is made this account's alone
+        (``private_lock``)."""
+        cache_dir = super()._build_cache_dir()
+        root = str(self._cache_dir_root)
+        if "://" not in root:
+            private_lock(FsPath(root) / (FsPath(cache_dir).as_posix().replace("/", "_") + ".lock"))
+        return cache_dir
 
     def download_and_prepare(self, *args: Any, verification_mode: Any = None, **kwargs: Any) -> None:
         """As datasets', and ``verification_mode="all_checks"`` checks the release even when the

@@ -57,8 +57,14 @@ def records_from_inputs(
     """
     if mode not in PARSE_MODES:
         raise ValueError(f"unknown parse mode {mode!r}; expected one of {PARSE_MODES}")
+    if not isinstance(model, str):
+        raise ValueError(
+            f"model must be a string (the model's name, '' for none), got {type(model).__name__}"
+        )
     if len(predictions) != len(references):
         raise ValueError(f"{len(predictions)} predictions for {len(references)} references")
+    if not references:  # red team, stop 48: every metric None, without a word
+        raise ValueError("no cases: predictions and references are empty")
     path_names = [p.value for p in PATHS]
     records = []
     for n, (responses, ref) in enumerate(zip(predictions, references)):
@@ -67,7 +73,9 @@ def records_from_inputs(
         missing = [k for k in ("key_id", "lesion", "path", "turns") if k not in ref]
         if missing:
             raise ValueError(f"reference {n}: missing {', '.join(missing)}")
-        key = str(ref["key_id"])
+        if not isinstance(ref["key_id"], str) or not ref["key_id"]:
+            raise ValueError(f"reference {n}: key_id must be a non-empty string, got {ref['key_id']!r}")
+        key = ref["key_id"]
         ref_turns = ref["turns"]
         if responses is None or len(responses) != len(ref_turns):
             got = "no" if responses is None else len(responses)
@@ -79,7 +87,9 @@ def records_from_inputs(
                 raise ValueError(f"case {key}: turn {j} has unknown task {task!r}")
             options = tuple(_option_text(o) for o in t.get("options") or ())
             gold = t.get("answer_index")
-            gold = [int(g) for g in (gold if isinstance(gold, (list, tuple)) else [gold])]
+            gold = list(gold) if isinstance(gold, (list, tuple)) else [gold]
+            if any(isinstance(g, bool) or not isinstance(g, int) for g in gold):  # True read as 1 before
+                raise ValueError(f"case {key}: turn {j} ({task}): answer_index {gold!r} must be int(s)")
             if not options or not gold or any(not 1 <= g <= len(options) for g in gold):
                 raise ValueError(  # the answer key names options the question has (red team, stop 44)
                     f"case {key}: turn {j} ({task}): answer_index {gold} must name options 1 to "
@@ -155,6 +165,8 @@ def compute_metric(
     from .model_scores import score_model
     from .runs import run_from_records
 
+    if greedy is not None and not isinstance(greedy, bool):  # "no" read as greedy before (red team, stop 48)
+        raise ValueError(f"greedy must be True, False or None (unknown), got {greedy!r}")
     records = records_from_inputs(predictions, references, oracle=oracle, mode=mode, model=model)
     run = run_from_records(records, oracle=oracle, greedy=greedy, model=model)
     report = score_model([run], mode=mode, name=model or None)

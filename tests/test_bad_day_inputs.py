@@ -1510,3 +1510,23 @@ def test_a_run_is_scored_reported_and_published_in_the_parse_mode_it_was_made_wi
     (metrics,) = staged.glob("models/*/metrics.json")
     assert json.loads(metrics.read_text())["parse_mode"] == "strict"
     assert "answers parsed in `strict` mode" in (staged / "README.md").read_text()
+
+
+def test_a_release_file_that_holds_no_cases_is_named(tmp_path, capsys):
+    """Red team, stop 48: ``{}`` as chexpercept.json passed validation ("OK: 0 cases"), load_dataset
+    failed inside datasets, and run blamed a --lesions/--paths selection never given."""
+    from chexpercept.cli import main as cli
+    from chexpercept.errors import BundleValidationError
+
+    release = tmp_path / "release"
+    (release / "chexpercept").mkdir(parents=True)
+    (release / "chexpercept.json").write_text("{}")
+    assert cli(["validate", str(release)]) != 0
+    assert "chexpercept.json: holds no cases" in capsys.readouterr().err
+    from chexpercept.bundle import read_bundle
+
+    with pytest.raises(BundleValidationError, match="holds no cases"):
+        read_bundle(release)
+    assert _run(release, tmp_path / "runs", "--model", "baseline:random") == 2
+    err = capsys.readouterr().err
+    assert "holds no cases" in err and "--lesions" not in err

@@ -117,6 +117,21 @@ def test_classlabel_ids_and_input_errors(bundle, answered):
     n = len(first["turns"][0]["options"])
     with pytest.raises(ValueError, match=rf"turn 0 \(\w+\): answer_index \[9\] must name options 1 to {n}"):
         metric.compute(predictions=[p[:1] for p in predictions[:1]], references=bad[:1])
+    # arguments of the wrong type (red team, stop 48): each was taken and gave wrong numbers, or an
+    # internal error; "no cases" gave every metric None
+    one = [p[:1] for p in predictions[:1]]
+    truthy = {**refs[0], "turns": [{**refs[0]["turns"][0], "answer_index": [True]}]}
+    with pytest.raises(ValueError, match=r"answer_index \[True\] must be int"):
+        metric.compute(predictions=one, references=[truthy])
+    with pytest.raises(ValueError, match="greedy must be True, False or None"):
+        metric.compute(predictions=predictions, references=refs, oracle="implicit", greedy="no")
+    with pytest.raises(ValueError, match="model must be a string"):
+        metric.compute(predictions=predictions, references=refs, model=None)
+    for key_id in (None, 7, ""):
+        with pytest.raises(ValueError, match="key_id must be a non-empty string"):
+            metric.compute(predictions=one, references=[{**refs[0], "key_id": key_id}])
+    with pytest.raises(ValueError, match="no cases"):
+        metric.compute(predictions=[], references=[])
 
 
 def _child(code, env):

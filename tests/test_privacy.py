@@ -185,6 +185,14 @@ def test_datasets_cache_is_private(shared, other_account, fixture_bundle):
     assert len(ds) > 0
     arrows = sorted(cache.rglob("*.arrow"))
     assert arrows and not _readable_by(other_account, arrows[0])
+    # red team, stop 48: datasets' lock in the cache root was 0644, and another account holding a
+    # flock on it made every load_dataset of the release wait for ever, a cached one too
+    locks = sorted(cache.glob("*.lock"))
+    assert locks and all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in locks), locks
+    assert not _readable_by(other_account, locks[0])
+    locks[0].chmod(0o644)  # as an earlier version left it
+    load_dataset("chexpercept", data_dir=str(fixture_bundle), cache_dir=str(cache))
+    assert stat.S_IMODE(locks[0].stat().st_mode) == 0o600
 
 
 def test_no_other_account_can_swap_a_folder_on_the_datasets_cache_s_way(

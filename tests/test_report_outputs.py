@@ -210,3 +210,33 @@ def test_each_figure_takes_a_count_of_one_and_says_when_it_has_nothing(name, tmp
     with pytest.raises(plots.NothingToPlot, match=sentence):
         none(tmp_path / "none.png")
     assert not (tmp_path / "none.png").exists()
+
+
+def test_matplotlib_keeps_its_settings_in_a_folder_of_this_account_alone(tmp_path):
+    """Red team, stop 48: under umask 000 the report's matplotlib made ~/.config/matplotlib and
+    ~/.cache/matplotlib 0777; a settings file another account planted there made the next report
+    fail. matplotlib's folder is now one of the toolkit's private cache (0700), unless the user named
+    one (MPLCONFIGDIR)."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import os; os.umask(0); from chexpercept.metrics.report.plots import _figure; _figure(1, 1); "
+        "import matplotlib; matplotlib.get_cachedir(); print(os.environ['MPLCONFIGDIR'])"
+    )
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("MPLCONFIGDIR", "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "CHEXPERCEPT_CACHE")
+    }
+    env["HOME"] = str(tmp_path)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    folder = done.stdout.strip().splitlines()[-1]
+    assert folder == str(tmp_path / ".cache" / "chexpercept" / "matplotlib")
+    assert os.stat(folder).st_mode & 0o777 == 0o700
+    assert (
+        not (tmp_path / ".config" / "matplotlib").exists()
+        and not (tmp_path / ".cache" / "matplotlib").exists()
+    )

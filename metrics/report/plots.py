@@ -14,7 +14,9 @@ shows in the figure's place.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path as FsPath
 from typing import Any
@@ -45,7 +47,25 @@ def _require(items: Sequence[Any], sentence: str) -> None:
         raise NothingToPlot(sentence)
 
 
+def _private_matplotlib_folders() -> None:
+    """matplotlib's settings and font-cache folder, where the user named none (``MPLCONFIGDIR``): a
+    folder of the toolkit's private cache (``chexpercept.file_digest.cache_dir``), this account's
+    alone. matplotlib makes ``~/.config/matplotlib`` and ``~/.cache/matplotlib`` under the umask (0777
+    under umask 000): a settings file another account planted there made the next report fail (red
+    team, stop 48). Called before matplotlib is first imported."""
+    if os.environ.get("MPLCONFIGDIR") or "matplotlib" in sys.modules:
+        return
+    from chexpercept.file_digest import cache_dir
+    from chexpercept.fileio import private_dir
+
+    folder = cache_dir() / "matplotlib"
+    with contextlib.suppress(OSError):  # no cache folder of ours: matplotlib's own place
+        private_dir(folder, own=True)
+        os.environ["MPLCONFIGDIR"] = str(folder)
+
+
 def _figure(width: float, height: float) -> Any:
+    _private_matplotlib_folders()
     try:
         from matplotlib.figure import Figure
     except ImportError as e:  # pragma: no cover - depends on the environment
