@@ -349,7 +349,9 @@ def scan_bundle(
             flush()
     flush()
     if not entries:  # red team, stop 48: "{}" passed as "OK: 0 cases", and load_dataset failed in datasets
-        problems.append(Problem("(none)", JSON_NAME, "holds no cases (an empty object): not a release's file"))
+        problems.append(
+            Problem("(none)", JSON_NAME, "holds no cases (an empty object): not a release's file")
+        )
     if verify_checksums:
         problems.extend(verify_sha256sums(root))
     if problems:

@@ -66,6 +66,8 @@ _KINDS: dict[str, tuple[Any, str]] = {
         "a JSON object whose 'commit' is a git commit (40 lower-case hex digits)",
     ),
     "str": (lambda v: isinstance(v, str), "a string"),
+    # read to choose how a run is scored (metrics/model_scores.py: run_parse_mode; red team, stop 48)
+    "parse_mode": (lambda v: v in ("reference", "strict"), "'reference' or 'strict'"),
     # every whole number run.json holds is a count or a seed (n_results -3 was read as "24 more than
     # the run wrote"; red team, stop 44)
     "int": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "a whole number from 0"),
@@ -180,7 +182,7 @@ class RunMetadata(_Record):
     model_id: str | None = field(default=None, metadata=_kind("str"))
     backend: str | None = field(default=None, metadata=_kind("str"))
     oracle: str | None = field(default=None, metadata=_kind("str"))
-    parse_mode: str | None = field(default=None, metadata=_kind("str"))
+    parse_mode: str | None = field(default=None, metadata=_kind("parse_mode"))
     sampling: SamplingInfo | None = field(default=None, metadata=_kind("object"))
     seed: int | None = field(default=None, metadata=_kind("int"))
     chat_template_kwargs: dict[str, Any] | None = field(default=None, metadata=_kind("object"))

@@ -144,6 +144,13 @@ class Conversation:
         """
         if isinstance(response, str):
             response = Response(response)
+        if not isinstance(
+            response, Response
+        ):  # an SDK's message.content is None for a refusal or a tool call
+            raise TypeError(
+                f"case {self.case.key_id}: answer() takes the reply's text or a Response, got "
+                f"{type(response).__name__} (a reply without text: Response('', {{}}, refusal=...) or error=...)"
+            )
         request = self.pending
         turn = request.turn
         if response.error is not None:

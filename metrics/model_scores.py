@@ -154,12 +154,13 @@ def said_once(items: Iterable[tuple[str, str]]) -> list[tuple[str, list[str]]]:
 
 
 def _cut_off(cs: CaseScores, run: Run) -> dict[str, dict[str, int]]:
-    """Per task, the unread answers (``unparsed``, ``reasoning``) whose reply used the run's whole
-    token budget (recorded output tokens at --max-tokens): cut off before the answer."""
+    """Per task, the unread answers (``unparsed``, ``reasoning``) cut off before the answer: the
+    server said so (``finish_reason`` ``length``: the budget, or the model's context, reached), or
+    the reply used the run's whole token budget (recorded output tokens at --max-tokens). Before
+    (red team, stop 48) only the second counted: a server that said "length" without a token count,
+    or stopped at the context's end below the budget, was never counted."""
     limit = run.meta.sampling.max_tokens if run.meta.sampling else None
     out: dict[str, dict[str, int]] = {}
-    if not limit:
-        return out
     row = {key: i for i, key in enumerate(cs.key_ids)}
     for rec in run.records:
         i = row.get(rec.key_id)
@@ -167,14 +168,12 @@ def _cut_off(cs: CaseScores, run: Run) -> dict[str, dict[str, int]]:
             continue
         status = {t.task: t.status for t in cs.turns[i]}
         for turn in rec.turns:
-            tokens = (turn.usage or {}).get("output_tokens")
+            usage = turn.usage or {}
+            tokens = usage.get("output_tokens")
+            said = usage.get("finish_reason") == "length"
+            spent = bool(limit and isinstance(tokens, int) and tokens >= limit)
             kind = status.get(turn.task)
-            if (
-                kind in (STATUS_UNPARSED, STATUS_REASONING)
-                and not turn.refusal
-                and tokens
-                and tokens >= limit
-            ):
+            if kind in (STATUS_UNPARSED, STATUS_REASONING) and not turn.refusal and (said or spent):
                 counts = out.setdefault(turn.task, {})
                 counts[kind] = counts.get(kind, 0) + 1
     return out

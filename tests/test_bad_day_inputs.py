@@ -1530,3 +1530,34 @@ def test_a_release_file_that_holds_no_cases_is_named(tmp_path, capsys):
     assert _run(release, tmp_path / "runs", "--model", "baseline:random") == 2
     err = capsys.readouterr().err
     assert "holds no cases" in err and "--lesions" not in err
+
+
+def test_smaller_gaps_of_the_stop_48_red_team(fixture_bundle, tmp_path, capsys):
+    """Red team, stop 48 (helper-52's lower items): a reply the server said was cut off
+    (``finish_reason: length``) without a token count was never counted as cut off; run.json's
+    ``parse_mode: "bogus"`` was read (and now chooses how a run is scored); ``conv.answer(None)``
+    (an SDK's ``message.content`` for a refusal) was an AttributeError."""
+    from fake_openai import FakeServer
+
+    from chexpercept.bundle import read_bundle
+    from chexpercept.cli import main as cli
+    from chexpercept.eval.conversation import Conversation
+    from chexpercept.metrics import score_path
+
+    cut = {"message": {"content": "Let me look at the"}, "finish_reason": "length"}
+    with FakeServer(failures=[cut] * 40, usage=lambda body: None) as server:
+        common = ["--model", "local-vlm", "--backend", "openai", "--base-url", server.url, "--limit", "3"]
+        assert _run(fixture_bundle, tmp_path / "runs", *common) == 0
+    folder = tmp_path / "runs" / "local-vlm" / "oracle_implicit"
+    parse = score_path(folder).parse["implicit"]
+    assert parse["detection"]["at_token_limit"] == {"unparsed": 3}, parse["detection"]
+    info = json.loads((folder / "run.json").read_text())
+    (folder / "run.json").write_text(json.dumps({**info, "parse_mode": "bogus"}))
+    capsys.readouterr()
+    assert cli(["score", str(folder)]) == 2
+    assert "field 'parse_mode' must be 'reference' or 'strict', got 'bogus'" in capsys.readouterr().err
+    case = read_bundle(fixture_bundle).cases[0]
+    with pytest.raises(
+        TypeError, match=f"case {case.key_id}: answer\\(\\) takes the reply's text or a Response"
+    ):
+        Conversation(case, oracle="implicit").answer(None)
