@@ -28,6 +28,7 @@ from typing import Any
 
 from chexpercept.case import Case
 from chexpercept.errors import ReleaseNotFoundError
+from chexpercept.escape import shell_word, terminal
 
 from . import DATA_DIR_ENV, LMMS_EVAL_VERSION
 
@@ -134,8 +135,8 @@ def check_engine_private(task: str, umask: int | None) -> None:
             mode = os.stat(folder).st_mode
             if mode & 0o022:
                 raise LmmsEvalSetupError(
-                    f"{task}: {folder} (the engine's compiled code, which runs load) is writable by other "
-                    f"accounts (mode {stat.S_IMODE(mode):03o}): make it yours alone (chmod -R go-w {folder}), "
+                    f"{task}: {terminal(folder)} (the engine's compiled code, which runs load) is writable by other "
+                    f"accounts (mode {stat.S_IMODE(mode):03o}): make it yours alone (chmod -R go-w {shell_word(folder)}), "
                     "then run lmms-eval under umask 077"
                 )
 
