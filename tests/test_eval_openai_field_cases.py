@@ -638,7 +638,7 @@ def test_a_case_whose_record_no_reader_takes_is_never_written(
     assert len(list(iter_results(folder / "results.jsonl"))) == 2
 
 
-@pytest.mark.parametrize("sign", ["503", "cache miss", "none"])
+@pytest.mark.parametrize("sign", ["503", "cache miss", "none", "same path"])
 def test_a_server_restarted_on_another_checkpoint_mid_run_has_no_answer_taken(
     fixture_bundle, tmp_path, capsys, sign
 ):
@@ -650,13 +650,19 @@ def test_a_server_restarted_on_another_checkpoint_mid_run_has_no_answer_taken(
     ``none``: a restart with no sign at all (left alone at stop 45): its next answer came over a new
     connection, as every answer from a restarted server does (this fake closes each connection
     after its reply, as a server closes idle ones), and one no question has vouched for is taken
-    only after the server is asked again."""
+    only after the server is asked again. ``same path`` (round 2): restarted on the same path, whose
+    files were written over (or a link pointed elsewhere): the files are compared too."""
     state = {"n": 0, "switch": 12}
+    checkpoint = tmp_path / "ckpt"
+    checkpoint.mkdir()
+    (checkpoint / "config.json").write_text('{"step": 1000}')
+    first, then = ("/ckpt/step1000", "/ckpt/step9000") if sign != "same path" else (str(checkpoint),) * 2
 
     def reply(body):
         state["n"] += 1
         if state["n"] == state["switch"]:  # restarted on another checkpoint after this answer
-            server.roots["local-vlm"] = "/ckpt/step9000"
+            server.roots["local-vlm"] = then
+            (checkpoint / "config.json").write_text('{"step": 9000}')
             if sign == "503":
                 server.failures.append(503)
             elif sign == "cache miss":
@@ -664,7 +670,7 @@ def test_a_server_restarted_on_another_checkpoint_mid_run_has_no_answer_taken(
         return "Answer: 1" if state["n"] <= state["switch"] else "Answer: 2"
 
     with FakeServer(vllm=True, reply=reply) as server:
-        server.roots["local-vlm"] = "/ckpt/step1000"
+        server.roots["local-vlm"] = first
         extra = [
             "--paths",
             "RR",
@@ -681,8 +687,11 @@ def test_a_server_restarted_on_another_checkpoint_mid_run_has_no_answer_taken(
              server.url, "--output-dir", str(tmp_path), "--no-progress", *extra]
         )  # fmt: skip
     err = capsys.readouterr().err
-    assert status == 2 and "now says it is vLLM serving /ckpt/step9000" in err, err[-3000:]
-    assert "the run began with vLLM serving /ckpt/step1000" in err
+    if sign == "same path":
+        assert status == 2 and f"restarted serving {checkpoint}, whose files have changed" in err, err[-3000:]
+    else:
+        assert status == 2 and "now says it is vLLM serving /ckpt/step9000" in err, err[-3000:]
+        assert "the run began with vLLM serving /ckpt/step1000" in err
     results = tmp_path / "local-vlm" / "oracle_implicit" / "results.jsonl"
     saved = list(iter_results(results)) if results.is_file() else []
     assert state["n"] >= state["switch"]  # the server restarted: none of its answers since was taken

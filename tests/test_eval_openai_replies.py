@@ -193,8 +193,39 @@ PARTIAL = {"choices": [{"delta": {"content": "Answer: 1"}}]}
         {"events": [{"choices": [{"delta": {"content": "Answer: 1"}, "finish_reason": "error"}]}]},
         {"message": {"content": "Answer: 1"}, "finish_reason": "abort"},
         {"message": {"content": "Answer: 1"}, "finish_reason": "error"},
+        # round 2 (helper-53): no finish reason in a stream, an error beside the choices, an abort
+        # then a stop, other spellings
+        {"events": [PARTIAL]},
+        {
+            "raw": json.dumps(
+                {
+                    "choices": [{"message": {"content": "Answer: 1"}, "finish_reason": "stop"}],
+                    "error": ERROR_CHUNK["error"],
+                }
+            ).encode()
+        },
+        {
+            "events": [
+                {"choices": [{"delta": {"content": "Answer: 1"}, "finish_reason": "abort"}]},
+                {"choices": [{"delta": {}, "finish_reason": "stop"}]},
+            ]
+        },
+        {"message": {"content": "Answer: 1"}, "finish_reason": "ABORT"},
+        {"message": {"content": "Answer: 1"}, "finish_reason": "cancelled"},
     ],
-    ids=["stream-error-500", "stream-error-400", "stream-abort", "stream-error-finish", "abort", "error"],
+    ids=[
+        "stream-error-500",
+        "stream-error-400",
+        "stream-abort",
+        "stream-error-finish",
+        "abort",
+        "error",
+        "stream-no-finish",
+        "choices-and-error",
+        "abort-then-stop",
+        "ABORT",
+        "cancelled",
+    ],
 )
 def test_a_generation_that_did_not_finish_is_never_an_answer(fixture_bundle, reply):
     """Red team, stop 48: a stream that ended with an error chunk (and then ``[DONE]``), or a reply
@@ -203,8 +234,8 @@ def test_a_generation_that_did_not_finish_is_never_an_answer(fixture_bundle, rep
     code, an unfinished generation) and is otherwise the case's error; it is never an answer."""
     with FakeServer(failures=[reply] * 4) as server, pytest.raises(ConversationFailed) as e:
         first_turn(fixture_bundle, server)  # FAST: 3 retries
-    assert "mid-generation" in str(e.value) or "unfinished" in str(e.value), str(e.value)
-    retried = "400" not in json.dumps(reply)
+    assert any(w in str(e.value) for w in ("mid-generation", "unfinished", "no finish reason")), str(e.value)
+    retried = "400" not in repr(reply)
     assert len(server.requests) == (4 if retried else 1)
     if retried:
         with FakeServer(failures=[reply]) as server:  # one such reply, then an answer

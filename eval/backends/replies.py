@@ -159,6 +159,15 @@ def read_chat_reply(reply: Any) -> ChatReply:
 
 STREAMED_FIELDS = ("content", "reasoning", "reasoning_content", "refusal")
 
+#: finish reasons of a generation that did not finish, in any case (vLLM's ``FinishReason``: the
+#: request aborted, an error in the engine; a cancelled request): never an answer (red team, stop 48)
+UNFINISHED = frozenset({"abort", "aborted", "error", "cancelled", "canceled"})
+
+
+def unfinished(finish: Any) -> bool:
+    """Whether a ``finish_reason`` says the generation did not finish (``UNFINISHED``)."""
+    return isinstance(finish, str) and finish.strip().lower() in UNFINISHED
+
 
 def merge_stream(chunks: Iterable[Any]) -> tuple[dict[str, Any], bool]:
     """A streamed chat completion's decoded chunks (``data: {...}``) as one reply object (its first
@@ -186,6 +195,8 @@ def merge_stream(chunks: Iterable[Any]) -> tuple[dict[str, Any], bool]:
                 text = _content(delta.get(key), f"{where}: choices[{i}].delta.{key}")
                 if text is not None:
                     message[key] = message.get(key, "") + text
-            finish = _text(choice.get("finish_reason"), f"{where}: choices[{i}].finish_reason") or finish
+            said = _text(choice.get("finish_reason"), f"{where}: choices[{i}].finish_reason")
+            if said and not unfinished(finish):  # an unfinished generation stays so (abort, then stop)
+                finish = said
     reply["choices"] = [{"message": message, "finish_reason": finish}]
     return reply, finish is not None

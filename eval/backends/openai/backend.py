@@ -99,7 +99,13 @@ from chexpercept.eval.backends.openai.retries import (
 )
 from chexpercept.eval.backends.options import BackendOptions, env_var_name, json_object, option
 from chexpercept.eval.backends.prefetch import ImagePrefetch
-from chexpercept.eval.backends.replies import ReplyShapeError, join_reasoning, merge_stream, read_chat_reply
+from chexpercept.eval.backends.replies import (
+    ReplyShapeError,
+    join_reasoning,
+    merge_stream,
+    read_chat_reply,
+    unfinished,
+)
 from chexpercept.eval.estimate.pricing import call_cost, price_for
 from chexpercept.eval.protocol import (
     BackendBase,
@@ -429,6 +435,8 @@ class OpenAIBackend(BackendBase):
         self._said_at = -math.inf
         self._reasked: Any = None
         self._vouched: weakref.WeakSet[Any] = weakref.WeakSet()
+        #: what the files at the server's ``root`` held when it first said it (``_content_of``)
+        self._root_content: Any = None
         #: set when a server asks for a wait longer than the policy takes (eval/backends/openai/retries.py)
         self.pause, self.notices = ServerPause(), WaitNotices()
         self.extra_body = spec.request_fields(options.request_extra)
@@ -496,6 +504,7 @@ class OpenAIBackend(BackendBase):
     def use_identity_facts(self, facts: Any) -> None:
         if facts is not None:
             self._server_says = ServerSays(**facts)
+            self._root_content = _content_of(self._server_says.root)
 
     def _fields(self, context: RunContext) -> dict[str, Any]:
         """The request fields put over the body's own: ``--request-extra``'s (with the registry's); the
@@ -528,6 +537,7 @@ class OpenAIBackend(BackendBase):
             began = time.monotonic()
             self._server_says = self._loop.start(self._ask_server()).result(timeout=waited)
             self._said_at = began
+            self._root_content = _content_of(self._server_says.root)
         return self._server_says
 
     def usage_summary(self, records: Mapping[str, Mapping[str, Any]]) -> str | None:
@@ -838,6 +848,15 @@ class OpenAIBackend(BackendBase):
                 "taken. The answers saved so far are the first one's; to go on, serve that model again "
                 "and rerun the same command, or use another --output-dir"
             )
+        if self._root_content is not None and now.root is not None:
+            content = await asyncio.to_thread(_content_of, now.root)
+            if content != self._root_content:
+                raise BackendError(
+                    f"{self.shown_url} restarted serving {terminal(now.root)}, whose files have changed since the "
+                    "run began (a link pointed elsewhere, a checkpoint written over): its answers from here "
+                    "would be another model's, so none is taken. The answers saved so far are the first "
+                    "files'; rerun with another --output-dir for the new ones"
+                )
         self._said_at = max(self._said_at, began)
 
     def _unreachable(self, error: BaseException) -> str:
@@ -1150,6 +1169,22 @@ def same_model(asked: str, served: str) -> bool:
     )
 
 
+def _content_of(root: str | None) -> Any:
+    """What the files at a server's ``root`` hold, where it names a model folder of this machine
+    (``with_file_contents``: the digest cache makes an unchanged folder cheap), else None. A vLLM
+    restarted on the same path with other files there (a link pointed elsewhere, a checkpoint
+    written over) said the same ``root``, and its answers were kept (red team, stop 48 round 2)."""
+    if not root:
+        return None
+    from chexpercept.eval.runner.identity import with_file_contents
+
+    try:
+        content = with_file_contents(root)
+    except OSError:
+        return None
+    return content if isinstance(content, dict) else None
+
+
 def _reply_object(text: str, content_type: str, url: str) -> dict[str, Any]:
     """The reply of a 2xx as an object: JSON, or a streamed reply (server-sent events) put together;
     a body that is not a complete reply (cut off, an HTML page) is retried."""
@@ -1166,15 +1201,9 @@ def _reply_object(text: str, content_type: str, url: str) -> dict[str, Any]:
         ) from e
     if not isinstance(data, dict):
         raise BackendError(f"{url} replied with JSON that is not an object: {shown(text, 200)}")
-    if not data.get("choices"):
-        _no_answer(data, url)
+    _no_answer(data, url)  # with choices too: an error beside them is no answer (round 2)
     _unfinished(data)
     return data
-
-
-#: finish reasons of a generation that did not finish (vLLM's ``FinishReason``: the request aborted,
-#: an error in the engine): never an answer
-UNFINISHED = frozenset({"abort", "error"})
 
 
 def _no_answer(data: dict[str, Any], url: str) -> None:
@@ -1197,8 +1226,10 @@ def _unfinished(reply: dict[str, Any]) -> None:
     choices = reply.get("choices")
     choice = choices[0] if isinstance(choices, list) and choices else None
     finish = choice.get("finish_reason") if isinstance(choice, dict) else None
-    if isinstance(finish, str) and finish in UNFINISHED:
-        raise _Retryable(f"the server ended the generation unfinished (finish_reason {finish!r})")
+    if unfinished(finish):
+        raise _Retryable(
+            f"the server ended the generation unfinished (finish_reason {shown(str(finish), 60)})"
+        )
 
 
 def _from_events(text: str, url: str) -> dict[str, Any]:
@@ -1226,6 +1257,8 @@ def _from_events(text: str, url: str) -> dict[str, Any]:
         raise BackendError(str(e)) from None
     if not (done or finished):
         raise _Retryable("a streamed reply ended before its last chunk")
+    if not finished:  # [DONE] without a finish reason: whether the generation ended is unknown (round 2)
+        raise _Retryable("a streamed reply gave no finish reason: it may have been cut off")
     _unfinished(reply)
     return reply
 
