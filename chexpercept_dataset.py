@@ -8,6 +8,7 @@ decoded or re-encoded); ``embed_images=True`` stores the bytes for a portable co
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -61,13 +62,18 @@ def _case_features() -> dict[str, Any]:
     }
 
 
+#: how to move the datasets cache, for the refusals that name it
+CACHE_REMEDY = (
+    "set HF_DATASETS_CACHE (or HF_HOME) to a folder of your own, or pass cache_dir= to load_dataset"
+)
+
+
 def private_lock(path: FsPath) -> None:
     """The lock file at ``path`` made, or kept, owner-only (0600) before datasets takes it: datasets
     makes it under the umask (0644) in the cache root, and another account that opened it and held a
     ``flock`` on it made every ``load_dataset`` of this release wait for ever, a cached one too (red
     team, stop 48). One that belongs to another account is refused (PrivacyError); a cache that
     cannot be written to is left to datasets' own error."""
-    import os
     import stat
 
     try:
@@ -168,6 +174,10 @@ class Chexpercept(datasets.GeneratorBasedBuilder):
         cache_dir = super()._build_cache_dir()
         root = str(self._cache_dir_root)
         if "://" not in root:
+            # the root closed to other accounts' writes first, or the lock could be swapped between
+            # its check and datasets' open (round 2: 4 of 6 loads hung on another account's lock)
+            if os.path.isdir(root):
+                no_open_way(root, remedy=CACHE_REMEDY)
             private_lock(FsPath(root) / (FsPath(cache_dir).as_posix().replace("/", "_") + ".lock"))
         return cache_dir
 
@@ -189,9 +199,7 @@ class Chexpercept(datasets.GeneratorBasedBuilder):
         that belongs to another account is refused (PrivacyError naming the folder, its owner and the
         variables that move the cache): its owner could read the rows whatever its mode. Where the
         cache is not a local folder (a remote file system), a warning says so once."""
-        remedy = (
-            "set HF_DATASETS_CACHE (or HF_HOME) to a folder of your own, or pass cache_dir= to load_dataset"
-        )
+        remedy = CACHE_REMEDY
         try:
             if output_dir:
                 private_dir(output_dir, own=True, remedy=remedy)

@@ -241,8 +241,8 @@ def run_parse_mode(runs: Sequence[Run], asked: ParseMode | None) -> tuple[ParseM
     other parser reads otherwise). ValueError when ``asked`` is None and the runs recorded different
     modes. Before (red team, stop 48): a strict run was scored, reported and published with
     reference parsing by default, End-to-End 0.0 read as 66.7, with a note."""
-    acted = {r.parse_mode for r in runs if r.oracle != "none" and r.parse_mode}
-    made = acted or {r.parse_mode for r in runs if r.parse_mode}
+    made = {r.parse_mode for r in runs if r.parse_mode}  # every run's (round 2: a model made with
+    # strict parsing and no oracle run was read with another model's mode in one report)
     if asked is None:
         if len(made) > 1:
             listed = ", ".join(f"{r.label}: {r.parse_mode}" for r in runs if r.parse_mode)

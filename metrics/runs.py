@@ -66,7 +66,14 @@ class Run:
 
     @property
     def parse_mode(self) -> str | None:
-        return self.meta.parse_mode
+        """The parse mode the run was made with: run.json's, else the one every record's run
+        identity names (a harness's records: eval/harnesses/inspect_ai/solver.py ``run_identity``),
+        else None (unknown). Before (round 2, stop 48): an Inspect eval made with strict parsing
+        was scored by its own metric and by ``chexpercept score`` with reference parsing."""
+        if self.meta.parse_mode:
+            return self.meta.parse_mode
+        said = {r.run.get("parse_mode") if isinstance(r.run, dict) else None for r in self.records}
+        return next(iter(said)) if len(said) == 1 and None not in said else None
 
     @property
     def fingerprint(self) -> str | None:

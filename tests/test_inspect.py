@@ -293,6 +293,21 @@ def test_inspect_s_own_files_of_our_runs_are_private_whatever_the_umask(
     assert "sample=" not in seen and "cardiomegaly" not in seen, seen[-500:]
     assert trace_file.stat().st_mode & 0o077 == 0 and "sample=" in trace_file.read_text()
     assert inspect_trace_dir().stat().st_mode & 0o077 == 0
+    # round 2 (helper-54): a link planted at the trace file's path (to another account's file) while
+    # traces/ was open to others: the next run of ours writes to a new file of its own, not through it
+    stolen = tmp_path / "stolen.log"
+    stolen.write_text("")
+    if trace.stream is not None:
+        trace.stream.close()
+        trace.stream = None
+    trace_file.unlink()
+    trace_file.symlink_to(stolen)
+    with FakeServer() as server:
+        log = eval_one(
+            {"data_dir": str(fixture_bundle)}, tmp_path, model=model_at(server), model_base_url=server.url
+        )
+    assert log.status == "success" and "sample=" not in stolen.read_text()
+    assert not trace_file.is_symlink() and trace_file.stat().st_mode & 0o077 == 0
     location = Path(log.location)
     assert location.stat().st_mode & 0o077 == 0  # its folder may be a shared one: its names say nothing
     for folder in ("data/inspect_ai", "cache/inspect_ai"):

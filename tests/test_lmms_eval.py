@@ -151,6 +151,9 @@ def test_usual_mistakes_are_refused_before_any_request(task_manager, phantom_bun
     enough = EnginelessVLLM(most)
     with pytest.raises(LmmsEvalSetupError, match=r"response cache \(--use_cache\) is on"):
         evaluate(enough, ["chexpercept_implicit"], task_manager, use_cache=str(tmp_path / "cache"))
+    # round 2 (helper-54): the request cache is keyed without the release: another release's requests
+    with pytest.raises(LmmsEvalSetupError, match=r"request cache \(--cache_requests\) is on"):
+        evaluate(enough, ["chexpercept_implicit"], task_manager, cache_requests=True)
     # and the engine is started before any task: its sockets and compiled code under a umask that
     # lets others write, or in a cache folder others may write to, are refused
     from chexpercept.eval.harnesses.lmms_eval import task as lmms_task

@@ -398,3 +398,28 @@ def test_a_server_that_closed_the_connection_before_its_check_is_an_outage_never
         check_peer(r, client.getpeername(), client.getsockname())
     for s in (client, server_end, listener):
         s.close()
+
+
+def test_a_connection_not_yet_accepted_is_judged_by_its_listener(tmp_path):
+    """Red team, stop 48 round 2: kernels before 6.15 list a connection the server has not accepted
+    yet with uid 0 and inode 0; the check took it for root's, and another account's server that
+    accepts late received an image. Such a line says nothing of its owner: the listener's uid does."""
+    from chexpercept.tcp_table import owner
+
+    def line(n, local, remote, state, uid, inode):
+        return (
+            f"{n:4d}: {local} {remote} {state} 00000000:00000000 00:00000000 00000000 {uid:5d} 0 {inode} 1 0"
+        )
+
+    header = (
+        "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode"
+    )
+    listener = line(0, "0100007F:1F90", "00000000:0000", "0A", 1234, 5555)
+    pending = line(1, "0100007F:1F90", "0100007F:C350", "01", 0, 0)  # accept queue: uid 0, inode 0
+    client = line(2, "0100007F:C350", "0100007F:1F90", "01", 0, 6666)
+    table = tmp_path / "tcp"
+    table.write_text("\n".join([header, listener, pending, client]) + "\n")
+    assert owner(("127.0.0.1", 8080), ("127.0.0.1", 50000), tables=(str(table),)) == 1234
+    accepted = line(1, "0100007F:1F90", "0100007F:C350", "01", 0, 7777)  # root's, once accepted
+    table.write_text("\n".join([header, listener, accepted, client]) + "\n")
+    assert owner(("127.0.0.1", 8080), ("127.0.0.1", 50000), tables=(str(table),)) == 0

@@ -190,6 +190,16 @@ def test_datasets_cache_is_private(shared, other_account, fixture_bundle):
     locks = sorted(cache.glob("*.lock"))
     assert locks and all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in locks), locks
     assert not _readable_by(other_account, locks[0])
+    # round 2 (helper-54): a cache root others may write into let them swap the lock between its
+    # check and datasets' open: the root is closed to their writes before the lock is made
+    from datasets import load_dataset_builder
+
+    loose = shared / "loose-cache"
+    loose.mkdir(mode=0o777)
+    loose.chmod(0o777)
+    load_dataset_builder("chexpercept", data_dir=str(fixture_bundle), cache_dir=str(loose))
+    assert stat.S_IMODE(loose.stat().st_mode) & 0o022 == 0
+    assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in loose.glob("*.lock"))
     locks[0].chmod(0o644)  # as an earlier version left it
     load_dataset("chexpercept", data_dir=str(fixture_bundle), cache_dir=str(cache))
     assert stat.S_IMODE(locks[0].stat().st_mode) == 0o600

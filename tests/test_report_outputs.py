@@ -240,3 +240,15 @@ def test_matplotlib_keeps_its_settings_in_a_folder_of_this_account_alone(tmp_pat
         not (tmp_path / ".config" / "matplotlib").exists()
         and not (tmp_path / ".cache" / "matplotlib").exists()
     )
+    if os.geteuid() == 0:  # round 2 (helper-54): another account's cache folder is refused, never used
+        other = tmp_path / "other-home"
+        (other / ".cache" / "chexpercept").mkdir(parents=True)
+        os.chown(other / ".cache" / "chexpercept", 65534, 65534)
+        refused = subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            env={**env, "HOME": str(other)},
+            timeout=120,
+        )
+        assert refused.returncode != 0 and "PrivacyError" in refused.stderr, refused.stderr[-2000:]

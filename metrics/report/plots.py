@@ -14,7 +14,6 @@ shows in the figure's place.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -56,12 +55,17 @@ def _private_matplotlib_folders() -> None:
     if os.environ.get("MPLCONFIGDIR") or "matplotlib" in sys.modules:
         return
     from chexpercept.file_digest import cache_dir
-    from chexpercept.fileio import private_dir
+    from chexpercept.fileio import PrivacyError, private_dir
 
     folder = cache_dir() / "matplotlib"
-    with contextlib.suppress(OSError):  # no cache folder of ours: matplotlib's own place
+    try:  # the toolkit's cache folder and this one must be this account's (a refusal says so)
+        private_dir(folder.parent, own=True)
         private_dir(folder, own=True)
-        os.environ["MPLCONFIGDIR"] = str(folder)
+    except PrivacyError:
+        raise
+    except OSError:  # no cache folder can be made (a read-only home): matplotlib's own place
+        return
+    os.environ["MPLCONFIGDIR"] = str(folder)
 
 
 def _figure(width: float, height: float) -> Any:

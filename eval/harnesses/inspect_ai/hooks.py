@@ -81,12 +81,21 @@ def _private_trace_file() -> None:
     if not isinstance(trace, logging.FileHandler):
         return
     path = trace.baseFilename
+    for named in ("INSPECT_TRACE_FILE", "INSPECT_PY_LOGGER_FILE"):  # files the user named: kept
+        if os.environ.get(named):
+            _owner_only(os.environ[named])
     if os.environ.get("INSPECT_TRACE_FILE"):
-        _owner_only(path)
         return
     info = os.lstat(path) if os.path.lexists(path) else None
-    if info is not None and not (stat.S_ISREG(info.st_mode) and info.st_mode & 0o077):
-        return  # already private (an earlier run of ours in this process), or not a plain file
+    if (
+        info is not None
+        and stat.S_ISREG(info.st_mode)
+        and info.st_uid == os.geteuid()
+        and not info.st_mode & 0o077
+    ):
+        return  # already private: an earlier run of ours in this process made it
+    # anything else is replaced: a file others may read, and a link or other thing planted there (round
+    # 2: a link to another account's file received every key_id)
     with contextlib.suppress(OSError), _holding(trace):
         if trace.stream is not None:
             trace.stream.close()

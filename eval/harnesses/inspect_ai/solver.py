@@ -74,7 +74,8 @@ def run_identity(
         "release": release,
         "prompt_version": PROMPT_VERSION,
     }
-    return {"model": model, "fingerprint": settings_fingerprint(settings), "harness": "inspect_ai"}
+    fingerprint = settings_fingerprint(settings)
+    return {"model": model, "fingerprint": fingerprint, "harness": "inspect_ai", "parse_mode": parse_mode}
 
 
 @solver(name="chexpercept_conversation")

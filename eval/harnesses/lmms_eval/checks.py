@@ -91,13 +91,19 @@ def evaluating_model() -> Any | None:
     return None
 
 
-def check_not_cached(task: str) -> None:
+def check_not_cached(task: str, build: Mapping[str, Any]) -> None:
     """LmmsEvalSetupError when the evaluation building requests now keeps a response cache
     (``--use_cache``): lmms-eval keys an answer by the model's name and ``--model_args`` string,
     the task's YAML, the case's index and its first question, none of which changes with the model's
     files under the same path or with another release under ``CHEXPERCEPT_DATA_DIR``; a second run
     got the first one's answers (red team, stop 48: 0.667 instead of 0.333 after the weights
     changed, and case by case on another release)."""
+    if build.get("cache_requests") or build.get("rewrite_requests_cache"):  # round 2 (helper-54)
+        raise LmmsEvalSetupError(
+            f"{task}: lmms-eval's request cache (--cache_requests) is on. It keys the built requests by the "
+            "task and its arguments, not by the release under CHEXPERCEPT_DATA_DIR: a run built another "
+            "release's requests. Run without --cache_requests"
+        )
     frame = sys._getframe(1)
     while frame is not None:
         if frame.f_locals.get("response_cache") is not None and "lm" in frame.f_locals:

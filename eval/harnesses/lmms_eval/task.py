@@ -185,7 +185,7 @@ class ChexperceptTask(ConfigurableMessagesTask):
         if lm is not None:
             task = self.config.task
             check_model(lm, task)
-            check_not_cached(task)
+            check_not_cached(task, kwargs)
             check_engine_private(task, STARTED_UNDER)
             self.model_id = model_name(lm)
             check_image_limit(lm, self._selected(kwargs.get("limit"), kwargs.get("offset")), task)
