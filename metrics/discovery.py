@@ -323,6 +323,7 @@ def check_one_identity(folder: FsPath, runs: list[Run]) -> None:
     recorded = [(r, s) for r, s in recorded if isinstance(s, dict) and s]
     if len(runs) >= 2:
         _check_comparable(folder, [r for r in runs if all(r is not s for s, _ in recorded)])
+        _check_made_alike(folder, runs)
     if len(recorded) >= 2:
         _check_recorded(folder, recorded)
     _check_models(folder, runs)
@@ -357,6 +358,44 @@ def _check_comparable(folder: FsPath, unrecorded: list[Run]) -> None:
             "the other settings folders', so they are not scored together (End-to-End from one, "
             f"Oracle-Passed from another). Put back the {RUN_NAME} its run wrote (copy the whole settings "
             "folder), or score that settings folder on its own"
+        )
+
+
+def _check_made_alike(folder: FsPath, runs: list[Run]) -> None:
+    """``check_one_identity``: ValueError when the settings folders of one model folder were made by
+    different tools (this toolkit's runner, a harness, the reference's layout), or by a harness's
+    evals of different settings (their records' fingerprints, which leave the oracle out, differ).
+    Before (round 2, helper-53): an Inspect eval at temperature 1 beside one at temperature 0, and
+    another model's run exported in the reference's layout placed as ``oracle_none``, were scored
+    as one model's row."""
+
+    def made_by(run: Run) -> str:
+        harnesses = {
+            str(r.run.get("harness")) for r in run.records if isinstance(r.run, dict) and r.run.get("harness")
+        }
+        return f"{run.kind} ({', '.join(sorted(harnesses))})" if harnesses else run.kind
+
+    tools = {f"oracle_{r.oracle}": made_by(r) for r in runs}
+    if len(set(tools.values())) > 1:
+        shown = "; ".join(f"{name}: {tool}" for name, tool in tools.items())
+        raise ValueError(
+            f"{terminal(str(folder))}: its settings folders were made by different tools ({terminal(shown)}), so "
+            "they are not scored together (End-to-End from one, Oracle-Passed from another); move one to a "
+            "model folder of its own"
+        )
+    prints = {
+        f"oracle_{r.oracle}": {
+            str(x.run.get("fingerprint"))
+            for x in r.records
+            if isinstance(x.run, dict) and x.run.get("harness")
+        }
+        for r in runs
+    }
+    if len({p for ps in prints.values() for p in ps}) > 1:
+        shown = "; ".join(f"{name}: {', '.join(sorted(p)[:2])}" for name, p in prints.items() if p)
+        raise ValueError(
+            f"{terminal(str(folder))}: its settings folders hold records of evals made under different settings "
+            f"({terminal(shown)}), so they are not scored together; score each on its own"
         )
 
 

@@ -1510,6 +1510,16 @@ def test_a_run_is_scored_reported_and_published_in_the_parse_mode_it_was_made_wi
     (metrics,) = staged.glob("models/*/metrics.json")
     assert json.loads(metrics.read_text())["parse_mode"] == "strict"
     assert "answers parsed in `strict` mode" in (staged / "README.md").read_text()
+    # round 2 (helper-53): a report of models made with different modes took one model's mode for
+    # every other; it now asks for one (--parse-mode), and says whose runs that is not
+    assert _run(fixture_bundle, tmp_path / "runs", "--model", "baseline:random", "--limit", "3") == 0
+    capsys.readouterr()
+    assert cli(["report", "--results", str(tmp_path / "runs"), "--output-dir", str(out), "--no-plots"]) == 2
+    assert "made with different parse modes" in capsys.readouterr().err
+    report = ["report", "--results", str(tmp_path / "runs"), "--output-dir", str(out), "--no-plots"]
+    assert cli([*report, "--parse-mode", "reference"]) == 0
+    said = capsys.readouterr()
+    assert "its oracle acted on strict parsing" in said.out + said.err
 
 
 def test_a_release_file_that_holds_no_cases_is_named(tmp_path, capsys):
@@ -1561,3 +1571,24 @@ def test_smaller_gaps_of_the_stop_48_red_team(fixture_bundle, tmp_path, capsys):
         TypeError, match=f"case {case.key_id}: answer\\(\\) takes the reply's text or a Response"
     ):
         Conversation(case, oracle="implicit").answer(None)
+
+
+def test_settings_folders_made_by_different_tools_are_never_one_row(fixture_bundle, tmp_path, capsys):
+    """Round 2 (helper-53): another model's run exported in the reference's layout
+    (``write_reference_results``) and placed as ``oracle_none`` beside a model's own run was scored
+    as that model's End-to-End, and push-results staged it. The settings folders of one model folder
+    must be made by one tool (metrics/discovery.py ``_check_made_alike``)."""
+    from chexpercept.cli import main as cli
+    from chexpercept.metrics import load_run
+    from chexpercept.metrics.reference import write_reference_results
+
+    assert _run(fixture_bundle, tmp_path / "own", "--model", "baseline:random", "--limit", "3") == 0
+    assert _run(fixture_bundle, tmp_path / "other", "--model", "baseline:constant:2", "--oracle", "none",
+                "--limit", "3") == 0  # fmt: skip
+    model = tmp_path / "own" / "baseline-random"
+    (model / "oracle_none").mkdir()
+    other = load_run(tmp_path / "other" / "baseline-constant-2" / "oracle_none")
+    write_reference_results(other, fixture_bundle, model / "oracle_none" / "all_results.json")
+    capsys.readouterr()
+    assert cli(["score", str(model), "--data-dir", str(fixture_bundle)]) == 2
+    assert "were made by different tools" in capsys.readouterr().err

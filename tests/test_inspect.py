@@ -383,6 +383,16 @@ def test_records_of_two_evals_are_never_scored_as_one_run(fixture_bundle, tmp_pa
         assert "made by 2 different runs" in capsys.readouterr().err
         (folder / "results.jsonl").write_text("".join(r.to_json() + "\n" for r in one))
         assert cli(["score", str(folder)]) == 0  # one eval's records: scored
+        # round 2 (helper-53): an eval of other settings as the model's oracle_none: not one row
+        none = folder.parent / "oracle_none"
+        none.mkdir()
+        lines = [json.loads(r.to_json()) for r in two]
+        (none / "results.jsonl").write_text(
+            "".join(json.dumps({**x, "oracle": "none"}) + "\n" for x in lines)
+        )
+        capsys.readouterr()
+        assert cli(["score", str(folder.parent)]) == 2
+        assert "records of evals made under different settings" in capsys.readouterr().err
         # an eval stopped by a refused request after two samples, its release then changed in place,
         # then retried (as the command line does both)
         refused = {"status": 400, "body": {"error": "refused"}}
@@ -417,3 +427,33 @@ def test_records_of_two_evals_are_never_scored_as_one_run(fixture_bundle, tmp_pa
         )  # fmt: skip
     (retried,) = [read_eval_log(str(p)) for p in (tmp_path / "retry").glob("*.eval")]
     assert retried.status == "error" and "different runs" in str(retried.error), done.stderr[-2000:]
+
+
+def test_an_eval_made_with_strict_parsing_is_scored_with_it(fixture_bundle, tmp_path, monkeypatch, capsys):
+    """Round 2 (helper-53): an eval made with ``-T parse_mode=strict`` had every verdict strict, yet
+    the task's metric and ``chexpercept score`` of its records read the answers with reference
+    parsing (End-to-End stage 1 0.75 against the runner's 0.0). The records name their parse mode
+    (``run_identity``), and a run without run.json is read in it."""
+    from inspect_ai import eval as inspect_eval
+    from inspect_ai.log import read_eval_log
+
+    from chexpercept.cli import main as cli
+    from chexpercept.eval.harnesses.inspect_ai.scorer import log_records
+
+    monkeypatch.setenv("VLLM_API_KEY", "not-a-key")
+    args = {"data_dir": str(fixture_bundle), "paths": "LF", "parse_mode": "strict"}
+    with FakeServer(reply=lambda body: "I think it is option 2.") as server:  # right, if read loosely
+        (log,) = inspect_eval(
+            "chexpercept/chexpercept", task_args=args, model=model_at(server), model_base_url=server.url,
+            log_dir=str(tmp_path / "logs"), display="none", log_images=False, limit=2, temperature=0.0,
+        )  # fmt: skip
+    assert log.status == "success"
+    metrics = {k: m.value for s in log.results.scores for k, m in s.metrics.items()}
+    assert metrics["e2e/stage1/all"] == 0.0, metrics  # strict reads no answer in those replies
+    records = log_records(read_eval_log(log.location))
+    folder = tmp_path / "runs" / "m" / "oracle_implicit"
+    folder.mkdir(parents=True)
+    (folder / "results.jsonl").write_text("".join(r.to_json() + "\n" for r in records))
+    capsys.readouterr()
+    assert cli(["score", str(folder), "--greedy"]) == 0  # no run.json: the decoding is said here
+    assert json.loads(capsys.readouterr().out)["e2e/stage1/all"] == 0.0

@@ -45,20 +45,29 @@ def effective_config(model: Any) -> GenerateConfig:
     return model.config.merge(active_generate_config())
 
 
-#: the generation settings that change answers (the others: connections, retries, timeouts)
-ANSWER_SETTINGS = (
-    "temperature", "top_p", "top_k", "max_tokens", "seed", "frequency_penalty", "presence_penalty",
-    "logit_bias", "stop_seqs", "num_choices", "reasoning_effort", "reasoning_tokens", "reasoning_history",
-    "response_schema", "extra_body",
-)  # fmt: skip
+#: the generation settings that cannot change an answer (connections, retries, timeouts, logging of
+#: log probabilities, headers); every other one, known now or added by a later Inspect, is in a
+#: record's run identity (round 2, helper-53: system_message, verbosity, effort, fallback_models were
+#: left out of a list of the ones that do)
+TRANSPORT_SETTINGS = frozenset({
+    "max_retries", "timeout", "attempt_timeout", "stream_idle_timeout", "max_connections",
+    "adaptive_connections", "logprobs", "top_logprobs", "prompt_logprobs", "extra_headers", "batch",
+})  # fmt: skip
 
 
 def run_identity(
-    model: str, config: GenerateConfig, oracle: str, parse_mode: str, release: str
+    model: str,
+    config: GenerateConfig,
+    oracle: str,
+    parse_mode: str,
+    release: str,
+    base_url: str | None = None,
 ) -> dict[str, str]:
     """What each case's record carries of the eval that made it (the ``run`` field our runner's
-    lines carry): the model, and a fingerprint of the model, the settings that change answers, the
-    oracle setting, the parse mode, the release (``Release.fingerprint``) and the prompts' version;
+    lines carry): the model, and a fingerprint of the model, its server's base URL, every generation
+    setting but the transport's (``TRANSPORT_SETTINGS``), the parse mode, the release
+    (``Release.fingerprint``) and the prompts' version, the oracle setting left out (each record
+    names its own), so that the settings folders of one model compare (metrics/discovery.py);
     ``harness`` says whose. Records of two evals then differ, so ``chexpercept score`` refuses a
     results.jsonl that mixes them, and the task's metric an eval that does (red team, stop 48:
     records merged from logs at temperature 0 and 1, or an eval-retry over a release changed in
@@ -66,10 +75,11 @@ def run_identity(
     from chexpercept.eval.runner.identity import PROMPT_VERSION
     from chexpercept.results import settings_fingerprint
 
+    generate = config.model_dump(mode="json", exclude_none=True)
     settings = {
         "model": model,
-        "generate": {k: v for k in ANSWER_SETTINGS if (v := getattr(config, k, None)) is not None},
-        "oracle": oracle,
+        "base_url": base_url,
+        "generate": {k: v for k, v in generate.items() if k not in TRANSPORT_SETTINGS},
         "parse_mode": parse_mode,
         "release": release,
         "prompt_version": PROMPT_VERSION,
@@ -118,7 +128,10 @@ def conversation_solver(
             conv.answer(messages.response(state.output, model.name))
         state.messages = messages.readable(conv.history)
         record = asdict(conv.result())
-        record["run"] = run_identity(str(model), config, oracle, parse_mode, release.fingerprint)
+        base_url = getattr(getattr(model, "api", None), "base_url", None)
+        record["run"] = run_identity(
+            str(model), config, oracle, parse_mode, release.fingerprint, str(base_url) if base_url else None
+        )
         state.store.set(RECORD_KEY, record)
         state.store.set(GREEDY_KEY, config.temperature == 0)
         return state
