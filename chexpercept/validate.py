@@ -213,6 +213,17 @@ def _validate_contour(c: _Checker, contour: dict[str, Any]) -> None:
         c.typed(ev, "relative_path", f"{w}contour_eval_qa.", (str,), "a string")
         c.relative_path(ev, f"{w}contour_eval_qa.")
         c.option_block(ev, list(templates.YES_NO), f"{w}contour_eval_qa.")
+        # the route follows no_deformation, the gold follows this answer: they must agree (round 2,
+        # helper-53: a case that asks the revision questions with a stage 2 gold of "No" validated)
+        fixed = contour.get("no_deformation")
+        if isinstance(fixed, bool) and ev.get("answer") in templates.YES_NO:
+            needed = "No" if fixed else "Yes"
+            if ev["answer"] != needed:
+                c.add(
+                    f"{w}contour_eval_qa.answer",
+                    f"{ev['answer']!r}, while no_deformation {str(fixed).lower()} says the mask "
+                    f"{'needs no' if fixed else 'needs a'} revision ({needed!r})",
+                )
     for key in (TASK_INFO[task].key for task in POINT_TASKS):
         qa = c.obj(contour, key, w)
         if qa is None:
@@ -240,6 +251,9 @@ def _validate_contour(c: _Checker, contour: dict[str, Any]) -> None:
                 c.add(f"{where}answer_options", "the last option must be the None option (point null)")
         c.option_block(qa, labels, where)
         c.answer_named(qa, where, labels)
+        idx = qa.get("answer_index")
+        if isinstance(options, list) and isinstance(idx, list) and len(idx) > 1 and len(options) in idx:
+            c.add(f"{where}answer_index", f"{idx} names points and the None option together")
     rr = c.obj(contour, "contour_revision_qa_revision_result", w)
     if rr is not None:
         where = f"{w}contour_revision_qa_revision_result."

@@ -185,6 +185,19 @@ def _edited(key_id, edit):
             lambda e: e["contour_qa"]["contour_revision_qa_expansion"].update(answer="red point"),
             "contour_qa.contour_revision_qa_expansion.answer: 'red point' is not the option text",
         ),
+        # round 2 (helper-53): stage 2's gold against the route, and points named with None
+        (
+            RR_KEY,
+            lambda e: e["contour_qa"]["contour_eval_qa"].update(answer="No", answer_index=2),
+            "contour_qa.contour_eval_qa.answer: 'No', while no_deformation false says the mask needs a revision",
+        ),
+        (
+            RR_KEY,
+            lambda e: e["contour_qa"]["contour_revision_qa_expansion"].update(
+                answer_index=[4, len(e["contour_qa"]["contour_revision_qa_expansion"]["answer_options"])]
+            ),
+            "names points and the None option together",
+        ),
         # a negative case holding later stages (never asked), and a key that names the other route
         (LF_KEY, lambda e: e.update(contour_qa=EXAMPLES[RR_KEY]["contour_qa"]), "contour_qa: present in a negative case"),
         (
@@ -204,7 +217,7 @@ def _edited(key_id, edit):
         ),
     ],
     ids=["det-text", "det-index", "eval-text", "distribution", "location", "revision-result", "revision-fake",
-         "expansion", "negative-contour",
+         "expansion", "eval-vs-route", "points-and-none", "negative-contour",
          "negative-attributes", "positive-key-no", "negative-key-yes"],
 )  # fmt: skip
 def test_an_answer_that_contradicts_its_case_is_named_by_validation(key_id, edit, said):
