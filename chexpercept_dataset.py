@@ -109,6 +109,12 @@ class ChexperceptConfig(datasets.BuilderConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        self.check()
+
+    def check(self) -> None:
+        """ValueError naming the option that holds a value of the wrong kind; run at creation and
+        again before a build (datasets sets load_dataset's keyword arguments on a copy of a named
+        config without creating it anew, so ``embed_images="no"`` and ``lesions=[]`` got through)."""
         if self.check_images not in IMAGE_CHECKS:
             raise ValueError(
                 f"check_images must be one of {', '.join(IMAGE_CHECKS)}, got {self.check_images!r}"
@@ -117,6 +123,10 @@ class ChexperceptConfig(datasets.BuilderConfig):
             values = getattr(self, name)
             if values is not None and (isinstance(values, str) or not isinstance(values, (list, tuple))):
                 raise ValueError(f"{name} must be a list, e.g. {name}=[{known[0]!r}], got {values!r}")
+            if values is not None and not values:  # [] selected every case (red team, stop 48)
+                raise ValueError(f"{name}=[] selects nothing: name at least one, or leave {name} out for all")
+        if not isinstance(self.embed_images, bool):  # "no" embedded the images (red team, stop 48)
+            raise ValueError(f"embed_images must be True or False, got {self.embed_images!r}")
 
 
 _CACHE_WARNED: set[str] = set()
@@ -185,6 +195,7 @@ class Chexpercept(datasets.GeneratorBasedBuilder):
         """As datasets', and ``verification_mode="all_checks"`` checks the release even when the
         dataset is already cached (every image decoded, SHA256SUMS.txt verified); a problem raises
         BundleValidationError naming the case and file."""
+        self.config.check()
         # kept for _split_generators, which datasets does not hand the verification mode
         self._all_checks = _all_checks(verification_mode)
         self._protect_cache(kwargs.get("output_dir") or (args[0] if args else None))

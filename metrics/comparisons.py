@@ -184,6 +184,11 @@ def _aligned(
         raise ValueError(
             f"{a.name} and {b.name} were run on {differ}; a paired comparison needs the same cases"
         )
+    if a.mode != b.mode:  # each is scored in the mode it was made with (round 2, helper-53)
+        raise ValueError(
+            f"{a.name} was scored with {a.mode} parsing and {b.name} with {b.mode} parsing (the modes their runs "
+            "were made with); a paired comparison reads both alike: choose one with --parse-mode"
+        )
     common = sorted(set(a.matrix.key_ids) & set(b.matrix.key_ids))
     if not common:
         raise ValueError(f"{a.name} and {b.name} share no cases")

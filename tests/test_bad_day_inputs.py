@@ -1520,6 +1520,18 @@ def test_a_run_is_scored_reported_and_published_in_the_parse_mode_it_was_made_wi
     assert cli([*report, "--parse-mode", "reference"]) == 0
     said = capsys.readouterr()
     assert "its oracle acted on strict parsing" in said.out + said.err
+    # and a paired comparison of two models made with different modes reads both alike, or refuses
+    pair = [
+        "score",
+        str(tmp_path / "runs" / "local-vlm"),
+        str(tmp_path / "runs" / "baseline-random"),
+        "--compare",
+    ]
+    assert cli(pair) == 2
+    assert (
+        "local-vlm was scored with strict parsing and baseline-random with reference parsing"
+        in capsys.readouterr().err
+    )
 
 
 def test_a_release_file_that_holds_no_cases_is_named(tmp_path, capsys):
@@ -1592,3 +1604,18 @@ def test_settings_folders_made_by_different_tools_are_never_one_row(fixture_bund
     capsys.readouterr()
     assert cli(["score", str(model), "--data-dir", str(fixture_bundle)]) == 2
     assert "were made by different tools" in capsys.readouterr().err
+
+
+def test_load_dataset_options_of_the_wrong_kind_are_named(fixture_bundle, tmp_path):
+    """Red team, stop 48: ``embed_images="no"`` embedded the images and ``lesions=[]`` selected every
+    case: datasets sets load_dataset's keyword arguments on a copy of the named config, which never
+    ran its checks. They run again before every build."""
+    from datasets import load_dataset
+
+    for kwargs, said in (({"embed_images": "no"}, "embed_images must be True or False"),
+                         ({"lesions": []}, "lesions=\\[\\] selects nothing"),
+                         ({"paths": "RR"}, "paths must be a list")):  # fmt: skip
+        with pytest.raises(ValueError, match=said):
+            load_dataset(
+                "chexpercept", data_dir=str(fixture_bundle), cache_dir=str(tmp_path / "cache"), **kwargs
+            )

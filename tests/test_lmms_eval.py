@@ -168,6 +168,11 @@ def test_usual_mistakes_are_refused_before_any_request(task_manager, phantom_bun
     monkeypatch.setenv("VLLM_CACHE_ROOT", str(shared))
     with pytest.raises(LmmsEvalSetupError, match=r"vllm-cache \(the engine's compiled code"):
         evaluate(enough, ["chexpercept_implicit"], task_manager)
+    if os.geteuid() == 0:  # round 2 (helper-54): another account's folder, whatever its mode
+        shared.chmod(0o755)
+        os.chown(shared, 65534, 65534)
+        with pytest.raises(LmmsEvalSetupError, match="belongs to another account"):
+            evaluate(enough, ["chexpercept_implicit"], task_manager)
 
 
 def test_scores_are_those_of_chexpercept_score_for_the_same_answers(

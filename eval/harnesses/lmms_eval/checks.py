@@ -20,9 +20,11 @@ and the answers' shape is still checked when they are scored (scores.py).
 from __future__ import annotations
 
 import contextlib
+import getpass
 import os
 import stat
 import sys
+import tempfile
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -135,10 +137,20 @@ def check_engine_private(task: str, umask: int | None) -> None:
         )
     home = os.path.expanduser("~")
     folders = [os.environ.get(name) for name in ENGINE_CACHES]
-    folders += [os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.join(home, ".cache"), "vllm")]
+    folders += [  # the defaults where the variables are not set (vLLM's, Triton's, TorchInductor's)
+        os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.join(home, ".cache"), "vllm"),
+        os.path.join(home, ".triton", "cache"),
+        os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}"),
+    ]
     for folder in filter(None, folders):
         with contextlib.suppress(OSError):
-            mode = os.stat(folder).st_mode
+            info = os.stat(folder)
+            mode = info.st_mode
+            if info.st_uid != os.geteuid():  # its owner may replace anything in it (round 2, helper-54)
+                raise LmmsEvalSetupError(
+                    f"{task}: {terminal(folder)} (the engine's compiled code, which runs load) belongs to "
+                    "another account: point the engine's caches at folders of your own"
+                )
             if mode & 0o022:
                 raise LmmsEvalSetupError(
                     f"{task}: {terminal(folder)} (the engine's compiled code, which runs load) is writable by other "
