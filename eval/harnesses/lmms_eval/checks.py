@@ -140,7 +140,7 @@ def check_engine_private(task: str, umask: int | None) -> None:
     folders += [  # the defaults where the variables are not set (vLLM's, Triton's, TorchInductor's)
         os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.join(home, ".cache"), "vllm"),
         os.path.join(home, ".triton", "cache"),
-        os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}"),
+        os.path.join(tempfile.gettempdir(), f"torchinductor_{_user()}"),
     ]
     for folder in filter(None, folders):
         with contextlib.suppress(OSError):
@@ -157,6 +157,15 @@ def check_engine_private(task: str, umask: int | None) -> None:
                     f"accounts (mode {stat.S_IMODE(mode):03o}): make it yours alone (chmod -R go-w {shell_word(folder)}), "
                     "then run lmms-eval under umask 077"
                 )
+
+
+def _user() -> str:
+    """The login name TorchInductor names its default folder after (``getpass.getuser``), or the
+    uid where this account has none (a container's)."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return str(os.geteuid())
 
 
 def multi_round_problem(lm: Any) -> str | None:
