@@ -86,8 +86,7 @@ def private_lock(path: FsPath) -> None:
         if info.st_uid != os.geteuid():
             raise PrivacyError(
                 f"{path} (datasets' lock of this release's cache) belongs to another account, which can "
-                "hold it and stop every load: set HF_DATASETS_CACHE (or HF_HOME) to a folder of your own, "
-                "or pass cache_dir= to load_dataset"
+                f"hold it and stop every load: {CACHE_REMEDY}"
             )
         if stat.S_IMODE(info.st_mode) & 0o077:
             os.fchmod(fd, 0o600)

@@ -322,7 +322,7 @@ def check_one_identity(folder: FsPath, runs: list[Run]) -> None:
     recorded = [(r, getattr(getattr(r, "meta", None), "settings", None)) for r in runs]
     recorded = [(r, s) for r, s in recorded if isinstance(s, dict) and s]
     if len(runs) >= 2:
-        _check_comparable(folder, [r for r in runs if all(r is not s for s, _ in recorded)])
+        _check_comparable(folder, [r for r in runs if all(r is not run for run, _ in recorded)])
         _check_made_alike(folder, runs)
     if len(recorded) >= 2:
         _check_recorded(folder, recorded)
@@ -339,14 +339,7 @@ def _check_comparable(folder: FsPath, unrecorded: list[Run]) -> None:
     model's End-to-End beside the model's own Oracle-Passed. Lines without an identity (an older
     version's, the reference's) are compared by model only (``_check_models``)."""
     for run in unrecorded:
-        stamped = next(
-            (
-                r
-                for r in run.records
-                if isinstance(getattr(r, "run", None), dict) and not r.run.get("harness")
-            ),
-            None,
-        )
+        stamped = next((r for r, said in _stamps(run) if not said.get("harness")), None)
         if stamped is None:
             continue
         has_meta = run.path is not None and (run.path / RUN_NAME).exists()
@@ -361,6 +354,11 @@ def _check_comparable(folder: FsPath, unrecorded: list[Run]) -> None:
         )
 
 
+def _stamps(run: Run) -> list[tuple[Any, dict[str, Any]]]:
+    """(record, its ``run`` identity) of the records of ``run`` that carry one."""
+    return [(r, r.run) for r in run.records if isinstance(getattr(r, "run", None), dict)]
+
+
 def _check_made_alike(folder: FsPath, runs: list[Run]) -> None:
     """``check_one_identity``: ValueError when the settings folders of one model folder were made by
     different tools (this toolkit's runner, a harness, the reference's layout), or by a harness's
@@ -370,9 +368,7 @@ def _check_made_alike(folder: FsPath, runs: list[Run]) -> None:
     as one model's row."""
 
     def made_by(run: Run) -> str:
-        harnesses = {
-            str(r.run.get("harness")) for r in run.records if isinstance(r.run, dict) and r.run.get("harness")
-        }
+        harnesses = {str(said["harness"]) for _r, said in _stamps(run) if said.get("harness")}
         return f"{run.kind} ({', '.join(sorted(harnesses))})" if harnesses else run.kind
 
     tools = {f"oracle_{r.oracle}": made_by(r) for r in runs}
@@ -384,12 +380,10 @@ def _check_made_alike(folder: FsPath, runs: list[Run]) -> None:
             "model folder of its own"
         )
     prints = {
-        f"oracle_{r.oracle}": {
-            str(x.run.get("fingerprint"))
-            for x in r.records
-            if isinstance(x.run, dict) and x.run.get("harness")
+        f"oracle_{run.oracle}": {
+            str(said.get("fingerprint")) for _r, said in _stamps(run) if said.get("harness")
         }
-        for r in runs
+        for run in runs
     }
     if len({p for ps in prints.values() for p in ps}) > 1:
         shown = "; ".join(f"{name}: {', '.join(sorted(p)[:2])}" for name, p in prints.items() if p)

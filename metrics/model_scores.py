@@ -234,15 +234,16 @@ def _agreement(cs: CaseScores) -> float | None:
 
 def run_parse_mode(runs: Sequence[Run], asked: ParseMode | None) -> tuple[ParseMode, list[str]]:
     """The one rule of the parse mode runs are scored with: ``asked`` (``--parse-mode``) when given;
-    else the mode the runs were made with (run.json's ``parse_mode``: the oracle runs', whose
-    oracle acted on it, else any run's), else reference. Returns the mode and a WARNING for each
+    else the one mode every run was made with (``Run.parse_mode``), else reference. Returns the mode
+    and a WARNING for each
     oracle run re-read in another mode than the one its oracle acted on: its End-to-End and
     Oracle-Passed numbers are then not the run's own (the oracle changed histories on answers the
     other parser reads otherwise). ValueError when ``asked`` is None and the runs recorded different
     modes. Before (red team, stop 48): a strict run was scored, reported and published with
     reference parsing by default, End-to-End 0.0 read as 66.7, with a note."""
-    made = {r.parse_mode for r in runs if r.parse_mode}  # every run's (round 2: a model made with
-    # strict parsing and no oracle run was read with another model's mode in one report)
+    # every run's (round 2: a model made with strict parsing and no oracle run was read with another
+    # model's mode in one report)
+    made = {r.parse_mode for r in runs if r.parse_mode}
     if asked is None:
         if len(made) > 1:
             listed = ", ".join(f"{r.label}: {r.parse_mode}" for r in runs if r.parse_mode)

@@ -1255,10 +1255,12 @@ def _from_events(text: str, url: str) -> dict[str, Any]:
         reply, finished = merge_stream(chunks)
     except ReplyShapeError as e:  # recorded as the case's error (BackendError in _post)
         raise BackendError(str(e)) from None
-    if not (done or finished):
-        raise _Retryable("a streamed reply ended before its last chunk")
-    if not finished:  # [DONE] without a finish reason: whether the generation ended is unknown (round 2)
-        raise _Retryable("a streamed reply gave no finish reason: it may have been cut off")
+    if not finished:  # [DONE] without a finish reason too: whether the generation ended is unknown (round 2)
+        raise _Retryable(
+            "a streamed reply gave no finish reason: it may have been cut off"
+            if done
+            else "a streamed reply ended before its last chunk"
+        )
     _unfinished(reply)
     return reply
 

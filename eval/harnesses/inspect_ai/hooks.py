@@ -13,8 +13,6 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
-from collections.abc import Iterator
-from typing import Any
 
 from inspect_ai.hooks import Hooks, RunEnd, RunStart, SampleStart, TaskEnd, TaskStart, hooks
 
@@ -96,7 +94,7 @@ def _private_trace_file() -> None:
         return  # already private: an earlier run of ours in this process made it
     # anything else is replaced: a file others may read, and a link or other thing planted there (round
     # 2: a link to another account's file received every key_id)
-    with contextlib.suppress(OSError), _holding(trace):
+    with contextlib.suppress(OSError), trace.lock:
         if trace.stream is not None:
             trace.stream.close()
             trace.stream = None  # reopened by its next record (umask 077 now) if what follows fails
@@ -104,15 +102,6 @@ def _private_trace_file() -> None:
             os.unlink(path)
         fd = open_private(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND)
         trace.stream = os.fdopen(fd, "a", encoding=trace.encoding or "utf-8")
-
-
-@contextlib.contextmanager
-def _holding(handler: Any) -> Iterator[None]:
-    handler.acquire()
-    try:
-        yield
-    finally:
-        handler.release()
 
 
 def _owner_only(path: str | os.PathLike[str]) -> None:
